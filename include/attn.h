@@ -1,0 +1,319 @@
+/*
+ * attn: transformer attention, softmax(Q K^T * scale) V, computed blockwise with
+ * the online softmax (FlashAttention) on CUDA, OpenCL or the CPU, behind one API.
+ *
+ * Read this header top to bottom; it is the whole public interface.
+ *
+ *   1. Status codes          attn_status, attn_status_name(), attn_strerror()
+ *   2. Backends and devices  attn_backend, attn_device_count(), attn_device_info_get()
+ *   3. Contexts              attn_context_create(), attn_errmsg()
+ *   4. Device buffers        attn_buffer_create(), attn_buffer_wrap(), ...
+ *   5. Tensors               attn_tensor, attn_tensor_bshd(), attn_tensor_varlen()
+ *   6. Parameters            attn_params, attn_params_init()
+ *   7. Forward and backward  attn_forward(), attn_backward(), attn_supports()
+ *
+ * The exact semantics (causal alignment, windows, GQA, softcap, ALiBi,
+ * variable-length batches, rows that see no key) are those of the golden
+ * cases' README: docs are in README.md of the source tree.
+ *
+ * Every call returns an attn_status. When a call that takes a context fails,
+ * attn_errmsg(ctx) holds one sentence naming the argument that was wrong.
+ * The library never prints, exits or aborts; set ATTN_DEBUG=1 for a debug
+ * log on stderr. A call that fails validation leaves every output untouched.
+ *
+ * Thread safety: distinct contexts may be used from distinct threads at once;
+ * one context must not be used from two threads at the same time.
+ */
+#ifndef ATTN_H
+#define ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(ATTN_SHARED_BUILD)
+#define ATTN_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define ATTN_API __attribute__((visibility("default")))
+#else
+#define ATTN_API
+#endif
+
+#define ATTN_VERSION_MAJOR 0
+#define ATTN_VERSION_MINOR 1
+#define ATTN_VERSION_PATCH 0
+#define ATTN_VERSION_STRING "0.1.0"
+
+/* The largest head dimension every backend accepts. */
+#define ATTN_MAX_HEAD_DIM 256
+
+/* ------------------------------------------------------------------------ */
+/* 1. Status codes                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* One table gives the enum, the names and the messages, so they cannot drift
+ * apart. X(NAME, value, message). */
+#define ATTN_STATUS_MAP(X)                                                      \
+  X(OK, 0, "success")                                                           \
+  X(ENULL, 1, "a required pointer argument is NULL")                            \
+  X(ESIZE, 2, "a size is zero or negative")                                     \
+  X(EHEADDIM, 3, "the head dimension is above ATTN_MAX_HEAD_DIM")               \
+  X(EHEADS, 4, "the query head count is not a multiple of the key/value heads") \
+  X(ESHAPE, 5, "tensor shapes disagree")                                        \
+  X(ESTRIDE, 6, "strides make tensor elements overlap")                         \
+  X(EOVERFLOW, 7, "a size or offset overflows")                                 \
+  X(ESEQLENS, 8, "cu_seqlens is malformed or disagrees with the tensors")       \
+  X(EWINDOW, 9, "a window bound is below -1")                                   \
+  X(ESCALAR, 10, "scale or softcap is negative or not finite")                  \
+  X(EDTYPE, 11, "dtypes disagree or are not supported")                         \
+  X(EALIAS, 12, "an output shares memory with an input or another output")      \
+  X(EALIBI, 13, "the ALiBi slopes are missing or of the wrong length")          \
+  X(EBACKEND, 14, "unknown backend name")                                       \
+  X(EUNAVAILABLE, 15, "the requested backend or device is not available")       \
+  X(EUNSUPPORTED, 16, "the backend does not support this combination")          \
+  X(ENOMEM, 17, "out of memory")                                                \
+  X(EDEVICE, 18, "the device or its driver reported an error")                  \
+  X(EBUILD, 19, "a device kernel failed to compile")                            \
+  X(EBUFFER, 20, "a buffer belongs to another context or is too small")         \
+  X(EINVAL, 21, "invalid argument")                                             \
+  X(EINTERNAL, 22, "internal error")
+
+typedef enum attn_status {
+#define ATTN__STATUS_ENUM(name, value, msg) ATTN_##name = value,
+  ATTN_STATUS_MAP(ATTN__STATUS_ENUM)
+#undef ATTN__STATUS_ENUM
+} attn_status;
+
+/* "ATTN_EALIAS" for ATTN_EALIAS; "ATTN_UNKNOWN" for a value not in the table. */
+ATTN_API const char *attn_status_name(int status);
+/* A short message for the code: the table's third column. */
+ATTN_API const char *attn_strerror(int status);
+
+/* ------------------------------------------------------------------------ */
+/* 2. Backends and devices                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef enum attn_backend {
+  ATTN_BACKEND_AUTO = 0, /* CUDA, else an OpenCL GPU, else the CPU */
+  ATTN_BACKEND_CPU = 1,
+  ATTN_BACKEND_OPENCL = 2,
+  ATTN_BACKEND_CUDA = 3
+} attn_backend;
+
+/* "auto", "cpu", "opencl", "cuda". */
+ATTN_API const char *attn_backend_name(attn_backend backend);
+
+/* Whether the library was built with this backend (1) or not (0). */
+ATTN_API int attn_backend_compiled(attn_backend backend);
+
+/* The number of usable devices of a backend on this machine: 0 when the
+ * backend was not built, or its runtime or driver is missing. The CPU always
+ * has exactly one. */
+ATTN_API int attn_device_count(attn_backend backend);
+
+/* Why a backend has no device, in one sentence ("" when it has some). */
+ATTN_API const char *attn_backend_unavailable_reason(attn_backend backend);
+
+typedef struct attn_device_info {
+  attn_backend backend;
+  int index;             /* the N of "backend:N" */
+  int is_gpu;            /* 1 for a GPU or accelerator, 0 for a CPU */
+  char name[128];        /* the device's own name */
+  char version[128];     /* driver / API version, e.g. "OpenCL 3.0 CUDA" */
+  uint64_t memory_bytes; /* global memory; 0 when unknown */
+  int compute_major;     /* CUDA compute capability; 0 elsewhere */
+  int compute_minor;
+  int compute_units; /* multiprocessors, compute units or CPU threads */
+} attn_device_info;
+
+ATTN_API int attn_device_info_get(attn_backend backend, int index, attn_device_info *out);
+
+/* ------------------------------------------------------------------------ */
+/* 3. Contexts                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* A context is bound to one backend and one device. */
+typedef struct attn_context attn_context;
+
+/* Creates a context from a specification: "auto", "cpu", "opencl", "cuda",
+ * each optionally followed by ":N" for a device index ("cuda:1"). NULL or ""
+ * means the environment variable ATTN_BACKEND, and "auto" when that is unset.
+ *
+ * Like sqlite3_open(), *out receives a context even when the call fails
+ * (unless memory ran out, when it receives NULL), so that attn_errmsg() can
+ * say why; such a context can only be asked for its message and freed. An
+ * explicit choice that cannot be met is an error (ATTN_EUNAVAILABLE); there is
+ * no silent fallback. An unknown name is ATTN_EBACKEND, and the message lists
+ * the valid ones. */
+ATTN_API int attn_context_create(const char *spec, attn_context **out);
+
+/* Frees a context. Buffers created on it must be freed first. NULL is a no-op. */
+ATTN_API void attn_context_free(attn_context *ctx);
+
+/* The sentence describing the last failure on this context, or "" after a
+ * success. Valid until the next call on the context. */
+ATTN_API const char *attn_errmsg(const attn_context *ctx);
+
+/* The backend and device the context got. */
+ATTN_API attn_backend attn_context_backend(const attn_context *ctx);
+ATTN_API int attn_context_device(const attn_context *ctx);
+ATTN_API int attn_context_device_info(const attn_context *ctx, attn_device_info *out);
+
+/* Work on a GPU runs on a queue: a cudaStream_t for CUDA, a cl_command_queue
+ * for OpenCL (on the context's device). NULL restores the context's own.
+ * Calls still return only after their work is complete, unless the flag
+ * ATTN_ASYNC is set in attn_params.flags. The CPU takes only NULL. */
+ATTN_API int attn_context_set_stream(attn_context *ctx, void *stream);
+
+/* Waits for all work the context queued. */
+ATTN_API int attn_context_synchronize(attn_context *ctx);
+
+/* Runs a tiny element-wise kernel (C = A + B) on the context's device and
+ * checks it, before any attention kernel: whether the device works at all. */
+ATTN_API int attn_selftest(attn_context *ctx);
+
+/* ------------------------------------------------------------------------ */
+/* 4. Device buffers                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Memory on the context's device. On the CPU backend it is host memory; on
+ * CUDA a device allocation; on OpenCL a cl_mem. */
+typedef struct attn_buffer attn_buffer;
+
+ATTN_API int attn_buffer_create(attn_context *ctx, size_t bytes, attn_buffer **out);
+
+/* Wraps memory the caller already has on the context's device, without
+ * copying or taking ownership: a host pointer for the CPU, a device pointer
+ * (cast to void *) for CUDA, a cl_mem for OpenCL. attn_buffer_free() releases
+ * only the wrapper. */
+ATTN_API int attn_buffer_wrap(attn_context *ctx, void *native, size_t bytes, attn_buffer **out);
+
+ATTN_API int attn_buffer_write(attn_context *ctx, attn_buffer *buf, size_t offset, const void *src,
+                               size_t bytes);
+ATTN_API int attn_buffer_read(attn_context *ctx, const attn_buffer *buf, size_t offset, void *dst,
+                              size_t bytes);
+
+/* The native handle: host pointer, device pointer or cl_mem. */
+ATTN_API void *attn_buffer_native(const attn_buffer *buf);
+ATTN_API size_t attn_buffer_size(const attn_buffer *buf);
+
+/* NULL is a no-op. */
+ATTN_API void attn_buffer_free(attn_buffer *buf);
+
+/* ------------------------------------------------------------------------ */
+/* 5. Tensors                                                                */
+/* ------------------------------------------------------------------------ */
+
+typedef enum attn_dtype { ATTN_F32 = 0, ATTN_F16 = 1, ATTN_BF16 = 2 } attn_dtype;
+
+/* "f32", "f16", "bf16". */
+ATTN_API const char *attn_dtype_name(attn_dtype dtype);
+ATTN_API size_t attn_dtype_size(attn_dtype dtype);
+
+/* A description of memory, not an owner of it.
+ *
+ * q, k, v, o, do, dq, dk, dv:
+ *   ndim 4, layout bshd: shape {batch, seqlen, heads, head_dim};
+ *   ndim 3, layout varlen: shape {total_rows, heads, head_dim}, the sequences
+ *   given by cu_seqlens in attn_params.
+ * lse: float32, ndim 3 {batch, heads_q, seqlen_q} for bshd, ndim 2
+ *   {heads_q, total_q} for varlen.
+ *
+ * stride[i] is in elements, for dimension i. Any strides are allowed as long
+ * as no two elements share memory (so bhsd, or a slice of a fused qkv tensor,
+ * works). attn_tensor_bshd() and friends fill contiguous strides.
+ *
+ * The memory is either host memory (data, with buffer NULL) or a device
+ * buffer of the context (buffer, with offset in bytes and data NULL). Host
+ * memory given to a GPU backend is staged through the device for the call. */
+typedef struct attn_tensor {
+  void *data;
+  attn_buffer *buffer;
+  size_t offset;
+  attn_dtype dtype;
+  int ndim;
+  int64_t shape[4];
+  int64_t stride[4];
+} attn_tensor;
+
+/* Contiguous [batch, seqlen, heads, head_dim] in host memory. */
+ATTN_API attn_tensor attn_tensor_bshd(void *data, attn_dtype dtype, int64_t batch, int64_t seqlen,
+                                      int64_t heads, int64_t head_dim);
+/* Contiguous [total_rows, heads, head_dim] in host memory. */
+ATTN_API attn_tensor attn_tensor_varlen(void *data, attn_dtype dtype, int64_t total_rows,
+                                        int64_t heads, int64_t head_dim);
+/* Contiguous float32 lse: [batch, heads, seqlen] (varlen: batch 0 gives the
+ * 2-d [heads, total_rows] form). */
+ATTN_API attn_tensor attn_tensor_lse(float *data, int64_t batch, int64_t heads, int64_t seqlen);
+/* The same tensor moved to a device buffer at a byte offset. */
+ATTN_API attn_tensor attn_tensor_on(attn_tensor t, attn_buffer *buffer, size_t offset);
+
+/* ------------------------------------------------------------------------ */
+/* 6. Parameters                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* attn_params.flags */
+#define ATTN_CAUSAL 0x1u           /* keys after the bottom-right-aligned diagonal are hidden */
+#define ATTN_DETERMINISTIC 0x2u    /* backward: bit-identical gradients run to run */
+#define ATTN_NONDETERMINISTIC 0x4u /* backward: allow atomics (GPU default) */
+#define ATTN_ALLOW_TF32 0x8u       /* CUDA f32: allow TF32 tensor cores */
+#define ATTN_ASYNC 0x10u           /* GPU: return once queued (device tensors only) */
+
+typedef struct attn_params {
+  /* Scores are scale * dot(q, k); 0 means 1/sqrt(head_dim). */
+  double scale;
+  unsigned flags;
+  /* Sliding window: key j is visible to row i when
+   * diag - window_left <= j <= diag + window_right, diag = i + Nk - Nq.
+   * -1 means no bound. ATTN_CAUSAL is the same as window_right = 0. */
+  int64_t window_left;
+  int64_t window_right;
+  /* s = softcap * tanh(s / softcap) when softcap > 0. */
+  double softcap;
+  /* ALiBi: one slope per query head (host memory), or NULL for none;
+   * s -= slope[h] * |diag - j|. */
+  const float *alibi_slopes;
+  int64_t alibi_count;
+  /* Variable-length batches (tensors of ndim 3): batch + 1 offsets each, in
+   * host memory; sequence b is rows cu[b] .. cu[b+1]-1. NULL for bshd. */
+  const int32_t *cu_seqlens_q;
+  const int32_t *cu_seqlens_k;
+  int64_t batch;
+} attn_params;
+
+/* Defaults: scale 0 (1/sqrt(d)), no flags, no window, no softcap, no ALiBi. */
+ATTN_API void attn_params_init(attn_params *p);
+
+/* ------------------------------------------------------------------------ */
+/* 7. Forward and backward                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* o = softmax(mask(q k^T * scale)) v, written in the dtype of q; lse (may be
+ * NULL) receives the natural-log sum of exp of each row's final scores. A row
+ * that sees no key gets o = 0 and lse = -inf. */
+ATTN_API int attn_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                          const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+                          const attn_tensor *lse);
+
+/* Gradients of sum(o * dout) with respect to q, k and v, from the forward
+ * pass's o and lse. dq, dk, dv are written in the dtype of q. With GQA, dk and
+ * dv sum over the query heads sharing a key/value head. */
+ATTN_API int attn_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                           const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+                           const attn_tensor *lse, const attn_tensor *dout, const attn_tensor *dq,
+                           const attn_tensor *dk, const attn_tensor *dv);
+
+/* Whether the context's backend can run this problem (forward, or backward
+ * when backward is non-zero): ATTN_OK, ATTN_EUNSUPPORTED with the reason in
+ * attn_errmsg(), or the validation error the call itself would return.
+ * o and lse may be NULL here. */
+ATTN_API int attn_supports(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                           const attn_tensor *k, const attn_tensor *v, int backward);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ATTN_H */

@@ -1,0 +1,220 @@
+/*
+ * The core's private interface: what src/ shares with the backends in cpu/,
+ * cl/ and cuda/. Nothing here is public API. A backend depends on this header
+ * and on attn.h, and on nothing in another backend's folder.
+ */
+#ifndef ATTN_INTERNAL_H
+#define ATTN_INTERNAL_H
+
+#include "attn.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define ATTN__PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define ATTN__PRINTF(f, a)
+#endif
+
+/* ---------------------------------------------------------------------- */
+/* The normalized problem a backend receives                                */
+/* ---------------------------------------------------------------------- */
+
+/* One operand, already validated. native is what attn__backend.buffer_alloc
+ * returned (a host pointer on the CPU, a device pointer as void * on CUDA, a
+ * cl_mem on OpenCL) and offset is in bytes from it. Strides are in elements.
+ *
+ * Row r of head h of sequence b lives at element
+ *     b * sb + (row0(b) + r) * ss + h * sh + c * sd
+ * where row0(b) is cu_seqlens[b] for varlen problems (and sb is then 0) and 0
+ * for bshd. For lse, the same formula holds with c = 0 (lse has no column):
+ * bshd lse [B, Hq, Nq] gives sb = Hq*Nq, sh = Nq, ss = 1; varlen lse
+ * [Hq, total_q] gives sb = 0, sh = total_q, ss = 1. */
+typedef struct attn__tensor {
+  void *native;
+  size_t offset;
+  attn_dtype dtype;
+  int64_t sb, ss, sh, sd;
+} attn__tensor;
+
+typedef struct attn__problem {
+  attn_dtype dtype; /* of q, k, v, o, do, dq, dk, dv (lse is f32) */
+  int64_t batch;    /* sequences */
+  int64_t heads_q;  /* Hq */
+  int64_t heads_kv; /* Hkv; Hq % Hkv == 0 */
+  int64_t head_dim; /* d, 1..ATTN_MAX_HEAD_DIM */
+  int64_t seqlen_q; /* bshd: Nq; varlen: the longest query sequence */
+  int64_t seqlen_k; /* bshd: Nk; varlen: the longest key sequence */
+  int64_t total_q;  /* rows of q over all sequences */
+  int64_t total_k;
+  const int32_t *cu_q; /* host memory, batch + 1 entries; NULL for bshd */
+  const int32_t *cu_k;
+  float scale;   /* resolved: never 0 */
+  float softcap; /* 0 = off */
+  /* Causal is folded in: window_right is 0 when causal (or smaller when
+   * the caller's window was already tighter). -1 = unbounded. */
+  int64_t window_left;
+  int64_t window_right;
+  int causal;         /* informational; the window already says it */
+  const float *alibi; /* host memory, heads_q slopes; NULL = none */
+  int deterministic;  /* backward: 1 = no atomics, fixed reduction order */
+  int allow_tf32;
+  int async;
+  int has_lse; /* forward: whether lse is wanted */
+  attn__tensor q, k, v, o, lse;
+  attn__tensor dout, dq, dk, dv; /* backward only */
+} attn__problem;
+
+/* Sequence b's query and key lengths and first rows. */
+static inline int64_t attn__seq_q(const attn__problem *pb, int64_t b) {
+  return pb->cu_q ? (int64_t)pb->cu_q[b + 1] - pb->cu_q[b] : pb->seqlen_q;
+}
+static inline int64_t attn__seq_k(const attn__problem *pb, int64_t b) {
+  return pb->cu_k ? (int64_t)pb->cu_k[b + 1] - pb->cu_k[b] : pb->seqlen_k;
+}
+static inline int64_t attn__row0_q(const attn__problem *pb, int64_t b) {
+  return pb->cu_q ? pb->cu_q[b] : 0;
+}
+static inline int64_t attn__row0_k(const attn__problem *pb, int64_t b) {
+  return pb->cu_k ? pb->cu_k[b] : 0;
+}
+
+/* The visible key range [*lo, *hi) of query row i in a sequence of lengths
+ * nq, nk; empty when *lo >= *hi. Causal is already in window_right. */
+static inline void attn__key_range(const attn__problem *pb, int64_t i, int64_t nq, int64_t nk,
+                                   int64_t *lo, int64_t *hi) {
+  int64_t diag = i + nk - nq;
+  int64_t a = pb->window_left < 0 ? 0 : diag - pb->window_left;
+  int64_t z = pb->window_right < 0 ? nk : diag + pb->window_right + 1;
+  if (a < 0) a = 0;
+  if (z > nk) z = nk;
+  *lo = a;
+  *hi = z;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Scalars                                                                  */
+/* ---------------------------------------------------------------------- */
+
+static inline float attn__bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Round to nearest even; NaN stays NaN. */
+static inline uint16_t attn__f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+float attn__f16_to_f32(uint16_t h);
+uint16_t attn__f32_to_f16(float f);
+
+/* ---------------------------------------------------------------------- */
+/* Contexts, errors, buffers                                                */
+/* ---------------------------------------------------------------------- */
+
+typedef struct attn__backend attn__backend;
+
+struct attn_context {
+  const attn__backend *backend; /* NULL for a context whose creation failed */
+  int device;
+  void *impl; /* the backend's per-context state */
+  char errmsg[2048];
+};
+
+struct attn_buffer {
+  attn_context *ctx;
+  void *native;
+  size_t bytes;
+  int owned; /* 0 for attn_buffer_wrap() */
+};
+
+/* Records a sentence for ctx (ctx may be NULL) and returns status. */
+int attn__error(attn_context *ctx, int status, const char *fmt, ...) ATTN__PRINTF(3, 4);
+/* A log line on stderr when ATTN_DEBUG is set to a non-zero value. */
+void attn__debug(const char *fmt, ...) ATTN__PRINTF(1, 2);
+
+/* ---------------------------------------------------------------------- */
+/* The backend interface                                                    */
+/* ---------------------------------------------------------------------- */
+
+/* A backend is this table plus the state it hangs on ctx->impl. Functions
+ * report failures through attn__error(ctx, ...) and return its status. The
+ * core validates every argument before calling forward/backward/supports, so
+ * a backend sees only well-formed problems. */
+struct attn__backend {
+  attn_backend kind;
+  const char *name;
+  /* 1 when native handles are host pointers (the CPU): host tensors are then
+   * passed straight through, with no staging. */
+  int host_memory;
+
+  /* Devices present; 0 and a sentence in why when the runtime or driver is
+   * missing. Called more than once: cache the probe. Must not fail hard on a
+   * machine without the backend's runtime. */
+  int (*device_count)(char *why, size_t why_len);
+  int (*device_info)(int index, attn_device_info *out);
+
+  /* Binds ctx to device `index` (already range-checked), setting ctx->impl. */
+  int (*open)(attn_context *ctx, int index);
+  void (*close)(attn_context *ctx);
+
+  int (*buffer_alloc)(attn_context *ctx, size_t bytes, void **native);
+  void (*buffer_release)(attn_context *ctx, void *native);
+  int (*buffer_write)(attn_context *ctx, void *native, size_t offset, const void *src,
+                      size_t bytes);
+  int (*buffer_read)(attn_context *ctx, void *native, size_t offset, void *dst, size_t bytes);
+
+  int (*set_stream)(attn_context *ctx, void *stream); /* NULL restores the default */
+  int (*synchronize)(attn_context *ctx);
+  int (*selftest)(attn_context *ctx);
+
+  /* ATTN_OK, or ATTN_EUNSUPPORTED with a sentence. */
+  int (*supports)(attn_context *ctx, const attn__problem *pb, int backward);
+  int (*forward)(attn_context *ctx, const attn__problem *pb);
+  int (*backward)(attn_context *ctx, const attn__problem *pb);
+};
+
+/* Each backend folder defines one of these; the registry in src/backend.c
+ * lists those that were built, CPU last. */
+extern const attn__backend attn__backend_cpu;
+#ifdef ATTN_HAVE_OPENCL
+extern const attn__backend attn__backend_opencl;
+#endif
+#ifdef ATTN_HAVE_CUDA
+extern const attn__backend attn__backend_cuda;
+#endif
+
+/* ---------------------------------------------------------------------- */
+/* Reference: materializes the scores, accumulates in double (src/ref.c)    */
+/* ---------------------------------------------------------------------- */
+
+/* Host tensors only. o is written contiguous in q's shape ([rows, Hq, d] per
+ * the layout), lse as [B, Hq, Nq] (bshd) or [Hq, total_q] (varlen); either
+ * may be NULL. Validation errors are reported on ctx, which may be any
+ * context (it is used for messages only). */
+int attn__reference_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                            const attn_tensor *k, const attn_tensor *v, double *o, double *lse);
+/* Gradients of sum(o * dout), dq contiguous like q, dk and dv like k. */
+int attn__reference_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                             const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout,
+                             double *dq, double *dk, double *dv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ATTN_INTERNAL_H */
