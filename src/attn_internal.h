@@ -199,6 +199,21 @@ extern const attn__backend attn__backend_opencl;
 extern const attn__backend attn__backend_cuda;
 #endif
 
+/* The registry (src/backend.c): the backend of a kind if it was built, and
+ * opening ctx on the backend a specification ("cuda:1", NULL for
+ * ATTN_BACKEND) selects. */
+const attn__backend *attn__backend_find(attn_backend kind);
+int attn__backend_open(attn_context *ctx, const char *spec);
+
+/* Validation (src/problem.c): checks every argument and fills pb. What says
+ * which tensors are required: */
+enum attn__op { ATTN__FORWARD, ATTN__BACKWARD, ATTN__SUPPORTS, ATTN__REFERENCE };
+int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *p,
+                        const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                        const attn_tensor *o, const attn_tensor *lse, const attn_tensor *dout,
+                        const attn_tensor *dq, const attn_tensor *dk, const attn_tensor *dv,
+                        attn__problem *pb);
+
 /* ---------------------------------------------------------------------- */
 /* Reference: materializes the scores, accumulates in double (src/ref.c)    */
 /* ---------------------------------------------------------------------- */

@@ -1,0 +1,319 @@
+/* Public entry points: contexts, buffers, tensors, parameters, and the
+ * forward/backward calls, which validate (src/problem.c), stage host memory
+ * through a GPU backend's buffers when needed, and dispatch. */
+#include "attn_internal.h"
+
+#include <stdlib.h>
+
+/* Whether ctx can take calls. A context whose creation failed keeps its
+ * message and answers ATTN_EUNAVAILABLE. */
+static int ready(attn_context *ctx) {
+  if (!ctx) return ATTN_ENULL;
+  if (!ctx->backend) return ATTN_EUNAVAILABLE;
+  ctx->errmsg[0] = '\0';
+  return ATTN_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Contexts                                                                 */
+/* ---------------------------------------------------------------------- */
+
+int attn_context_create(const char *spec, attn_context **out) {
+  if (!out) return ATTN_ENULL;
+  attn_context *ctx = calloc(1, sizeof *ctx);
+  *out = ctx;
+  if (!ctx) return ATTN_ENOMEM;
+  return attn__backend_open(ctx, spec);
+}
+
+void attn_context_free(attn_context *ctx) {
+  if (!ctx) return;
+  if (ctx->backend && ctx->backend->close) ctx->backend->close(ctx);
+  free(ctx);
+}
+
+const char *attn_errmsg(const attn_context *ctx) {
+  if (!ctx) return "the context is NULL (out of memory, or never created)";
+  return ctx->errmsg;
+}
+
+attn_backend attn_context_backend(const attn_context *ctx) {
+  return ctx && ctx->backend ? ctx->backend->kind : ATTN_BACKEND_AUTO;
+}
+
+int attn_context_device(const attn_context *ctx) {
+  return ctx && ctx->backend ? ctx->device : -1;
+}
+
+int attn_context_device_info(const attn_context *ctx, attn_device_info *out) {
+  if (!ctx || !out) return ATTN_ENULL;
+  if (!ctx->backend) return ATTN_EUNAVAILABLE;
+  return attn_device_info_get(ctx->backend->kind, ctx->device, out);
+}
+
+int attn_context_set_stream(attn_context *ctx, void *stream) {
+  int rc = ready(ctx);
+  if (rc) return rc;
+  return ctx->backend->set_stream(ctx, stream);
+}
+
+int attn_context_synchronize(attn_context *ctx) {
+  int rc = ready(ctx);
+  if (rc) return rc;
+  return ctx->backend->synchronize(ctx);
+}
+
+int attn_selftest(attn_context *ctx) {
+  int rc = ready(ctx);
+  if (rc) return rc;
+  return ctx->backend->selftest(ctx);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Buffers                                                                  */
+/* ---------------------------------------------------------------------- */
+
+static int new_buffer(attn_context *ctx, void *native, size_t bytes, int owned, attn_buffer **out) {
+  attn_buffer *b = malloc(sizeof *b);
+  if (!b) {
+    if (owned) ctx->backend->buffer_release(ctx, native);
+    return attn__error(ctx, ATTN_ENOMEM, "out of memory for a buffer handle");
+  }
+  b->ctx = ctx;
+  b->native = native;
+  b->bytes = bytes;
+  b->owned = owned;
+  *out = b;
+  return ATTN_OK;
+}
+
+int attn_buffer_create(attn_context *ctx, size_t bytes, attn_buffer **out) {
+  int rc = ready(ctx);
+  if (rc) return rc;
+  if (!out) return attn__error(ctx, ATTN_ENULL, "out is NULL");
+  *out = NULL;
+  if (bytes == 0) return attn__error(ctx, ATTN_ESIZE, "bytes is 0");
+  void *native = NULL;
+  rc = ctx->backend->buffer_alloc(ctx, bytes, &native);
+  if (rc) return rc;
+  return new_buffer(ctx, native, bytes, 1, out);
+}
+
+int attn_buffer_wrap(attn_context *ctx, void *native, size_t bytes, attn_buffer **out) {
+  int rc = ready(ctx);
+  if (rc) return rc;
+  if (!out) return attn__error(ctx, ATTN_ENULL, "out is NULL");
+  *out = NULL;
+  if (!native) return attn__error(ctx, ATTN_ENULL, "native is NULL");
+  if (bytes == 0) return attn__error(ctx, ATTN_ESIZE, "bytes is 0");
+  return new_buffer(ctx, native, bytes, 0, out);
+}
+
+static int check_range(attn_context *ctx, const attn_buffer *buf, const void *host, size_t offset,
+                       size_t bytes, const char *host_name) {
+  if (!buf) return attn__error(ctx, ATTN_ENULL, "buf is NULL");
+  if (!host) return attn__error(ctx, ATTN_ENULL, "%s is NULL", host_name);
+  if (buf->ctx != ctx) return attn__error(ctx, ATTN_EBUFFER, "buf belongs to another context");
+  if (offset > buf->bytes || bytes > buf->bytes - offset)
+    return attn__error(ctx, ATTN_EBUFFER, "offset %zu + bytes %zu is past the buffer's %zu bytes",
+                       offset, bytes, buf->bytes);
+  return ATTN_OK;
+}
+
+int attn_buffer_write(attn_context *ctx, attn_buffer *buf, size_t offset, const void *src,
+                      size_t bytes) {
+  int rc = ready(ctx);
+  if (rc) return rc;
+  if ((rc = check_range(ctx, buf, src, offset, bytes, "src"))) return rc;
+  if (bytes == 0) return ATTN_OK;
+  return ctx->backend->buffer_write(ctx, buf->native, offset, src, bytes);
+}
+
+int attn_buffer_read(attn_context *ctx, const attn_buffer *buf, size_t offset, void *dst,
+                     size_t bytes) {
+  int rc = ready(ctx);
+  if (rc) return rc;
+  if ((rc = check_range(ctx, buf, dst, offset, bytes, "dst"))) return rc;
+  if (bytes == 0) return ATTN_OK;
+  return ctx->backend->buffer_read(ctx, buf->native, offset, dst, bytes);
+}
+
+void *attn_buffer_native(const attn_buffer *buf) {
+  return buf ? buf->native : NULL;
+}
+
+size_t attn_buffer_size(const attn_buffer *buf) {
+  return buf ? buf->bytes : 0;
+}
+
+void attn_buffer_free(attn_buffer *buf) {
+  if (!buf) return;
+  if (buf->owned && buf->ctx && buf->ctx->backend)
+    buf->ctx->backend->buffer_release(buf->ctx, buf->native);
+  free(buf);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Tensors and parameters                                                   */
+/* ---------------------------------------------------------------------- */
+
+static attn_tensor contiguous(void *data, attn_dtype dtype, int ndim, const int64_t *shape) {
+  attn_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = ndim;
+  int64_t s = 1;
+  for (int i = ndim - 1; i >= 0; i--) {
+    t.shape[i] = shape[i];
+    t.stride[i] = s;
+    s *= shape[i] > 0 ? shape[i] : 1;
+  }
+  return t;
+}
+
+attn_tensor attn_tensor_bshd(void *data, attn_dtype dtype, int64_t batch, int64_t seqlen,
+                             int64_t heads, int64_t head_dim) {
+  int64_t shape[4] = {batch, seqlen, heads, head_dim};
+  return contiguous(data, dtype, 4, shape);
+}
+
+attn_tensor attn_tensor_varlen(void *data, attn_dtype dtype, int64_t total_rows, int64_t heads,
+                               int64_t head_dim) {
+  int64_t shape[3] = {total_rows, heads, head_dim};
+  return contiguous(data, dtype, 3, shape);
+}
+
+attn_tensor attn_tensor_lse(float *data, int64_t batch, int64_t heads, int64_t seqlen) {
+  if (batch == 0) {
+    int64_t shape[2] = {heads, seqlen};
+    return contiguous(data, ATTN_F32, 2, shape);
+  }
+  int64_t shape[3] = {batch, heads, seqlen};
+  return contiguous(data, ATTN_F32, 3, shape);
+}
+
+attn_tensor attn_tensor_on(attn_tensor t, attn_buffer *buffer, size_t offset) {
+  t.data = NULL;
+  t.buffer = buffer;
+  t.offset = offset;
+  return t;
+}
+
+void attn_params_init(attn_params *p) {
+  if (!p) return;
+  memset(p, 0, sizeof *p);
+  p->window_left = -1;
+  p->window_right = -1;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Forward and backward                                                     */
+/* ---------------------------------------------------------------------- */
+
+/* Bytes from a validated tensor's first element to past its last. */
+static size_t tensor_bytes(const attn_tensor *t) {
+  int64_t last = 0;
+  for (int i = 0; i < t->ndim; i++)
+    last += (t->shape[i] - 1) * t->stride[i];
+  return ((size_t)last + 1) * attn_dtype_size(t->dtype);
+}
+
+/* Host tensors handed to a device backend go through temporary device
+ * buffers: inputs and outputs are written (an output's gaps between strided
+ * elements must survive the copy back), outputs read back on success. */
+#define MAX_STAGED 10
+typedef struct staging {
+  int n;
+  void *native[MAX_STAGED];
+  const attn_tensor *user[MAX_STAGED];
+  int output[MAX_STAGED];
+} staging;
+
+static int stage(attn_context *ctx, staging *st, const attn_tensor *t, attn__tensor *pt,
+                 int output) {
+  if (!t || !t->data) return ATTN_OK;
+  size_t bytes = tensor_bytes(t);
+  void *native = NULL;
+  int rc = ctx->backend->buffer_alloc(ctx, bytes, &native);
+  if (rc) return rc;
+  st->native[st->n] = native;
+  st->user[st->n] = t;
+  st->output[st->n] = output;
+  st->n++;
+  pt->native = native;
+  pt->offset = 0;
+  int64_t count = 1;
+  for (int i = 0; i < t->ndim; i++)
+    count *= t->shape[i];
+  if (output && (size_t)count * attn_dtype_size(t->dtype) == bytes) return ATTN_OK; /* no gaps */
+  return ctx->backend->buffer_write(ctx, native, 0, t->data, bytes);
+}
+
+static void unstage(attn_context *ctx, staging *st) {
+  for (int i = 0; i < st->n; i++)
+    ctx->backend->buffer_release(ctx, st->native[i]);
+  st->n = 0;
+}
+
+static int run(attn_context *ctx, attn__problem *pb, const attn_tensor *const *ts,
+               attn__tensor *const *pts, const int *outputs, int nts, int backward) {
+  staging st = {0};
+  int rc = ATTN_OK;
+  if (!ctx->backend->host_memory) {
+    for (int i = 0; i < nts && !rc; i++)
+      rc = stage(ctx, &st, ts[i], pts[i], outputs[i]);
+    if (st.n) pb->async = 0; /* staged results must be back before we return */
+  }
+  if (!rc) rc = backward ? ctx->backend->backward(ctx, pb) : ctx->backend->forward(ctx, pb);
+  for (int i = 0; i < st.n && !rc; i++)
+    if (st.output[i])
+      rc = ctx->backend->buffer_read(ctx, st.native[i], 0, st.user[i]->data,
+                                     tensor_bytes(st.user[i]));
+  unstage(ctx, &st);
+  return rc;
+}
+
+int attn_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                 const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+                 const attn_tensor *lse) {
+  int rc = ready(ctx);
+  if (rc) return rc;
+  attn__problem pb;
+  rc = attn__problem_build(ctx, ATTN__FORWARD, p, q, k, v, o, lse, NULL, NULL, NULL, NULL, &pb);
+  if (rc) return rc;
+  rc = ctx->backend->supports(ctx, &pb, 0);
+  if (rc) return rc;
+  const attn_tensor *ts[] = {q, k, v, o, lse};
+  attn__tensor *pts[] = {&pb.q, &pb.k, &pb.v, &pb.o, &pb.lse};
+  const int outputs[] = {0, 0, 0, 1, 1};
+  return run(ctx, &pb, ts, pts, outputs, 5, 0);
+}
+
+int attn_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                  const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+                  const attn_tensor *lse, const attn_tensor *dout, const attn_tensor *dq,
+                  const attn_tensor *dk, const attn_tensor *dv) {
+  int rc = ready(ctx);
+  if (rc) return rc;
+  attn__problem pb;
+  rc = attn__problem_build(ctx, ATTN__BACKWARD, p, q, k, v, o, lse, dout, dq, dk, dv, &pb);
+  if (rc) return rc;
+  rc = ctx->backend->supports(ctx, &pb, 1);
+  if (rc) return rc;
+  const attn_tensor *ts[] = {q, k, v, o, lse, dout, dq, dk, dv};
+  attn__tensor *pts[] = {&pb.q, &pb.k, &pb.v, &pb.o, &pb.lse, &pb.dout, &pb.dq, &pb.dk, &pb.dv};
+  const int outputs[] = {0, 0, 0, 0, 0, 0, 1, 1, 1};
+  return run(ctx, &pb, ts, pts, outputs, 9, 1);
+}
+
+int attn_supports(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                  const attn_tensor *k, const attn_tensor *v, int backward) {
+  int rc = ready(ctx);
+  if (rc) return rc;
+  attn__problem pb;
+  rc =
+      attn__problem_build(ctx, ATTN__SUPPORTS, p, q, k, v, NULL, NULL, NULL, NULL, NULL, NULL, &pb);
+  if (rc) return rc;
+  return ctx->backend->supports(ctx, &pb, backward);
+}

@@ -1,0 +1,442 @@
+/* Validation: every argument of forward/backward is checked here, once, and
+ * turned into the normalized attn__problem the backends receive. Each class
+ * of bad input has its own status, and the sentence names the argument. */
+#include "attn_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Where a tensor's bytes are, for the aliasing checks. Host memory (and the
+ * buffers of a host-memory backend) share one address space, space = NULL;
+ * a device buffer is its own space, keyed by its native handle. */
+typedef struct region {
+  const void *space;
+  uintptr_t lo, hi; /* [lo, hi) in bytes */
+  const attn_tensor *t;
+  size_t esize;
+} region;
+
+static const char *const dims_bshd[4] = {"batch", "seqlen", "heads", "head_dim"};
+static const char *const dims_varlen[3] = {"rows", "heads", "head_dim"};
+static const char *const dims_lse_bshd[3] = {"batch", "heads", "seqlen"};
+static const char *const dims_lse_varlen[2] = {"heads", "rows"};
+
+static int mul_overflows(int64_t a, int64_t b, int64_t *out) {
+  if (a != 0 && b > INT64_MAX / a) return 1;
+  *out = a * b;
+  return 0;
+}
+
+/* Elements do not overlap when, with the dimensions sorted by stride, each
+ * stride is larger than the furthest offset the smaller dimensions reach. */
+static int strides_overlap(const attn_tensor *t) {
+  int idx[4], n = 0;
+  for (int i = 0; i < t->ndim; i++)
+    if (t->shape[i] > 1) idx[n++] = i;
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && t->stride[idx[j]] < t->stride[idx[j - 1]]; j--) {
+      int tmp = idx[j];
+      idx[j] = idx[j - 1];
+      idx[j - 1] = tmp;
+    }
+  int64_t reach = 0; /* furthest element offset of the smaller dimensions */
+  for (int i = 0; i < n; i++) {
+    int64_t s = t->stride[idx[i]];
+    if (s <= reach) return 1;
+    reach += s * (t->shape[idx[i]] - 1);
+  }
+  return 0;
+}
+
+/* Checks one tensor: memory, dtype, rank, shape against `want` (entries < 0
+ * are free but must be positive), strides and extent. Fills r. */
+static int check_tensor(attn_context *ctx, const char *name, const attn_tensor *t, attn_dtype dtype,
+                        int ndim, const char *const *dims, const int64_t *want, region *r) {
+  if (!t) return attn__error(ctx, ATTN_ENULL, "%s is NULL", name);
+  if (!t->data && !t->buffer)
+    return attn__error(ctx, ATTN_ENULL, "%s: data and buffer are both NULL", name);
+  if (t->data && t->buffer)
+    return attn__error(ctx, ATTN_EINVAL, "%s: give either data (host memory) or buffer, not both",
+                       name);
+  if (t->buffer && t->buffer->ctx != ctx)
+    return attn__error(ctx, ATTN_EBUFFER, "%s: the buffer belongs to another context", name);
+  if ((unsigned)t->dtype > ATTN_BF16)
+    return attn__error(ctx, ATTN_EDTYPE, "%s: dtype %d is not f32, f16 or bf16", name,
+                       (int)t->dtype);
+  if (t->dtype != dtype)
+    return attn__error(ctx, ATTN_EDTYPE, "%s: dtype %s differs from the expected %s", name,
+                       attn_dtype_name(t->dtype), attn_dtype_name(dtype));
+  if (t->ndim != ndim)
+    return attn__error(ctx, ATTN_ESHAPE, "%s: ndim is %d, expected %d", name, t->ndim, ndim);
+  for (int i = 0; i < ndim; i++) {
+    if (t->shape[i] <= 0)
+      return attn__error(ctx, ATTN_ESIZE, "%s: shape[%d] (%s) is %lld; sizes must be positive",
+                         name, i, dims[i], (long long)t->shape[i]);
+  }
+  for (int i = 0; i < ndim; i++) {
+    if (want && want[i] >= 0 && t->shape[i] != want[i])
+      return attn__error(ctx, ATTN_ESHAPE, "%s: shape[%d] (%s) is %lld, expected %lld", name, i,
+                         dims[i], (long long)t->shape[i], (long long)want[i]);
+  }
+  for (int i = 0; i < ndim; i++)
+    if (t->stride[i] < 0)
+      return attn__error(ctx, ATTN_ESTRIDE, "%s: stride[%d] (%s) is negative (%lld)", name, i,
+                         dims[i], (long long)t->stride[i]);
+  /* Extent, in elements then bytes, with every product checked. */
+  int64_t count = 1, last = 0;
+  for (int i = 0; i < ndim; i++) {
+    int64_t span;
+    if (mul_overflows(count, t->shape[i], &count) ||
+        mul_overflows(t->shape[i] - 1, t->stride[i], &span) || last > INT64_MAX - span)
+      return attn__error(ctx, ATTN_EOVERFLOW, "%s: shape and strides overflow a 64-bit offset",
+                         name);
+    last += span;
+  }
+  size_t esize = attn_dtype_size(t->dtype);
+  if ((uint64_t)last >= (uint64_t)(SIZE_MAX / esize) - 1 ||
+      (uint64_t)last > (uint64_t)INT64_MAX / esize - 1)
+    return attn__error(ctx, ATTN_EOVERFLOW, "%s: its extent (%lld elements) overflows size_t", name,
+                       (long long)last + 1);
+  size_t bytes = ((size_t)last + 1) * esize;
+  if (strides_overlap(t))
+    return attn__error(
+        ctx, ATTN_ESTRIDE, "%s: strides {%lld, %lld, %lld, %lld} make elements overlap", name,
+        (long long)t->stride[0], (long long)(ndim > 1 ? t->stride[1] : 0),
+        (long long)(ndim > 2 ? t->stride[2] : 0), (long long)(ndim > 3 ? t->stride[3] : 0));
+  r->t = t;
+  r->esize = esize;
+  if (t->buffer) {
+    if (t->offset % esize != 0)
+      return attn__error(ctx, ATTN_EBUFFER,
+                         "%s: offset %zu is not a multiple of the %zu-byte element", name,
+                         t->offset, esize);
+    if (t->offset > t->buffer->bytes || bytes > t->buffer->bytes - t->offset)
+      return attn__error(ctx, ATTN_EBUFFER,
+                         "%s: needs %zu bytes at offset %zu, but its buffer holds %zu", name, bytes,
+                         t->offset, t->buffer->bytes);
+    if (ctx->backend && ctx->backend->host_memory) {
+      r->space = NULL;
+      r->lo = (uintptr_t)t->buffer->native + t->offset;
+    } else {
+      r->space = t->buffer->native;
+      r->lo = t->offset;
+    }
+  } else {
+    if ((uintptr_t)t->data > UINTPTR_MAX - bytes)
+      return attn__error(ctx, ATTN_EOVERFLOW, "%s: data + extent wraps the address space", name);
+    r->space = NULL;
+    r->lo = (uintptr_t)t->data;
+  }
+  r->hi = r->lo + bytes;
+  return ATTN_OK;
+}
+
+/* Whether some element of a lies in the same bytes as some element of b. Two
+ * tensors with the same strides (slices of one fused tensor) are checked
+ * exactly; otherwise intersecting address ranges count as sharing. */
+static int elements_meet(const attn_tensor *t, int dim, int64_t rem, int64_t esize) {
+  if (dim < 0) return rem > -esize && rem < esize;
+  /* The smaller dimensions reach less than one stride (strides_overlap),
+   * so only the two multiples of this stride nearest to rem can work. */
+  int64_t s = t->stride[dim] * esize;
+  int64_t n = t->shape[dim];
+  if (s == 0 || n == 1) return elements_meet(t, dim - 1, rem, esize);
+  int64_t c0 = rem / s;
+  for (int64_t c = c0 - 1; c <= c0 + 1; c++)
+    if (c > -n && c < n && elements_meet(t, dim - 1, rem - c * s, esize)) return 1;
+  return 0;
+}
+
+static int regions_share(const region *a, const region *b) {
+  if (a->space != b->space || a->hi <= b->lo || b->hi <= a->lo) return 0;
+  const attn_tensor *ta = a->t, *tb = b->t;
+  if (ta->ndim != tb->ndim || a->esize != b->esize) return 1;
+  for (int i = 0; i < ta->ndim; i++)
+    if (ta->shape[i] != tb->shape[i] || ta->stride[i] != tb->stride[i]) return 1;
+  /* Sort dimensions by stride so the search goes from the largest down. */
+  attn_tensor s = *ta;
+  for (int i = 1; i < s.ndim; i++)
+    for (int j = i; j > 0 && s.stride[j] < s.stride[j - 1]; j--) {
+      int64_t x = s.stride[j];
+      s.stride[j] = s.stride[j - 1];
+      s.stride[j - 1] = x;
+      x = s.shape[j];
+      s.shape[j] = s.shape[j - 1];
+      s.shape[j - 1] = x;
+    }
+  int64_t delta = (int64_t)(b->lo - a->lo);
+  return elements_meet(&s, s.ndim - 1, delta, (int64_t)a->esize);
+}
+
+static void fill_tensor(attn_context *ctx, const attn_tensor *t, int varlen, int is_lse,
+                        attn__tensor *out) {
+  if (t->buffer) {
+    out->native = t->buffer->native;
+    out->offset = t->offset;
+  } else {
+    out->native = t->data;
+    out->offset = 0;
+  }
+  out->dtype = t->dtype;
+  if (is_lse) {
+    /* bshd [B, H, N]; varlen [H, total]. */
+    out->sb = varlen ? 0 : t->stride[0];
+    out->sh = varlen ? t->stride[0] : t->stride[1];
+    out->ss = varlen ? t->stride[1] : t->stride[2];
+    out->sd = 0;
+  } else if (varlen) {
+    out->sb = 0;
+    out->ss = t->stride[0];
+    out->sh = t->stride[1];
+    out->sd = t->stride[2];
+  } else {
+    out->sb = t->stride[0];
+    out->ss = t->stride[1];
+    out->sh = t->stride[2];
+    out->sd = t->stride[3];
+  }
+  (void)ctx;
+}
+
+static int check_cu(attn_context *ctx, const char *name, const int32_t *cu, int64_t batch,
+                    int64_t rows, int64_t *longest) {
+  if (!cu)
+    return attn__error(ctx, ATTN_ESEQLENS, "params.%s is NULL for a varlen (3-d) tensor", name);
+  if (cu[0] != 0)
+    return attn__error(ctx, ATTN_ESEQLENS, "params.%s[0] is %d; it must start at 0", name, cu[0]);
+  *longest = 0;
+  for (int64_t b = 0; b < batch; b++) {
+    if (cu[b + 1] < cu[b])
+      return attn__error(ctx, ATTN_ESEQLENS, "params.%s decreases at [%lld]: %d after %d", name,
+                         (long long)b + 1, cu[b + 1], cu[b]);
+    if (cu[b + 1] - cu[b] > *longest) *longest = cu[b + 1] - cu[b];
+  }
+  if (cu[batch] != rows)
+    return attn__error(ctx, ATTN_ESEQLENS,
+                       "params.%s[%lld] is %d, but the tensor has %lld rows; they must agree", name,
+                       (long long)batch, cu[batch], (long long)rows);
+  return ATTN_OK;
+}
+
+int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *p,
+                        const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                        const attn_tensor *o, const attn_tensor *lse, const attn_tensor *dout,
+                        const attn_tensor *dq, const attn_tensor *dk, const attn_tensor *dv,
+                        attn__problem *pb) {
+  if (!p) return attn__error(ctx, ATTN_ENULL, "params is NULL");
+  if (!q) return attn__error(ctx, ATTN_ENULL, "q is NULL");
+  if (!k) return attn__error(ctx, ATTN_ENULL, "k is NULL");
+  if (!v) return attn__error(ctx, ATTN_ENULL, "v is NULL");
+  if (op == ATTN__FORWARD && !o) return attn__error(ctx, ATTN_ENULL, "o is NULL");
+  if (op == ATTN__BACKWARD) {
+    const attn_tensor *req[] = {o, lse, dout, dq, dk, dv};
+    const char *names[] = {"o", "lse", "do", "dq", "dk", "dv"};
+    for (int i = 0; i < 6; i++)
+      if (!req[i]) return attn__error(ctx, ATTN_ENULL, "%s is NULL", names[i]);
+  }
+  if (op == ATTN__REFERENCE && (q->buffer || k->buffer || v->buffer))
+    return attn__error(ctx, ATTN_EINVAL, "the reference takes host tensors only");
+
+  /* Layout from q's rank. */
+  int varlen;
+  if (q->ndim == 4) {
+    varlen = 0;
+  } else if (q->ndim == 3) {
+    varlen = 1;
+  } else {
+    return attn__error(ctx, ATTN_ESHAPE, "q: ndim is %d; 4 (bshd) or 3 (varlen) expected", q->ndim);
+  }
+  const char *const *dims = varlen ? dims_varlen : dims_bshd;
+  int nd = q->ndim;
+  attn_dtype dt = q->dtype;
+  if ((unsigned)dt > ATTN_BF16)
+    return attn__error(ctx, ATTN_EDTYPE, "q: dtype %d is not f32, f16 or bf16", (int)dt);
+
+  region rq, rk, rv;
+  int rc = check_tensor(ctx, "q", q, dt, nd, dims, NULL, &rq);
+  if (rc) return rc;
+  int64_t d = q->shape[nd - 1];
+  int64_t hq = q->shape[nd - 2];
+  if (d > ATTN_MAX_HEAD_DIM)
+    return attn__error(ctx, ATTN_EHEADDIM, "q: head_dim %lld is above the maximum %d", (long long)d,
+                       ATTN_MAX_HEAD_DIM);
+  /* k: same batch and head_dim as q; its own sequence length and heads. */
+  if (k->ndim == nd && k->shape[nd - 1] != d && k->shape[nd - 1] > 0)
+    return attn__error(ctx, ATTN_ESHAPE, "k: head_dim %lld differs from q's %lld",
+                       (long long)k->shape[nd - 1], (long long)d);
+  int64_t want_k[4] = {varlen ? -1 : q->shape[0], -1, -1, -1};
+  want_k[nd - 1] = d;
+  rc = check_tensor(ctx, "k", k, dt, nd, dims, want_k, &rk);
+  if (rc) return rc;
+  int64_t hkv = k->shape[nd - 2];
+  if (v->ndim == nd && v->shape[nd - 1] != d && v->shape[nd - 1] > 0)
+    return attn__error(ctx, ATTN_ESHAPE, "v: head_dim %lld differs from q's %lld",
+                       (long long)v->shape[nd - 1], (long long)d);
+  int64_t want_v[4];
+  for (int i = 0; i < nd; i++)
+    want_v[i] = k->shape[i];
+  rc = check_tensor(ctx, "v", v, dt, nd, dims, want_v, &rv);
+  if (rc) return rc;
+  if (hq % hkv != 0)
+    return attn__error(
+        ctx, ATTN_EHEADS,
+        "k: %lld key/value heads do not divide q's %lld heads (GQA needs Hq %% Hkv == 0)",
+        (long long)hkv, (long long)hq);
+
+  /* Sequences. */
+  int64_t batch, nq, nk, total_q, total_k;
+  if (varlen) {
+    if (p->batch <= 0)
+      return attn__error(ctx, ATTN_ESIZE,
+                         "params.batch is %lld; a varlen call needs the number of "
+                         "sequences (> 0)",
+                         (long long)p->batch);
+    batch = p->batch;
+    total_q = q->shape[0];
+    total_k = k->shape[0];
+    rc = check_cu(ctx, "cu_seqlens_q", p->cu_seqlens_q, batch, total_q, &nq);
+    if (rc) return rc;
+    rc = check_cu(ctx, "cu_seqlens_k", p->cu_seqlens_k, batch, total_k, &nk);
+    if (rc) return rc;
+  } else {
+    if (p->cu_seqlens_q || p->cu_seqlens_k)
+      return attn__error(ctx, ATTN_ESEQLENS,
+                         "params.cu_seqlens_%c is set, but q is 4-d (bshd); varlen tensors are 3-d",
+                         p->cu_seqlens_q ? 'q' : 'k');
+    batch = q->shape[0];
+    nq = q->shape[1];
+    nk = k->shape[1];
+    if (mul_overflows(batch, nq, &total_q) || mul_overflows(batch, nk, &total_k))
+      return attn__error(ctx, ATTN_EOVERFLOW, "q: batch * seqlen overflows");
+  }
+
+  /* Scalars. */
+  if (!isfinite(p->scale) || p->scale < 0)
+    return attn__error(ctx, ATTN_ESCALAR,
+                       "params.scale is %g; it must be finite and >= 0 "
+                       "(0 means 1/sqrt(head_dim))",
+                       p->scale);
+  if (!isfinite(p->softcap) || p->softcap < 0)
+    return attn__error(ctx, ATTN_ESCALAR,
+                       "params.softcap is %g; it must be finite and >= 0 "
+                       "(0 means off)",
+                       p->softcap);
+  if (p->window_left < -1 || p->window_right < -1)
+    return attn__error(ctx, ATTN_EWINDOW,
+                       "params.window_%s is %lld; a bound is >= 0, or -1 for none",
+                       p->window_left < -1 ? "left" : "right",
+                       (long long)(p->window_left < -1 ? p->window_left : p->window_right));
+  if (!p->alibi_slopes && p->alibi_count != 0)
+    return attn__error(ctx, ATTN_EALIBI, "params.alibi_slopes is NULL but alibi_count is %lld",
+                       (long long)p->alibi_count);
+  if (p->alibi_slopes) {
+    if (p->alibi_count != hq)
+      return attn__error(ctx, ATTN_EALIBI,
+                         "params.alibi_count is %lld; it must be the number of query heads, %lld",
+                         (long long)p->alibi_count, (long long)hq);
+    for (int64_t h = 0; h < hq; h++)
+      if (!isfinite(p->alibi_slopes[h]))
+        return attn__error(ctx, ATTN_EALIBI, "params.alibi_slopes[%lld] is not finite",
+                           (long long)h);
+  }
+  if ((p->flags & ATTN_DETERMINISTIC) && (p->flags & ATTN_NONDETERMINISTIC))
+    return attn__error(ctx, ATTN_EINVAL,
+                       "params.flags: ATTN_DETERMINISTIC and ATTN_NONDETERMINISTIC are both set");
+
+  /* Outputs and the backward's extra inputs. */
+  region ro = {0}, rl = {0}, rdo = {0}, rdq = {0}, rdk = {0}, rdv = {0};
+  int has_o = o != NULL && op != ATTN__REFERENCE;
+  int has_lse = lse != NULL && op != ATTN__REFERENCE;
+  if (has_o) {
+    int64_t want[4];
+    for (int i = 0; i < nd; i++)
+      want[i] = q->shape[i];
+    rc = check_tensor(ctx, "o", o, dt, nd, dims, want, &ro);
+    if (rc) return rc;
+  }
+  if (has_lse) {
+    int64_t want_bshd[3] = {batch, hq, nq}, want_var[2] = {hq, total_q};
+    rc = check_tensor(ctx, "lse", lse, ATTN_F32, varlen ? 2 : 3,
+                      varlen ? dims_lse_varlen : dims_lse_bshd, varlen ? want_var : want_bshd, &rl);
+    if (rc) return rc;
+  }
+  if (op == ATTN__BACKWARD) {
+    int64_t wq[4], wk[4];
+    for (int i = 0; i < nd; i++) {
+      wq[i] = q->shape[i];
+      wk[i] = k->shape[i];
+    }
+    if ((rc = check_tensor(ctx, "do", dout, dt, nd, dims, wq, &rdo)) ||
+        (rc = check_tensor(ctx, "dq", dq, dt, nd, dims, wq, &rdq)) ||
+        (rc = check_tensor(ctx, "dk", dk, dt, nd, dims, wk, &rdk)) ||
+        (rc = check_tensor(ctx, "dv", dv, dt, nd, dims, wk, &rdv)))
+      return rc;
+  }
+
+  /* Aliasing: an output may share no memory with an input or with another
+   * output. Inputs may share (a fused qkv tensor). */
+  const region *ins[] = {&rq, &rk, &rv, &ro, &rl, &rdo};
+  const char *in_names[] = {"q", "k", "v", "o", "lse", "do"};
+  if (op == ATTN__FORWARD || op == ATTN__SUPPORTS) {
+    const region *outs[] = {&ro, &rl};
+    const char *out_names[] = {"o", "lse"};
+    for (int a = 0; a < 2; a++) {
+      if (!outs[a]->t) continue;
+      for (int b = 0; b < 3 + a; b++)
+        if (ins[b]->t && regions_share(outs[a], ins[b]))
+          return attn__error(ctx, ATTN_EALIAS, "%s shares memory with %s", out_names[a],
+                             b < 3 ? in_names[b] : out_names[b - 3]);
+    }
+  } else if (op == ATTN__BACKWARD) {
+    const region *outs[] = {&rdq, &rdk, &rdv};
+    const char *out_names[] = {"dq", "dk", "dv"};
+    for (int a = 0; a < 3; a++) {
+      for (int b = 0; b < 6; b++)
+        if (regions_share(outs[a], ins[b]))
+          return attn__error(ctx, ATTN_EALIAS, "%s shares memory with %s", out_names[a],
+                             in_names[b]);
+      for (int b = 0; b < a; b++)
+        if (regions_share(outs[a], outs[b]))
+          return attn__error(ctx, ATTN_EALIAS, "%s shares memory with %s", out_names[a],
+                             out_names[b]);
+    }
+  }
+
+  memset(pb, 0, sizeof *pb);
+  pb->dtype = dt;
+  pb->batch = batch;
+  pb->heads_q = hq;
+  pb->heads_kv = hkv;
+  pb->head_dim = d;
+  pb->seqlen_q = nq;
+  pb->seqlen_k = nk;
+  pb->total_q = total_q;
+  pb->total_k = total_k;
+  pb->cu_q = varlen ? p->cu_seqlens_q : NULL;
+  pb->cu_k = varlen ? p->cu_seqlens_k : NULL;
+  pb->scale = p->scale == 0 ? (float)(1.0 / sqrt((double)d)) : (float)p->scale;
+  pb->softcap = (float)p->softcap;
+  pb->causal = (p->flags & ATTN_CAUSAL) != 0;
+  pb->window_left = p->window_left;
+  pb->window_right = p->window_right;
+  if (pb->causal && (pb->window_right < 0 || pb->window_right > 0)) pb->window_right = 0;
+  pb->alibi = p->alibi_slopes;
+  pb->deterministic = (p->flags & ATTN_DETERMINISTIC) != 0;
+  pb->allow_tf32 = (p->flags & ATTN_ALLOW_TF32) != 0;
+  pb->async = (p->flags & ATTN_ASYNC) != 0;
+  fill_tensor(ctx, q, varlen, 0, &pb->q);
+  fill_tensor(ctx, k, varlen, 0, &pb->k);
+  fill_tensor(ctx, v, varlen, 0, &pb->v);
+  if (has_o) fill_tensor(ctx, o, varlen, 0, &pb->o);
+  if (has_lse) {
+    fill_tensor(ctx, lse, varlen, 1, &pb->lse);
+    pb->has_lse = 1;
+  }
+  if (op == ATTN__BACKWARD) {
+    fill_tensor(ctx, dout, varlen, 0, &pb->dout);
+    fill_tensor(ctx, dq, varlen, 0, &pb->dq);
+    fill_tensor(ctx, dk, varlen, 0, &pb->dk);
+    fill_tensor(ctx, dv, varlen, 0, &pb->dv);
+  }
+  return ATTN_OK;
+}

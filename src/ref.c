@@ -1,0 +1,177 @@
+/* The reference: attention by its definition, one row at a time, with every
+ * score of the row materialized and everything accumulated in double. Slow
+ * and simple on purpose: the tests and `attn check`/`attn run` measure the
+ * backends against it. Memory is O(Nk) per row, so it also runs on long
+ * sequences, only slowly. */
+#include "attn_internal.h"
+
+#include <stdlib.h>
+
+static double load(const attn__tensor *t, int64_t elem) {
+  const char *base = (const char *)t->native + t->offset;
+  switch (t->dtype) {
+    case ATTN_F32:
+      return ((const float *)base)[elem];
+    case ATTN_F16:
+      return attn__f16_to_f32(((const uint16_t *)base)[elem]);
+    case ATTN_BF16:
+      return attn__bf16_to_f32(((const uint16_t *)base)[elem]);
+  }
+  return 0;
+}
+
+static int64_t at(const attn__tensor *t, int64_t b, int64_t row, int64_t h, int64_t c) {
+  return b * t->sb + row * t->ss + h * t->sh + c * t->sd;
+}
+
+/* Scores of row i (of sequence b, query head h) against every visible key:
+ * s[j - lo] for j in [lo, hi). Also the softcap derivative ds/du when asked. */
+static void row_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i, int64_t lo,
+                       int64_t hi, double *s, double *dsdu) {
+  int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
+  int64_t hk = h / (pb->heads_q / pb->heads_kv);
+  int64_t rq = attn__row0_q(pb, b) + i, rk0 = attn__row0_k(pb, b);
+  int64_t diag = i + nk - nq;
+  for (int64_t j = lo; j < hi; j++) {
+    double u = 0;
+    for (int64_t c = 0; c < pb->head_dim; c++)
+      u += load(&pb->q, at(&pb->q, b, rq, h, c)) * load(&pb->k, at(&pb->k, b, rk0 + j, hk, c));
+    u *= pb->scale;
+    double x = u, g = 1;
+    if (pb->softcap > 0) {
+      double t = tanh(u / pb->softcap);
+      x = pb->softcap * t;
+      g = 1 - t * t;
+    }
+    if (pb->alibi) x -= pb->alibi[h] * fabs((double)(diag - j));
+    s[j - lo] = x;
+    if (dsdu) dsdu[j - lo] = g;
+  }
+}
+
+/* Softmax of s[0..n) in place; returns lse. */
+static double softmax(double *s, int64_t n) {
+  double m = -INFINITY, l = 0;
+  for (int64_t j = 0; j < n; j++)
+    m = s[j] > m ? s[j] : m;
+  for (int64_t j = 0; j < n; j++)
+    l += exp(s[j] - m);
+  for (int64_t j = 0; j < n; j++)
+    s[j] = exp(s[j] - m) / l;
+  return m + log(l);
+}
+
+int attn__reference_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                            const attn_tensor *k, const attn_tensor *v, double *o, double *lse) {
+  attn__problem pb;
+  int rc = attn__problem_build(ctx, ATTN__REFERENCE, p, q, k, v, NULL, NULL, NULL, NULL, NULL, NULL,
+                               &pb);
+  if (rc) return rc;
+  double *s = malloc(sizeof(double) * (size_t)(pb.seqlen_k > 0 ? pb.seqlen_k : 1));
+  if (!s) return attn__error(ctx, ATTN_ENOMEM, "reference: out of memory for a row of scores");
+  int64_t d = pb.head_dim, hq = pb.heads_q, group = pb.heads_q / pb.heads_kv;
+  for (int64_t b = 0; b < pb.batch; b++) {
+    int64_t nq = attn__seq_q(&pb, b), nk = attn__seq_k(&pb, b);
+    int64_t rq0 = attn__row0_q(&pb, b), rk0 = attn__row0_k(&pb, b);
+    for (int64_t h = 0; h < hq; h++)
+      for (int64_t i = 0; i < nq; i++) {
+        int64_t lo, hi, row = pb.cu_q ? rq0 + i : b * nq + i;
+        attn__key_range(&pb, i, nq, nk, &lo, &hi);
+        double *orow = o ? o + (row * hq + h) * d : NULL;
+        double l = -INFINITY;
+        if (orow)
+          for (int64_t c = 0; c < d; c++)
+            orow[c] = 0;
+        if (lo < hi) {
+          row_scores(&pb, b, h, i, lo, hi, s, NULL);
+          l = softmax(s, hi - lo);
+          if (orow)
+            for (int64_t j = lo; j < hi; j++)
+              for (int64_t c = 0; c < d; c++)
+                orow[c] += s[j - lo] * load(&pb.v, at(&pb.v, b, rk0 + j, h / group, c));
+        }
+        if (lse) lse[pb.cu_q ? h * pb.total_q + row : (b * hq + h) * nq + i] = l;
+      }
+  }
+  free(s);
+  return ATTN_OK;
+}
+
+int attn__reference_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                             const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout,
+                             double *dq, double *dk, double *dv) {
+  attn__problem pb;
+  int rc = attn__problem_build(ctx, ATTN__REFERENCE, p, q, k, v, NULL, NULL, NULL, NULL, NULL, NULL,
+                               &pb);
+  if (rc) return rc;
+  if (!dout) return attn__error(ctx, ATTN_ENULL, "do is NULL");
+  if (!dout->data || dout->buffer)
+    return attn__error(ctx, ATTN_EINVAL, "do: the reference takes host tensors only");
+  if (dout->dtype != q->dtype || dout->ndim != q->ndim)
+    return attn__error(ctx, ATTN_ESHAPE, "do: dtype and rank must be q's");
+  for (int i = 0; i < q->ndim; i++)
+    if (dout->shape[i] != q->shape[i])
+      return attn__error(ctx, ATTN_ESHAPE, "do: shape[%d] is %lld, expected q's %lld", i,
+                         (long long)dout->shape[i], (long long)q->shape[i]);
+  attn__tensor tdo = pb.q;
+  tdo.native = dout->data;
+  tdo.offset = 0;
+  if (pb.cu_q) {
+    tdo.ss = dout->stride[0];
+    tdo.sh = dout->stride[1];
+    tdo.sd = dout->stride[2];
+  } else {
+    tdo.sb = dout->stride[0];
+    tdo.ss = dout->stride[1];
+    tdo.sh = dout->stride[2];
+    tdo.sd = dout->stride[3];
+  }
+
+  int64_t d = pb.head_dim, hq = pb.heads_q, hkv = pb.heads_kv, group = hq / hkv;
+  size_t nk_max = (size_t)(pb.seqlen_k > 0 ? pb.seqlen_k : 1);
+  double *s = malloc(sizeof(double) * nk_max * 3);
+  if (!s) return attn__error(ctx, ATTN_ENOMEM, "reference: out of memory for a row of scores");
+  double *g = s + nk_max, *dp = g + nk_max;
+  if (dq) memset(dq, 0, sizeof(double) * (size_t)(pb.total_q * hq * d));
+  if (dk) memset(dk, 0, sizeof(double) * (size_t)(pb.total_k * hkv * d));
+  if (dv) memset(dv, 0, sizeof(double) * (size_t)(pb.total_k * hkv * d));
+  for (int64_t b = 0; b < pb.batch; b++) {
+    int64_t nq = attn__seq_q(&pb, b), nk = attn__seq_k(&pb, b);
+    int64_t rq0 = attn__row0_q(&pb, b), rk0 = attn__row0_k(&pb, b);
+    int64_t qbase = pb.cu_q ? rq0 : b * nq, kbase = pb.cu_k ? rk0 : b * nk;
+    for (int64_t h = 0; h < hq; h++) {
+      int64_t hk = h / group;
+      for (int64_t i = 0; i < nq; i++) {
+        int64_t lo, hi;
+        attn__key_range(&pb, i, nq, nk, &lo, &hi);
+        if (lo >= hi) continue; /* a row that sees no key passes no gradient */
+        row_scores(&pb, b, h, i, lo, hi, s, g);
+        softmax(s, hi - lo);
+        /* dP_ij = do_i . v_j; D_i = sum_j P_ij dP_ij. */
+        double D = 0;
+        for (int64_t j = lo; j < hi; j++) {
+          double acc = 0;
+          for (int64_t c = 0; c < d; c++)
+            acc +=
+                load(&tdo, at(&tdo, b, rq0 + i, h, c)) * load(&pb.v, at(&pb.v, b, rk0 + j, hk, c));
+          dp[j - lo] = acc;
+          D += s[j - lo] * acc;
+        }
+        for (int64_t j = lo; j < hi; j++) {
+          double pij = s[j - lo];
+          double du = pij * (dp[j - lo] - D) * g[j - lo] * pb.scale;
+          int64_t krow = ((kbase + j) * hkv + hk) * d, qrow = ((qbase + i) * hq + h) * d;
+          for (int64_t c = 0; c < d; c++) {
+            double qc = load(&pb.q, at(&pb.q, b, rq0 + i, h, c));
+            double kc = load(&pb.k, at(&pb.k, b, rk0 + j, hk, c));
+            if (dq) dq[qrow + c] += du * kc;
+            if (dk) dk[krow + c] += du * qc;
+            if (dv) dv[krow + c] += pij * load(&tdo, at(&tdo, b, rq0 + i, h, c));
+          }
+        }
+      }
+    }
+  }
+  free(s);
+  return ATTN_OK;
+}
