@@ -118,8 +118,8 @@ int attn__backend_open(attn_context *ctx, const char *spec) {
       source = "default";
     }
   }
-  attn_backend kind;
-  int index;
+  attn_backend kind = ATTN_BACKEND_AUTO;
+  int index = -1;
   int rc = parse_spec(ctx, spec, source, &kind, &index);
   if (rc) return rc;
 
