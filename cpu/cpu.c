@@ -1,0 +1,150 @@
+/*
+ * The CPU backend: the device (this machine), its buffers (aligned host
+ * memory) and the vtable the core dispatches through. The attention passes
+ * are in cpu_forward.c and cpu_backward.c.
+ */
+#include "cpu_internal.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <stdio.h>
+#include <unistd.h>
+
+static int cpu_device_count(char *why, size_t why_len) {
+  if (why && why_len) why[0] = '\0';
+  return 1;
+}
+
+/* The "model name" line of /proc/cpuinfo (Linux), else a generic name. */
+static void cpu_model_name(char *out, size_t len) {
+  snprintf(out, len, "CPU");
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return;
+  char line[512];
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, "model name", 10) != 0) continue;
+    const char *colon = strchr(line, ':');
+    if (!colon) continue;
+    colon++;
+    while (*colon == ' ' || *colon == '\t')
+      colon++;
+    size_t n = strcspn(colon, "\r\n");
+    if (n == 0) continue;
+    snprintf(out, len, "%.*s", (int)n, colon);
+    break;
+  }
+  fclose(f);
+}
+
+static int cpu_device_info(int index, attn_device_info *out) {
+  memset(out, 0, sizeof *out);
+  out->backend = ATTN_BACKEND_CPU;
+  out->index = index;
+  out->is_gpu = 0;
+  cpu_model_name(out->name, sizeof out->name);
+  snprintf(out->version, sizeof out->version, "OpenMP %d, %.100s", _OPENMP, openblas_get_config());
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  out->memory_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+  out->compute_units = omp_get_max_threads();
+  return ATTN_OK;
+}
+
+static int cpu_open(attn_context *ctx, int index) {
+  /* Nothing per context: the passes allocate their tiles per call. */
+  ctx->impl = NULL;
+  return ATTN_OK;
+}
+
+static void cpu_close(attn_context *ctx) {
+  ctx->impl = NULL;
+}
+
+static int cpu_buffer_alloc(attn_context *ctx, size_t bytes, void **native) {
+  void *p = attn__cpu_alloc(bytes);
+  if (!p) return attn__error(ctx, ATTN_ENOMEM, "cpu: cannot allocate a buffer of %zu bytes", bytes);
+  *native = p;
+  return ATTN_OK;
+}
+
+static void cpu_buffer_release(attn_context *ctx, void *native) {
+  attn__cpu_free(native);
+}
+
+static int cpu_buffer_write(attn_context *ctx, void *native, size_t offset, const void *src,
+                            size_t bytes) {
+  if (bytes) memcpy((char *)native + offset, src, bytes);
+  return ATTN_OK;
+}
+
+static int cpu_buffer_read(attn_context *ctx, void *native, size_t offset, void *dst,
+                           size_t bytes) {
+  if (bytes) memcpy(dst, (const char *)native + offset, bytes);
+  return ATTN_OK;
+}
+
+static int cpu_set_stream(attn_context *ctx, void *stream) {
+  if (stream)
+    return attn__error(ctx, ATTN_EINVAL,
+                       "stream: the CPU backend runs every call to completion and takes only NULL");
+  return ATTN_OK;
+}
+
+static int cpu_synchronize(attn_context *ctx) {
+  return ATTN_OK;
+}
+
+static int cpu_selftest(attn_context *ctx) {
+  enum { n = 1000 };
+  float *a = attn__cpu_alloc(3 * n * sizeof(float));
+  if (!a) return attn__error(ctx, ATTN_ENOMEM, "cpu selftest: cannot allocate 3 x %d floats", n);
+  float *b = a + n, *c = b + n;
+  for (int i = 0; i < n; i++) {
+    a[i] = (float)i;
+    b[i] = (float)(2 * i + 1);
+  }
+  /* Through the same OpenMP runtime the passes use. */
+#pragma omp parallel for
+  for (int i = 0; i < n; i++)
+    c[i] = a[i] + b[i];
+  int bad = -1;
+  for (int i = 0; i < n && bad < 0; i++)
+    if (c[i] != (float)(3 * i + 1)) bad = i;
+  attn__cpu_free(a);
+  if (bad >= 0)
+    return attn__error(ctx, ATTN_EDEVICE, "cpu selftest: C = A + B is wrong at element %d", bad);
+  return ATTN_OK;
+}
+
+static int cpu_supports(attn_context *ctx, const attn__problem *pb, int backward) {
+  /* The CPU is the backend of last resort: every valid problem, any dtype,
+   * stride, window, softcap, ALiBi, GQA or varlen layout. */
+  return ATTN_OK;
+}
+
+static int cpu_forward(attn_context *ctx, const attn__problem *pb) {
+  return attn__cpu_forward(ctx, pb);
+}
+
+static int cpu_backward(attn_context *ctx, const attn__problem *pb) {
+  return attn__cpu_backward(ctx, pb);
+}
+
+const attn__backend attn__backend_cpu = {
+    .kind = ATTN_BACKEND_CPU,
+    .name = "cpu",
+    .host_memory = 1,
+    .device_count = cpu_device_count,
+    .device_info = cpu_device_info,
+    .open = cpu_open,
+    .close = cpu_close,
+    .buffer_alloc = cpu_buffer_alloc,
+    .buffer_release = cpu_buffer_release,
+    .buffer_write = cpu_buffer_write,
+    .buffer_read = cpu_buffer_read,
+    .set_stream = cpu_set_stream,
+    .synchronize = cpu_synchronize,
+    .selftest = cpu_selftest,
+    .supports = cpu_supports,
+    .forward = cpu_forward,
+    .backward = cpu_backward,
+};

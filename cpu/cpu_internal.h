@@ -1,0 +1,79 @@
+/*
+ * The CPU backend's private interface: what cpu.c, cpu_tile.c,
+ * cpu_forward.c and cpu_backward.c share. Nothing outside cpu/ includes it.
+ *
+ * Every pass works on tiles: Br query rows or Bc key rows of one head,
+ * gathered with the problem's strides into a contiguous float32 array of
+ * row length d (which also turns f16/bf16 into f32 and makes any stride
+ * layout look the same), multiplied with single-threaded OpenBLAS sgemm
+ * calls, and scattered back in the problem's dtype.
+ */
+#ifndef ATTN_CPU_INTERNAL_H
+#define ATTN_CPU_INTERNAL_H
+
+#include "attn_internal.h"
+
+/* Tile sizes. With Br = Bc = 64 and d = 64 the working set of the forward
+ * inner loop (Q, K, V, S and the O accumulator: 5 x 16 KiB) sits in the
+ * 1-2 MiB L2 of current x86 cores with room to spare, and the S = Q K^T
+ * product is m*n*k = 64*64*64, exactly the largest product OpenBLAS still
+ * runs on the calling thread (see attn__cpu_gemm). Measured on the 2-core
+ * AMD EPYC (Zen 4) build host: 64x64x64 sgemm runs at 84 GFLOP/s, 32x64x64
+ * at 74, so smaller tiles lose; larger ones must be split anyway. */
+#define ATTN__CPU_BR 64
+#define ATTN__CPU_BC 64
+
+/* Aligned host memory for tiles and buffers (64 bytes: one cache line, one
+ * AVX-512 register). NULL on failure; free with attn__cpu_free. */
+void *attn__cpu_alloc(size_t bytes);
+void attn__cpu_free(void *p);
+
+/* C = alpha * op(A) op(B) + beta * C, row-major, never spawning OpenBLAS
+ * threads (see cpu_tile.c for why and how). ta/tb: 0 = as stored, 1 =
+ * transposed. */
+void attn__cpu_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                    const float *b, int ldb, float beta, float *c, int ldc);
+
+/* Rows [row, row + nr) of head h of sequence b of tensor t into dst (row
+ * length ld >= d, f32). row counts from the tensor's first row, so it
+ * already includes attn__row0_q/attn__row0_k of a varlen sequence. */
+void attn__cpu_load(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
+                    int64_t nr, int64_t h, float *dst, int64_t ld);
+/* The inverse: src (f32, row length ld) into t's dtype, rounding to
+ * nearest even. */
+void attn__cpu_store(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
+                     int64_t nr, int64_t h, const float *src, int64_t ld);
+/* lse (f32, no column) of rows [row, row + nr) of head h of sequence b. */
+void attn__cpu_load_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t nr, int64_t h,
+                        float *dst);
+void attn__cpu_store_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t nr, int64_t h,
+                         const float *src);
+
+/* Turns s = scale * q.k of the tile rows [i0, i0 + br) x keys [j0, j0 + bc)
+ * of query head h (row stride ld) into the final scores: softcap, ALiBi,
+ * and -inf outside each row's window. Forward and backward both call this,
+ * so the backward recomputes the forward's scores bit for bit. When tanh_out
+ * is not NULL (backward with softcap), it receives tanh(s / softcap) for the
+ * softcap derivative. nq, nk are the sequence's lengths. */
+void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, int64_t j0, int bc,
+                      int64_t nq, int64_t nk, float *s, int ld, float *tanh_out);
+
+/* p[c] = exp(s[c] - m) for c < n, exactly 0 where s[c] is -inf. m must be
+ * finite. Returns the sum of the p[c]. */
+float attn__cpu_exp_sub(const float *s, float m, float *p, int n);
+
+/* The query rows [*lo, *hi) of a sequence (lengths nq, nk) that see at least
+ * one key of [j0, j1), j0 < j1; empty when *lo >= *hi. */
+void attn__cpu_query_range(const attn__problem *pb, int64_t j0, int64_t j1, int64_t nq, int64_t nk,
+                           int64_t *lo, int64_t *hi);
+
+/* Work is split into units (sequence, head, block of rows). units[b] is the
+ * first unit of sequence b for a given block size and head count; the array
+ * has batch + 1 entries. attn__cpu_unit finds b for a unit index. */
+int64_t *attn__cpu_units(const attn__problem *pb, int by_keys, int64_t heads, int64_t block);
+int64_t attn__cpu_unit_seq(const int64_t *units, int64_t batch, int64_t u);
+
+int attn__cpu_forward(attn_context *ctx, const attn__problem *pb);
+int attn__cpu_backward(attn_context *ctx, const attn__problem *pb);
+
+#endif /* ATTN_CPU_INTERNAL_H */

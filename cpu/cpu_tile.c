@@ -1,0 +1,302 @@
+/*
+ * Tile plumbing shared by the CPU forward and backward passes: gathering
+ * rows into f32 tiles and scattering them back, the tile products, the
+ * score transform (softcap, ALiBi, window mask) and the exponential of the
+ * online softmax. The algorithm itself is in cpu_forward.c and
+ * cpu_backward.c.
+ */
+#include "cpu_internal.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+
+void *attn__cpu_alloc(size_t bytes) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  if (rounded < bytes) return NULL;
+  return aligned_alloc(64, rounded ? rounded : 64);
+}
+
+void attn__cpu_free(void *p) {
+  free(p);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Tile products                                                            */
+/* ---------------------------------------------------------------------- */
+
+/* Every tile product runs inside an OpenMP parallel region, one per thread.
+ * Debian's libopenblas0-pthread has its own thread pool and does not look at
+ * omp_in_parallel(): interface/gemm.c of OpenBLAS 0.3.x runs a product on the
+ * calling thread only when m*n*k <= SMP_THRESHOLD_MIN (65536) *
+ * GEMM_MULTITHREAD_THRESHOLD (4 by default) = 262144, and hands bigger ones
+ * to its pool, which would put its threads on top of ours (measured: a
+ * 64x64x65 sgemm in a 2-thread process keeps both cores busy, a 64x64x64 one
+ * only the caller's). Rather than calling openblas_set_num_threads(1), which
+ * changes the whole process's setting behind the user's back (and races
+ * with the user's own BLAS calls from other threads), the products are cut
+ * into pieces that stay under that limit. A piece of 64x64x64 loses nothing:
+ * it is the size OpenBLAS runs fastest single-threaded on the build host.
+ * The cuts are fixed by the shapes alone, so results do not depend on the
+ * thread count. With the OpenMP build of OpenBLAS the limit is harmless:
+ * that build runs single-threaded inside a parallel region anyway. */
+#define CPU_GEMM_MAX_MNK 262144
+
+static int cpu_half(int x) {
+  int h = (x / 2 + 15) / 16 * 16; /* keep pieces a multiple of a SIMD width */
+  return h < x ? h : x / 2;
+}
+
+void attn__cpu_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                    const float *b, int ldb, float beta, float *c, int ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int i = 0; i < m; i++)
+      for (int j = 0; j < n; j++)
+        c[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[(size_t)i * ldc + j];
+    return;
+  }
+  if ((int64_t)m * n * k <= CPU_GEMM_MAX_MNK) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+                k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  if (n >= k && n >= m) {
+    /* Columns of C: columns of op(B). */
+    int n1 = cpu_half(n);
+    attn__cpu_gemm(ta, tb, m, n1, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    attn__cpu_gemm(ta, tb, m, n - n1, k, alpha, a, lda, tb ? b + (size_t)n1 * ldb : b + n1, ldb,
+                   beta, c + n1, ldc);
+  } else if (k >= m) {
+    /* The inner dimension: the second half accumulates onto the first. */
+    int k1 = cpu_half(k);
+    attn__cpu_gemm(ta, tb, m, n, k1, alpha, a, lda, b, ldb, beta, c, ldc);
+    attn__cpu_gemm(ta, tb, m, n, k - k1, alpha, ta ? a + (size_t)k1 * lda : a + k1, lda,
+                   tb ? b + k1 : b + (size_t)k1 * ldb, ldb, 1.0f, c, ldc);
+  } else {
+    /* Rows of C: rows of op(A). */
+    int m1 = cpu_half(m);
+    attn__cpu_gemm(ta, tb, m1, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    attn__cpu_gemm(ta, tb, m - m1, n, k, alpha, ta ? a + m1 : a + (size_t)m1 * lda, lda, b, ldb,
+                   beta, c + (size_t)m1 * ldc, ldc);
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Gather and scatter                                                       */
+/* ---------------------------------------------------------------------- */
+
+static char *cpu_row(const attn__tensor *t, int64_t b, int64_t row, int64_t h) {
+  int64_t idx = b * t->sb + row * t->ss + h * t->sh;
+  return (char *)t->native + t->offset + (ptrdiff_t)idx * (ptrdiff_t)attn_dtype_size(t->dtype);
+}
+
+void attn__cpu_load(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
+                    int64_t nr, int64_t h, float *dst, int64_t ld) {
+  int64_t d = pb->head_dim, sd = t->sd;
+  for (int64_t r = 0; r < nr; r++) {
+    const char *src = cpu_row(t, b, row + r, h);
+    float *out = dst + r * ld;
+    switch (t->dtype) {
+      case ATTN_F32: {
+        const float *x = (const float *)src;
+        if (sd == 1) {
+          memcpy(out, x, (size_t)d * sizeof(float));
+        } else {
+          for (int64_t c = 0; c < d; c++)
+            out[c] = x[c * sd];
+        }
+        break;
+      }
+      case ATTN_F16: {
+        const uint16_t *x = (const uint16_t *)src;
+        for (int64_t c = 0; c < d; c++)
+          out[c] = attn__f16_to_f32(x[c * sd]);
+        break;
+      }
+      case ATTN_BF16: {
+        const uint16_t *x = (const uint16_t *)src;
+        for (int64_t c = 0; c < d; c++)
+          out[c] = attn__bf16_to_f32(x[c * sd]);
+        break;
+      }
+    }
+  }
+}
+
+void attn__cpu_store(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
+                     int64_t nr, int64_t h, const float *src, int64_t ld) {
+  int64_t d = pb->head_dim, sd = t->sd;
+  for (int64_t r = 0; r < nr; r++) {
+    char *dst = cpu_row(t, b, row + r, h);
+    const float *in = src + r * ld;
+    switch (t->dtype) {
+      case ATTN_F32: {
+        float *x = (float *)dst;
+        if (sd == 1) {
+          memcpy(x, in, (size_t)d * sizeof(float));
+        } else {
+          for (int64_t c = 0; c < d; c++)
+            x[c * sd] = in[c];
+        }
+        break;
+      }
+      case ATTN_F16: {
+        uint16_t *x = (uint16_t *)dst;
+        for (int64_t c = 0; c < d; c++)
+          x[c * sd] = attn__f32_to_f16(in[c]);
+        break;
+      }
+      case ATTN_BF16: {
+        uint16_t *x = (uint16_t *)dst;
+        for (int64_t c = 0; c < d; c++)
+          x[c * sd] = attn__f32_to_bf16(in[c]);
+        break;
+      }
+    }
+  }
+}
+
+void attn__cpu_load_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t nr, int64_t h,
+                        float *dst) {
+  const attn__tensor *t = &pb->lse;
+  const float *x = (const float *)cpu_row(t, b, row, h);
+  for (int64_t r = 0; r < nr; r++)
+    dst[r] = x[r * t->ss];
+}
+
+void attn__cpu_store_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t nr, int64_t h,
+                         const float *src) {
+  const attn__tensor *t = &pb->lse;
+  float *x = (float *)cpu_row(t, b, row, h);
+  for (int64_t r = 0; r < nr; r++)
+    x[r * t->ss] = src[r];
+}
+
+/* ---------------------------------------------------------------------- */
+/* Scores and the exponential                                               */
+/* ---------------------------------------------------------------------- */
+
+void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, int64_t j0, int bc,
+                      int64_t nq, int64_t nk, float *s, int ld, float *tanh_out) {
+  const float cap = pb->softcap;
+  const float slope = pb->alibi ? pb->alibi[h] : 0.0f;
+  for (int r = 0; r < br; r++) {
+    int64_t i = i0 + r, lo, hi;
+    attn__key_range(pb, i, nq, nk, &lo, &hi);
+    float *srow = s + (size_t)r * ld;
+    float *trow = tanh_out ? tanh_out + (size_t)r * ld : NULL;
+    /* The visible columns of this row within the tile: [c0, c1). */
+    int64_t c0 = lo - j0, c1 = hi - j0;
+    if (c0 < 0) c0 = 0;
+    if (c1 > bc) c1 = bc;
+    if (c1 < c0) c1 = c0;
+    if (cap > 0.0f) {
+      for (int64_t c = c0; c < c1; c++) {
+        float t = tanhf(srow[c] / cap);
+        srow[c] = cap * t;
+        if (trow) trow[c] = t;
+      }
+    }
+    if (slope != 0.0f) {
+      int64_t diag = i + nk - nq;
+      for (int64_t c = c0; c < c1; c++) {
+        int64_t dist = diag - (j0 + c);
+        srow[c] -= slope * (float)(dist < 0 ? -dist : dist);
+      }
+    }
+    for (int64_t c = 0; c < c0; c++)
+      srow[c] = -INFINITY;
+    for (int64_t c = c1; c < bc; c++)
+      srow[c] = -INFINITY;
+    if (trow) {
+      for (int64_t c = 0; c < c0; c++)
+        trow[c] = 0.0f;
+      for (int64_t c = c1; c < bc; c++)
+        trow[c] = 0.0f;
+    }
+  }
+}
+
+/* exp(x) for the softmax: x = s - m <= 0 in the forward pass, about that in
+ * the backward. glibc's expf is a scalar call per element, and the tile has
+ * Br*Bc of them for 4*Br*Bc*d flops of sgemm: at d = 64 the calls cost as
+ * much as the products. This is the classic Cephes reduction, written so
+ * that the compiler vectorizes the loop: x = n ln2 + r with n = round(x /
+ * ln2) (ln2 split in two parts so r is exact), exp(r) by a degree-6
+ * polynomial on |r| <= ln2/2 (about 1 ulp), times 2^n built from the
+ * exponent bits. Below -87 (and for -inf) the result is exactly 0: e^-87 is
+ * already below FLT_MIN, and a masked score must weigh nothing. */
+static inline float cpu_exp(float x) {
+  float xc = x < -87.0f ? -87.0f : x;
+  xc = xc > 88.0f ? 88.0f : xc;
+  /* Round to nearest by the 1.5 * 2^23 trick: no rintf call in the loop. */
+  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * (r * r) + r + 1.0f;
+  int32_t bits = ((int32_t)n + 127) << 23;
+  float scale;
+  memcpy(&scale, &bits, sizeof scale);
+  y *= scale;
+  return x < -87.0f ? 0.0f : y;
+}
+
+float attn__cpu_exp_sub(const float *s, float m, float *p, int n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int c = 0; c < n; c++) {
+    float e = cpu_exp(s[c] - m);
+    p[c] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Work division                                                            */
+/* ---------------------------------------------------------------------- */
+
+void attn__cpu_query_range(const attn__problem *pb, int64_t j0, int64_t j1, int64_t nq, int64_t nk,
+                           int64_t *lo, int64_t *hi) {
+  /* Row i sees keys [diag - wl, diag + wr] with diag = i + nk - nq, both
+   * ends nondecreasing in i: the rows touching [j0, j1) are those whose
+   * right end reaches j0 and whose left end is before j1. */
+  int64_t a = 0, z = nq;
+  if (pb->window_right >= 0) a = j0 - nk + nq - pb->window_right;
+  if (pb->window_left >= 0) z = j1 - nk + nq + pb->window_left;
+  if (a < 0) a = 0;
+  if (z > nq) z = nq;
+  *lo = a;
+  *hi = z;
+}
+
+int64_t *attn__cpu_units(const attn__problem *pb, int by_keys, int64_t heads, int64_t block) {
+  int64_t *units = malloc((size_t)(pb->batch + 1) * sizeof *units);
+  if (!units) return NULL;
+  units[0] = 0;
+  for (int64_t b = 0; b < pb->batch; b++) {
+    int64_t n = by_keys ? attn__seq_k(pb, b) : attn__seq_q(pb, b);
+    units[b + 1] = units[b] + heads * ((n + block - 1) / block);
+  }
+  return units;
+}
+
+int64_t attn__cpu_unit_seq(const int64_t *units, int64_t batch, int64_t u) {
+  /* The last b with units[b] <= u; empty sequences share their start with
+   * the next one, and the search skips past them. */
+  int64_t lo = 0, hi = batch;
+  while (hi - lo > 1) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (units[mid] <= u)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
