@@ -1,0 +1,268 @@
+/*
+ * Shared pieces of the tensor-core kernels (mma_fwd.cu, mma_bwd.cu): the
+ * parameter block the launchers fill, the PTX wrappers (cp.async, ldmatrix,
+ * mma.sync m16n8k16 with fp32 accumulation), the fragment helpers and the
+ * score transform (scale, softcap, ALiBi, mask) shared by the forward pass and
+ * the recomputation in the backward pass.
+ *
+ * Fragment layout of mma.sync.m16n8k16 (PTX ISA, "Matrix fragments for
+ * mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
+ *   A (16x16, row-major): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 8+2t..),
+ *                         a3 = (g+8, 8+2t..)
+ *   B (16x8, k-major):    b0 = (k 2t..2t+1, n g), b1 = (k 8+2t.., n g)
+ *   C (16x8, fp32):       c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1)
+ * A C fragment of two neighbouring n-tiles is therefore an A fragment of the
+ * next product once packed to 16 bits (P in P V, dS in dS K), with no shuffles.
+ *
+ * Shared-memory tiles are row-major with rows padded by 8 elements (16 bytes),
+ * so the 8 rows an ldmatrix phase reads land in 8 distinct 16-byte bank groups
+ * for every head dim we specialise (a power-of-two swizzle would not cover 96).
+ */
+#ifndef ATTN_MMA_COMMON_CUH
+#define ATTN_MMA_COMMON_CUH
+
+#include "attn_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace attn_mma {
+
+/* Row padding of every shared-memory tile, in elements (see the top). */
+constexpr int kPad = 8;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+/* One operand in device memory: base already at (native + offset), strides in
+ * elements, head-dim stride 1 (the launchers decline anything else). */
+struct tensor_ref {
+  void *ptr;
+  int64_t sb, ss, sh;
+};
+
+/* Everything the kernels read, by value. Lengths are ints: the launchers
+ * decline sequences of 2^30 rows or more. */
+struct params {
+  tensor_ref q, k, v, o, lse;
+  tensor_ref dout, dq, dk, dv;
+  const int32_t *cu_q; /* device, batch + 1; NULL for bshd */
+  const int32_t *cu_k;
+  const float *alibi;                  /* device, heads_q slopes; NULL for none */
+  int batch, heads_q, heads_kv, group; /* group = heads_q / heads_kv */
+  int seqlen_q, seqlen_k;              /* bshd lengths; varlen: the longest */
+  int window_left, window_right;       /* -1 = unbounded, clamped by the host */
+  float scale;                         /* softmax scale */
+  float scale_log2;                    /* scale * log2(e): scores go to exp2 */
+  float softcap;                       /* 0 = off */
+  float softcap_inv;                   /* scale / softcap: tanh argument */
+  float softcap_log2;                  /* softcap * log2(e) */
+  int has_lse;
+  /* Backward workspace, [heads_q][total rows] (and x head_dim for dq_acc). */
+  float *dq_acc;
+  float *dsum;  /* D = rowsum(dO * O) */
+  float *lse2;  /* lse * log2(e); +inf where lse = -inf (rows with no key) */
+  int64_t rows; /* total query rows over the batch */
+};
+
+/* Fills p from a launch (mma_fwd.cu); ATTN_EUNSUPPORTED, with a debug-log
+ * line, for what this family declines. */
+int make_params(const attn__cuda_launch *L, int backward, params *p);
+
+/* ---------------------------------------------------------------------- */
+/* Element types                                                            */
+/* ---------------------------------------------------------------------- */
+
+template <typename T>
+struct elem;
+
+template <>
+struct elem<__half> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+  }
+  static __device__ __forceinline__ float2 unpack(uint32_t u) {
+    __half2 h = *reinterpret_cast<__half2 *>(&u);
+    return __half22float2(h);
+  }
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <>
+struct elem<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+  }
+  static __device__ __forceinline__ float2 unpack(uint32_t u) {
+    __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162 *>(&u);
+    return __bfloat1622float2(h);
+  }
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+/* ---------------------------------------------------------------------- */
+/* PTX wrappers                                                             */
+/* ---------------------------------------------------------------------- */
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global -> shared, bypassing L1; zero-filled when !valid (the
+ * source address is then not read, but must still be a valid pointer). */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Fragment loads from padded row-major tiles (row stride LD elements)      */
+/* ---------------------------------------------------------------------- */
+
+/* A fragment (16x16) of a tile stored [m][k]: rows m0.., cols k0.. */
+template <int LD, typename T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T *s, int m0, int k0, int lane) {
+  ldsm_x4(a, s + (m0 + (lane & 15)) * LD + k0 + (lane >> 4) * 8);
+}
+
+/* A fragment (16x16) of a tile stored transposed, [k][m]. */
+template <int LD, typename T>
+__device__ __forceinline__ void load_a_t(uint32_t (&a)[4], const T *s, int m0, int k0, int lane) {
+  int mi = lane >> 3;
+  ldsm_x4_t(a, s + (k0 + (lane & 7) + (mi >> 1) * 8) * LD + m0 + (mi & 1) * 8);
+}
+
+/* B fragments of two n-tiles (n0..n0+7, n0+8..n0+15) for k0..k0+15 from a
+ * tile stored [n][k] (K in Q K^T): b[0], b[1] for the first, b[2], b[3] for
+ * the second. */
+template <int LD, typename T>
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const T *s, int n0, int k0, int lane) {
+  int mi = lane >> 3;
+  ldsm_x4(b, s + (n0 + (lane & 7) + (mi >> 1) * 8) * LD + k0 + (mi & 1) * 8);
+}
+
+/* The same from a tile stored [k][n] (V in P V). */
+template <int LD, typename T>
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const T *s, int n0, int k0, int lane) {
+  int mi = lane >> 3;
+  ldsm_x4_t(b, s + (k0 + (lane & 7) + (mi & 1) * 8) * LD + n0 + (mi >> 1) * 8);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Tiles                                                                    */
+/* ---------------------------------------------------------------------- */
+
+/* ROWS x D elements from global rows row0.. (row stride ss) into a padded
+ * shared tile; rows at or past nrows are zero-filled. */
+template <int ROWS, int D, int NT, typename T>
+__device__ __forceinline__ void load_tile(T *s, const T *g, int64_t ss, int row0, int nrows,
+                                          int tid) {
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int c = tid; c < ROWS * kChunks; c += NT) {
+    int r = c / kChunks, col = (c % kChunks) * 8;
+    bool ok = row0 + r < nrows;
+    const T *src = ok ? g + (int64_t)(row0 + r) * ss + col : g;
+    cp_async16(s + r * (D + kPad) + col, src, ok);
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Sequences and masks                                                      */
+/* ---------------------------------------------------------------------- */
+
+struct seq {
+  int nq, nk;     /* lengths of this sequence */
+  int64_t q0, k0; /* first row (varlen) or 0 */
+};
+
+__device__ __forceinline__ seq seq_of(const params &p, int b) {
+  seq s;
+  if (p.cu_q) {
+    s.q0 = p.cu_q[b];
+    s.nq = (int)(p.cu_q[b + 1] - s.q0);
+  } else {
+    s.q0 = 0;
+    s.nq = p.seqlen_q;
+  }
+  if (p.cu_k) {
+    s.k0 = p.cu_k[b];
+    s.nk = (int)(p.cu_k[b + 1] - s.k0);
+  } else {
+    s.k0 = 0;
+    s.nk = p.seqlen_k;
+  }
+  return s;
+}
+
+/* Element pointer of row r (of the sequence), head h. */
+template <typename T>
+__device__ __forceinline__ T *row_ptr(const tensor_ref &t, int b, int64_t first, int h) {
+  return (T *)t.ptr + (int64_t)b * t.sb + first * t.ss + (int64_t)h * t.sh;
+}
+
+/* First visible key of query row i (may be < 0) and one past the last (may
+ * be > nk); the caller clamps. */
+__device__ __forceinline__ int key_lo(const params &p, int i, int nq, int nk) {
+  return p.window_left < 0 ? 0 : i + nk - nq - p.window_left;
+}
+__device__ __forceinline__ int key_hi(const params &p, int i, int nq, int nk) {
+  return p.window_right < 0 ? nk : i + nk - nq + p.window_right + 1;
+}
+
+/* Score in the log2 domain of one raw dot product x = q.k, before masking:
+ * softcap (if any) then ALiBi (slope_log2 = slope * log2 e; 0 for none). */
+__device__ __forceinline__ float score_log2(const params &p, float x, float slope_log2, int i,
+                                            int j, int nq, int nk) {
+  float s = p.softcap > 0.f ? p.softcap_log2 * tanhf(x * p.softcap_inv) : x * p.scale_log2;
+  if (slope_log2 != 0.f) s -= slope_log2 * fabsf((float)(i + nk - nq - j));
+  return s;
+}
+
+__device__ __forceinline__ bool visible(const params &p, int i, int j, int nq, int nk) {
+  return j < nk && j >= key_lo(p, i, nq, nk) && j < key_hi(p, i, nq, nk);
+}
+
+}  // namespace attn_mma
+
+#endif /* ATTN_MMA_COMMON_CUH */
