@@ -109,7 +109,7 @@ static int parse_spec(attn_context *ctx, const char *spec, const char *source, a
 
 /* Picks the backend for a specification and opens it on ctx. */
 int attn__backend_open(attn_context *ctx, const char *spec) {
-  const char *source = "spec";
+  const char *source = "backend";
   if (!spec || !*spec) {
     spec = getenv("ATTN_BACKEND");
     source = "ATTN_BACKEND";

@@ -252,14 +252,14 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   if ((unsigned)dt > ATTN_BF16)
     return attn__error(ctx, ATTN_EDTYPE, "q: dtype %d is not f32, f16 or bf16", (int)dt);
 
-  region rq, rk, rv;
-  int rc = check_tensor(ctx, "q", q, dt, nd, dims, NULL, &rq);
-  if (rc) return rc;
   int64_t d = q->shape[nd - 1];
-  int64_t hq = q->shape[nd - 2];
   if (d > ATTN_MAX_HEAD_DIM)
     return attn__error(ctx, ATTN_EHEADDIM, "q: head_dim %lld is above the maximum %d", (long long)d,
                        ATTN_MAX_HEAD_DIM);
+  region rq, rk, rv;
+  int rc = check_tensor(ctx, "q", q, dt, nd, dims, NULL, &rq);
+  if (rc) return rc;
+  int64_t hq = q->shape[nd - 2];
   /* k: same batch and head_dim as q; its own sequence length and heads. */
   if (k->ndim == nd && k->shape[nd - 1] != d && k->shape[nd - 1] > 0)
     return attn__error(ctx, ATTN_ESHAPE, "k: head_dim %lld differs from q's %lld",
