@@ -59,6 +59,7 @@ struct params {
   float softcap_inv;                   /* scale / softcap: tanh argument */
   float softcap_log2;                  /* softcap * log2(e) */
   int has_lse;
+  int dq_atomic; /* backward: dq through fp32 atomics (else the dq kernel) */
   /* Backward workspace, [heads_q][total rows] (and x head_dim for dq_acc). */
   float *dq_acc;
   float *dsum;  /* D = rowsum(dO * O) */

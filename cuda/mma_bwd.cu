@@ -1,0 +1,585 @@
+/*
+ * Tensor-core backward pass (FlashAttention-2, backward), four launches:
+ *   1. prep:  D = rowsum(dO * O) and lse2 = lse * log2(e) per query row and
+ *             head (lse2 = +inf where lse = -inf, so a row with no key gets
+ *             P = exp2(s - lse2) = 0 and passes no gradient, never NaN).
+ *   2. dkdv:  one thread block per (block of Bc keys, kv head, sequence),
+ *             each warp owning 16 keys with dK and dV in fp32 registers; it
+ *             loops over the query heads of the GQA group and the query blocks
+ *             that see these keys (Q, dO double-buffered with cp.async),
+ *             recomputing S^T = K Q^T and P^T = exp2(S^T - lse2) on tensor
+ *             cores, then dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D)
+ *             (times the softcap derivative), dK += dS^T Q, and in atomic mode
+ *             dQ += dS K through shared memory and fp32 atomics.
+ *   3. dq:    deterministic mode only: one block per (Br query rows, head,
+ *             sequence) looping over key blocks (K, V double-buffered),
+ *             recomputing S, P, dP, dS and accumulating dQ = dS K in registers:
+ *             a fixed order, no atomics.
+ *   4. dq_convert: atomic mode only: the fp32 accumulator to dq's dtype and
+ *             strides, times the softmax scale.
+ * The softmax scale multiplies dK and dQ once at the end.
+ */
+#include "mma_common.cuh"
+
+#include <math.h>
+
+namespace attn_mma {
+
+/* Row index over the batch (the workspace's) -> (sequence, row within it) as
+ * the tensors' strides see it: varlen tensors have sb = 0 and take the global
+ * row directly. */
+__device__ __forceinline__ void split_row(const params &p, int64_t grow, int *b, int64_t *first) {
+  if (p.cu_q) {
+    *b = 0;
+    *first = grow;
+  } else {
+    *b = (int)(grow / p.seqlen_q);
+    *first = grow % p.seqlen_q;
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(256) prep_kernel(const params p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t w = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (w >= p.rows * p.heads_q) return;
+  const int h = (int)(w / p.rows);
+  const int64_t grow = w % p.rows;
+  int b;
+  int64_t first;
+  split_row(p, grow, &b, &first);
+  const T *o = row_ptr<T>(p.o, b, first, h);
+  const T *d = row_ptr<T>(p.dout, b, first, h);
+  float acc = 0.f;
+  for (int c = 2 * lane; c < D; c += 64) {
+    float2 x = elem<T>::unpack(*(const uint32_t *)(o + c));
+    float2 y = elem<T>::unpack(*(const uint32_t *)(d + c));
+    acc += x.x * y.x + x.y * y.y;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1)
+    acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) {
+    const float lse = *row_ptr<float>(p.lse, b, first, h);
+    p.dsum[w] = acc;
+    p.lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(256) dq_convert_kernel(const params p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t w = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (w >= p.rows * p.heads_q) return;
+  const int h = (int)(w / p.rows);
+  const int64_t grow = w % p.rows;
+  int b;
+  int64_t first;
+  split_row(p, grow, &b, &first);
+  T *dq = row_ptr<T>(p.dq, b, first, h);
+  const float *acc = p.dq_acc + w * D;
+  for (int c = 2 * lane; c < D; c += 64) {
+    float2 x = *(const float2 *)(acc + c);
+    *(uint32_t *)(dq + c) = elem<T>::pack(x.x * p.scale, x.y * p.scale);
+  }
+}
+
+/* Workspace index of query row i of sequence b, head h. */
+__device__ __forceinline__ int64_t ws_row(const params &p, const seq &sq, int b, int h, int i) {
+  const int64_t grow = p.cu_q ? sq.q0 + i : (int64_t)b * p.seqlen_q + i;
+  return (int64_t)h * p.rows + grow;
+}
+
+template <typename T, int D, int BC, int BR, int NW, bool SOFTCAP>
+__global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
+  constexpr int NT = NW * 32;
+  constexpr int LD = D + kPad;
+  constexpr int LDS = BR + kPad; /* dS^T tile [Bc][Br] */
+  constexpr int NS = BR / 8;     /* n-tiles of S^T (query columns) */
+  constexpr int NO = D / 8;      /* n-tiles of dK, dV */
+  constexpr int MT = BR / 16;    /* m-tiles of the dQ product */
+  constexpr int WPM = NW / MT;   /* warps sharing one dQ m-tile */
+  constexpr int DW = D / WPM;    /* dQ columns per warp */
+  static_assert(BC == 16 * NW, "one m16 slab of keys per warp");
+  static_assert(NW % MT == 0 && DW % 16 == 0, "dQ split across warps");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T *sK = (T *)smem_raw;
+  T *sV = sK + BC * LD;
+  T *sQ = sV + BC * LD;                  /* [2][Br][LD] */
+  T *sdO = sQ + 2 * BR * LD;             /* [2][Br][LD] */
+  T *sdS = sdO + 2 * BR * LD;            /* [Bc][LDS] */
+  float *sL = (float *)(sdS + BC * LDS); /* [2][Br] */
+  float *sD = sL + 2 * BR;               /* [2][Br] */
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const seq sq = seq_of(p, b);
+  const int nq = sq.nq, nk = sq.nk;
+  const int n0 = blockIdx.x * BC;
+  if (n0 >= nk) return;
+  const int n_last = min(n0 + BC, nk) - 1;
+
+  /* Query rows that see any of these keys. */
+  const int i_lo = p.window_right < 0 ? 0 : max(0, n0 - (nk - nq) - p.window_right);
+  const int i_hi = p.window_left < 0 ? nq : min(nq, n_last - (nk - nq) + p.window_left + 1);
+  const int mb_min = i_lo / BR;
+  const int nmb = i_hi > i_lo ? (i_hi + BR - 1) / BR - mb_min : 0;
+  const int items = nmb * p.group;
+
+  const T *gk = row_ptr<T>(p.k, b, sq.k0, hk);
+  const T *gv = row_ptr<T>(p.v, b, sq.k0, hk);
+
+  float acc_dk[NO][4], acc_dv[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      acc_dk[n][e] = acc_dv[n][e] = 0.f;
+
+  /* Queue the Q, dO tiles of item `it` (query head, query block) into
+   * buffer `buf`, and store its lse2 and D rows (plain stores: the barrier
+   * at the top of the item that uses them publishes them). */
+  auto fetch = [&](int it, int buf) {
+    const int h = hk * p.group + it / nmb;
+    const int i0 = (mb_min + it % nmb) * BR;
+    load_tile<BR, D, NT>(sQ + buf * BR * LD, row_ptr<T>(p.q, b, sq.q0, h), p.q.ss, i0, nq, tid);
+    load_tile<BR, D, NT>(sdO + buf * BR * LD, row_ptr<T>(p.dout, b, sq.q0, h), p.dout.ss, i0, nq,
+                         tid);
+    cp_async_commit();
+    if (tid < BR) {
+      const int i = i0 + tid;
+      const bool ok = i < nq;
+      const int64_t w = ok ? ws_row(p, sq, b, h, i) : 0;
+      sL[buf * BR + tid] = ok ? p.lse2[w] : INFINITY;
+      sD[buf * BR + tid] = ok ? p.dsum[w] : 0.f;
+    }
+  };
+
+  if (items > 0) {
+    load_tile<BC, D, NT>(sK, gk, p.k.ss, n0, nk, tid);
+    load_tile<BC, D, NT>(sV, gv, p.v.ss, n0, nk, tid);
+    fetch(0, 0);
+  }
+
+  for (int it = 0; it < items; ++it) {
+    const int buf = it & 1;
+    const int h = hk * p.group + it / nmb;
+    const int i0 = (mb_min + it % nmb) * BR;
+    const T *cQ = sQ + buf * BR * LD;
+    const T *cdO = sdO + buf * BR * LD;
+    const float *cL = sL + buf * BR;
+    const float *cD = sD + buf * BR;
+    const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
+
+    /* This item's tiles have landed, and every warp is done with the other
+     * buffer and with dS^T. */
+    cp_async_wait_all();
+    __syncthreads();
+    if (it + 1 < items) fetch(it + 1, buf ^ 1);
+
+    /* S^T = K Q^T for this warp's 16 keys. */
+    float s[NS][4];
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      load_a<LD>(a, sK, warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int np = 0; np < NS / 2; ++np) {
+        uint32_t bb[4];
+        load_b_nk<LD>(bb, cQ, np * 16, kk * 16, lane);
+        elem<T>::mma(s[2 * np], a, bb[0], bb[1]);
+        elem<T>::mma(s[2 * np + 1], a, bb[2], bb[3]);
+      }
+    }
+
+    /* P^T = exp2(score - lse2). Keys past the sequence must be masked here
+     * (their zero-filled K gives a finite score); query rows past it have
+     * lse2 = +inf and so P = 0 already. */
+    const int i_last = min(i0 + BR, nq) - 1;
+    const bool full =
+        n0 + BC <= nk && n0 >= key_lo(p, i_last, nq, nk) && n0 + BC <= key_hi(p, i0, nq, nk);
+    float dt[SOFTCAP ? NS : 1][4];
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = n0 + warp * 16 + g + (e >> 1) * 8;
+        const int qc = n * 8 + 2 * t + (e & 1);
+        const int i = i0 + qc;
+        float v;
+        if constexpr (SOFTCAP) {
+          const float th = tanhf(s[n][e] * p.softcap_inv);
+          v = p.softcap_log2 * th;
+          dt[n][e] = 1.f - th * th;
+        } else {
+          v = s[n][e] * p.scale_log2;
+        }
+        if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(i + nk - nq - j));
+        if (!full && !visible(p, i, j, nq, nk)) v = -INFINITY;
+        s[n][e] = ex2(v - cL[qc]);
+      }
+    }
+
+    /* dV += P^T dO */
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t bb[4];
+        load_b_kn<LD>(bb, cdO, np * 16, kk * 16, lane);
+        elem<T>::mma(acc_dv[2 * np], a, bb[0], bb[1]);
+        elem<T>::mma(acc_dv[2 * np + 1], a, bb[2], bb[3]);
+      }
+    }
+
+    /* dP^T = V dO^T */
+    float dp[NS][4];
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+      dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      load_a<LD>(a, sV, warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int np = 0; np < NS / 2; ++np) {
+        uint32_t bb[4];
+        load_b_nk<LD>(bb, cdO, np * 16, kk * 16, lane);
+        elem<T>::mma(dp[2 * np], a, bb[0], bb[1]);
+        elem<T>::mma(dp[2 * np + 1], a, bb[2], bb[3]);
+      }
+    }
+
+    /* dS^T = P^T (dP^T - D), in place of dP^T */
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qc = n * 8 + 2 * t + (e & 1);
+        float ds = s[n][e] * (dp[n][e] - cD[qc]);
+        if constexpr (SOFTCAP) ds *= dt[n][e];
+        dp[n][e] = ds;
+      }
+    }
+
+    /* dK += dS^T Q */
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = elem<T>::pack(dp[2 * kk][0], dp[2 * kk][1]);
+      a[1] = elem<T>::pack(dp[2 * kk][2], dp[2 * kk][3]);
+      a[2] = elem<T>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      a[3] = elem<T>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t bb[4];
+        load_b_kn<LD>(bb, cQ, np * 16, kk * 16, lane);
+        elem<T>::mma(acc_dk[2 * np], a, bb[0], bb[1]);
+        elem<T>::mma(acc_dk[2 * np + 1], a, bb[2], bb[3]);
+      }
+    }
+
+    if (p.dq_atomic) {
+      /* dQ (Br x D) = dS K sums over this block's keys, which four or eight
+       * warps hold: dS^T goes through shared memory, and each warp takes an
+       * m-tile of rows and DW columns of the product. */
+#pragma unroll
+      for (int n = 0; n < NS; ++n)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *(uint32_t *)(sdS + (warp * 16 + g + r * 8) * LDS + n * 8 + 2 * t) =
+              elem<T>::pack(dp[n][2 * r], dp[n][2 * r + 1]);
+      __syncthreads();
+      const int mt = warp % MT, c0 = (warp / MT) * DW;
+      float dq[DW / 8][4];
+#pragma unroll
+      for (int n = 0; n < DW / 8; ++n)
+        dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        uint32_t a[4];
+        load_a_t<LDS>(a, sdS, mt * 16, kk * 16, lane);
+#pragma unroll
+        for (int np = 0; np < DW / 16; ++np) {
+          uint32_t bb[4];
+          load_b_kn<LD>(bb, sK, c0 + np * 16, kk * 16, lane);
+          elem<T>::mma(dq[2 * np], a, bb[0], bb[1]);
+          elem<T>::mma(dq[2 * np + 1], a, bb[2], bb[3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = i0 + mt * 16 + g + r * 8;
+        if (i < nq) {
+          float *dst = p.dq_acc + ws_row(p, sq, b, h, i) * D + c0 + 2 * t;
+#pragma unroll
+          for (int n = 0; n < DW / 8; ++n) {
+            atomicAdd(dst + n * 8, dq[n][2 * r]);
+            atomicAdd(dst + n * 8 + 1, dq[n][2 * r + 1]);
+          }
+        }
+      }
+    }
+  }
+
+  /* dK (times the softmax scale) and dV; keys no query sees get zeros. */
+  T *gdk = row_ptr<T>(p.dk, b, sq.k0, hk);
+  T *gdv = row_ptr<T>(p.dv, b, sq.k0, hk);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = n0 + warp * 16 + g + r * 8;
+    if (j < nk) {
+      T *rk = gdk + (int64_t)j * p.dk.ss;
+      T *rv = gdv + (int64_t)j * p.dv.ss;
+#pragma unroll
+      for (int n = 0; n < NO; ++n) {
+        *(uint32_t *)(rk + n * 8 + 2 * t) =
+            elem<T>::pack(acc_dk[n][2 * r] * p.scale, acc_dk[n][2 * r + 1] * p.scale);
+        *(uint32_t *)(rv + n * 8 + 2 * t) = elem<T>::pack(acc_dv[n][2 * r], acc_dv[n][2 * r + 1]);
+      }
+    }
+  }
+}
+
+template <typename T, int D, int BR, int BC, int NW, bool SOFTCAP>
+__global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
+  constexpr int NT = NW * 32;
+  constexpr int LD = D + kPad;
+  constexpr int NS = BC / 8;
+  constexpr int NO = D / 8;
+  static_assert(BR == 16 * NW, "one m16 slab per warp");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T *sQ = (T *)smem_raw;
+  T *sdO = sQ + BR * LD;
+  T *sK = sdO + BR * LD;    /* [2][Bc][LD] */
+  T *sV = sK + 2 * BC * LD; /* [2][Bc][LD] */
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+  const seq sq = seq_of(p, b);
+  const int nq = sq.nq, nk = sq.nk;
+  const int m0 = m_block * BR;
+  if (m0 >= nq) return;
+  const int m_last = min(m0 + BR, nq) - 1;
+  const int j_lo = max(0, key_lo(p, m0, nq, nk));
+  const int j_hi = min(nk, key_hi(p, m_last, nq, nk));
+  const int nb_min = j_lo / BC;
+  const int nb_max = j_hi > j_lo ? (j_hi + BC - 1) / BC : nb_min;
+
+  const T *gk = row_ptr<T>(p.k, b, sq.k0, hk);
+  const T *gv = row_ptr<T>(p.v, b, sq.k0, hk);
+  const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
+
+  float lr[2], dr[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = m0 + warp * 16 + g + r * 8;
+    const bool ok = i < nq;
+    const int64_t w = ok ? ws_row(p, sq, b, h, i) : 0;
+    lr[r] = ok ? p.lse2[w] : INFINITY;
+    dr[r] = ok ? p.dsum[w] : 0.f;
+  }
+
+  float acc[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; ++n)
+    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+
+  if (nb_min < nb_max) {
+    load_tile<BR, D, NT>(sQ, row_ptr<T>(p.q, b, sq.q0, h), p.q.ss, m0, nq, tid);
+    load_tile<BR, D, NT>(sdO, row_ptr<T>(p.dout, b, sq.q0, h), p.dout.ss, m0, nq, tid);
+    load_tile<BC, D, NT>(sK, gk, p.k.ss, nb_min * BC, nk, tid);
+    load_tile<BC, D, NT>(sV, gv, p.v.ss, nb_min * BC, nk, tid);
+    cp_async_commit();
+  }
+  for (int nb = nb_min; nb < nb_max; ++nb) {
+    const int buf = (nb - nb_min) & 1;
+    const T *cK = sK + buf * BC * LD;
+    const T *cV = sV + buf * BC * LD;
+    cp_async_wait_all();
+    __syncthreads();
+    if (nb + 1 < nb_max) {
+      load_tile<BC, D, NT>(sK + (buf ^ 1) * BC * LD, gk, p.k.ss, (nb + 1) * BC, nk, tid);
+      load_tile<BC, D, NT>(sV + (buf ^ 1) * BC * LD, gv, p.v.ss, (nb + 1) * BC, nk, tid);
+      cp_async_commit();
+    }
+
+    float s[NS][4], dp[NS][4];
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[n][e] = dp[n][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4], ad[4];
+      load_a<LD>(a, sQ, warp * 16, kk * 16, lane);
+      load_a<LD>(ad, sdO, warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int np = 0; np < NS / 2; ++np) {
+        uint32_t bb[4];
+        load_b_nk<LD>(bb, cK, np * 16, kk * 16, lane);
+        elem<T>::mma(s[2 * np], a, bb[0], bb[1]);
+        elem<T>::mma(s[2 * np + 1], a, bb[2], bb[3]);
+        load_b_nk<LD>(bb, cV, np * 16, kk * 16, lane);
+        elem<T>::mma(dp[2 * np], ad, bb[0], bb[1]);
+        elem<T>::mma(dp[2 * np + 1], ad, bb[2], bb[3]);
+      }
+    }
+
+    const int n0 = nb * BC;
+    const bool full =
+        n0 + BC <= nk && n0 >= key_lo(p, m_last, nq, nk) && n0 + BC <= key_hi(p, m0, nq, nk);
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const int i = m0 + warp * 16 + g + r * 8;
+        const int j = n0 + n * 8 + 2 * t + (e & 1);
+        float v, dtv = 1.f;
+        if constexpr (SOFTCAP) {
+          const float th = tanhf(s[n][e] * p.softcap_inv);
+          v = p.softcap_log2 * th;
+          dtv = 1.f - th * th;
+        } else {
+          v = s[n][e] * p.scale_log2;
+        }
+        if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(i + nk - nq - j));
+        if (!full && !visible(p, i, j, nq, nk)) v = -INFINITY;
+        const float pr = ex2(v - lr[r]);
+        dp[n][e] = pr * (dp[n][e] - dr[r]) * dtv;
+      }
+    }
+
+    /* dQ += dS K */
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = elem<T>::pack(dp[2 * kk][0], dp[2 * kk][1]);
+      a[1] = elem<T>::pack(dp[2 * kk][2], dp[2 * kk][3]);
+      a[2] = elem<T>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      a[3] = elem<T>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t bb[4];
+        load_b_kn<LD>(bb, cK, np * 16, kk * 16, lane);
+        elem<T>::mma(acc[2 * np], a, bb[0], bb[1]);
+        elem<T>::mma(acc[2 * np + 1], a, bb[2], bb[3]);
+      }
+    }
+  }
+
+  T *gdq = row_ptr<T>(p.dq, b, sq.q0, h);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = m0 + warp * 16 + g + r * 8;
+    if (i < nq) {
+      T *row = gdq + (int64_t)i * p.dq.ss;
+#pragma unroll
+      for (int n = 0; n < NO; ++n)
+        *(uint32_t *)(row + n * 8 + 2 * t) =
+            elem<T>::pack(acc[n][2 * r] * p.scale, acc[n][2 * r + 1] * p.scale);
+    }
+  }
+}
+
+static int set_smem(const void *kern, size_t smem, const attn__cuda_launch *L) {
+  if (smem > L->smem_optin) {
+    attn__debug("cuda mma: backward needs %zu bytes of shared memory", smem);
+    return ATTN_EUNSUPPORTED;
+  }
+  return cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) ==
+                 cudaSuccess
+             ? ATTN_OK
+             : ATTN_EDEVICE;
+}
+
+/* Tile shapes. dkdv: 8 warps of 16 keys (Bc = 128) against Br = 64 query rows
+ * per step; dq: 4 warps of 16 rows against Bc = 64 keys, K and V
+ * double-buffered. */
+template <typename T, int D, bool SOFTCAP>
+static int backward_shape(const params &p, const attn__cuda_launch *L) {
+  constexpr int KBC = 128, KBR = 64, KNW = 8; /* dkdv */
+  constexpr int QBR = 64, QBC = 64, QNW = 4;  /* dq */
+  constexpr int LD = D + kPad;
+  const size_t smem_kv = (size_t)(2 * KBC + 4 * KBR) * LD * sizeof(T) +
+                         (size_t)KBC * (KBR + kPad) * sizeof(T) + 4 * KBR * sizeof(float);
+  const size_t smem_q = (size_t)(2 * QBR + 4 * QBC) * LD * sizeof(T);
+  auto kv = dkdv_kernel<T, D, KBC, KBR, KNW, SOFTCAP>;
+  auto kq = dq_kernel<T, D, QBR, QBC, QNW, SOFTCAP>;
+  int rc = set_smem((const void *)kv, smem_kv, L);
+  if (rc == ATTN_OK && !p.dq_atomic) rc = set_smem((const void *)kq, smem_q, L);
+  if (rc != ATTN_OK) return rc;
+
+  const int64_t warps = p.rows * p.heads_q;
+  const unsigned row_blocks = (unsigned)((warps + 7) / 8);
+  if (p.dq_atomic &&
+      cudaMemsetAsync(p.dq_acc, 0, (size_t)warps * D * sizeof(float), L->stream) != cudaSuccess)
+    return ATTN_EDEVICE;
+  prep_kernel<T, D><<<row_blocks, 256, 0, L->stream>>>(p);
+  dim3 gkv((unsigned)((p.seqlen_k + KBC - 1) / KBC), (unsigned)p.heads_kv, (unsigned)p.batch);
+  kv<<<gkv, KNW * 32, smem_kv, L->stream>>>(p);
+  if (p.dq_atomic) {
+    dq_convert_kernel<T, D><<<row_blocks, 256, 0, L->stream>>>(p);
+  } else {
+    dim3 gq((unsigned)((p.seqlen_q + QBR - 1) / QBR), (unsigned)p.heads_q, (unsigned)p.batch);
+    kq<<<gq, QNW * 32, smem_q, L->stream>>>(p);
+  }
+  return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
+}
+
+template <typename T>
+static int backward_dtype(const params &p, const attn__cuda_launch *L, int d) {
+  const bool sc = p.softcap > 0.f;
+  switch (d) {
+    case 64:
+      return sc ? backward_shape<T, 64, true>(p, L) : backward_shape<T, 64, false>(p, L);
+    case 128:
+      return sc ? backward_shape<T, 128, true>(p, L) : backward_shape<T, 128, false>(p, L);
+    default:
+      attn__debug("cuda mma: head dim %d has no tensor-core backward", d);
+      return ATTN_EUNSUPPORTED;
+  }
+}
+
+}  // namespace attn_mma
+
+using namespace attn_mma;
+
+extern "C" int attn__cuda_mma_backward(const attn__cuda_launch *L) {
+  params p;
+  int rc = make_params(L, 1, &p);
+  if (rc != ATTN_OK) return rc;
+  const attn__problem *pb = L->pb;
+  const int d = (int)pb->head_dim;
+  if (d != 64 && d != 128) {
+    attn__debug("cuda mma: head dim %d has no tensor-core backward", d);
+    return ATTN_EUNSUPPORTED;
+  }
+  const size_t need = attn__cuda_mma_workspace(pb, 1);
+  if (!L->workspace || L->workspace_bytes < need) {
+    attn__debug("cuda mma: backward needs %zu bytes of workspace", need);
+    return ATTN_EUNSUPPORTED;
+  }
+  const size_t per = ((size_t)pb->heads_q * (size_t)p.rows * sizeof(float) + 255) / 256 * 256;
+  p.dsum = (float *)L->workspace;
+  p.lse2 = (float *)((char *)L->workspace + per);
+  p.dq_atomic = !pb->deterministic;
+  p.dq_acc = p.dq_atomic ? (float *)((char *)L->workspace + 2 * per) : NULL;
+  if (pb->dtype == ATTN_BF16) return backward_dtype<__nv_bfloat16>(p, L, d);
+  return backward_dtype<__half>(p, L, d);
+}
