@@ -1,0 +1,236 @@
+/*
+ * Backward pass after FlashAttention-2, in three kernels:
+ *   attn_bwd_pre   D_i = rowsum(dO_i * O_i)
+ *   attn_bwd_dkdv  one work-group per block of BB keys of one key/value head:
+ *                  for each query head sharing it and each block of BB query
+ *                  rows that can see the keys, recompute P = exp(S - lse) and
+ *                  dS = P (dP - D) with dP = dO V^T, then
+ *                  dV += P^T dO, dK += dS^T Q (scaled at the end)
+ *   attn_bwd_dq    one work-group per block of BB query rows: the same P and
+ *                  dS for each key block, dQ += dS K
+ * Each output element is owned by exactly one work-item and summed in a fixed
+ * order, with no atomics, so the gradients are bit-identical run to run; the
+ * price is computing S and dP twice (once per kernel).
+ *
+ * All four operand tiles of a step (Q, dO, K, V: BB x HD) sit in local memory
+ * with a row stride of HD + 1, so that work-items reading the same column of
+ * neighbouring rows hit distinct banks. BB is a -D parameter that the host
+ * sizes to the device's local memory.
+ */
+#define NTB 128
+#define DS (HD + 1)
+#define SS (BB + 1)
+#define EB (BB * HD / NTB) /* output elements per work-item */
+
+/* Stages BB rows of a [.., HD] operand as f32, zero-filled past n rows or d
+ * columns so that padding contributes nothing. */
+inline void stage_rows(__local float *dst, __global const T *src, long ss, long sd, int row0, int n,
+                       int d, int lid) {
+  for (int e = lid; e < BB * HD; e += NTB) {
+    int r = e / HD, c = e % HD;
+    float x = 0.0f;
+    if (row0 + r < n && c < d) x = LOAD(src, (row0 + r) * ss + c * sd);
+    dst[r * DS + c] = x;
+  }
+}
+
+/* P and dS for query rows i0.. and keys j0.. of one sequence. */
+inline void tile_p_ds(__local const float *Qs, __local const float *dOs, __local const float *Ks,
+                      __local const float *Vs, __local const float *lse_s,
+                      __local const float *del_s, __local float *Ps, __local float *dSs, int i0,
+                      int j0, int nq, int nk, int d, float scale, float softcap, float slope,
+                      int wl, int wr, int lid) {
+  for (int e = lid; e < BB * BB; e += NTB) {
+    const int i = e / BB, j = e % BB;
+    const int r = i0 + i, kj = j0 + j, dg = r + nk - nq;
+    const float li = lse_s[i];
+    float p = 0.0f, ds = 0.0f;
+    if (r < nq && kj < nk && key_visible(dg, kj, wl, wr) && li != -INFINITY) {
+      float sq = 0.0f, dp = 0.0f;
+      for (int c = 0; c < d; ++c) {
+        sq = fma(Qs[i * DS + c], Ks[j * DS + c], sq);
+        dp = fma(dOs[i * DS + c], Vs[j * DS + c], dp);
+      }
+      float t;
+      const float x = score_epilogue(sq, scale, softcap, slope, dg, kj, &t);
+      p = exp(x - li);
+      ds = p * (dp - del_s[i]);
+      if (softcap > 0.0f) ds *= 1.0f - t * t;
+    }
+    Ps[i * SS + j] = p;
+    dSs[i * SS + j] = ds;
+  }
+}
+
+/* D_i = rowsum(dO_i * O_i), stored at h * tq + (first row of b) + r. */
+__kernel void attn_bwd_pre(__global const T *o, long oo, long4 os, __global const T *dout, long go,
+                           long4 gs, __global float *delta, __global const int *cu_q, int nq_all,
+                           int d, int tq) {
+  const int r = get_global_id(0), h = get_global_id(1), b = get_global_id(2);
+  int nq = nq_all, q0 = b * nq_all;
+  if (cu_q) {
+    q0 = cu_q[b];
+    nq = cu_q[b + 1] - q0;
+  }
+  if (r >= nq) return;
+  const int qrow = cu_q ? q0 + r : r;
+  __global const T *op = o + oo + b * os.s0 + h * os.s2 + qrow * os.s1;
+  __global const T *gp = dout + go + b * gs.s0 + h * gs.s2 + qrow * gs.s1;
+  float acc = 0.0f;
+  for (int c = 0; c < d; ++c)
+    acc = fma(LOAD(op, c * os.s3), LOAD(gp, c * gs.s3), acc);
+  delta[h * (long)tq + q0 + r] = acc;
+}
+
+/* lse and D for rows i0.. of head h; -inf past the sequence's end, which
+ * marks the row as passing no gradient. */
+inline void stage_row_stats(__local float *lse_s, __local float *del_s, __global const float *lse,
+                            long lo_, long4 ls, __global const float *delta, int b, int h, int q0,
+                            int dbase, int i0, int nq, int tq, int lid) {
+  for (int i = lid; i < BB; i += NTB) {
+    const int r = i0 + i;
+    lse_s[i] = r < nq ? lse[lo_ + b * ls.s0 + h * ls.s2 + (q0 + r) * ls.s1] : -INFINITY;
+    del_s[i] = r < nq ? delta[h * (long)tq + dbase + r] : 0.0f;
+  }
+}
+
+#define BWD_ARGS                                                                                   \
+  __global const T *q, long qo, long4 qs, __global const T *k, long ko, long4 ks,                  \
+      __global const T *v, long vo, long4 vs, __global const T *dout, long go, long4 gs,           \
+      __global const float *lse, long lo_, long4 ls, __global const float *delta,                  \
+      __global const int *cu_q, __global const int *cu_k, __global const float *alibi, int nq_all, \
+      int nk_all, int group, int d, float scale, float softcap, int wl, int wr, int tq
+
+__kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
+    BWD_ARGS, __global T *dk, long dko, long4 dks, __global T *dv, long dvo, long4 dvs) {
+  __local float Qs[BB * DS], dOs[BB * DS], Ks[BB * DS], Vs[BB * DS];
+  __local float Ps[BB * SS], dSs[BB * SS], lse_s[BB], del_s[BB];
+  const int lid = get_local_id(0);
+  const int b = get_group_id(2), hk = get_group_id(1), j0 = get_group_id(0) * BB;
+  int nq = nq_all, nk = nk_all, q0 = 0, k0 = 0;
+  if (cu_q) {
+    q0 = cu_q[b];
+    nq = cu_q[b + 1] - q0;
+  }
+  if (cu_k) {
+    k0 = cu_k[b];
+    nk = cu_k[b + 1] - k0;
+  }
+  if (j0 >= nk) return;
+  const int dbase = cu_q ? q0 : b * nq_all;
+  __global const T *kp = k + ko + b * ks.s0 + hk * ks.s2 + k0 * ks.s1;
+  __global const T *vp = v + vo + b * vs.s0 + hk * vs.s2 + k0 * vs.s1;
+  stage_rows(Ks, kp, ks.s1, ks.s3, j0, nk, d, lid);
+  stage_rows(Vs, vp, vs.s1, vs.s3, j0, nk, d, lid);
+
+  /* The query rows that can see some key of the block (the window read
+   * from the keys' side). */
+  const int diag0 = nk - nq, jl = min(j0 + BB, nk) - 1;
+  const int ilo = wr < 0 ? 0 : max(j0 - wr - diag0, 0);
+  const int ihi = wl < 0 ? nq : min(jl + wl - diag0 + 1, nq);
+
+  float dk_acc[EB], dv_acc[EB];
+#pragma unroll
+  for (int u = 0; u < EB; ++u)
+    dk_acc[u] = dv_acc[u] = 0.0f;
+
+  for (int hh = 0; hh < group; ++hh) {
+    const int h = hk * group + hh;
+    const float slope = alibi ? alibi[h] : 0.0f;
+    __global const T *qp = q + qo + b * qs.s0 + h * qs.s2 + q0 * qs.s1;
+    __global const T *gp = dout + go + b * gs.s0 + h * gs.s2 + q0 * gs.s1;
+    for (int i0 = (ilo / BB) * BB; i0 < ihi; i0 += BB) {
+      barrier(CLK_LOCAL_MEM_FENCE); /* the last step's reads are done */
+      stage_rows(Qs, qp, qs.s1, qs.s3, i0, nq, d, lid);
+      stage_rows(dOs, gp, gs.s1, gs.s3, i0, nq, d, lid);
+      stage_row_stats(lse_s, del_s, lse, lo_, ls, delta, b, h, q0, dbase, i0, nq, tq, lid);
+      barrier(CLK_LOCAL_MEM_FENCE);
+      tile_p_ds(Qs, dOs, Ks, Vs, lse_s, del_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap, slope,
+                wl, wr, lid);
+      barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+      for (int u = 0; u < EB; ++u) {
+        const int e = lid + u * NTB, j = e / HD, c = e % HD;
+        float a = dv_acc[u], g = dk_acc[u];
+        for (int i = 0; i < BB; ++i) {
+          a = fma(Ps[i * SS + j], dOs[i * DS + c], a);
+          g = fma(dSs[i * SS + j], Qs[i * DS + c], g);
+        }
+        dv_acc[u] = a;
+        dk_acc[u] = g;
+      }
+    }
+  }
+
+  __global T *dkp = dk + dko + b * dks.s0 + hk * dks.s2 + k0 * dks.s1;
+  __global T *dvp = dv + dvo + b * dvs.s0 + hk * dvs.s2 + k0 * dvs.s1;
+#pragma unroll
+  for (int u = 0; u < EB; ++u) {
+    const int e = lid + u * NTB, j = e / HD, c = e % HD;
+    if (j0 + j < nk && c < d) {
+      STORE(dkp, (j0 + j) * dks.s1 + c * dks.s3, dk_acc[u] * scale);
+      STORE(dvp, (j0 + j) * dvs.s1 + c * dvs.s3, dv_acc[u]);
+    }
+  }
+}
+
+__kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_ARGS, __global T *dq,
+                                                                           long dqo, long4 dqs) {
+  __local float Qs[BB * DS], dOs[BB * DS], Ks[BB * DS], Vs[BB * DS];
+  __local float Ps[BB * SS], dSs[BB * SS], lse_s[BB], del_s[BB];
+  const int lid = get_local_id(0);
+  const int b = get_group_id(2), h = get_group_id(1), i0 = get_group_id(0) * BB;
+  int nq = nq_all, nk = nk_all, q0 = 0, k0 = 0;
+  if (cu_q) {
+    q0 = cu_q[b];
+    nq = cu_q[b + 1] - q0;
+  }
+  if (cu_k) {
+    k0 = cu_k[b];
+    nk = cu_k[b + 1] - k0;
+  }
+  if (i0 >= nq) return;
+  const int hk = h / group, dbase = cu_q ? q0 : b * nq_all;
+  const float slope = alibi ? alibi[h] : 0.0f;
+  __global const T *qp = q + qo + b * qs.s0 + h * qs.s2 + q0 * qs.s1;
+  __global const T *gp = dout + go + b * gs.s0 + h * gs.s2 + q0 * gs.s1;
+  __global const T *kp = k + ko + b * ks.s0 + hk * ks.s2 + k0 * ks.s1;
+  __global const T *vp = v + vo + b * vs.s0 + hk * vs.s2 + k0 * vs.s1;
+  stage_rows(Qs, qp, qs.s1, qs.s3, i0, nq, d, lid);
+  stage_rows(dOs, gp, gs.s1, gs.s3, i0, nq, d, lid);
+  stage_row_stats(lse_s, del_s, lse, lo_, ls, delta, b, h, q0, dbase, i0, nq, tq, lid);
+
+  const int diag0 = nk - nq, rl = min(i0 + BB, nq) - 1;
+  const int lo = wl < 0 ? 0 : max(i0 + diag0 - wl, 0);
+  const int hi = wr < 0 ? nk : min(rl + diag0 + wr + 1, nk);
+
+  float dq_acc[EB];
+#pragma unroll
+  for (int u = 0; u < EB; ++u)
+    dq_acc[u] = 0.0f;
+
+  for (int j0 = (lo / BB) * BB; j0 < hi; j0 += BB) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    stage_rows(Ks, kp, ks.s1, ks.s3, j0, nk, d, lid);
+    stage_rows(Vs, vp, vs.s1, vs.s3, j0, nk, d, lid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    tile_p_ds(Qs, dOs, Ks, Vs, lse_s, del_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap, slope, wl,
+              wr, lid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+    for (int u = 0; u < EB; ++u) {
+      const int e = lid + u * NTB, i = e / HD, c = e % HD;
+      float a = dq_acc[u];
+      for (int j = 0; j < BB; ++j)
+        a = fma(dSs[i * SS + j], Ks[j * DS + c], a);
+      dq_acc[u] = a;
+    }
+  }
+
+  __global T *dqp = dq + dqo + b * dqs.s0 + h * dqs.s2 + q0 * dqs.s1;
+#pragma unroll
+  for (int u = 0; u < EB; ++u) {
+    const int e = lid + u * NTB, i = e / HD, c = e % HD;
+    if (i0 + i < nq && c < d) STORE(dqp, (i0 + i) * dqs.s1 + c * dqs.s3, dq_acc[u] * scale);
+  }
+}

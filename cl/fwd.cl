@@ -1,0 +1,225 @@
+/*
+ * Forward pass, FlashAttention steps 1-4 for one block of Br query rows of
+ * one (sequence, head):
+ *   for each key tile of Bc keys that some row of the block can see
+ *     S = Q K^T            (register tile of TM x TN per work-item,
+ *                            Q and K staged in local memory DK columns at a time)
+ *     S -> scale, softcap, ALiBi, mask
+ *     m_i' = max(m_i, rowmax S)            (one exchange through local memory)
+ *     P = exp(S - m_i'), l_i = l_i e^(m_i - m_i') + rowsum P
+ *     O = O e^(m_i - m_i') + P V           (P and V staged in local memory)
+ *   O /= l_i, lse = m_i + log l_i
+ * The running m_i, l_i and O stay in private memory for the whole pass.
+ *
+ * Work-items form a TY x TX grid (TX = 16). Item (ty, tx) owns query rows
+ * ty*TM .. ty*TM+TM-1, score columns tx + 16 n (n < Bc/16) and output
+ * columns tx + 16 n (n < HD/16). The strided columns make neighbouring items
+ * read neighbouring local-memory words, so the tile reads are free of bank
+ * conflicts; rows are contiguous so an item reads its TM query values as
+ * float4s.
+ *
+ * -D parameters (chosen by the host per device): DTYPE, HD (the head
+ * dimension rounded up to a multiple of 16), BR, BC, TM, DK (Q/K columns per
+ * staging step), JK (V rows per staging step). Window, causal, softcap and
+ * ALiBi are run-time arguments so that one program serves them all.
+ */
+#define TX 16
+#define TY (BR / TM)
+#define NT (TX * TY)
+#define TN (BC / TX)
+#define TD (HD / TX)
+#define QSTR (BR + 4) /* +4 keeps float4 alignment and halves store conflicts */
+#define KSTR (BC + 1) /* +1: the column-major stores hit distinct banks */
+#define PSTR (BR + 4)
+
+__kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
+    __global const T *q, long qo, long4 qs, __global const T *k, long ko, long4 ks,
+    __global const T *v, long vo, long4 vs, __global T *o, long oo, long4 os, __global float *lse,
+    long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k,
+    __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,
+    float softcap, int wl, int wr) {
+  __local float4 Qs4[DK * QSTR / 4];
+  __local float Ks[DK * KSTR];
+  __local float red[BR * TX];
+  __local float4 Ps4[BC * PSTR / 4];
+  __local float Vs[JK * HD];
+  __local float *Qs = (__local float *)Qs4;
+  __local float *Ps = (__local float *)Ps4;
+
+  const int lid = get_local_id(0), tx = lid % TX, ty = lid / TX;
+  const int b = get_group_id(2), h = get_group_id(1);
+  const int r0 = get_group_id(0) * BR;
+  int nq = nq_all, nk = nk_all, q0 = 0, k0 = 0;
+  if (cu_q) {
+    q0 = cu_q[b];
+    nq = cu_q[b + 1] - q0;
+  }
+  if (cu_k) {
+    k0 = cu_k[b];
+    nk = cu_k[b + 1] - k0;
+  }
+  if (r0 >= nq) return; /* the whole group leaves: no barrier is skipped */
+  const int hk = h / group;
+  __global const T *qp = q + qo + b * qs.s0 + h * qs.s2 + q0 * qs.s1;
+  __global const T *kp = k + ko + b * ks.s0 + hk * ks.s2 + k0 * ks.s1;
+  __global const T *vp = v + vo + b * vs.s0 + hk * vs.s2 + k0 * vs.s1;
+
+  /* The keys any row of the block can see; rows further down see further
+   * right, so the first row gives the left end and the last the right. */
+  const int diag0 = nk - nq;
+  const int rl = min(r0 + BR, nq) - 1;
+  const int lo = wl < 0 ? 0 : max(r0 + diag0 - wl, 0);
+  const int hi = wr < 0 ? nk : min(rl + diag0 + wr + 1, nk);
+  const float slope = alibi ? alibi[h] : 0.0f;
+
+  float m_i[TM], l_i[TM], acc[TM][TD];
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    m_i[i] = -INFINITY;
+    l_i[i] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < TD; ++n)
+      acc[i][n] = 0.0f;
+  }
+
+  for (int j0 = (lo / BC) * BC; j0 < hi; j0 += BC) {
+    /* S = Q K^T, DK columns of the head dimension at a time. */
+    float s[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int n = 0; n < TN; ++n)
+        s[i][n] = 0.0f;
+    for (int c0 = 0; c0 < d; c0 += DK) {
+      for (int e = lid; e < DK * BR; e += NT) {
+        int c = e % DK, r = e / DK;
+        float x = 0.0f;
+        if (r0 + r < nq && c0 + c < d) x = LOAD(qp, (r0 + r) * qs.s1 + (c0 + c) * qs.s3);
+        Qs[c * QSTR + r] = x;
+      }
+      for (int e = lid; e < DK * BC; e += NT) {
+        int c = e % DK, j = e / DK;
+        float x = 0.0f;
+        if (j0 + j < nk && c0 + c < d) x = LOAD(kp, (j0 + j) * ks.s1 + (c0 + c) * ks.s3);
+        Ks[c * KSTR + j] = x;
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll 4
+      for (int c = 0; c < DK; ++c) {
+        float a[TM], bk[TN];
+#pragma unroll
+        for (int u = 0; u < TM / 4; ++u) {
+          float4 t4 = Qs4[(c * QSTR + ty * TM) / 4 + u];
+          a[4 * u + 0] = t4.s0;
+          a[4 * u + 1] = t4.s1;
+          a[4 * u + 2] = t4.s2;
+          a[4 * u + 3] = t4.s3;
+        }
+#pragma unroll
+        for (int n = 0; n < TN; ++n)
+          bk[n] = Ks[c * KSTR + tx + TX * n];
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+          for (int n = 0; n < TN; ++n)
+            s[i][n] = fma(a[i], bk[n], s[i][n]);
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
+    /* Scores, mask, and this item's share of each row's maximum. */
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+      const int r = r0 + ty * TM + i, dg = r + diag0;
+      float mt = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < TN; ++n) {
+        const int j = j0 + tx + TX * n;
+        float t;
+        float x = score_epilogue(s[i][n], scale, softcap, slope, dg, j, &t);
+        s[i][n] = (r < nq && j < nk && key_visible(dg, j, wl, wr)) ? x : -INFINITY;
+        mt = fmax(mt, s[i][n]);
+      }
+      red[(ty * TM + i) * TX + tx] = mt;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    /* Online softmax. Every item of a row computes the same m_i from the same
+     * values, so the per-item partial sums l_i stay consistent and are added
+     * up only once, at the end. A row with no visible key so far keeps
+     * m_i = -inf; subtracting 0 instead keeps exp() at 0 rather than NaN. */
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+      float mx = m_i[i];
+      for (int t = 0; t < TX; ++t)
+        mx = fmax(mx, red[(ty * TM + i) * TX + t]);
+      const float mu = mx == -INFINITY ? 0.0f : mx;
+      const float alpha = exp(m_i[i] - mu);
+      m_i[i] = mx;
+      l_i[i] *= alpha;
+#pragma unroll
+      for (int n = 0; n < TD; ++n)
+        acc[i][n] *= alpha;
+#pragma unroll
+      for (int n = 0; n < TN; ++n) {
+        const float p = exp(s[i][n] - mu);
+        l_i[i] += p;
+        Ps[(tx + TX * n) * PSTR + ty * TM + i] = p;
+      }
+    }
+
+    /* O += P V, JK keys at a time. */
+    for (int jj = 0; jj < BC && j0 + jj < nk; jj += JK) {
+      for (int e = lid; e < JK * HD; e += NT) {
+        int c = e % HD, jr = e / HD;
+        float x = 0.0f;
+        if (j0 + jj + jr < nk && c < d) x = LOAD(vp, (j0 + jj + jr) * vs.s1 + c * vs.s3);
+        Vs[jr * HD + c] = x;
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll 4
+      for (int jr = 0; jr < JK; ++jr) {
+        float a[TM], vb[TD];
+#pragma unroll
+        for (int u = 0; u < TM / 4; ++u) {
+          float4 t4 = Ps4[((jj + jr) * PSTR + ty * TM) / 4 + u];
+          a[4 * u + 0] = t4.s0;
+          a[4 * u + 1] = t4.s1;
+          a[4 * u + 2] = t4.s2;
+          a[4 * u + 3] = t4.s3;
+        }
+#pragma unroll
+        for (int n = 0; n < TD; ++n)
+          vb[n] = Vs[jr * HD + tx + TX * n];
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+          for (int n = 0; n < TD; ++n)
+            acc[i][n] = fma(a[i], vb[n], acc[i][n]);
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+  }
+
+  /* l_i: add up the items' partial sums, then O / l_i and lse. */
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+    red[(ty * TM + i) * TX + tx] = l_i[i];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  __global T *op = o + oo + b * os.s0 + h * os.s2 + q0 * os.s1;
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    const int r = r0 + ty * TM + i;
+    float l = 0.0f;
+    for (int t = 0; t < TX; ++t)
+      l += red[(ty * TM + i) * TX + t];
+    if (r >= nq) continue;
+#pragma unroll
+    for (int n = 0; n < TD; ++n) {
+      const int c = tx + TX * n;
+      if (c < d) STORE(op, r * os.s1 + c * os.s3, l > 0.0f ? acc[i][n] / l : 0.0f);
+    }
+    if (lse && tx == 0)
+      lse[lo_ + b * ls.s0 + h * ls.s2 + (q0 + r) * ls.s1] = l > 0.0f ? m_i[i] + log(l) : -INFINITY;
+  }
+}

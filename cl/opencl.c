@@ -1,0 +1,747 @@
+/*
+ * The OpenCL backend: devices, contexts, buffers, queues, the self-test and
+ * the launches of the attention kernels (fwd.cl, bwd.cl).
+ *
+ * Devices are numbered across all platforms, GPUs and accelerators first and
+ * CPUs after, each group in platform order; so "opencl" (device 0) is a GPU
+ * whenever one exists, and "opencl:N" is the N-th line of `attn info`.
+ *
+ * Each attn context owns a cl_context and an in-order queue on its device.
+ * attn_context_set_stream() may hand it a caller's queue instead (same
+ * device, possibly another cl_context, which then becomes the one whose
+ * buffers the kernels take). Programs are built per (cl_context, dtype,
+ * head-dim bucket) on first use and kept for the context's life.
+ *
+ * Backward is always deterministic here: dQ and dK/dV come from separate
+ * kernels that each own their outputs (bwd.cl), whatever ATTN_DETERMINISTIC
+ * or ATTN_NONDETERMINISTIC say.
+ */
+#include "attn_cl.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <threads.h>
+
+/* ---------------------------------------------------------------------- */
+/* Devices                                                                  */
+/* ---------------------------------------------------------------------- */
+
+#define MAX_DEVICES 64
+
+typedef struct cl_dev {
+  cl_device_id id;
+  attn_device_info info;
+  cl_ulong local_mem;
+  size_t max_wg;
+} cl_dev;
+
+static cl_dev g_devs[MAX_DEVICES];
+static int g_ndev;
+static char g_why[512];
+static once_flag g_probe_once = ONCE_FLAG_INIT;
+
+static void probe(void) {
+  const char *why = "";
+  const attn__cl_api *cl = attn__cl_load(&why);
+  if (!cl) {
+    snprintf(g_why, sizeof g_why, "%s", why);
+    return;
+  }
+  cl_platform_id plats[16];
+  cl_uint np = 0;
+  cl_int err = cl->clGetPlatformIDs(16, plats, &np);
+  if (err != CL_SUCCESS || np == 0) {
+    snprintf(g_why, sizeof g_why, "no OpenCL platform is installed (clGetPlatformIDs: %s)",
+             err == CL_SUCCESS ? "0 platforms" : attn__cl_errname(err));
+    return;
+  }
+  if (np > 16) np = 16;
+  cl_dev all[MAX_DEVICES];
+  int n = 0;
+  for (cl_uint p = 0; p < np; ++p) {
+    cl_device_id ids[MAX_DEVICES];
+    cl_uint nd = 0;
+    if (cl->clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, MAX_DEVICES, ids, &nd) != CL_SUCCESS)
+      continue;
+    if (nd > MAX_DEVICES) nd = MAX_DEVICES;
+    for (cl_uint i = 0; i < nd && n < MAX_DEVICES; ++i) {
+      cl_dev *d = &all[n];
+      memset(d, 0, sizeof *d);
+      d->id = ids[i];
+      cl_device_type type = 0;
+      cl_ulong mem = 0;
+      cl_uint cus = 0;
+      char ver[64] = "", drv[64] = "";
+      cl->clGetDeviceInfo(ids[i], CL_DEVICE_TYPE, sizeof type, &type, NULL);
+      cl->clGetDeviceInfo(ids[i], CL_DEVICE_GLOBAL_MEM_SIZE, sizeof mem, &mem, NULL);
+      cl->clGetDeviceInfo(ids[i], CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL);
+      cl->clGetDeviceInfo(ids[i], CL_DEVICE_LOCAL_MEM_SIZE, sizeof d->local_mem, &d->local_mem,
+                          NULL);
+      cl->clGetDeviceInfo(ids[i], CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof d->max_wg, &d->max_wg,
+                          NULL);
+      cl->clGetDeviceInfo(ids[i], CL_DEVICE_NAME, sizeof d->info.name - 1, d->info.name, NULL);
+      cl->clGetDeviceInfo(ids[i], CL_DEVICE_VERSION, sizeof ver - 1, ver, NULL);
+      cl->clGetDeviceInfo(ids[i], CL_DRIVER_VERSION, sizeof drv - 1, drv, NULL);
+      snprintf(d->info.version, sizeof d->info.version, "%s, driver %s", ver, drv);
+      d->info.backend = ATTN_BACKEND_OPENCL;
+      d->info.is_gpu = (type & (CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR)) != 0;
+      d->info.memory_bytes = mem;
+      d->info.compute_units = (int)cus;
+      ++n;
+    }
+  }
+  /* GPUs first, so that plain "opencl" gets one. */
+  for (int pass = 1; pass >= 0; --pass)
+    for (int i = 0; i < n; ++i)
+      if (all[i].info.is_gpu == pass) {
+        g_devs[g_ndev] = all[i];
+        g_devs[g_ndev].info.index = g_ndev;
+        ++g_ndev;
+      }
+  if (g_ndev == 0) snprintf(g_why, sizeof g_why, "the OpenCL platforms list no device");
+}
+
+static int ocl_device_count(char *why, size_t why_len) {
+  call_once(&g_probe_once, probe);
+  if (why && why_len) snprintf(why, why_len, "%s", g_ndev ? "" : g_why);
+  return g_ndev;
+}
+
+static int ocl_device_info(int index, attn_device_info *out) {
+  call_once(&g_probe_once, probe);
+  if (index < 0 || index >= g_ndev) return ATTN_EUNAVAILABLE;
+  *out = g_devs[index].info;
+  return ATTN_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Contexts                                                                 */
+/* ---------------------------------------------------------------------- */
+
+#define MAX_PROGRAMS 64
+
+typedef struct attn_program {
+  cl_context clctx;
+  int dtype, hd;
+  cl_program prog;
+  cl_kernel fwd, pre, dkdv, dq;
+  int br, bc, tm, dk, jk, bb; /* the tile sizes it was built with */
+} attn_program;
+
+typedef struct scratch {
+  cl_mem mem;
+  size_t bytes;
+} scratch;
+
+typedef struct cl_impl {
+  const attn__cl_api *cl;
+  const cl_dev *dev;
+  cl_context own_ctx;
+  cl_command_queue own_queue;
+  cl_context ctx;         /* the one kernels and buffers use now */
+  cl_command_queue queue; /* own_queue, or the caller's (retained) */
+  attn_program progs[MAX_PROGRAMS];
+  int nprog;
+  scratch cu_q, cu_k, alibi, delta;
+} cl_impl;
+
+static cl_impl *impl_of(attn_context *ctx) {
+  return (cl_impl *)ctx->impl;
+}
+
+static int cl_fail(attn_context *ctx, const char *what, cl_int err) {
+  int st = (err == CL_OUT_OF_HOST_MEMORY || err == CL_MEM_OBJECT_ALLOCATION_FAILURE) ? ATTN_ENOMEM
+                                                                                     : ATTN_EDEVICE;
+  return attn__error(ctx, st, "%s failed (%s, %d)", what, attn__cl_errname(err), (int)err);
+}
+
+static void release_scratch(cl_impl *im) {
+  scratch *all[4] = {&im->cu_q, &im->cu_k, &im->alibi, &im->delta};
+  for (int i = 0; i < 4; ++i) {
+    if (all[i]->mem) im->cl->clReleaseMemObject(all[i]->mem);
+    all[i]->mem = NULL;
+    all[i]->bytes = 0;
+  }
+}
+
+static void release_one(cl_impl *im, attn_program *p) {
+  cl_kernel ks[4] = {p->fwd, p->pre, p->dkdv, p->dq};
+  for (int j = 0; j < 4; ++j)
+    if (ks[j]) im->cl->clReleaseKernel(ks[j]);
+  if (p->prog) im->cl->clReleaseProgram(p->prog);
+  if (p->clctx) im->cl->clReleaseContext(p->clctx);
+  memset(p, 0, sizeof *p);
+}
+
+static void release_programs(cl_impl *im) {
+  for (int i = 0; i < im->nprog; ++i)
+    release_one(im, &im->progs[i]);
+  im->nprog = 0;
+}
+
+static void cl_close(attn_context *ctx) {
+  cl_impl *im = impl_of(ctx);
+  if (!im) return;
+  const attn__cl_api *cl = im->cl;
+  if (im->queue) cl->clFinish(im->queue);
+  release_scratch(im);
+  release_programs(im);
+  if (im->queue && im->queue != im->own_queue) cl->clReleaseCommandQueue(im->queue);
+  if (im->ctx && im->ctx != im->own_ctx) cl->clReleaseContext(im->ctx);
+  if (im->own_queue) cl->clReleaseCommandQueue(im->own_queue);
+  if (im->own_ctx) cl->clReleaseContext(im->own_ctx);
+  free(im);
+  ctx->impl = NULL;
+}
+
+static int cl_open(attn_context *ctx, int index) {
+  call_once(&g_probe_once, probe);
+  if (index < 0 || index >= g_ndev)
+    return attn__error(ctx, ATTN_EUNAVAILABLE, "OpenCL device %d does not exist (%d present)",
+                       index, g_ndev);
+  cl_impl *im = (cl_impl *)calloc(1, sizeof *im);
+  if (!im) return attn__error(ctx, ATTN_ENOMEM, "out of memory for the OpenCL context");
+  im->cl = attn__cl_load(NULL);
+  im->dev = &g_devs[index];
+  ctx->impl = im;
+  cl_int err;
+  im->own_ctx = im->cl->clCreateContext(NULL, 1, &im->dev->id, NULL, NULL, &err);
+  if (!im->own_ctx || err != CL_SUCCESS) {
+    cl_close(ctx);
+    return cl_fail(ctx, "clCreateContext", err);
+  }
+  im->own_queue = im->cl->clCreateCommandQueue(im->own_ctx, im->dev->id, 0, &err);
+  if (!im->own_queue || err != CL_SUCCESS) {
+    cl_close(ctx);
+    return cl_fail(ctx, "clCreateCommandQueue", err);
+  }
+  im->ctx = im->own_ctx;
+  im->queue = im->own_queue;
+  attn__debug("opencl: context on device %d (%s)", index, im->dev->info.name);
+  return ATTN_OK;
+}
+
+static int cl_set_stream(attn_context *ctx, void *stream) {
+  cl_impl *im = impl_of(ctx);
+  const attn__cl_api *cl = im->cl;
+  cl_command_queue q = stream ? (cl_command_queue)stream : im->own_queue;
+  cl_context qctx = im->own_ctx;
+  if (stream) {
+    cl_device_id qdev = NULL;
+    cl_int err = cl->clGetCommandQueueInfo(q, CL_QUEUE_DEVICE, sizeof qdev, &qdev, NULL);
+    if (err != CL_SUCCESS)
+      return attn__error(ctx, ATTN_EINVAL, "stream: not a valid cl_command_queue (%s)",
+                         attn__cl_errname(err));
+    if (qdev != im->dev->id)
+      return attn__error(ctx, ATTN_EINVAL,
+                         "stream: the cl_command_queue is on another device than the "
+                         "context's (%s)",
+                         im->dev->info.name);
+    err = cl->clGetCommandQueueInfo(q, CL_QUEUE_CONTEXT, sizeof qctx, &qctx, NULL);
+    if (err != CL_SUCCESS) return cl_fail(ctx, "clGetCommandQueueInfo(CL_QUEUE_CONTEXT)", err);
+  }
+  if (q == im->queue) return ATTN_OK;
+  /* Work queued on the old queue finishes before the new one is used, so
+   * that the order of the caller's calls holds across the switch. */
+  cl->clFinish(im->queue);
+  if (stream) cl->clRetainCommandQueue(q);
+  if (im->queue != im->own_queue) cl->clReleaseCommandQueue(im->queue);
+  im->queue = q;
+  if (qctx != im->ctx) {
+    release_scratch(im); /* scratch lives in the old cl_context */
+    if (qctx != im->own_ctx) cl->clRetainContext(qctx);
+    if (im->ctx != im->own_ctx) cl->clReleaseContext(im->ctx);
+    im->ctx = qctx;
+  }
+  return ATTN_OK;
+}
+
+static int cl_synchronize(attn_context *ctx) {
+  cl_impl *im = impl_of(ctx);
+  cl_int err = im->cl->clFinish(im->queue);
+  return err == CL_SUCCESS ? ATTN_OK : cl_fail(ctx, "clFinish", err);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Buffers                                                                  */
+/* ---------------------------------------------------------------------- */
+
+static int cl_buffer_alloc(attn_context *ctx, size_t bytes, void **native) {
+  cl_impl *im = impl_of(ctx);
+  cl_int err;
+  cl_mem m = im->cl->clCreateBuffer(im->ctx, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &err);
+  if (!m || err != CL_SUCCESS) return cl_fail(ctx, "clCreateBuffer", err);
+  *native = m;
+  return ATTN_OK;
+}
+
+static void cl_buffer_release(attn_context *ctx, void *native) {
+  if (native) impl_of(ctx)->cl->clReleaseMemObject((cl_mem)native);
+}
+
+static int cl_buffer_write(attn_context *ctx, void *native, size_t offset, const void *src,
+                           size_t bytes) {
+  cl_impl *im = impl_of(ctx);
+  if (!bytes) return ATTN_OK;
+  cl_int err = im->cl->clEnqueueWriteBuffer(im->queue, (cl_mem)native, CL_TRUE, offset, bytes, src,
+                                            0, NULL, NULL);
+  return err == CL_SUCCESS ? ATTN_OK : cl_fail(ctx, "clEnqueueWriteBuffer", err);
+}
+
+static int cl_buffer_read(attn_context *ctx, void *native, size_t offset, void *dst, size_t bytes) {
+  cl_impl *im = impl_of(ctx);
+  if (!bytes) return ATTN_OK;
+  cl_int err = im->cl->clEnqueueReadBuffer(im->queue, (cl_mem)native, CL_TRUE, offset, bytes, dst,
+                                           0, NULL, NULL);
+  return err == CL_SUCCESS ? ATTN_OK : cl_fail(ctx, "clEnqueueReadBuffer", err);
+}
+
+/* A scratch buffer of at least `bytes`, holding `src` when given. The write
+ * is blocking: src is the caller's host memory (cu_seqlens, slopes), which
+ * need not outlive the call, and the in-order queue runs it after any work
+ * still using the old contents. */
+static int scratch_put(attn_context *ctx, scratch *s, size_t bytes, const void *src) {
+  cl_impl *im = impl_of(ctx);
+  if (s->bytes < bytes) {
+    if (s->mem) im->cl->clReleaseMemObject(s->mem);
+    s->mem = NULL;
+    s->bytes = 0;
+    int st = cl_buffer_alloc(ctx, bytes, (void **)&s->mem);
+    if (st) return st;
+    s->bytes = bytes;
+  }
+  return src ? cl_buffer_write(ctx, s->mem, 0, src, bytes) : ATTN_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Programs and tile sizes                                                  */
+/* ---------------------------------------------------------------------- */
+
+/* The head dimension the kernels are built for: 16, 32, 64, then multiples
+ * of 32, so that few programs cover every d and padding wastes little. */
+static int hd_bucket(int64_t d) {
+  if (d <= 16) return 16;
+  if (d <= 32) return 32;
+  if (d <= 64) return 64;
+  return (int)((d + 31) / 32 * 32);
+}
+
+static size_t fwd_local_bytes(int hd, int br, int bc, int dk, int jk) {
+  return 4u * ((size_t)dk * (br + 4) + (size_t)dk * (bc + 1) + (size_t)br * 16 +
+               (size_t)bc * (br + 4) + (size_t)jk * hd);
+}
+
+static size_t bwd_local_bytes(int hd, int bb) {
+  return 4u * (4u * (size_t)bb * (hd + 1) + 2u * (size_t)bb * (bb + 1) + 2u * (size_t)bb);
+}
+
+/* Tile sizes from what the device reports. Defaults: 128 work-items of
+ * TM x 4 scores and TM x HD/16 outputs each keep the two products' inner
+ * loops at 5-6 FMAs per local-memory word (see fwd.cl), and fit NVIDIA's
+ * 48 KiB of local memory per work-group at HD = 128 (36 KiB); HD > 128
+ * halves TM to stay within the register file. Smaller local memories shrink
+ * the staging steps, then the key tile. */
+static int choose_tiles(const cl_dev *dev, int hd, attn_program *p) {
+  size_t lmem = (size_t)dev->local_mem;
+  p->tm = hd > 128 ? 4 : 8;
+  p->br = 8 * p->tm;
+  p->bc = 64;
+  p->dk = 16;
+  p->jk = 16;
+  while (fwd_local_bytes(hd, p->br, p->bc, p->dk, p->jk) > lmem) {
+    if (p->jk > 4)
+      p->jk /= 2;
+    else if (p->bc > 16)
+      p->bc /= 2;
+    else if (p->dk > 4)
+      p->dk /= 2;
+    else
+      return 0;
+  }
+  /* Backward: the largest square tile whose four operand tiles fit, with at
+   * least one output element per work-item. */
+  p->bb = 0;
+  for (int bb = 32; bb >= 4 && !p->bb; bb /= 2)
+    if (bwd_local_bytes(hd, bb) <= lmem && (bb * hd) % 128 == 0) p->bb = bb;
+  return p->bb != 0 && dev->max_wg >= 128;
+}
+
+static int get_program(attn_context *ctx, int dtype, int hd, attn_program **out) {
+  cl_impl *im = impl_of(ctx);
+  const attn__cl_api *cl = im->cl;
+  for (int i = 0; i < im->nprog; ++i) {
+    attn_program *p = &im->progs[i];
+    if (p->clctx == im->ctx && p->dtype == dtype && p->hd == hd) {
+      *out = p;
+      return ATTN_OK;
+    }
+  }
+  if (im->nprog == MAX_PROGRAMS)
+    return attn__error(ctx, ATTN_EINTERNAL, "too many OpenCL program variants in one context");
+  attn_program p;
+  memset(&p, 0, sizeof p);
+  p.dtype = dtype;
+  p.hd = hd;
+  if (!choose_tiles(im->dev, hd, &p))
+    return attn__error(ctx, ATTN_EUNSUPPORTED,
+                       "the OpenCL device %s has too little local memory (%llu bytes) or too "
+                       "small work-groups (%zu) for head_dim bucket %d",
+                       im->dev->info.name, (unsigned long long)im->dev->local_mem, im->dev->max_wg,
+                       hd);
+  char opts[256];
+  snprintf(opts, sizeof opts,
+           "-cl-std=CL1.2 -DDTYPE=%d -DHD=%d -DBR=%d -DBC=%d -DTM=%d -DDK=%d -DJK=%d -DBB=%d",
+           dtype, hd, p.br, p.bc, p.tm, p.dk, p.jk, p.bb);
+  const char *srcs[3] = {attn__cl_src_common, attn__cl_src_fwd, attn__cl_src_bwd};
+  int st = attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, 3, opts, &p.prog);
+  if (st) return st;
+  cl->clRetainContext(im->ctx);
+  p.clctx = im->ctx;
+  const char *names[4] = {"attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv", "attn_bwd_dq"};
+  cl_kernel *ks[4] = {&p.fwd, &p.pre, &p.dkdv, &p.dq};
+  for (int i = 0; i < 4 && !st; ++i) {
+    cl_int err;
+    *ks[i] = cl->clCreateKernel(p.prog, names[i], &err);
+    if (!*ks[i] || err != CL_SUCCESS) {
+      *ks[i] = NULL;
+      st = cl_fail(ctx, "clCreateKernel", err);
+      break;
+    }
+    size_t wg = 0;
+    cl->clGetKernelWorkGroupInfo(*ks[i], im->dev->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
+                                 NULL);
+    if (i != 1 && wg < 128)
+      st = attn__error(ctx, ATTN_EUNSUPPORTED,
+                       "OpenCL kernel %s runs at most %zu work-items per group on %s; it "
+                       "needs 128",
+                       names[i], wg, im->dev->info.name);
+  }
+  /* On failure the entry is released at once (nprog is not advanced). */
+  im->progs[im->nprog] = p;
+  if (st) {
+    release_one(im, &im->progs[im->nprog]);
+    return st;
+  }
+  attn_program *pp = &im->progs[im->nprog++];
+  attn__debug("opencl: %s", opts);
+  *out = pp;
+  return ATTN_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Self-test                                                                */
+/* ---------------------------------------------------------------------- */
+
+static int cl_selftest(attn_context *ctx) {
+  cl_impl *im = impl_of(ctx);
+  const attn__cl_api *cl = im->cl;
+  enum { N = 1000 };
+  float *h = (float *)malloc(3 * N * sizeof(float));
+  if (!h) return attn__error(ctx, ATTN_ENOMEM, "out of memory for the self-test");
+  for (int i = 0; i < N; ++i) {
+    h[i] = (float)i;
+    h[N + i] = 0.5f * (float)(N - i);
+    h[2 * N + i] = -1.0f;
+  }
+  cl_program prog = NULL;
+  cl_kernel k = NULL;
+  cl_mem m[3] = {NULL, NULL, NULL};
+  cl_int err = CL_SUCCESS;
+  const char *srcs[1] = {attn__cl_src_selftest};
+  int st = attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, 1, "-cl-std=CL1.2", &prog);
+  if (!st) {
+    k = cl->clCreateKernel(prog, "attn_selftest_add", &err);
+    if (err != CL_SUCCESS) st = cl_fail(ctx, "self-test: clCreateKernel", err);
+  }
+  for (int i = 0; i < 3 && !st; ++i)
+    st = cl_buffer_alloc(ctx, N * sizeof(float), (void **)&m[i]);
+  for (int i = 0; i < 2 && !st; ++i)
+    st = cl_buffer_write(ctx, m[i], 0, h + i * N, N * 4);
+  if (!st) {
+    cl_int n = N;
+    err = cl->clSetKernelArg(k, 0, sizeof(cl_mem), &m[0]);
+    if (!err) err = cl->clSetKernelArg(k, 1, sizeof(cl_mem), &m[1]);
+    if (!err) err = cl->clSetKernelArg(k, 2, sizeof(cl_mem), &m[2]);
+    if (!err) err = cl->clSetKernelArg(k, 3, sizeof n, &n);
+    size_t local = 64, global = (N + 63) / 64 * 64;
+    if (!err)
+      err = cl->clEnqueueNDRangeKernel(im->queue, k, 1, NULL, &global, &local, 0, NULL, NULL);
+    if (err) st = cl_fail(ctx, "self-test: kernel launch", err);
+  }
+  if (!st) st = cl_buffer_read(ctx, m[2], 0, h + 2 * N, N * 4);
+  if (!st)
+    for (int i = 0; i < N; ++i)
+      if (h[2 * N + i] != h[i] + h[N + i]) {
+        st = attn__error(ctx, ATTN_EDEVICE,
+                         "self-test on %s: C[%d] = %g, expected %g: the device computes wrongly",
+                         im->dev->info.name, i, h[2 * N + i], h[i] + h[N + i]);
+        break;
+      }
+  for (int i = 0; i < 3; ++i)
+    if (m[i]) cl->clReleaseMemObject(m[i]);
+  if (k) cl->clReleaseKernel(k);
+  if (prog) cl->clReleaseProgram(prog);
+  free(h);
+  return st;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Attention                                                                */
+/* ---------------------------------------------------------------------- */
+
+typedef struct args {
+  const attn__cl_api *cl;
+  cl_kernel k;
+  cl_uint i;
+  cl_int err;
+} args;
+
+static void arg(args *a, size_t size, const void *value) {
+  if (a->err == CL_SUCCESS) a->err = a->cl->clSetKernelArg(a->k, a->i, size, value);
+  a->i++;
+}
+
+static void arg_mem(args *a, cl_mem m) {
+  arg(a, sizeof(cl_mem), m ? &m : NULL);
+}
+
+static void arg_int(args *a, cl_int x) {
+  arg(a, sizeof x, &x);
+}
+
+static void arg_float(args *a, float x) {
+  arg(a, sizeof x, &x);
+}
+
+/* A tensor is three arguments: the buffer, its offset and its strides, in
+ * elements. */
+static void arg_tensor(args *a, const attn__tensor *t, size_t esize) {
+  cl_long off = (cl_long)(t->offset / esize);
+  cl_long4 st;
+  st.s[0] = t->sb;
+  st.s[1] = t->ss;
+  st.s[2] = t->sh;
+  st.s[3] = t->sd;
+  arg_mem(a, (cl_mem)t->native);
+  arg(a, sizeof off, &off);
+  arg(a, sizeof st, &st);
+}
+
+static size_t esize_of(attn_dtype dt) {
+  return dt == ATTN_F32 ? 4 : 2;
+}
+
+/* A window bound at least as long as both sequences is no bound. */
+static cl_int window_arg(int64_t w, const attn__problem *pb) {
+  return (w < 0 || w > pb->seqlen_q + pb->seqlen_k) ? -1 : (cl_int)w;
+}
+
+static int check_tensor(attn_context *ctx, const char *name, const attn__tensor *t, size_t esize) {
+  cl_impl *im = impl_of(ctx);
+  if (!t->native) return ATTN_OK;
+  if (t->offset % esize)
+    return attn__error(ctx, ATTN_EUNSUPPORTED,
+                       "%s: the OpenCL backend needs byte offsets that are multiples of the "
+                       "element size (%zu), got %zu",
+                       name, esize, t->offset);
+  cl_context c = NULL;
+  cl_int err = im->cl->clGetMemObjectInfo((cl_mem)t->native, CL_MEM_CONTEXT, sizeof c, &c, NULL);
+  if (err != CL_SUCCESS)
+    return attn__error(ctx, ATTN_EBUFFER, "%s: not a valid cl_mem (%s)", name,
+                       attn__cl_errname(err));
+  if (c != im->ctx)
+    return attn__error(ctx, ATTN_EBUFFER,
+                       "%s: the cl_mem belongs to another cl_context than the context's queue; "
+                       "pass a queue of that cl_context to attn_context_set_stream()",
+                       name);
+  return ATTN_OK;
+}
+
+static int cl_supports(attn_context *ctx, const attn__problem *pb, int backward) {
+  cl_impl *im = impl_of(ctx);
+  const int64_t big = INT_MAX / 4;
+  if (pb->seqlen_q > big || pb->seqlen_k > big || pb->total_q > big || pb->total_k > big)
+    return attn__error(ctx, ATTN_EUNSUPPORTED,
+                       "the OpenCL backend takes at most %lld rows per tensor", (long long)big);
+  if (pb->batch > 65535 || pb->heads_q > 65535)
+    return attn__error(ctx, ATTN_EUNSUPPORTED,
+                       "the OpenCL backend takes at most 65535 sequences and heads");
+  const size_t es = esize_of(pb->dtype);
+  struct {
+    const char *name;
+    const attn__tensor *t;
+    size_t es;
+  } ts[9] = {{"q", &pb->q, es},   {"k", &pb->k, es},    {"v", &pb->v, es},
+             {"o", &pb->o, es},   {"lse", &pb->lse, 4}, {"dout", &pb->dout, es},
+             {"dq", &pb->dq, es}, {"dk", &pb->dk, es},  {"dv", &pb->dv, es}};
+  int n = backward ? 9 : 5;
+  for (int i = 0; i < n; ++i) {
+    int st = check_tensor(ctx, ts[i].name, ts[i].t, ts[i].es);
+    if (st) return st;
+  }
+  attn_program p;
+  if (!choose_tiles(im->dev, hd_bucket(pb->head_dim), &p))
+    return attn__error(ctx, ATTN_EUNSUPPORTED,
+                       "the OpenCL device %s has too little local memory or too small "
+                       "work-groups for head_dim %lld",
+                       im->dev->info.name, (long long)pb->head_dim);
+  return ATTN_OK;
+}
+
+/* Uploads cu_seqlens and slopes; NULL handles for what the problem lacks. */
+static int upload_params(attn_context *ctx, const attn__problem *pb, cl_mem *cu_q, cl_mem *cu_k,
+                         cl_mem *alibi) {
+  cl_impl *im = impl_of(ctx);
+  size_t nb = (size_t)(pb->batch + 1) * sizeof(int32_t);
+  int st = ATTN_OK;
+  *cu_q = *cu_k = *alibi = NULL;
+  if (pb->cu_q) {
+    if ((st = scratch_put(ctx, &im->cu_q, nb, pb->cu_q))) return st;
+    if ((st = scratch_put(ctx, &im->cu_k, nb, pb->cu_k))) return st;
+    *cu_q = im->cu_q.mem;
+    *cu_k = im->cu_k.mem;
+  }
+  if (pb->alibi) {
+    if ((st = scratch_put(ctx, &im->alibi, (size_t)pb->heads_q * sizeof(float), pb->alibi)))
+      return st;
+    *alibi = im->alibi.mem;
+  }
+  return st;
+}
+
+static int launch(attn_context *ctx, cl_kernel k, const args *a, const char *name, size_t g0,
+                  size_t g1, size_t g2, size_t l0) {
+  cl_impl *im = impl_of(ctx);
+  if (a->err != CL_SUCCESS) {
+    char what[96];
+    snprintf(what, sizeof what, "%s: clSetKernelArg(%u)", name, a->i - 1);
+    return cl_fail(ctx, what, a->err);
+  }
+  if (g0 == 0 || g1 == 0 || g2 == 0) return ATTN_OK;
+  size_t global[3] = {g0, g1, g2}, local[3] = {l0, 1, 1};
+  cl_int err = im->cl->clEnqueueNDRangeKernel(im->queue, k, 3, NULL, global, local, 0, NULL, NULL);
+  if (err != CL_SUCCESS) {
+    char what[96];
+    snprintf(what, sizeof what, "%s: clEnqueueNDRangeKernel", name);
+    return cl_fail(ctx, what, err);
+  }
+  return ATTN_OK;
+}
+
+static int finish(attn_context *ctx, const attn__problem *pb) {
+  cl_impl *im = impl_of(ctx);
+  cl_int err = pb->async ? im->cl->clFlush(im->queue) : im->cl->clFinish(im->queue);
+  return err == CL_SUCCESS ? ATTN_OK : cl_fail(ctx, pb->async ? "clFlush" : "clFinish", err);
+}
+
+/* The arguments fwd.cl and bwd.cl share after the tensors. */
+static void arg_common(args *a, const attn__problem *pb, cl_mem cu_q, cl_mem cu_k, cl_mem alibi) {
+  arg_mem(a, cu_q);
+  arg_mem(a, cu_k);
+  arg_mem(a, alibi);
+  arg_int(a, (cl_int)pb->seqlen_q);
+  arg_int(a, (cl_int)pb->seqlen_k);
+  arg_int(a, (cl_int)(pb->heads_q / pb->heads_kv));
+  arg_int(a, (cl_int)pb->head_dim);
+  arg_float(a, pb->scale);
+  arg_float(a, pb->softcap);
+  arg_int(a, window_arg(pb->window_left, pb));
+  arg_int(a, window_arg(pb->window_right, pb));
+}
+
+static int cl_forward(attn_context *ctx, const attn__problem *pb) {
+  cl_impl *im = impl_of(ctx);
+  int st = cl_supports(ctx, pb, 0);
+  attn_program *p = NULL;
+  if (!st) st = get_program(ctx, (int)pb->dtype, hd_bucket(pb->head_dim), &p);
+  cl_mem cu_q, cu_k, alibi;
+  if (!st) st = upload_params(ctx, pb, &cu_q, &cu_k, &alibi);
+  if (st) return st;
+  const size_t es = esize_of(pb->dtype);
+  args a = {im->cl, p->fwd, 0, CL_SUCCESS};
+  arg_tensor(&a, &pb->q, es);
+  arg_tensor(&a, &pb->k, es);
+  arg_tensor(&a, &pb->v, es);
+  arg_tensor(&a, &pb->o, es);
+  attn__tensor no_lse;
+  memset(&no_lse, 0, sizeof no_lse);
+  arg_tensor(&a, pb->has_lse ? &pb->lse : &no_lse, 4);
+  arg_common(&a, pb, cu_q, cu_k, alibi);
+  const size_t nt = 16 * (size_t)(p->br / p->tm);
+  const size_t blocks = (size_t)((pb->seqlen_q + p->br - 1) / p->br);
+  st = launch(ctx, p->fwd, &a, "attn_fwd", blocks * nt, (size_t)pb->heads_q, (size_t)pb->batch, nt);
+  return st ? st : finish(ctx, pb);
+}
+
+static int cl_backward(attn_context *ctx, const attn__problem *pb) {
+  cl_impl *im = impl_of(ctx);
+  int st = cl_supports(ctx, pb, 1);
+  attn_program *p = NULL;
+  if (!st) st = get_program(ctx, (int)pb->dtype, hd_bucket(pb->head_dim), &p);
+  cl_mem cu_q, cu_k, alibi;
+  if (!st) st = upload_params(ctx, pb, &cu_q, &cu_k, &alibi);
+  const int64_t tq = pb->cu_q ? pb->total_q : pb->batch * pb->seqlen_q;
+  if (!st) st = scratch_put(ctx, &im->delta, (size_t)(pb->heads_q * tq) * sizeof(float), NULL);
+  if (st) return st;
+  const size_t es = esize_of(pb->dtype);
+
+  /* D = rowsum(dO * O) */
+  args a = {im->cl, p->pre, 0, CL_SUCCESS};
+  arg_tensor(&a, &pb->o, es);
+  arg_tensor(&a, &pb->dout, es);
+  arg_mem(&a, im->delta.mem);
+  arg_mem(&a, cu_q);
+  arg_int(&a, (cl_int)pb->seqlen_q);
+  arg_int(&a, (cl_int)pb->head_dim);
+  arg_int(&a, (cl_int)tq);
+  st = launch(ctx, p->pre, &a, "attn_bwd_pre", (size_t)(pb->seqlen_q + 63) / 64 * 64,
+              (size_t)pb->heads_q, (size_t)pb->batch, 64);
+  if (st) return st;
+
+  cl_kernel ks[2] = {p->dkdv, p->dq};
+  for (int w = 0; w < 2; ++w) {
+    args b = {im->cl, ks[w], 0, CL_SUCCESS};
+    arg_tensor(&b, &pb->q, es);
+    arg_tensor(&b, &pb->k, es);
+    arg_tensor(&b, &pb->v, es);
+    arg_tensor(&b, &pb->dout, es);
+    arg_tensor(&b, &pb->lse, 4);
+    arg_mem(&b, im->delta.mem);
+    arg_common(&b, pb, cu_q, cu_k, alibi);
+    arg_int(&b, (cl_int)tq);
+    if (w == 0) {
+      arg_tensor(&b, &pb->dk, es);
+      arg_tensor(&b, &pb->dv, es);
+      st = launch(ctx, ks[w], &b, "attn_bwd_dkdv",
+                  (size_t)((pb->seqlen_k + p->bb - 1) / p->bb) * 128, (size_t)pb->heads_kv,
+                  (size_t)pb->batch, 128);
+    } else {
+      arg_tensor(&b, &pb->dq, es);
+      st = launch(ctx, ks[w], &b, "attn_bwd_dq", (size_t)((pb->seqlen_q + p->bb - 1) / p->bb) * 128,
+                  (size_t)pb->heads_q, (size_t)pb->batch, 128);
+    }
+    if (st) return st;
+  }
+  return finish(ctx, pb);
+}
+
+const attn__backend attn__backend_opencl = {
+    ATTN_BACKEND_OPENCL,
+    "opencl",
+    0,
+    ocl_device_count,
+    ocl_device_info,
+    cl_open,
+    cl_close,
+    cl_buffer_alloc,
+    cl_buffer_release,
+    cl_buffer_write,
+    cl_buffer_read,
+    cl_set_stream,
+    cl_synchronize,
+    cl_selftest,
+    cl_supports,
+    cl_forward,
+    cl_backward,
+};
