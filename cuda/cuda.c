@@ -1,0 +1,372 @@
+/*
+ * The CUDA backend's host side: device enumeration, contexts bound to a
+ * device and a stream, device buffers, and the forward/backward calls, which
+ * try the tensor-core family (mma_*.cu) and fall back to the general kernels
+ * (general*.cu) on ATTN_EUNSUPPORTED.
+ *
+ * The CUDA runtime is linked statically, so the library loads on a machine
+ * with no NVIDIA driver: the runtime then fails its first call, the device
+ * count is 0 with the runtime's sentence, and "auto" moves on.
+ */
+#include "attn_cuda.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* selftest.cu */
+cudaError_t attn__cuda_selftest_run(cudaStream_t stream, int *bad);
+
+typedef struct cuda_impl {
+  int device;
+  cudaStream_t own;    /* created with the context */
+  cudaStream_t stream; /* own, or the caller's (attn_context_set_stream) */
+  int sm_count, cc_major, cc_minor;
+  size_t smem_optin;
+  void *scratch; /* per-call copies of cu_seqlens and the ALiBi slopes */
+  size_t scratch_bytes;
+  void *ws; /* the kernels' workspace, grown on demand, never shrunk */
+  size_t ws_bytes;
+} cuda_impl;
+
+static int cuda_fail(attn_context *ctx, cudaError_t e, const char *what) {
+  int status = e == cudaErrorMemoryAllocation ? ATTN_ENOMEM : ATTN_EDEVICE;
+  /* Clear a sticky-free error so it does not resurface in the next call. */
+  (void)cudaGetLastError();
+  return attn__error(ctx, status, "CUDA: %s failed: %s (%s)", what, cudaGetErrorString(e),
+                     cudaGetErrorName(e));
+}
+
+#define CU(ctx, call, what)                                 \
+  do {                                                      \
+    cudaError_t e_ = (call);                                \
+    if (e_ != cudaSuccess) return cuda_fail(ctx, e_, what); \
+  } while (0)
+
+static size_t align256(size_t n) {
+  return (n + 255) & ~(size_t)255;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Devices                                                                  */
+/* ---------------------------------------------------------------------- */
+
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
+static int probe_count;
+static char probe_why[256];
+
+static void probe(void) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    snprintf(probe_why, sizeof probe_why,
+             "the CUDA runtime found no usable device: %s (is the NVIDIA driver installed?)",
+             cudaGetErrorString(e));
+    n = 0;
+  } else if (n == 0) {
+    snprintf(probe_why, sizeof probe_why, "the CUDA driver reports no device");
+  }
+  probe_count = n;
+}
+
+static int cuda_device_count(char *why, size_t why_len) {
+  pthread_once(&probe_once, probe);
+  if (why && why_len) snprintf(why, why_len, "%s", probe_count ? "" : probe_why);
+  return probe_count;
+}
+
+static int cuda_device_info(int index, attn_device_info *out) {
+  struct cudaDeviceProp prop;
+  int drv = 0, rt = 0;
+  if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return ATTN_EDEVICE;
+  }
+  cudaDriverGetVersion(&drv);
+  cudaRuntimeGetVersion(&rt);
+  memset(out, 0, sizeof *out);
+  out->backend = ATTN_BACKEND_CUDA;
+  out->index = index;
+  out->is_gpu = 1;
+  memcpy(out->name, prop.name, sizeof out->name - 1); /* prop.name is 256 bytes */
+  out->name[sizeof out->name - 1] = '\0';
+  snprintf(out->version, sizeof out->version, "CUDA driver %d.%d, runtime %d.%d", drv / 1000,
+           drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+  out->memory_bytes = prop.totalGlobalMem;
+  out->compute_major = prop.major;
+  out->compute_minor = prop.minor;
+  out->compute_units = prop.multiProcessorCount;
+  return ATTN_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Contexts                                                                 */
+/* ---------------------------------------------------------------------- */
+
+static int cuda_open(attn_context *ctx, int index) {
+  cuda_impl *I = (cuda_impl *)calloc(1, sizeof *I);
+  int v = 0;
+  if (!I) return attn__error(ctx, ATTN_ENOMEM, "out of host memory for the CUDA context");
+  I->device = index;
+  cudaError_t e = cudaSetDevice(index);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&I->own, cudaStreamNonBlocking);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&I->sm_count, cudaDevAttrMultiProcessorCount, index);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&I->cc_major, cudaDevAttrComputeCapabilityMajor, index);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&I->cc_minor, cudaDevAttrComputeCapabilityMinor, index);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, index);
+  if (e != cudaSuccess) {
+    if (I->own) cudaStreamDestroy(I->own);
+    free(I);
+    return cuda_fail(ctx, e, "opening the device");
+  }
+  I->smem_optin = (size_t)v;
+  I->stream = I->own;
+  ctx->impl = I;
+  attn__debug("cuda:%d: %d multiprocessors, compute %d.%d, %zu bytes of shared memory a block",
+              index, I->sm_count, I->cc_major, I->cc_minor, I->smem_optin);
+  return ATTN_OK;
+}
+
+static void cuda_close(attn_context *ctx) {
+  cuda_impl *I = (cuda_impl *)ctx->impl;
+  if (!I) return;
+  cudaSetDevice(I->device);
+  cudaStreamSynchronize(I->stream);
+  if (I->scratch) cudaFree(I->scratch);
+  if (I->ws) cudaFree(I->ws);
+  cudaStreamDestroy(I->own);
+  (void)cudaGetLastError();
+  free(I);
+  ctx->impl = NULL;
+}
+
+static int cuda_set_stream(attn_context *ctx, void *stream) {
+  cuda_impl *I = (cuda_impl *)ctx->impl;
+  CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
+  /* Work queued on the old stream may still read the scratch and the
+   * workspace that the new stream will overwrite. */
+  CU(ctx, cudaStreamSynchronize(I->stream), "synchronizing the previous stream");
+  I->stream = stream ? (cudaStream_t)stream : I->own;
+  return ATTN_OK;
+}
+
+static int cuda_synchronize(attn_context *ctx) {
+  cuda_impl *I = (cuda_impl *)ctx->impl;
+  CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
+  CU(ctx, cudaStreamSynchronize(I->stream), "cudaStreamSynchronize");
+  return ATTN_OK;
+}
+
+static int cuda_selftest(attn_context *ctx) {
+  cuda_impl *I = (cuda_impl *)ctx->impl;
+  int bad = -1;
+  CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
+  CU(ctx, attn__cuda_selftest_run(I->stream, &bad), "the C = A + B self-test");
+  if (bad >= 0)
+    return attn__error(ctx, ATTN_EDEVICE, "CUDA self-test: C = A + B is wrong at element %d", bad);
+  return ATTN_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Buffers                                                                  */
+/* ---------------------------------------------------------------------- */
+
+static int cuda_buffer_alloc(attn_context *ctx, size_t bytes, void **native) {
+  cuda_impl *I = (cuda_impl *)ctx->impl;
+  void *p = NULL;
+  CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
+  cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return attn__error(ctx, e == cudaErrorMemoryAllocation ? ATTN_ENOMEM : ATTN_EDEVICE,
+                       "CUDA: cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
+  }
+  *native = p;
+  return ATTN_OK;
+}
+
+static void cuda_buffer_release(attn_context *ctx, void *native) {
+  cuda_impl *I = (cuda_impl *)ctx->impl;
+  cudaSetDevice(I->device);
+  cudaFree(native); /* waits for work that may still use it */
+  (void)cudaGetLastError();
+}
+
+static int cuda_buffer_write(attn_context *ctx, void *native, size_t offset, const void *src,
+                             size_t bytes) {
+  cuda_impl *I = (cuda_impl *)ctx->impl;
+  CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
+  CU(ctx, cudaMemcpyAsync((char *)native + offset, src, bytes, cudaMemcpyHostToDevice, I->stream),
+     "copying to the device");
+  CU(ctx, cudaStreamSynchronize(I->stream), "copying to the device");
+  return ATTN_OK;
+}
+
+static int cuda_buffer_read(attn_context *ctx, void *native, size_t offset, void *dst,
+                            size_t bytes) {
+  cuda_impl *I = (cuda_impl *)ctx->impl;
+  CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
+  CU(ctx,
+     cudaMemcpyAsync(dst, (const char *)native + offset, bytes, cudaMemcpyDeviceToHost, I->stream),
+     "copying from the device");
+  CU(ctx, cudaStreamSynchronize(I->stream), "copying from the device");
+  return ATTN_OK;
+}
+
+/* Device memory that only grows. The old block may still be read by queued
+ * work, so the stream is drained before it is freed. */
+static int grow(attn_context *ctx, void **p, size_t *have, size_t need, const char *what) {
+  cuda_impl *I = (cuda_impl *)ctx->impl;
+  if (need <= *have) return ATTN_OK;
+  if (*p) {
+    CU(ctx, cudaStreamSynchronize(I->stream), "draining the stream before growing a buffer");
+    cudaFree(*p);
+    *p = NULL;
+    *have = 0;
+  }
+  cudaError_t e = cudaMalloc(p, need);
+  if (e != cudaSuccess) {
+    *p = NULL;
+    (void)cudaGetLastError();
+    return attn__error(ctx, e == cudaErrorMemoryAllocation ? ATTN_ENOMEM : ATTN_EDEVICE,
+                       "CUDA: allocating %zu bytes of %s failed: %s", need, what,
+                       cudaGetErrorString(e));
+  }
+  *have = need;
+  return ATTN_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Attention                                                                */
+/* ---------------------------------------------------------------------- */
+
+static int cuda_supports(attn_context *ctx, const attn__problem *pb, int backward) {
+  (void)backward;
+  /* Grid y and z carry the heads and the sequences. */
+  if (pb->heads_q > 65535)
+    return attn__error(ctx, ATTN_EUNSUPPORTED,
+                       "cuda: %lld query heads is above the 65535 supported",
+                       (long long)pb->heads_q);
+  if (pb->batch > 65535)
+    return attn__error(ctx, ATTN_EUNSUPPORTED, "cuda: a batch of %lld is above the 65535 supported",
+                       (long long)pb->batch);
+  if (pb->seqlen_q > INT32_MAX || pb->seqlen_k > INT32_MAX)
+    return attn__error(ctx, ATTN_EUNSUPPORTED,
+                       "cuda: sequences longer than 2^31-1 rows are not supported");
+  return ATTN_OK;
+}
+
+static int cuda_run(attn_context *ctx, const attn__problem *pb, int backward) {
+  cuda_impl *I = (cuda_impl *)ctx->impl;
+  const char *pass = backward ? "backward" : "forward";
+  int st = cuda_supports(ctx, pb, backward);
+  if (st != ATTN_OK) return st;
+  CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
+
+  attn__cuda_launch L;
+  memset(&L, 0, sizeof L);
+  L.pb = pb;
+  L.stream = I->stream;
+  L.sm_count = I->sm_count;
+  L.cc_major = I->cc_major;
+  L.cc_minor = I->cc_minor;
+  L.smem_optin = I->smem_optin;
+
+  /* cu_seqlens and the slopes are host memory: copy them into the scratch
+   * block, in stream order behind any earlier call still reading it. */
+  const size_t cu_bytes = pb->cu_q ? align256(sizeof(int32_t) * (size_t)(pb->batch + 1)) : 0;
+  const size_t al_bytes = pb->alibi ? align256(sizeof(float) * (size_t)pb->heads_q) : 0;
+  if (cu_bytes + al_bytes) {
+    st = grow(ctx, &I->scratch, &I->scratch_bytes, 2 * cu_bytes + al_bytes, "scratch");
+    if (st != ATTN_OK) return st;
+    char *s = (char *)I->scratch;
+    if (pb->cu_q) {
+      CU(ctx,
+         cudaMemcpyAsync(s, pb->cu_q, sizeof(int32_t) * (size_t)(pb->batch + 1),
+                         cudaMemcpyHostToDevice, I->stream),
+         "copying cu_seqlens_q");
+      CU(ctx,
+         cudaMemcpyAsync(s + cu_bytes, pb->cu_k, sizeof(int32_t) * (size_t)(pb->batch + 1),
+                         cudaMemcpyHostToDevice, I->stream),
+         "copying cu_seqlens_k");
+      L.cu_q = (const int32_t *)s;
+      L.cu_k = (const int32_t *)(s + cu_bytes);
+    }
+    if (pb->alibi) {
+      CU(ctx,
+         cudaMemcpyAsync(s + 2 * cu_bytes, pb->alibi, sizeof(float) * (size_t)pb->heads_q,
+                         cudaMemcpyHostToDevice, I->stream),
+         "copying the ALiBi slopes");
+      L.alibi = (const float *)(s + 2 * cu_bytes);
+    }
+  }
+
+  size_t need = attn__cuda_general_workspace(pb, backward);
+  size_t need_mma = attn__cuda_mma_workspace(pb, backward);
+  if (need_mma > need) need = need_mma;
+  if (need) {
+    st = grow(ctx, &I->ws, &I->ws_bytes, need, "workspace");
+    if (st != ATTN_OK) return st;
+  }
+  L.workspace = I->ws;
+  L.workspace_bytes = I->ws_bytes;
+
+  const char *family = "tensor-core";
+  st = backward ? attn__cuda_mma_backward(&L) : attn__cuda_mma_forward(&L);
+  if (st == ATTN_EUNSUPPORTED) {
+    family = "general";
+    st = backward ? attn__cuda_general_backward(&L) : attn__cuda_general_forward(&L);
+  }
+  if (st != ATTN_OK) {
+    cudaError_t e = cudaGetLastError();
+    if (st == ATTN_EDEVICE || e != cudaSuccess)
+      return attn__error(ctx, ATTN_EDEVICE, "CUDA: launching the %s %s kernels failed: %s", family,
+                         pass, cudaGetErrorString(e));
+    return attn__error(ctx, st, "cuda: the %s %s kernels refused the problem (%s)", family, pass,
+                       attn_status_name(st));
+  }
+  attn__debug("cuda:%d: %s via the %s kernels", I->device, pass, family);
+  if (!pb->async) {
+    cudaError_t e = cudaStreamSynchronize(I->stream);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return attn__error(ctx, ATTN_EDEVICE, "CUDA: the %s %s kernels failed: %s", family, pass,
+                         cudaGetErrorString(e));
+    }
+  }
+  return ATTN_OK;
+}
+
+static int cuda_forward(attn_context *ctx, const attn__problem *pb) {
+  return cuda_run(ctx, pb, 0);
+}
+
+static int cuda_backward(attn_context *ctx, const attn__problem *pb) {
+  return cuda_run(ctx, pb, 1);
+}
+
+const attn__backend attn__backend_cuda = {
+    .kind = ATTN_BACKEND_CUDA,
+    .name = "cuda",
+    .host_memory = 0,
+    .device_count = cuda_device_count,
+    .device_info = cuda_device_info,
+    .open = cuda_open,
+    .close = cuda_close,
+    .buffer_alloc = cuda_buffer_alloc,
+    .buffer_release = cuda_buffer_release,
+    .buffer_write = cuda_buffer_write,
+    .buffer_read = cuda_buffer_read,
+    .set_stream = cuda_set_stream,
+    .synchronize = cuda_synchronize,
+    .selftest = cuda_selftest,
+    .supports = cuda_supports,
+    .forward = cuda_forward,
+    .backward = cuda_backward,
+};

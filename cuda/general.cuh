@@ -1,0 +1,941 @@
+/*
+ * The general CUDA kernels: the FlashAttention-2 forward and backward passes on
+ * the CUDA cores, in true fp32 arithmetic (FFMA), for every problem the API
+ * accepts: any head dim 1..256, f32/f16/bf16 storage, any strides, every mask,
+ * softcap, ALiBi, GQA and varlen. They are the f32 fast path and the fallback
+ * for everything the tensor-core family declines.
+ *
+ * The steps, with the CPU backend's names:
+ *   forward   a block per (query block of Br rows, query head, sequence): Q_i in
+ *             shared memory, K_j and V_j streamed through two shared buffers;
+ *             S = Q_i K_j^T * scale, masks, softcap and ALiBi, then the online
+ *             softmax in registers (m_i, l_i), O_i = diag(alpha) O_i + P V_j;
+ *             at the end O_i /= l_i and lse_i = m_i + log(l_i).
+ *   backward  D_i = rowsum(dO_i * O_i) (rowdot_kernel); a block per (key block,
+ *             kv head, sequence) keeps dK_j, dV_j in registers while it loops
+ *             over the query heads of its group and the query blocks that see
+ *             it: P = exp(S - lse), dP = dO V^T, dS = P * (dP - D),
+ *             dV += P^T dO, dK += dS^T Q, and dQ += dS K either by fp32 atomics
+ *             into a workspace (dkdv_kernel with ATOMIC_DQ) or, in deterministic
+ *             mode, by a second kernel per query block looping over key blocks
+ *             (dq_kernel) in a fixed order.
+ *
+ * Register blocking: 256 threads as a 16 x 16 grid (ty, tx). A thread computes
+ * MR x MC scores, rows ty + 16*ii and keys tx + 16*jj: the rows are shared by
+ * the 16 lanes of a half warp (shared-memory broadcast) and the 16 keys of a
+ * half warp are consecutive rows of the K tile, whose stride (DP + 4 floats)
+ * puts their 16-byte loads in distinct bank groups. Output columns are owned
+ * as float2 pairs, tx*2 + 32*g. Scores live in the log2 domain (x * log2(e))
+ * so that exp is one ex2 instruction.
+ */
+#ifndef ATTN_CUDA_GENERAL_CUH
+#define ATTN_CUDA_GENERAL_CUH
+
+#include "attn_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace attn_general {
+
+constexpr int kThreads = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+/* One operand: p already includes the byte offset. vec = 1 when every row
+ * starts 16-byte aligned (f32) or 8-byte aligned (f16/bf16), the d-stride is
+ * 1 and d is a multiple of 4, so a row loads as groups of 4 elements. */
+struct gtensor {
+  char *p;
+  long long sb, ss, sh, sd;
+  int vec;
+};
+
+struct gparams {
+  gtensor q, k, v, o, lse, dout, dq, dk, dv;
+  int batch, hq, hkv, group, d;
+  long long nq, nk; /* bshd lengths; varlen: the longest ones */
+  const int32_t *cu_q, *cu_k;
+  float scale, scale_log2, softcap, inv_softcap;
+  long long wl, wr; /* -1 = no bound; causal already folded into wr */
+  const float *alibi;
+  float *ws_D;  /* [total_q][hq] */
+  float *ws_dq; /* [total_q][hq][d], fp32 atomics target */
+  long long total_q;
+};
+
+/* Sequence b: lengths, first rows in the tensors, first row in workspaces. */
+struct seqinfo {
+  long long nq, nk, row0q, row0k, wrow0;
+};
+
+__device__ __forceinline__ seqinfo get_seq(const gparams &P, int b) {
+  seqinfo s;
+  if (P.cu_q) {
+    s.row0q = P.cu_q[b];
+    s.nq = (long long)P.cu_q[b + 1] - s.row0q;
+    s.row0k = P.cu_k[b];
+    s.nk = (long long)P.cu_k[b + 1] - s.row0k;
+    s.wrow0 = s.row0q;
+  } else {
+    s.row0q = 0;
+    s.row0k = 0;
+    s.nq = P.nq;
+    s.nk = P.nk;
+    s.wrow0 = (long long)b * P.nq;
+  }
+  return s;
+}
+
+/* The visible keys [lo, hi) of query row i (attn__key_range, on the device). */
+__device__ __forceinline__ void key_range(const gparams &P, long long i, long long nq, long long nk,
+                                          long long *lo, long long *hi) {
+  long long diag = i + nk - nq;
+  long long a = P.wl < 0 ? 0 : diag - P.wl;
+  long long z = P.wr < 0 ? nk : diag + P.wr + 1;
+  *lo = a < 0 ? 0 : a;
+  *hi = z > nk ? nk : z;
+}
+
+/* The query rows [*qlo, *qhi) that see at least one key of [j0, j1): the
+ * inverse of key_range, since lo(i) and hi(i) never decrease with i. */
+__device__ __forceinline__ void query_range(const gparams &P, long long j0, long long j1,
+                                            long long nq, long long nk, long long *qlo,
+                                            long long *qhi) {
+  long long a = P.wr < 0 ? 0 : j0 - P.wr - nk + nq;
+  long long z = P.wl < 0 ? nq : j1 + P.wl - nk + nq;
+  *qlo = a < 0 ? 0 : a;
+  *qhi = z > nq ? nq : z;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Element access                                                           */
+/* ---------------------------------------------------------------------- */
+
+template <typename T>
+struct elem;
+template <>
+struct elem<float> {
+  static __device__ __forceinline__ float ld(const char *p, long long i) {
+    return ((const float *)p)[i];
+  }
+  static __device__ __forceinline__ void st(char *p, long long i, float x) {
+    ((float *)p)[i] = x;
+  }
+};
+template <>
+struct elem<__half> {
+  static __device__ __forceinline__ float ld(const char *p, long long i) {
+    return __half2float(((const __half *)p)[i]);
+  }
+  static __device__ __forceinline__ void st(char *p, long long i, float x) {
+    ((__half *)p)[i] = __float2half_rn(x);
+  }
+};
+template <>
+struct elem<__nv_bfloat16> {
+  static __device__ __forceinline__ float ld(const char *p, long long i) {
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+  }
+  static __device__ __forceinline__ void st(char *p, long long i, float x) {
+    ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(x);
+  }
+};
+
+/* Four consecutive 16-bit elements, 8-byte aligned, to floats. */
+__device__ __forceinline__ float4 cvt4(uint2 u, const __half *) {
+  __half2 a = *(__half2 *)&u.x, b = *(__half2 *)&u.y;
+  float2 fa = __half22float2(a), fb = __half22float2(b);
+  return make_float4(fa.x, fa.y, fb.x, fb.y);
+}
+__device__ __forceinline__ float4 cvt4(uint2 u, const __nv_bfloat16 *) {
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* Loads rows r0 .. r0+ROWS-1 (of a sequence with nrows rows) of one head into
+ * a [ROWS][ld] float tile; rows past nrows and columns past d are zero, so
+ * that padded keys and columns add nothing (and never carry a NaN). f32 rows
+ * go by cp.async, which the caller commits and waits for; f16/bf16 rows are
+ * converted on the way and are in place after the next barrier. */
+template <typename T, int DP, int ROWS>
+__device__ __forceinline__ void load_tile(float *sm, int ld, const gtensor &t, long long base,
+                                          long long r0, long long nrows, int d) {
+  const int tid = threadIdx.x;
+  if (t.vec) {
+    constexpr int C4 = DP / 4;
+    for (int idx = tid; idx < ROWS * C4; idx += kThreads) {
+      int r = idx / C4, c = (idx - r * C4) * 4;
+      float *dst = sm + r * ld + c;
+      if (r0 + r < nrows && c < d) {
+        const T *src = (const T *)t.p + base + (r0 + r) * t.ss + c;
+        if constexpr (sizeof(T) == 4) {
+          cp_async16(dst, src);
+        } else {
+          *(float4 *)dst = cvt4(*(const uint2 *)src, (const T *)nullptr);
+        }
+      } else {
+        *(float4 *)dst = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+  } else {
+    for (int idx = tid; idx < ROWS * DP; idx += kThreads) {
+      int r = idx / DP, c = idx - r * DP;
+      float x = 0.f;
+      if (r0 + r < nrows && c < d) x = elem<T>::ld(t.p, base + (r0 + r) * t.ss + c * t.sd);
+      sm[r * ld + c] = x;
+    }
+  }
+}
+
+/* The final score in the log2 domain: softcap, then ALiBi, then * log2(e).
+ * *dcap receives d(softcapped)/d(raw), 1 without softcap. */
+__device__ __forceinline__ float score_log2(const gparams &P, float acc, float slope,
+                                            long long dist, float *dcap) {
+  float s = acc * P.scale;
+  *dcap = 1.f;
+  if (P.softcap > 0.f) {
+    float t = tanhf(s * P.inv_softcap);
+    s = P.softcap * t;
+    *dcap = 1.f - t * t;
+  }
+  s -= slope * (float)(dist < 0 ? -dist : dist);
+  return s * kLog2e;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Forward                                                                  */
+/* ---------------------------------------------------------------------- */
+
+template <int DP, int MR, int MC>
+struct fwd_cfg {
+  static constexpr int Br = 16 * MR, Bc = 16 * MC;
+  static constexpr int LD = DP + 4;   /* +4 floats: conflict-free float4 rows */
+  static constexpr int LDP = Bc + 16; /* +16: the two half warps hit other banks */
+  static constexpr size_t smem =
+      sizeof(float) * ((size_t)Br * LD + 2 * (size_t)Bc * LD + (size_t)Br * LDP);
+  /* Two blocks a multiprocessor when two fit in the 227 KB of an H100/H200:
+   * the register cap (128) then follows. */
+  static constexpr int minb = 2 * smem + 2048 <= 232448 && MR * MC <= 16 && DP <= 64 ? 2 : 1;
+};
+
+template <typename T, int DP, int MR, int MC>
+__global__ void __launch_bounds__(kThreads, (fwd_cfg<DP, MR, MC>::minb))
+    fwd_kernel(const gparams P) {
+  using C = fwd_cfg<DP, MR, MC>;
+  constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP, NG = DP / 32;
+  extern __shared__ float4 smem4[];
+  float *Qs = (float *)smem4;
+  float *Ks = Qs + Br * LD;
+  float *Vs = Ks + Bc * LD;
+  float *Ps = Vs + Bc * LD;
+
+  /* The longest blocks (last rows under causal) go first. */
+  const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const seqinfo S = get_seq(P, b);
+  const long long i0 = (long long)qb * Br;
+  if (i0 >= S.nq) return;
+  const long long i1 = min(S.nq, i0 + Br);
+  const int hk = h / P.group;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+
+  const long long qbase = (long long)b * P.q.sb + S.row0q * P.q.ss + h * P.q.sh;
+  const long long kbase = (long long)b * P.k.sb + S.row0k * P.k.ss + hk * P.k.sh;
+  const long long vbase = (long long)b * P.v.sb + S.row0k * P.v.ss + hk * P.v.sh;
+
+  long long klo, khi, tmp;
+  key_range(P, i0, S.nq, S.nk, &klo, &tmp);
+  key_range(P, i1 - 1, S.nq, S.nk, &tmp, &khi);
+  const long long lo_last = tmp;
+  long long hi_first;
+  key_range(P, i0, S.nq, S.nk, &tmp, &hi_first);
+  const long long t_begin = klo / Bc, t_end = khi > klo ? (khi + Bc - 1) / Bc : t_begin;
+
+  const float slope = P.alibi ? P.alibi[h] : 0.f;
+  const bool plain = P.softcap == 0.f && P.alibi == nullptr;
+
+  float m_i[MR], l_i[MR]; /* l_i: this thread's share of the row sum */
+  float2 o[MR][NG];
+#pragma unroll
+  for (int ii = 0; ii < MR; ii++) {
+    m_i[ii] = -INFINITY;
+    l_i[ii] = 0.f;
+#pragma unroll
+    for (int g = 0; g < NG; g++)
+      o[ii][g] = make_float2(0.f, 0.f);
+  }
+
+  if (t_end > t_begin) {
+    /* Group order: Q, K_t, V_t; then per tile K_{t+1}, V_{t+1}. */
+    load_tile<T, DP, Br>(Qs, LD, P.q, qbase, i0, S.nq, P.d);
+    cp_async_commit();
+    load_tile<T, DP, Bc>(Ks, LD, P.k, kbase, t_begin * Bc, S.nk, P.d);
+    cp_async_commit();
+    load_tile<T, DP, Bc>(Vs, LD, P.v, vbase, t_begin * Bc, S.nk, P.d);
+    cp_async_commit();
+  }
+
+  for (long long t = t_begin; t < t_end; t++) {
+    const long long k0 = t * Bc;
+    cp_async_wait<1>(); /* Q and K_t */
+    __syncthreads();
+
+    /* S = Q K^T */
+    float s[MR][MC];
+#pragma unroll
+    for (int ii = 0; ii < MR; ii++)
+#pragma unroll
+      for (int jj = 0; jj < MC; jj++)
+        s[ii][jj] = 0.f;
+#pragma unroll 2
+    for (int c = 0; c < DP; c += 4) {
+      float4 qv[MR], kv[MC];
+#pragma unroll
+      for (int ii = 0; ii < MR; ii++)
+        qv[ii] = *(const float4 *)&Qs[(ty + 16 * ii) * LD + c];
+#pragma unroll
+      for (int jj = 0; jj < MC; jj++)
+        kv[jj] = *(const float4 *)&Ks[(tx + 16 * jj) * LD + c];
+#pragma unroll
+      for (int ii = 0; ii < MR; ii++)
+#pragma unroll
+        for (int jj = 0; jj < MC; jj++) {
+          s[ii][jj] = fmaf(qv[ii].x, kv[jj].x, s[ii][jj]);
+          s[ii][jj] = fmaf(qv[ii].y, kv[jj].y, s[ii][jj]);
+          s[ii][jj] = fmaf(qv[ii].z, kv[jj].z, s[ii][jj]);
+          s[ii][jj] = fmaf(qv[ii].w, kv[jj].w, s[ii][jj]);
+        }
+    }
+    __syncthreads(); /* every thread is done with K_t */
+    if (t + 1 < t_end) load_tile<T, DP, Bc>(Ks, LD, P.k, kbase, k0 + Bc, S.nk, P.d);
+    cp_async_commit();
+
+    /* Masks and the online softmax, row by row. */
+    const bool full = k0 >= lo_last && k0 + Bc <= hi_first;
+#pragma unroll
+    for (int ii = 0; ii < MR; ii++) {
+      const long long i = i0 + ty + 16 * ii;
+      const long long diag = i + S.nk - S.nq;
+      /* Rows past the sequence see nothing; their results are never stored. */
+      long long lo = 0, hi = 0;
+      if (!full && i < S.nq) key_range(P, i, S.nq, S.nk, &lo, &hi);
+      float mx = -INFINITY;
+#pragma unroll
+      for (int jj = 0; jj < MC; jj++) {
+        const long long j = k0 + tx + 16 * jj;
+        float x, dcap;
+        if (plain) {
+          x = s[ii][jj] * P.scale_log2;
+        } else {
+          x = score_log2(P, s[ii][jj], slope, diag - j, &dcap);
+        }
+        if (!full && (j < lo || j >= hi)) x = -INFINITY;
+        s[ii][jj] = x;
+        mx = fmaxf(mx, x);
+      }
+#pragma unroll
+      for (int off = 1; off < 16; off <<= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_new = fmaxf(m_i[ii], mx);
+      /* A row that has seen no key yet keeps m = -inf; exponentiate against 0
+       * then, so that -inf - -inf never makes a NaN. */
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = exp2f(m_i[ii] - m_use);
+      float sum = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < MC; jj++) {
+        float p = exp2f(s[ii][jj] - m_use);
+        sum += p;
+        Ps[(ty + 16 * ii) * LDP + tx + 16 * jj] = p;
+      }
+      l_i[ii] = l_i[ii] * alpha + sum;
+      m_i[ii] = m_new;
+#pragma unroll
+      for (int g = 0; g < NG; g++) {
+        o[ii][g].x *= alpha;
+        o[ii][g].y *= alpha;
+      }
+    }
+    cp_async_wait<1>(); /* V_t */
+    __syncthreads();
+
+    /* O += P V */
+#pragma unroll 2
+    for (int j = 0; j < Bc; j += 4) {
+      float4 pv[MR];
+#pragma unroll
+      for (int ii = 0; ii < MR; ii++)
+        pv[ii] = *(const float4 *)&Ps[(ty + 16 * ii) * LDP + j];
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        float2 vv[NG];
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+          vv[g] = *(const float2 *)&Vs[(j + q) * LD + tx * 2 + 32 * g];
+#pragma unroll
+        for (int ii = 0; ii < MR; ii++) {
+          const float p = q == 0 ? pv[ii].x : q == 1 ? pv[ii].y : q == 2 ? pv[ii].z : pv[ii].w;
+#pragma unroll
+          for (int g = 0; g < NG; g++) {
+            o[ii][g].x = fmaf(p, vv[g].x, o[ii][g].x);
+            o[ii][g].y = fmaf(p, vv[g].y, o[ii][g].y);
+          }
+        }
+      }
+    }
+    __syncthreads(); /* every thread is done with V_t and P */
+    if (t + 1 < t_end) load_tile<T, DP, Bc>(Vs, LD, P.v, vbase, k0 + Bc, S.nk, P.d);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+
+  /* O /= l, lse = m + log(l); a row with no key: o = 0, lse = -inf. */
+  const long long obase = (long long)b * P.o.sb + S.row0q * P.o.ss + h * P.o.sh;
+#pragma unroll
+  for (int ii = 0; ii < MR; ii++) {
+    float l = l_i[ii];
+#pragma unroll
+    for (int off = 1; off < 16; off <<= 1)
+      l += __shfl_xor_sync(0xffffffffu, l, off);
+    const long long i = i0 + ty + 16 * ii;
+    if (i >= S.nq) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+    for (int g = 0; g < NG; g++) {
+      const int c = tx * 2 + 32 * g;
+      char *op = P.o.p;
+      if (c < P.d) elem<T>::st(op, obase + i * P.o.ss + c * P.o.sd, o[ii][g].x * inv);
+      if (c + 1 < P.d) elem<T>::st(op, obase + i * P.o.ss + (c + 1) * P.o.sd, o[ii][g].y * inv);
+    }
+    if (P.lse.p && tx == 0) {
+      const float lse = l > 0.f ? (m_i[ii] + log2f(l)) * kLn2 : -INFINITY;
+      ((float *)P.lse.p)[(long long)b * P.lse.sb + (S.row0q + i) * P.lse.ss + h * P.lse.sh] = lse;
+    }
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Backward                                                                 */
+/* ---------------------------------------------------------------------- */
+
+/* D_i = rowsum(dO_i * O_i), one warp per (row, head). */
+template <typename T>
+__global__ void rowdot_kernel(const gparams P) {
+  const long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (w >= P.total_q * P.hq) return;
+  const long long row = w / P.hq;
+  const int h = (int)(w - row * P.hq);
+  long long b = 0, r = row;
+  if (!P.cu_q) {
+    b = row / P.nq;
+    r = row - b * P.nq;
+  }
+  const long long ob = b * P.o.sb + r * P.o.ss + h * P.o.sh;
+  const long long db = b * P.dout.sb + r * P.dout.ss + h * P.dout.sh;
+  float acc = 0.f;
+  for (int c = lane; c < P.d; c += 32)
+    acc += elem<T>::ld(P.o.p, ob + c * P.o.sd) * elem<T>::ld(P.dout.p, db + c * P.dout.sd);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1)
+    acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) P.ws_D[w] = acc;
+}
+
+/* The fp32 dq workspace to dq's dtype and strides. */
+template <typename T>
+__global__ void dq_convert_kernel(const gparams P) {
+  const long long n = P.total_q * P.hq * P.d;
+  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+       e += (long long)gridDim.x * blockDim.x) {
+    const long long rh = e / P.d;
+    const int c = (int)(e - rh * P.d);
+    const long long row = rh / P.hq;
+    const int h = (int)(rh - row * P.hq);
+    long long b = 0, r = row;
+    if (!P.cu_q) {
+      b = row / P.nq;
+      r = row - b * P.nq;
+    }
+    elem<T>::st(P.dq.p, b * P.dq.sb + r * P.dq.ss + h * P.dq.sh + c * P.dq.sd, P.ws_dq[e]);
+  }
+}
+
+template <int DP, int M>
+struct bwd_cfg {
+  static constexpr int Br = 16 * M, Bc = 16 * M;
+  static constexpr int LD = DP + 4, LDP = Bc + 16;
+  /* dkdv: K, V, Q, dO tiles; P, dS; lse and D of the query block. */
+  static constexpr size_t smem_dkdv =
+      sizeof(float) * (4 * (size_t)Br * LD + 2 * (size_t)Br * LDP + 2 * (size_t)Br);
+  /* dq: Q, dO, K, V tiles; dS; lse and D. */
+  static constexpr size_t smem_dq =
+      sizeof(float) * (4 * (size_t)Br * LD + (size_t)Br * LDP + 2 * (size_t)Br);
+};
+
+/* The shared middle of both backward kernels, for one (query block, key
+ * block) pair whose tiles are in shared memory: S = Q K^T and dP = dO V^T in
+ * registers, then P = exp(S - lse) and dS = P * (dP - D) (times the softcap
+ * derivative) into Ps / dSs, row-major [Br][LDP]. Ps may be NULL. */
+template <int DP, int M>
+__device__ __forceinline__ void bwd_p_ds(const gparams &P, const seqinfo &S, const float *Qs,
+                                         const float *dOs, const float *Ks, const float *Vs,
+                                         const float *lse2s, const float *Ds, float *Ps, float *dSs,
+                                         long long i0, long long j0, float slope, bool plain) {
+  using C = bwd_cfg<DP, M>;
+  constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP;
+  const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+  float s[M][M], dp[M][M];
+#pragma unroll
+  for (int ii = 0; ii < M; ii++)
+#pragma unroll
+    for (int jj = 0; jj < M; jj++)
+      s[ii][jj] = dp[ii][jj] = 0.f;
+#pragma unroll 2
+  for (int c = 0; c < DP; c += 4) {
+    float4 qv[M], dov[M], kv[M], vv[M];
+#pragma unroll
+    for (int ii = 0; ii < M; ii++) {
+      qv[ii] = *(const float4 *)&Qs[(ty + 16 * ii) * LD + c];
+      dov[ii] = *(const float4 *)&dOs[(ty + 16 * ii) * LD + c];
+    }
+#pragma unroll
+    for (int jj = 0; jj < M; jj++) {
+      kv[jj] = *(const float4 *)&Ks[(tx + 16 * jj) * LD + c];
+      vv[jj] = *(const float4 *)&Vs[(tx + 16 * jj) * LD + c];
+    }
+#pragma unroll
+    for (int ii = 0; ii < M; ii++)
+#pragma unroll
+      for (int jj = 0; jj < M; jj++) {
+        s[ii][jj] = fmaf(qv[ii].x, kv[jj].x, s[ii][jj]);
+        s[ii][jj] = fmaf(qv[ii].y, kv[jj].y, s[ii][jj]);
+        s[ii][jj] = fmaf(qv[ii].z, kv[jj].z, s[ii][jj]);
+        s[ii][jj] = fmaf(qv[ii].w, kv[jj].w, s[ii][jj]);
+        dp[ii][jj] = fmaf(dov[ii].x, vv[jj].x, dp[ii][jj]);
+        dp[ii][jj] = fmaf(dov[ii].y, vv[jj].y, dp[ii][jj]);
+        dp[ii][jj] = fmaf(dov[ii].z, vv[jj].z, dp[ii][jj]);
+        dp[ii][jj] = fmaf(dov[ii].w, vv[jj].w, dp[ii][jj]);
+      }
+  }
+  (void)Bc;
+#pragma unroll
+  for (int ii = 0; ii < M; ii++) {
+    const int r = ty + 16 * ii;
+    const long long i = i0 + r;
+    long long lo = 0, hi = 0;
+    if (i < S.nq) key_range(P, i, S.nq, S.nk, &lo, &hi);
+    const long long diag = i + S.nk - S.nq;
+    const float lse2 = lse2s[r], Dr = Ds[r];
+#pragma unroll
+    for (int jj = 0; jj < M; jj++) {
+      const long long j = j0 + tx + 16 * jj;
+      float x, dcap = 1.f;
+      if (plain) {
+        x = s[ii][jj] * P.scale_log2;
+      } else {
+        x = score_log2(P, s[ii][jj], slope, diag - j, &dcap);
+      }
+      float p = 0.f;
+      if (j >= lo && j < hi && lse2 != -INFINITY) p = exp2f(x - lse2);
+      if (Ps) Ps[r * LDP + tx + 16 * jj] = p;
+      dSs[r * LDP + tx + 16 * jj] = p * (dp[ii][jj] - Dr) * dcap;
+    }
+  }
+  (void)Br;
+}
+
+/* lse (as log2) and D of query rows i0 .. i0+Br-1 into shared memory. */
+template <int Br>
+__device__ __forceinline__ void load_row_stats(const gparams &P, const seqinfo &S, int b, int h,
+                                               long long i0, float *lse2s, float *Ds) {
+  for (int r = threadIdx.x; r < Br; r += kThreads) {
+    const long long i = i0 + r;
+    float l2 = -INFINITY, D = 0.f;
+    if (i < S.nq) {
+      l2 = ((const float *)
+                P.lse.p)[(long long)b * P.lse.sb + (S.row0q + i) * P.lse.ss + h * P.lse.sh] *
+           kLog2e;
+      D = P.ws_D[(S.wrow0 + i) * P.hq + h];
+    }
+    lse2s[r] = l2;
+    Ds[r] = D;
+  }
+}
+
+template <typename T, int DP, int M, bool ATOMIC_DQ>
+__global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
+  using C = bwd_cfg<DP, M>;
+  constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP, NG = DP / 32;
+  extern __shared__ float4 smem4[];
+  float *Ks = (float *)smem4;
+  float *Vs = Ks + Bc * LD;
+  float *Qs = Vs + Bc * LD;
+  float *dOs = Qs + Br * LD;
+  float *Ps = dOs + Br * LD;
+  float *dSs = Ps + Br * LDP;
+  float *lse2s = dSs + Br * LDP;
+  float *Ds = lse2s + Br;
+
+  const int kb = gridDim.x - 1 - blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const seqinfo S = get_seq(P, b);
+  const long long j0 = (long long)kb * Bc;
+  if (j0 >= S.nk) return;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+
+  load_tile<T, DP, Bc>(Ks, LD, P.k, (long long)b * P.k.sb + S.row0k * P.k.ss + hk * P.k.sh, j0,
+                       S.nk, P.d);
+  load_tile<T, DP, Bc>(Vs, LD, P.v, (long long)b * P.v.sb + S.row0k * P.v.ss + hk * P.v.sh, j0,
+                       S.nk, P.d);
+  cp_async_commit();
+
+  long long qlo, qhi;
+  query_range(P, j0, min(S.nk, j0 + Bc), S.nq, S.nk, &qlo, &qhi);
+  const bool plain = P.softcap == 0.f && P.alibi == nullptr;
+
+  /* Keys ty*M + a, columns tx*2 + 32*g. */
+  float2 dk[M][NG], dv[M][NG];
+#pragma unroll
+  for (int a = 0; a < M; a++)
+#pragma unroll
+    for (int g = 0; g < NG; g++)
+      dk[a][g] = dv[a][g] = make_float2(0.f, 0.f);
+
+  for (int h = hk * P.group; h < (hk + 1) * P.group && qhi > qlo; h++) {
+    const float slope = P.alibi ? P.alibi[h] : 0.f;
+    const long long qbase = (long long)b * P.q.sb + S.row0q * P.q.ss + h * P.q.sh;
+    const long long dobase = (long long)b * P.dout.sb + S.row0q * P.dout.ss + h * P.dout.sh;
+    for (long long i0 = (qlo / Br) * Br; i0 < qhi; i0 += Br) {
+      load_tile<T, DP, Br>(Qs, LD, P.q, qbase, i0, S.nq, P.d);
+      load_tile<T, DP, Br>(dOs, LD, P.dout, dobase, i0, S.nq, P.d);
+      cp_async_commit();
+      load_row_stats<Br>(P, S, b, h, i0, lse2s, Ds);
+      cp_async_wait<0>();
+      __syncthreads();
+
+      bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, lse2s, Ds, Ps, dSs, i0, j0, slope, plain);
+      __syncthreads();
+
+      /* dV += P^T dO, dK += dS^T Q over the Br rows. */
+#pragma unroll 2
+      for (int r = 0; r < Br; r++) {
+        float pa[M], da[M];
+#pragma unroll
+        for (int a = 0; a < M; a++) {
+          pa[a] = Ps[r * LDP + ty * M + a];
+          da[a] = dSs[r * LDP + ty * M + a];
+        }
+#pragma unroll
+        for (int g = 0; g < NG; g++) {
+          const float2 dov = *(const float2 *)&dOs[r * LD + tx * 2 + 32 * g];
+          const float2 qv = *(const float2 *)&Qs[r * LD + tx * 2 + 32 * g];
+#pragma unroll
+          for (int a = 0; a < M; a++) {
+            dv[a][g].x = fmaf(pa[a], dov.x, dv[a][g].x);
+            dv[a][g].y = fmaf(pa[a], dov.y, dv[a][g].y);
+            dk[a][g].x = fmaf(da[a], qv.x, dk[a][g].x);
+            dk[a][g].y = fmaf(da[a], qv.y, dk[a][g].y);
+          }
+        }
+      }
+
+      if constexpr (ATOMIC_DQ) {
+        /* dQ (rows ty + 16*ii) += scale * dS K, added into the workspace. */
+        float2 dq[M][NG];
+#pragma unroll
+        for (int ii = 0; ii < M; ii++)
+#pragma unroll
+          for (int g = 0; g < NG; g++)
+            dq[ii][g] = make_float2(0.f, 0.f);
+#pragma unroll 2
+        for (int j = 0; j < Bc; j += 4) {
+          float4 dsv[M];
+#pragma unroll
+          for (int ii = 0; ii < M; ii++)
+            dsv[ii] = *(const float4 *)&dSs[(ty + 16 * ii) * LDP + j];
+#pragma unroll
+          for (int q = 0; q < 4; q++) {
+            float2 kv[NG];
+#pragma unroll
+            for (int g = 0; g < NG; g++)
+              kv[g] = *(const float2 *)&Ks[(j + q) * LD + tx * 2 + 32 * g];
+#pragma unroll
+            for (int ii = 0; ii < M; ii++) {
+              const float x = q == 0   ? dsv[ii].x
+                              : q == 1 ? dsv[ii].y
+                              : q == 2 ? dsv[ii].z
+                                       : dsv[ii].w;
+#pragma unroll
+              for (int g = 0; g < NG; g++) {
+                dq[ii][g].x = fmaf(x, kv[g].x, dq[ii][g].x);
+                dq[ii][g].y = fmaf(x, kv[g].y, dq[ii][g].y);
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int ii = 0; ii < M; ii++) {
+          const long long i = i0 + ty + 16 * ii;
+          if (i >= S.nq) continue;
+          float *dst = P.ws_dq + ((S.wrow0 + i) * P.hq + h) * P.d;
+#pragma unroll
+          for (int g = 0; g < NG; g++) {
+            const int c = tx * 2 + 32 * g;
+            if (c < P.d) atomicAdd(dst + c, dq[ii][g].x * P.scale);
+            if (c + 1 < P.d) atomicAdd(dst + c + 1, dq[ii][g].y * P.scale);
+          }
+        }
+      }
+      __syncthreads(); /* before the next Q, dO, P and dS overwrite these */
+    }
+  }
+  cp_async_wait<0>();
+
+  const long long dkbase = (long long)b * P.dk.sb + S.row0k * P.dk.ss + hk * P.dk.sh;
+  const long long dvbase = (long long)b * P.dv.sb + S.row0k * P.dv.ss + hk * P.dv.sh;
+#pragma unroll
+  for (int a = 0; a < M; a++) {
+    const long long j = j0 + ty * M + a;
+    if (j >= S.nk) continue;
+#pragma unroll
+    for (int g = 0; g < NG; g++) {
+      const int c = tx * 2 + 32 * g;
+      if (c < P.d) {
+        elem<T>::st(P.dk.p, dkbase + j * P.dk.ss + c * P.dk.sd, dk[a][g].x * P.scale);
+        elem<T>::st(P.dv.p, dvbase + j * P.dv.ss + c * P.dv.sd, dv[a][g].x);
+      }
+      if (c + 1 < P.d) {
+        elem<T>::st(P.dk.p, dkbase + j * P.dk.ss + (c + 1) * P.dk.sd, dk[a][g].y * P.scale);
+        elem<T>::st(P.dv.p, dvbase + j * P.dv.ss + (c + 1) * P.dv.sd, dv[a][g].y);
+      }
+    }
+  }
+}
+
+/* Deterministic dQ: a block per (query block, query head, sequence) sums
+ * dS K over its key blocks in order, with no atomics, and writes dq. */
+template <typename T, int DP, int M>
+__global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
+  using C = bwd_cfg<DP, M>;
+  constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP, NG = DP / 32;
+  extern __shared__ float4 smem4[];
+  float *Qs = (float *)smem4;
+  float *dOs = Qs + Br * LD;
+  float *Ks = dOs + Br * LD;
+  float *Vs = Ks + Bc * LD;
+  float *dSs = Vs + Bc * LD;
+  float *lse2s = dSs + Br * LDP;
+  float *Ds = lse2s + Br;
+
+  const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const seqinfo S = get_seq(P, b);
+  const long long i0 = (long long)qb * Br;
+  if (i0 >= S.nq) return;
+  const long long i1 = min(S.nq, i0 + Br);
+  const int hk = h / P.group;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const float slope = P.alibi ? P.alibi[h] : 0.f;
+  const bool plain = P.softcap == 0.f && P.alibi == nullptr;
+
+  load_tile<T, DP, Br>(Qs, LD, P.q, (long long)b * P.q.sb + S.row0q * P.q.ss + h * P.q.sh, i0, S.nq,
+                       P.d);
+  load_tile<T, DP, Br>(dOs, LD, P.dout,
+                       (long long)b * P.dout.sb + S.row0q * P.dout.ss + h * P.dout.sh, i0, S.nq,
+                       P.d);
+  cp_async_commit();
+  load_row_stats<Br>(P, S, b, h, i0, lse2s, Ds);
+
+  long long klo, khi, tmp;
+  key_range(P, i0, S.nq, S.nk, &klo, &tmp);
+  key_range(P, i1 - 1, S.nq, S.nk, &tmp, &khi);
+  const long long kbase = (long long)b * P.k.sb + S.row0k * P.k.ss + hk * P.k.sh;
+  const long long vbase = (long long)b * P.v.sb + S.row0k * P.v.ss + hk * P.v.sh;
+
+  float2 dq[M][NG];
+#pragma unroll
+  for (int ii = 0; ii < M; ii++)
+#pragma unroll
+    for (int g = 0; g < NG; g++)
+      dq[ii][g] = make_float2(0.f, 0.f);
+
+  for (long long j0 = (klo / Bc) * Bc; j0 < khi; j0 += Bc) {
+    load_tile<T, DP, Bc>(Ks, LD, P.k, kbase, j0, S.nk, P.d);
+    load_tile<T, DP, Bc>(Vs, LD, P.v, vbase, j0, S.nk, P.d);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, lse2s, Ds, nullptr, dSs, i0, j0, slope, plain);
+    __syncthreads();
+#pragma unroll 2
+    for (int j = 0; j < Bc; j += 4) {
+      float4 dsv[M];
+#pragma unroll
+      for (int ii = 0; ii < M; ii++)
+        dsv[ii] = *(const float4 *)&dSs[(ty + 16 * ii) * LDP + j];
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        float2 kv[NG];
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+          kv[g] = *(const float2 *)&Ks[(j + q) * LD + tx * 2 + 32 * g];
+#pragma unroll
+        for (int ii = 0; ii < M; ii++) {
+          const float x = q == 0 ? dsv[ii].x : q == 1 ? dsv[ii].y : q == 2 ? dsv[ii].z : dsv[ii].w;
+#pragma unroll
+          for (int g = 0; g < NG; g++) {
+            dq[ii][g].x = fmaf(x, kv[g].x, dq[ii][g].x);
+            dq[ii][g].y = fmaf(x, kv[g].y, dq[ii][g].y);
+          }
+        }
+      }
+    }
+    __syncthreads(); /* before the next K, V and dS overwrite these */
+  }
+  cp_async_wait<0>();
+
+  const long long dqbase = (long long)b * P.dq.sb + S.row0q * P.dq.ss + h * P.dq.sh;
+#pragma unroll
+  for (int ii = 0; ii < M; ii++) {
+    const long long i = i0 + ty + 16 * ii;
+    if (i >= S.nq) continue;
+#pragma unroll
+    for (int g = 0; g < NG; g++) {
+      const int c = tx * 2 + 32 * g;
+      if (c < P.d) elem<T>::st(P.dq.p, dqbase + i * P.dq.ss + c * P.dq.sd, dq[ii][g].x * P.scale);
+      if (c + 1 < P.d)
+        elem<T>::st(P.dq.p, dqbase + i * P.dq.ss + (c + 1) * P.dq.sd, dq[ii][g].y * P.scale);
+    }
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Host side: configuration choice and launches, one instantiation per dtype */
+/* ---------------------------------------------------------------------- */
+
+/* The smallest padded head dim the kernels are built for. */
+static inline int pad_dim(int d) {
+  return d <= 32 ? 32 : d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
+}
+
+template <typename K>
+static int launch_cfg(K kernel, size_t smem, dim3 grid, const attn__cuda_launch *L,
+                      const gparams &P) {
+  if (smem > L->smem_optin) return ATTN_EUNSUPPORTED;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return ATTN_OK;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+      cudaSuccess)
+    return ATTN_EDEVICE;
+  kernel<<<grid, kThreads, smem, L->stream>>>(P);
+  return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
+}
+
+/* Forward: the first configuration of the padded head dim that fits the
+ * device's shared memory. ATTN_CUDA_GENERAL_MR (4 or 8) forces the rows per
+ * thread where both exist, for benchmarking. */
+template <typename T, int DP, int MR, int MC>
+static int try_fwd(const attn__cuda_launch *L, const gparams &P, int want_mr) {
+  using Cf = fwd_cfg<DP, MR, MC>;
+  if (want_mr && want_mr != MR) return ATTN_EUNSUPPORTED;
+  if (Cf::smem > L->smem_optin) return ATTN_EUNSUPPORTED;
+  const attn__problem *pb = L->pb;
+  dim3 grid((unsigned)((pb->seqlen_q + Cf::Br - 1) / Cf::Br), (unsigned)pb->heads_q,
+            (unsigned)pb->batch);
+  return launch_cfg(fwd_kernel<T, DP, MR, MC>, Cf::smem, grid, L, P);
+}
+
+template <typename T>
+int launch_forward(const attn__cuda_launch *L, const gparams &P, int want_mr) {
+  int st = ATTN_EUNSUPPORTED;
+#define ATTN__TRY(DP, MR, MC) \
+  if (st == ATTN_EUNSUPPORTED) st = try_fwd<T, DP, MR, MC>(L, P, want_mr);
+  switch (pad_dim(P.d)) {
+    case 32:
+      ATTN__TRY(32, 8, 4) break;
+    case 64:
+      ATTN__TRY(64, 8, 4) ATTN__TRY(64, 4, 4) break;
+    case 96:
+      ATTN__TRY(96, 8, 4) break;
+    case 128:
+      ATTN__TRY(128, 8, 4) ATTN__TRY(128, 4, 4) break;
+    case 192:
+      ATTN__TRY(192, 4, 4) ATTN__TRY(192, 4, 2) break;
+    default:
+      ATTN__TRY(256, 4, 4) ATTN__TRY(256, 4, 2) break;
+  }
+#undef ATTN__TRY
+  if (st == ATTN_EUNSUPPORTED && want_mr) return launch_forward<T>(L, P, 0);
+  return st;
+}
+
+template <typename T, int DP, int M>
+static int try_bwd(const attn__cuda_launch *L, const gparams &P) {
+  using Cb = bwd_cfg<DP, M>;
+  const attn__problem *pb = L->pb;
+  const size_t need = pb->deterministic
+                          ? (Cb::smem_dkdv > Cb::smem_dq ? Cb::smem_dkdv : Cb::smem_dq)
+                          : Cb::smem_dkdv;
+  if (need > L->smem_optin) return ATTN_EUNSUPPORTED;
+  dim3 gk((unsigned)((pb->seqlen_k + Cb::Bc - 1) / Cb::Bc), (unsigned)pb->heads_kv,
+          (unsigned)pb->batch);
+  int st;
+  if (pb->deterministic) {
+    st = launch_cfg(dkdv_kernel<T, DP, M, false>, Cb::smem_dkdv, gk, L, P);
+    if (st != ATTN_OK) return st;
+    dim3 gq((unsigned)((pb->seqlen_q + Cb::Br - 1) / Cb::Br), (unsigned)pb->heads_q,
+            (unsigned)pb->batch);
+    return launch_cfg(dq_kernel<T, DP, M>, Cb::smem_dq, gq, L, P);
+  }
+  st = launch_cfg(dkdv_kernel<T, DP, M, true>, Cb::smem_dkdv, gk, L, P);
+  if (st != ATTN_OK) return st;
+  const long long n = P.total_q * P.hq * P.d;
+  long long blocks = (n + 255) / 256;
+  if (blocks > 65535LL * 16) blocks = 65535LL * 16;
+  if (blocks < 1) blocks = 1;
+  dq_convert_kernel<T><<<(unsigned)blocks, 256, 0, L->stream>>>(P);
+  return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
+}
+
+template <typename T>
+int launch_backward(const attn__cuda_launch *L, const gparams &P) {
+  const long long warps = P.total_q * P.hq;
+  if (warps > 0) {
+    rowdot_kernel<T><<<(unsigned)((warps + 7) / 8), 256, 0, L->stream>>>(P);
+    if (cudaPeekAtLastError() != cudaSuccess) return ATTN_EDEVICE;
+  }
+  int st = ATTN_EUNSUPPORTED;
+#define ATTN__TRY(DP, M) \
+  if (st == ATTN_EUNSUPPORTED) st = try_bwd<T, DP, M>(L, P);
+  switch (pad_dim(P.d)) {
+    case 32:
+      ATTN__TRY(32, 4) break;
+    case 64:
+      ATTN__TRY(64, 4) break;
+    case 96:
+      ATTN__TRY(96, 4) break;
+    case 128:
+      ATTN__TRY(128, 4) ATTN__TRY(128, 2) break;
+    case 192:
+      ATTN__TRY(192, 2) break;
+    default:
+      ATTN__TRY(256, 2) break;
+  }
+#undef ATTN__TRY
+  return st;
+}
+
+}  // namespace attn_general
+
+#endif /* ATTN_CUDA_GENERAL_CUH */

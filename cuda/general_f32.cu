@@ -1,0 +1,7 @@
+/* The general kernels (general.cuh) instantiated for f32 storage. */
+#include "general.cuh"
+
+namespace attn_general {
+template int launch_forward<float>(const attn__cuda_launch *, const gparams &, int);
+template int launch_backward<float>(const attn__cuda_launch *, const gparams &);
+}  // namespace attn_general
