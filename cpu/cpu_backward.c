@@ -34,13 +34,20 @@
 #include <stdlib.h>
 
 typedef struct cpu_bwd_tiles {
-  float *q, *dout, *dq;   /* Br x d */
-  float *k, *v, *dk, *dv; /* Bc x d */
+  float *q, *dout, *dq;   /* Br x d (q, dout: when gathered, see attn__cpu_view) */
+  float *k, *v, *dk, *dv; /* Bc x d (k, v: idem) */
   float *s;               /* Br x Bc: scores, then P */
   float *dp;              /* Br x Bc: dP, then dS */
   float *th;              /* Br x Bc: tanh(s / softcap), softcap only */
   float *lse, *dd;        /* Br: the rows' lse and D */
 } cpu_bwd_tiles;
+
+/* The current row and key tiles: views into the operands or the gathered
+ * copies in cpu_bwd_tiles, with their row strides. */
+typedef struct cpu_bwd_view {
+  const float *q, *dout, *k, *v;
+  int ldq, lddo, ldk, ldv;
+} cpu_bwd_view;
 
 static size_t cpu_bwd_floats(int64_t d) {
   return (size_t)ATTN__CPU_BR * d * 3 + (size_t)ATTN__CPU_BC * d * 4 +
@@ -72,13 +79,14 @@ static int64_t cpu_qrow(const attn__problem *pb, int64_t b) {
 }
 
 /* S, P and dS of the tile rows [i0, i0 + br) x keys [j0, j0 + bc) of query
- * head h, with t->q, t->dout, t->lse, t->dd, t->k, t->v loaded. Leaves P in
- * t->s and dS in t->dp (dS without the factor `scale`). */
-static void cpu_bwd_tile(const attn__problem *pb, const cpu_bwd_tiles *t, int64_t h, int64_t i0,
-                         int br, int64_t j0, int bc, int64_t nq, int64_t nk, int want_p) {
+ * head h, with the rows and keys in w and the rows' lse and D in t. Leaves P
+ * in t->s and dS in t->dp (dS without the factor `scale`). */
+static void cpu_bwd_tile(const attn__problem *pb, const cpu_bwd_tiles *t, const cpu_bwd_view *w,
+                         int64_t h, int64_t i0, int br, int64_t j0, int bc, int64_t nq,
+                         int64_t nk) {
   const int d = (int)pb->head_dim;
   const int capped = pb->softcap > 0.0f;
-  attn__cpu_gemm(0, 1, br, bc, d, pb->scale, t->q, d, t->k, d, 0.0f, t->s, ATTN__CPU_BC);
+  attn__cpu_gemm(0, 1, br, bc, d, pb->scale, w->q, w->ldq, w->k, w->ldk, 0.0f, t->s, ATTN__CPU_BC);
   attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->s, ATTN__CPU_BC, capped ? t->th : NULL);
   for (int r = 0; r < br; r++) {
     float *srow = t->s + (size_t)r * ATTN__CPU_BC;
@@ -89,8 +97,7 @@ static void cpu_bwd_tile(const attn__problem *pb, const cpu_bwd_tiles *t, int64_
       attn__cpu_exp_sub(srow, t->lse[r], srow, bc);
     }
   }
-  (void)want_p;
-  attn__cpu_gemm(0, 1, br, bc, d, 1.0f, t->dout, d, t->v, d, 0.0f, t->dp, ATTN__CPU_BC);
+  attn__cpu_gemm(0, 1, br, bc, d, 1.0f, w->dout, w->lddo, w->v, w->ldv, 0.0f, t->dp, ATTN__CPU_BC);
   for (int r = 0; r < br; r++) {
     const float *prow = t->s + (size_t)r * ATTN__CPU_BC;
     float *dsrow = t->dp + (size_t)r * ATTN__CPU_BC;
@@ -107,13 +114,12 @@ static void cpu_bwd_tile(const attn__problem *pb, const cpu_bwd_tiles *t, int64_
 }
 
 /* Rows [i0, i0 + br) of query head h of sequence b: Q, dO, lse, D. */
-static void cpu_bwd_load_rows(const attn__problem *pb, const cpu_bwd_tiles *t, const float *dbuf,
-                              int64_t b, int64_t h, int64_t i0, int br) {
-  const int d = (int)pb->head_dim;
+static void cpu_bwd_load_rows(const attn__problem *pb, const cpu_bwd_tiles *t, cpu_bwd_view *w,
+                              const float *dbuf, int64_t b, int64_t h, int64_t i0, int br) {
   const int64_t rq = attn__row0_q(pb, b) + i0;
   const int64_t total_q = cpu_qrow(pb, pb->batch);
-  attn__cpu_load(pb, &pb->q, b, rq, br, h, t->q, d);
-  attn__cpu_load(pb, &pb->dout, b, rq, br, h, t->dout, d);
+  w->q = attn__cpu_view(pb, &pb->q, b, rq, br, h, t->q, &w->ldq);
+  w->dout = attn__cpu_view(pb, &pb->dout, b, rq, br, h, t->dout, &w->lddo);
   attn__cpu_load_lse(pb, b, rq, br, h, t->lse);
   memcpy(t->dd, dbuf + h * total_q + cpu_qrow(pb, b) + i0, (size_t)br * sizeof(float));
 }
@@ -148,17 +154,18 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const fl
   int64_t ilo, ihi;
   attn__cpu_query_range(pb, j0, j0 + bc, nq, nk, &ilo, &ihi);
 
-  attn__cpu_load(pb, &pb->k, b, rk, bc, hk, t->k, d);
-  attn__cpu_load(pb, &pb->v, b, rk, bc, hk, t->v, d);
+  cpu_bwd_view w;
+  w.k = attn__cpu_view(pb, &pb->k, b, rk, bc, hk, t->k, &w.ldk);
+  w.v = attn__cpu_view(pb, &pb->v, b, rk, bc, hk, t->v, &w.ldv);
   memset(t->dk, 0, (size_t)bc * d * sizeof(float));
   memset(t->dv, 0, (size_t)bc * d * sizeof(float));
   for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
     for (int64_t i0 = ilo; i0 < ihi; i0 += ATTN__CPU_BR) {
       const int br = (int)(ihi - i0 < ATTN__CPU_BR ? ihi - i0 : ATTN__CPU_BR);
-      cpu_bwd_load_rows(pb, t, dbuf, b, h, i0, br);
-      cpu_bwd_tile(pb, t, h, i0, br, j0, bc, nq, nk, 1);
-      attn__cpu_gemm(1, 0, bc, d, br, 1.0f, t->s, ATTN__CPU_BC, t->dout, d, 1.0f, t->dv, d);
-      attn__cpu_gemm(1, 0, bc, d, br, 1.0f, t->dp, ATTN__CPU_BC, t->q, d, 1.0f, t->dk, d);
+      cpu_bwd_load_rows(pb, t, &w, dbuf, b, h, i0, br);
+      cpu_bwd_tile(pb, t, &w, h, i0, br, j0, bc, nq, nk);
+      attn__cpu_gemm(1, 0, bc, d, br, 1.0f, t->s, ATTN__CPU_BC, w.dout, w.lddo, 1.0f, t->dv, d);
+      attn__cpu_gemm(1, 0, bc, d, br, 1.0f, t->dp, ATTN__CPU_BC, w.q, w.ldq, 1.0f, t->dk, d);
     }
   }
   for (size_t x = 0; x < (size_t)bc * d; x++)
@@ -178,14 +185,15 @@ static void cpu_bwd_q(const attn__problem *pb, const cpu_bwd_tiles *t, const flo
   attn__key_range(pb, i0, nq, nk, &jlo, &unused);
   attn__key_range(pb, i0 + br - 1, nq, nk, &unused, &jhi);
 
-  cpu_bwd_load_rows(pb, t, dbuf, b, h, i0, br);
+  cpu_bwd_view w;
+  cpu_bwd_load_rows(pb, t, &w, dbuf, b, h, i0, br);
   memset(t->dq, 0, (size_t)br * d * sizeof(float));
   for (int64_t j0 = jlo; j0 < jhi; j0 += ATTN__CPU_BC) {
     const int bc = (int)(jhi - j0 < ATTN__CPU_BC ? jhi - j0 : ATTN__CPU_BC);
-    attn__cpu_load(pb, &pb->k, b, rk + j0, bc, hk, t->k, d);
-    attn__cpu_load(pb, &pb->v, b, rk + j0, bc, hk, t->v, d);
-    cpu_bwd_tile(pb, t, h, i0, br, j0, bc, nq, nk, 0);
-    attn__cpu_gemm(0, 0, br, d, bc, 1.0f, t->dp, ATTN__CPU_BC, t->k, d, 1.0f, t->dq, d);
+    w.k = attn__cpu_view(pb, &pb->k, b, rk + j0, bc, hk, t->k, &w.ldk);
+    w.v = attn__cpu_view(pb, &pb->v, b, rk + j0, bc, hk, t->v, &w.ldv);
+    cpu_bwd_tile(pb, t, &w, h, i0, br, j0, bc, nq, nk);
+    attn__cpu_gemm(0, 0, br, d, bc, 1.0f, t->dp, ATTN__CPU_BC, w.k, w.ldk, 1.0f, t->dq, d);
   }
   for (size_t x = 0; x < (size_t)br * d; x++)
     t->dq[x] *= pb->scale;

@@ -20,9 +20,9 @@
 
 /* Per-thread scratch, in floats. */
 typedef struct cpu_fwd_tiles {
-  float *q;   /* Br x d */
-  float *k;   /* Bc x d */
-  float *v;   /* Bc x d */
+  float *q;   /* Br x d (when the rows must be gathered; see attn__cpu_view) */
+  float *k;   /* Bc x d (idem) */
+  float *v;   /* Bc x d (idem) */
   float *s;   /* Br x Bc: scores, then P in place */
   float *o;   /* Br x d: unnormalized output */
   float *m;   /* Br: running row max m_i */
@@ -63,7 +63,8 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
   attn__key_range(pb, i0, nq, nk, &jlo, &unused);
   attn__key_range(pb, i0 + br - 1, nq, nk, &unused, &jhi);
 
-  attn__cpu_load(pb, &pb->q, b, rq, br, h, t->q, d);
+  int ldq, ldk, ldv;
+  const float *q = attn__cpu_view(pb, &pb->q, b, rq, br, h, t->q, &ldq);
   memset(t->o, 0, (size_t)br * d * sizeof(float));
   for (int r = 0; r < br; r++) {
     t->m[r] = -INFINITY;
@@ -72,10 +73,10 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
 
   for (int64_t j0 = jlo; j0 < jhi; j0 += ATTN__CPU_BC) {
     const int bc = (int)(jhi - j0 < ATTN__CPU_BC ? jhi - j0 : ATTN__CPU_BC);
-    attn__cpu_load(pb, &pb->k, b, rk + j0, bc, hk, t->k, d);
-    attn__cpu_load(pb, &pb->v, b, rk + j0, bc, hk, t->v, d);
+    const float *k = attn__cpu_view(pb, &pb->k, b, rk + j0, bc, hk, t->k, &ldk);
+    const float *v = attn__cpu_view(pb, &pb->v, b, rk + j0, bc, hk, t->v, &ldv);
 
-    attn__cpu_gemm(0, 1, br, bc, d, pb->scale, t->q, d, t->k, d, 0.0f, t->s, ATTN__CPU_BC);
+    attn__cpu_gemm(0, 1, br, bc, d, pb->scale, q, ldq, k, ldk, 0.0f, t->s, ATTN__CPU_BC);
     attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->s, ATTN__CPU_BC, NULL);
 
     for (int r = 0; r < br; r++) {
@@ -99,7 +100,7 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
           orow[c] *= alpha;
       }
     }
-    attn__cpu_gemm(0, 0, br, d, bc, 1.0f, t->s, ATTN__CPU_BC, t->v, d, 1.0f, t->o, d);
+    attn__cpu_gemm(0, 0, br, d, bc, 1.0f, t->s, ATTN__CPU_BC, v, ldv, 1.0f, t->o, d);
   }
 
   for (int r = 0; r < br; r++) {

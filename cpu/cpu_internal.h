@@ -39,7 +39,13 @@ void attn__cpu_gemm(int ta, int tb, int m, int n, int k, float alpha, const floa
  * already includes attn__row0_q/attn__row0_k of a varlen sequence. */
 void attn__cpu_load(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
                     int64_t nr, int64_t h, float *dst, int64_t ld);
-/* The inverse: src (f32, row length ld) into t's dtype, rounding to
+/* Rows of an input tile for the products: a pointer straight into t's
+ * memory when t is f32 with unit column stride (nothing to convert or
+ * gather: sgemm takes the row stride as its leading dimension), otherwise
+ * attn__cpu_load into scratch (row length d). *ld receives the row stride. */
+const float *attn__cpu_view(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
+                            int64_t nr, int64_t h, float *scratch, int *ld);
+/* The inverse of attn__cpu_load: src (f32, row length ld) into t's dtype, rounding to
  * nearest even. */
 void attn__cpu_store(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
                      int64_t nr, int64_t h, const float *src, int64_t ld);
@@ -57,6 +63,9 @@ void attn__cpu_store_lse(const attn__problem *pb, int64_t b, int64_t row, int64_
  * softcap derivative. nq, nk are the sequence's lengths. */
 void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, int64_t j0, int bc,
                       int64_t nq, int64_t nk, float *s, int ld, float *tanh_out);
+
+/* The largest of s[0..n), -inf when all are (or n is 0). */
+float attn__cpu_rowmax(const float *s, int n);
 
 /* p[c] = exp(s[c] - m) for c < n, exactly 0 where s[c] is -inf. m must be
  * finite. Returns the sum of the p[c]. */

@@ -8,6 +8,7 @@
 #include "cpu_internal.h"
 
 #include <cblas.h>
+#include <limits.h>
 #include <stdlib.h>
 
 void *attn__cpu_alloc(size_t bytes) {
@@ -121,6 +122,24 @@ void attn__cpu_load(const attn__problem *pb, const attn__tensor *t, int64_t b, i
       }
     }
   }
+}
+
+const float *attn__cpu_view(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
+                            int64_t nr, int64_t h, float *scratch, int *ld) {
+  const int64_t d = pb->head_dim;
+  if (t->dtype == ATTN_F32 && t->sd == 1) {
+    if (nr == 1) {
+      *ld = (int)d;
+      return (const float *)cpu_row(t, b, row, h);
+    }
+    if (t->ss >= d && t->ss <= INT_MAX) {
+      *ld = (int)t->ss;
+      return (const float *)cpu_row(t, b, row, h);
+    }
+  }
+  attn__cpu_load(pb, t, b, row, nr, h, scratch, d);
+  *ld = (int)d;
+  return scratch;
 }
 
 void attn__cpu_store(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
@@ -243,11 +262,34 @@ static inline float cpu_exp(float x) {
   int32_t bits = ((int32_t)n + 127) << 23;
   float scale;
   memcpy(&scale, &bits, sizeof scale);
-  y *= scale;
-  return x < -87.0f ? 0.0f : y;
+  /* A multiply by 0 or 1 rather than a branch, so the loop stays
+   * vectorizable under the default -ftrapping-math. */
+  return y * scale * (float)(x >= -87.0f);
 }
 
-float attn__cpu_exp_sub(const float *s, float m, float *p, int n) {
+/* The two elementwise loops of every tile are built for AVX-512, AVX2 and
+ * the baseline, picked at load time (an ifunc): the library is compiled
+ * for generic x86-64 (SSE2, 4 floats a vector), and these loops are the
+ * forward's main cost after the products. Elsewhere, or on compilers
+ * without the attribute, the baseline alone. */
+#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define CPU_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef CPU_SIMD_CLONES
+#define CPU_SIMD_CLONES
+#endif
+
+CPU_SIMD_CLONES float attn__cpu_rowmax(const float *s, int n) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int c = 0; c < n; c++)
+    mx = s[c] > mx ? s[c] : mx;
+  return mx;
+}
+
+CPU_SIMD_CLONES float attn__cpu_exp_sub(const float *s, float m, float *p, int n) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int c = 0; c < n; c++) {
