@@ -60,7 +60,9 @@ typedef struct attn_golden_report {
 /* Runs the case on ctx (host tensors; forward, then backward unless forward_only), compares every
    output with the tolerance rule of the golden README (rows whose reference lse is -inf must give
    exactly -inf and an all-zero o row; no NaN anywhere; f16/bf16 lse within 1e-5*max(1,max|ref|)).
-   Outputs converted from the input dtype to float for comparison. */
+   Outputs converted from the input dtype to float for comparison. Elements the library leaves
+   unwritten count as NaN. Returns rep->status: ATTN_OK when the library ran (pass or fail is
+   rep->pass), else the failing call's status (rep->n is then 0, or 2 when only backward failed). */
 int attn_golden_run(attn_context *ctx, const attn_golden *g, int forward_only,
                     attn_golden_report *rep);
 
