@@ -855,7 +855,8 @@ void attn_golden_free(attn_golden *g) {
 static int has_case(const char *dir) {
   char path[4200];
   struct stat st;
-  snprintf(path, sizeof path, "%s/case.json", dir);
+  int n = snprintf(path, sizeof path, "%s/case.json", dir);
+  if (n < 0 || (size_t)n >= sizeof path) return 0;
   return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
