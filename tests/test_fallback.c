@@ -1,0 +1,181 @@
+/*
+ * Fallback: "auto" takes CUDA, else an OpenCL GPU, else the CPU, so a machine
+ * without a GPU runtime still works; an explicit GPU choice there fails with
+ * ATTN_EUNAVAILABLE. The runtime's absence is shown in a child process (the
+ * probes are cached per process) whose environment hides the drivers:
+ * OCL_ICD_VENDORS pointing at an empty folder leaves the OpenCL ICD loader
+ * with no platform, and CUDA_VISIBLE_DEVICES="" leaves CUDA with no device.
+ */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int has_gpu(void) {
+  if (attn_device_count(ATTN_BACKEND_CUDA) > 0) return 1;
+  int n = attn_device_count(ATTN_BACKEND_OPENCL);
+  for (int i = 0; i < n; i++) {
+    attn_device_info info;
+    if (attn_device_info_get(ATTN_BACKEND_OPENCL, i, &info) == ATTN_OK && info.is_gpu) return 1;
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* The child: exits 0 when what it sees is right, else says what is wrong   */
+/* ---------------------------------------------------------------------- */
+
+static int expect_unavailable(attn_backend kind) {
+  const char *name = attn_backend_name(kind);
+  if (attn_device_count(kind) != 0) {
+    fprintf(stderr, "%s still has %d device(s) with its driver hidden\n", name,
+            attn_device_count(kind));
+    return 1;
+  }
+  if (!attn_backend_unavailable_reason(kind)[0]) {
+    fprintf(stderr, "%s has no device but gives no reason\n", name);
+    return 1;
+  }
+  attn_context *ctx = NULL;
+  int rc = attn_context_create(name, &ctx);
+  if (rc != ATTN_EUNAVAILABLE || !at_mentions(attn_errmsg(ctx), name)) {
+    fprintf(stderr, "attn_context_create(\"%s\"): %s \"%s\"; want ATTN_EUNAVAILABLE naming it\n",
+            name, attn_status_name(rc), attn_errmsg(ctx));
+    attn_context_free(ctx);
+    return 1;
+  }
+  printf("%s: unavailable: %s\n", name, attn_errmsg(ctx));
+  attn_context_free(ctx);
+  return 0;
+}
+
+static int expect_auto_is_cpu(void) {
+  attn_context *ctx = NULL;
+  int rc = attn_context_create(NULL, &ctx);
+  if (rc != ATTN_OK || attn_context_backend(ctx) != ATTN_BACKEND_CPU) {
+    fprintf(stderr, "auto: %s \"%s\", backend %s; want the cpu\n", attn_status_name(rc),
+            attn_errmsg(ctx), attn_backend_name(attn_context_backend(ctx)));
+    attn_context_free(ctx);
+    return 1;
+  }
+  printf("auto: cpu\n");
+  attn_context_free(ctx);
+  return 0;
+}
+
+static int child(const char *mode) {
+  if (strcmp(mode, "no-opencl") == 0) {
+    int rc = expect_unavailable(ATTN_BACKEND_OPENCL);
+    attn_context *ctx = NULL;
+    if (attn_context_create(NULL, &ctx) != ATTN_OK ||
+        attn_context_backend(ctx) == ATTN_BACKEND_OPENCL) {
+      fprintf(stderr, "auto without OpenCL: %s\n", attn_errmsg(ctx));
+      rc = 1;
+    }
+    attn_context_free(ctx);
+    return rc;
+  }
+  if (strcmp(mode, "no-cuda") == 0) {
+    int rc = expect_unavailable(ATTN_BACKEND_CUDA);
+    attn_context *ctx = NULL;
+    if (attn_context_create(NULL, &ctx) != ATTN_OK ||
+        attn_context_backend(ctx) == ATTN_BACKEND_CUDA) {
+      fprintf(stderr, "auto without CUDA: %s\n", attn_errmsg(ctx));
+      rc = 1;
+    }
+    attn_context_free(ctx);
+    return rc;
+  }
+  if (strcmp(mode, "no-gpu") == 0) {
+    int rc = 0;
+    if (attn_backend_compiled(ATTN_BACKEND_OPENCL)) rc |= expect_unavailable(ATTN_BACKEND_OPENCL);
+    if (attn_backend_compiled(ATTN_BACKEND_CUDA)) rc |= expect_unavailable(ATTN_BACKEND_CUDA);
+    return rc | expect_auto_is_cpu();
+  }
+  return 2;
+}
+
+/* ---------------------------------------------------------------------- */
+/* The tests                                                                */
+/* ---------------------------------------------------------------------- */
+
+static char g_empty[64];
+
+static void in_child(const char *mode, const char *const *env) {
+  static char out[8192];
+  int rc = at_child(mode, env, out, sizeof out);
+  print_message("%s", out);
+  if (rc != 0) fail_msg("child \"%s\" exited with %d: %s", mode, rc, out);
+}
+
+static void auto_gives_the_cpu_when_no_gpu_is_present(at_backend *b) {
+  (void)b;
+  if (has_gpu())
+    at_skip("a GPU is present here; see auto_falls_back_to_the_cpu_without_gpu_drivers");
+  at_env_set("ATTN_BACKEND", NULL);
+  attn_context *ctx = NULL;
+  assert_int_equal(attn_context_create(NULL, &ctx), ATTN_OK);
+  assert_int_equal(attn_context_backend(ctx), ATTN_BACKEND_CPU);
+  attn_context_free(ctx);
+}
+
+static void auto_falls_back_to_the_cpu_without_gpu_drivers(at_backend *b) {
+  (void)b;
+  char vendors[96];
+  snprintf(vendors, sizeof vendors, "OCL_ICD_VENDORS=%s", g_empty);
+  const char *env[] = {vendors, "CUDA_VISIBLE_DEVICES=", "ATTN_BACKEND", NULL};
+  in_child("no-gpu", env);
+}
+
+static void opencl_without_a_driver_is_unavailable(at_backend *b) {
+  (void)b;
+  if (!attn_backend_compiled(ATTN_BACKEND_OPENCL)) at_skip("built without the OpenCL backend");
+  char vendors[96];
+  snprintf(vendors, sizeof vendors, "OCL_ICD_VENDORS=%s", g_empty);
+  const char *env[] = {vendors, "ATTN_BACKEND", NULL};
+  in_child("no-opencl", env);
+}
+
+static void cuda_without_a_device_is_unavailable(at_backend *b) {
+  (void)b;
+  if (!attn_backend_compiled(ATTN_BACKEND_CUDA)) at_skip("built without the CUDA backend");
+  const char *env[] = {"CUDA_VISIBLE_DEVICES=", "ATTN_BACKEND", NULL};
+  in_child("no-cuda", env);
+}
+
+static void selftest_passes(at_backend *b) {
+  int rc = attn_selftest(b->ctx);
+  if (rc != ATTN_OK) fail_msg("attn_selftest: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+}
+
+static void default_stream_restores_and_synchronizes(at_backend *b) {
+  assert_int_equal(attn_context_set_stream(b->ctx, NULL), ATTN_OK);
+  assert_int_equal(attn_context_synchronize(b->ctx), ATTN_OK);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "--child") == 0) return child(argv[2]);
+  snprintf(g_empty, sizeof g_empty, "/tmp/attn-test-empty-XXXXXX");
+  if (!mkdtemp(g_empty)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  const at_test common[] = {
+      AT_TEST(auto_gives_the_cpu_when_no_gpu_is_present),
+      AT_TEST(auto_falls_back_to_the_cpu_without_gpu_drivers),
+      AT_TEST(opencl_without_a_driver_is_unavailable),
+      AT_TEST(cuda_without_a_device_is_unavailable),
+  };
+  const at_test tests[] = {
+      AT_TEST(selftest_passes),
+      AT_TEST(default_stream_restores_and_synchronizes),
+  };
+  int rc = at_main(argc, argv, "fallback", tests, sizeof tests / sizeof tests[0], common,
+                   sizeof common / sizeof common[0]);
+  rmdir(g_empty);
+  return rc;
+}
