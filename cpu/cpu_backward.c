@@ -34,23 +34,20 @@
 #include <stdlib.h>
 
 typedef struct cpu_bwd_tiles {
-  float *q, *dout, *dq;   /* Br x d (q, dout: when gathered, see attn__cpu_view) */
-  float *k, *v, *dk, *dv; /* Bc x d (k, v: idem) */
-  float *s;               /* Br x Bc: scores, then P */
-  float *dp;              /* Br x Bc: dP, then dS */
-  float *th;              /* Br x Bc: tanh(s / softcap), softcap only */
-  float *lse, *dd;        /* Br: the rows' lse and D */
+  float *q, *dout;   /* Br x d, when gathered (attn__cpu_view) */
+  float *qt, *doutt; /* d x Br: Q and dO transposed (sweep 2) */
+  float *dq;         /* Br x d */
+  float *k, *v;      /* Bc x d, when gathered (attn__cpu_view) */
+  float *kt, *vt;    /* d x Bc: K and V transposed (sweep 1) */
+  float *dk, *dv;    /* Bc x d */
+  float *s;          /* Br x Bc: scores, then P (sweep 2: transposed) */
+  float *dp;         /* Br x Bc: dP, then dS (idem) */
+  float *th;         /* Br x Bc: tanh(s / softcap), softcap only (idem) */
+  float *lse, *dd;   /* Br: the rows' lse and D */
 } cpu_bwd_tiles;
 
-/* The current row and key tiles: views into the operands or the gathered
- * copies in cpu_bwd_tiles, with their row strides. */
-typedef struct cpu_bwd_view {
-  const float *q, *dout, *k, *v;
-  int ldq, lddo, ldk, ldv;
-} cpu_bwd_view;
-
 static size_t cpu_bwd_floats(int64_t d) {
-  return (size_t)ATTN__CPU_BR * d * 3 + (size_t)ATTN__CPU_BC * d * 4 +
+  return (size_t)ATTN__CPU_BR * d * 5 + (size_t)ATTN__CPU_BC * d * 6 +
          (size_t)ATTN__CPU_BR * ATTN__CPU_BC * 3 + 2 * (size_t)ATTN__CPU_BR;
 }
 
@@ -60,10 +57,14 @@ static cpu_bwd_tiles cpu_bwd_carve(float *base, int64_t d) {
   cpu_bwd_tiles t;
   t.q = base;
   t.dout = t.q + qd;
-  t.dq = t.dout + qd;
+  t.qt = t.dout + qd;
+  t.doutt = t.qt + qd;
+  t.dq = t.doutt + qd;
   t.k = t.dq + qd;
   t.v = t.k + kd;
-  t.dk = t.v + kd;
+  t.kt = t.v + kd;
+  t.vt = t.kt + kd;
+  t.dk = t.vt + kd;
   t.dv = t.dk + kd;
   t.s = t.dv + kd;
   t.dp = t.s + ss;
@@ -78,49 +79,11 @@ static int64_t cpu_qrow(const attn__problem *pb, int64_t b) {
   return pb->cu_q ? pb->cu_q[b] : b * pb->seqlen_q;
 }
 
-/* S, P and dS of the tile rows [i0, i0 + br) x keys [j0, j0 + bc) of query
- * head h, with the rows and keys in w and the rows' lse and D in t. Leaves P
- * in t->s and dS in t->dp (dS without the factor `scale`). */
-static void cpu_bwd_tile(const attn__problem *pb, const cpu_bwd_tiles *t, const cpu_bwd_view *w,
-                         int64_t h, int64_t i0, int br, int64_t j0, int bc, int64_t nq,
-                         int64_t nk) {
-  const int d = (int)pb->head_dim;
-  const int capped = pb->softcap > 0.0f;
-  attn__cpu_gemm(0, 1, br, bc, d, pb->scale, w->q, w->ldq, w->k, w->ldk, 0.0f, t->s, ATTN__CPU_BC);
-  attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->s, ATTN__CPU_BC, capped ? t->th : NULL);
-  for (int r = 0; r < br; r++) {
-    float *srow = t->s + (size_t)r * ATTN__CPU_BC;
-    if (t->lse[r] == -INFINITY) {
-      /* A row that sees no key at all passes no gradient. */
-      memset(srow, 0, (size_t)bc * sizeof(float));
-    } else {
-      attn__cpu_exp_sub(srow, t->lse[r], srow, bc);
-    }
-  }
-  attn__cpu_gemm(0, 1, br, bc, d, 1.0f, w->dout, w->lddo, w->v, w->ldv, 0.0f, t->dp, ATTN__CPU_BC);
-  for (int r = 0; r < br; r++) {
-    const float *prow = t->s + (size_t)r * ATTN__CPU_BC;
-    float *dsrow = t->dp + (size_t)r * ATTN__CPU_BC;
-    const float dd = t->dd[r];
-    if (capped) {
-      const float *trow = t->th + (size_t)r * ATTN__CPU_BC;
-      for (int c = 0; c < bc; c++)
-        dsrow[c] = prow[c] * (dsrow[c] - dd) * (1.0f - trow[c] * trow[c]);
-    } else {
-      for (int c = 0; c < bc; c++)
-        dsrow[c] = prow[c] * (dsrow[c] - dd);
-    }
-  }
-}
-
-/* Rows [i0, i0 + br) of query head h of sequence b: Q, dO, lse, D. */
-static void cpu_bwd_load_rows(const attn__problem *pb, const cpu_bwd_tiles *t, cpu_bwd_view *w,
-                              const float *dbuf, int64_t b, int64_t h, int64_t i0, int br) {
-  const int64_t rq = attn__row0_q(pb, b) + i0;
+/* lse and D of rows [i0, i0 + br) of query head h of sequence b. */
+static void cpu_bwd_load_stats(const attn__problem *pb, const cpu_bwd_tiles *t, const float *dbuf,
+                               int64_t b, int64_t h, int64_t i0, int br) {
   const int64_t total_q = cpu_qrow(pb, pb->batch);
-  w->q = attn__cpu_view(pb, &pb->q, b, rq, br, h, t->q, &w->ldq);
-  w->dout = attn__cpu_view(pb, &pb->dout, b, rq, br, h, t->dout, &w->lddo);
-  attn__cpu_load_lse(pb, b, rq, br, h, t->lse);
+  attn__cpu_load_lse(pb, b, attn__row0_q(pb, b) + i0, br, h, t->lse);
   memcpy(t->dd, dbuf + h * total_q + cpu_qrow(pb, b) + i0, (size_t)br * sizeof(float));
 }
 
@@ -144,28 +107,45 @@ static void cpu_bwd_delta(const attn__problem *pb, const cpu_bwd_tiles *t, float
   }
 }
 
-/* Sweep 1: dK, dV of keys [j0, j0 + bc) of kv head hk of sequence b. */
+/* Sweep 1: dK, dV of keys [j0, j0 + bc) of kv head hk of sequence b. The
+ * score tile has the queries down the rows here: K and V, fixed for the
+ * unit, are the ones stored transposed. */
 static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const float *dbuf,
                        int64_t b, int64_t hk, int64_t j0, int bc) {
   const int d = (int)pb->head_dim;
+  const int capped = pb->softcap > 0.0f;
   const int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
   const int64_t rk = attn__row0_k(pb, b) + j0;
   const int64_t group = pb->heads_q / pb->heads_kv;
   int64_t ilo, ihi;
   attn__cpu_query_range(pb, j0, j0 + bc, nq, nk, &ilo, &ihi);
 
-  cpu_bwd_view w;
-  w.k = attn__cpu_view(pb, &pb->k, b, rk, bc, hk, t->k, &w.ldk);
-  w.v = attn__cpu_view(pb, &pb->v, b, rk, bc, hk, t->v, &w.ldv);
+  attn__cpu_load_t(pb, &pb->k, b, rk, bc, hk, t->kt, ATTN__CPU_BC);
+  attn__cpu_load_t(pb, &pb->v, b, rk, bc, hk, t->vt, ATTN__CPU_BC);
   memset(t->dk, 0, (size_t)bc * d * sizeof(float));
   memset(t->dv, 0, (size_t)bc * d * sizeof(float));
   for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
     for (int64_t i0 = ilo; i0 < ihi; i0 += ATTN__CPU_BR) {
       const int br = (int)(ihi - i0 < ATTN__CPU_BR ? ihi - i0 : ATTN__CPU_BR);
-      cpu_bwd_load_rows(pb, t, &w, dbuf, b, h, i0, br);
-      cpu_bwd_tile(pb, t, &w, h, i0, br, j0, bc, nq, nk);
-      attn__cpu_gemm(1, 0, bc, d, br, 1.0f, t->s, ATTN__CPU_BC, w.dout, w.lddo, 1.0f, t->dv, d);
-      attn__cpu_gemm(1, 0, bc, d, br, 1.0f, t->dp, ATTN__CPU_BC, w.q, w.ldq, 1.0f, t->dk, d);
+      const int64_t rq = attn__row0_q(pb, b) + i0;
+      int ldq, lddo;
+      const float *q = attn__cpu_view(pb, &pb->q, b, rq, br, h, t->q, &ldq);
+      const float *dout = attn__cpu_view(pb, &pb->dout, b, rq, br, h, t->dout, &lddo);
+      cpu_bwd_load_stats(pb, t, dbuf, b, h, i0, br);
+
+      /* S = scale Q K^T, P = exp(S - lse) */
+      attn__cpu_gemm(0, 0, br, bc, d, pb->scale, q, ldq, t->kt, ATTN__CPU_BC, 0.0f, t->s,
+                     ATTN__CPU_BC);
+      attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->s, ATTN__CPU_BC, 1, capped ? t->th : NULL);
+      attn__cpu_exp_rows(t->s, br, bc, ATTN__CPU_BC, t->lse);
+      /* dV += P^T dO */
+      attn__cpu_gemm(1, 0, bc, d, br, 1.0f, t->s, ATTN__CPU_BC, dout, lddo, 1.0f, t->dv, d);
+      /* dP = dO V^T, dS = P (dP - D) */
+      attn__cpu_gemm(0, 0, br, bc, d, 1.0f, dout, lddo, t->vt, ATTN__CPU_BC, 0.0f, t->dp,
+                     ATTN__CPU_BC);
+      attn__cpu_dsoftmax(t->s, t->dp, capped ? t->th : NULL, br, bc, ATTN__CPU_BC, t->dd, 0);
+      /* dK += dS^T Q */
+      attn__cpu_gemm(1, 0, bc, d, br, 1.0f, t->dp, ATTN__CPU_BC, q, ldq, 1.0f, t->dk, d);
     }
   }
   for (size_t x = 0; x < (size_t)bc * d; x++)
@@ -174,30 +154,44 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const fl
   attn__cpu_store(pb, &pb->dv, b, rk, bc, hk, t->dv, d);
 }
 
-/* Sweep 2: dQ of rows [i0, i0 + br) of query head h of sequence b. */
+/* Sweep 2: dQ of rows [i0, i0 + br) of query head h of sequence b. The
+ * score tile is transposed here (keys down, queries across), as in the
+ * forward: Q and dO, fixed for the unit, are stored transposed. */
 static void cpu_bwd_q(const attn__problem *pb, const cpu_bwd_tiles *t, const float *dbuf, int64_t b,
                       int64_t h, int64_t i0, int br) {
   const int d = (int)pb->head_dim;
+  const int capped = pb->softcap > 0.0f;
   const int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
-  const int64_t rk = attn__row0_k(pb, b);
+  const int64_t rq = attn__row0_q(pb, b) + i0, rk = attn__row0_k(pb, b);
   const int64_t hk = h / (pb->heads_q / pb->heads_kv);
   int64_t jlo, jhi, unused;
   attn__key_range(pb, i0, nq, nk, &jlo, &unused);
   attn__key_range(pb, i0 + br - 1, nq, nk, &unused, &jhi);
 
-  cpu_bwd_view w;
-  cpu_bwd_load_rows(pb, t, &w, dbuf, b, h, i0, br);
+  attn__cpu_load_t(pb, &pb->q, b, rq, br, h, t->qt, ATTN__CPU_BR);
+  attn__cpu_load_t(pb, &pb->dout, b, rq, br, h, t->doutt, ATTN__CPU_BR);
+  cpu_bwd_load_stats(pb, t, dbuf, b, h, i0, br);
   memset(t->dq, 0, (size_t)br * d * sizeof(float));
   for (int64_t j0 = jlo; j0 < jhi; j0 += ATTN__CPU_BC) {
     const int bc = (int)(jhi - j0 < ATTN__CPU_BC ? jhi - j0 : ATTN__CPU_BC);
-    w.k = attn__cpu_view(pb, &pb->k, b, rk + j0, bc, hk, t->k, &w.ldk);
-    w.v = attn__cpu_view(pb, &pb->v, b, rk + j0, bc, hk, t->v, &w.ldv);
-    cpu_bwd_tile(pb, t, &w, h, i0, br, j0, bc, nq, nk);
-    attn__cpu_gemm(0, 0, br, d, bc, 1.0f, t->dp, ATTN__CPU_BC, w.k, w.ldk, 1.0f, t->dq, d);
+    int ldk, ldv;
+    const float *k = attn__cpu_view(pb, &pb->k, b, rk + j0, bc, hk, t->k, &ldk);
+    const float *v = attn__cpu_view(pb, &pb->v, b, rk + j0, bc, hk, t->v, &ldv);
+    /* S^T = scale K Q^T, P^T = exp(S^T - lse) */
+    attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk, t->qt, ATTN__CPU_BR, 0.0f, t->s,
+                   ATTN__CPU_BR);
+    attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->s, 1, ATTN__CPU_BR, capped ? t->th : NULL);
+    attn__cpu_exp_cols(t->s, bc, br, ATTN__CPU_BR, t->lse);
+    /* dP^T = V dO^T, dS^T = P^T (dP^T - D) */
+    attn__cpu_gemm(0, 0, bc, br, d, 1.0f, v, ldv, t->doutt, ATTN__CPU_BR, 0.0f, t->dp,
+                   ATTN__CPU_BR);
+    attn__cpu_dsoftmax(t->s, t->dp, capped ? t->th : NULL, bc, br, ATTN__CPU_BR, t->dd, 1);
+    /* dQ += dS K */
+    attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->dp, ATTN__CPU_BR, k, ldk, 1.0f, t->dq, d);
   }
   for (size_t x = 0; x < (size_t)br * d; x++)
     t->dq[x] *= pb->scale;
-  attn__cpu_store(pb, &pb->dq, b, attn__row0_q(pb, b) + i0, br, h, t->dq, d);
+  attn__cpu_store(pb, &pb->dq, b, rq, br, h, t->dq, d);
 }
 
 int attn__cpu_backward(attn_context *ctx, const attn__problem *pb) {

@@ -10,8 +10,12 @@
  *   P   = exp(S - m_i), l_i = alpha l_i + rowsum P
  *   O   = diag(alpha) O + P V                (sgemm)
  *
- * and finally O = O / l_i, lse = m_i + log l_i. Only per-thread tiles are
- * allocated; nothing grows with Nq x Nk.
+ * and finally O = O / l_i, lse = m_i + log l_i. The score tile is kept
+ * transposed, S^T = K Q^T (keys down, queries across), so that both
+ * products take their operands as stored or transposed once per unit (see
+ * attn__cpu_load_t) and the softmax runs down columns, vectorized across
+ * the queries. Only per-thread tiles are allocated; nothing grows with
+ * Nq x Nk.
  */
 #include "cpu_internal.h"
 
@@ -20,31 +24,33 @@
 
 /* Per-thread scratch, in floats. */
 typedef struct cpu_fwd_tiles {
-  float *q;   /* Br x d (when the rows must be gathered; see attn__cpu_view) */
-  float *k;   /* Bc x d (idem) */
-  float *v;   /* Bc x d (idem) */
-  float *s;   /* Br x Bc: scores, then P in place */
-  float *o;   /* Br x d: unnormalized output */
-  float *m;   /* Br: running row max m_i */
-  float *l;   /* Br: running row sum l_i */
-  float *lse; /* Br */
+  float *qt;    /* d x Br: Q transposed */
+  float *k;     /* Bc x d, when the rows must be gathered (attn__cpu_view) */
+  float *v;     /* Bc x d, idem */
+  float *st;    /* Bc x Br: S^T, then P^T in place */
+  float *o;     /* Br x d: unnormalized output */
+  float *m;     /* Br: running row max m_i */
+  float *l;     /* Br: running row sum l_i */
+  float *alpha; /* Br */
+  float *lse;   /* Br */
 } cpu_fwd_tiles;
 
 static size_t cpu_fwd_floats(int64_t d) {
   return (size_t)ATTN__CPU_BR * d * 2 + (size_t)ATTN__CPU_BC * d * 2 +
-         (size_t)ATTN__CPU_BR * ATTN__CPU_BC + 3 * (size_t)ATTN__CPU_BR;
+         (size_t)ATTN__CPU_BR * ATTN__CPU_BC + 4 * (size_t)ATTN__CPU_BR;
 }
 
 static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d) {
   cpu_fwd_tiles t;
-  t.q = base;
-  t.o = t.q + (size_t)ATTN__CPU_BR * d;
+  t.qt = base;
+  t.o = t.qt + (size_t)ATTN__CPU_BR * d;
   t.k = t.o + (size_t)ATTN__CPU_BR * d;
   t.v = t.k + (size_t)ATTN__CPU_BC * d;
-  t.s = t.v + (size_t)ATTN__CPU_BC * d;
-  t.m = t.s + (size_t)ATTN__CPU_BR * ATTN__CPU_BC;
+  t.st = t.v + (size_t)ATTN__CPU_BC * d;
+  t.m = t.st + (size_t)ATTN__CPU_BR * ATTN__CPU_BC;
   t.l = t.m + ATTN__CPU_BR;
-  t.lse = t.l + ATTN__CPU_BR;
+  t.alpha = t.l + ATTN__CPU_BR;
+  t.lse = t.alpha + ATTN__CPU_BR;
   return t;
 }
 
@@ -63,8 +69,7 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
   attn__key_range(pb, i0, nq, nk, &jlo, &unused);
   attn__key_range(pb, i0 + br - 1, nq, nk, &unused, &jhi);
 
-  int ldq, ldk, ldv;
-  const float *q = attn__cpu_view(pb, &pb->q, b, rq, br, h, t->q, &ldq);
+  attn__cpu_load_t(pb, &pb->q, b, rq, br, h, t->qt, ATTN__CPU_BR);
   memset(t->o, 0, (size_t)br * d * sizeof(float));
   for (int r = 0; r < br; r++) {
     t->m[r] = -INFINITY;
@@ -73,34 +78,22 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
 
   for (int64_t j0 = jlo; j0 < jhi; j0 += ATTN__CPU_BC) {
     const int bc = (int)(jhi - j0 < ATTN__CPU_BC ? jhi - j0 : ATTN__CPU_BC);
+    int ldk, ldv;
     const float *k = attn__cpu_view(pb, &pb->k, b, rk + j0, bc, hk, t->k, &ldk);
     const float *v = attn__cpu_view(pb, &pb->v, b, rk + j0, bc, hk, t->v, &ldv);
 
-    attn__cpu_gemm(0, 1, br, bc, d, pb->scale, q, ldq, k, ldk, 0.0f, t->s, ATTN__CPU_BC);
-    attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->s, ATTN__CPU_BC, NULL);
-
+    attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk, t->qt, ATTN__CPU_BR, 0.0f, t->st,
+                   ATTN__CPU_BR);
+    attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->st, 1, ATTN__CPU_BR, NULL);
+    attn__cpu_softmax_cols(t->st, bc, br, ATTN__CPU_BR, t->m, t->l, t->alpha);
     for (int r = 0; r < br; r++) {
-      float *srow = t->s + (size_t)r * ATTN__CPU_BC;
-      float mx = -INFINITY;
-      for (int c = 0; c < bc; c++)
-        mx = srow[c] > mx ? srow[c] : mx;
-      const float m_new = mx > t->m[r] ? mx : t->m[r];
-      if (m_new == -INFINITY) {
-        /* Nothing visible yet: exp(-inf - -inf) would be NaN. */
-        memset(srow, 0, (size_t)bc * sizeof(float));
-        continue;
-      }
-      const float alpha = t->m[r] == -INFINITY ? 0.0f : expf(t->m[r] - m_new);
-      const float rowsum = attn__cpu_exp_sub(srow, m_new, srow, bc);
-      t->l[r] = alpha * t->l[r] + rowsum;
-      t->m[r] = m_new;
-      if (alpha != 1.0f) {
-        float *orow = t->o + (size_t)r * d;
-        for (int c = 0; c < d; c++)
-          orow[c] *= alpha;
-      }
+      if (t->alpha[r] == 1.0f) continue;
+      float *orow = t->o + (size_t)r * d;
+      const float alpha = t->alpha[r];
+      for (int c = 0; c < d; c++)
+        orow[c] *= alpha;
     }
-    attn__cpu_gemm(0, 0, br, d, bc, 1.0f, t->s, ATTN__CPU_BC, v, ldv, 1.0f, t->o, d);
+    attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->st, ATTN__CPU_BR, v, ldv, 1.0f, t->o, d);
   }
 
   for (int r = 0; r < br; r++) {

@@ -39,6 +39,15 @@ void attn__cpu_gemm(int ta, int tb, int m, int n, int k, float alpha, const floa
  * already includes attn__row0_q/attn__row0_k of a varlen sequence. */
 void attn__cpu_load(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
                     int64_t nr, int64_t h, float *dst, int64_t ld);
+/* Like attn__cpu_load, transposed: element c of row r goes to dst[c * ld +
+ * r]. Both operands of S = Q K^T have d contiguous, which makes it an "NT"
+ * product, and OpenBLAS 0.3.21 runs a 64x64x64 NT sgemm at 85 GFLOP/s but
+ * NN and TN at 111-112 (its small-matrix kernels, no packing; measured on
+ * one core of the build host). So the operand that stays put for a whole
+ * work unit is stored transposed once, and every product of the inner loop
+ * is NN or TN. */
+void attn__cpu_load_t(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
+                      int64_t nr, int64_t h, float *dst, int64_t ld);
 /* Rows of an input tile for the products: a pointer straight into t's
  * memory when t is f32 with unit column stride (nothing to convert or
  * gather: sgemm takes the row stride as its leading dimension), otherwise
@@ -56,20 +65,33 @@ void attn__cpu_store_lse(const attn__problem *pb, int64_t b, int64_t row, int64_
                          const float *src);
 
 /* Turns s = scale * q.k of the tile rows [i0, i0 + br) x keys [j0, j0 + bc)
- * of query head h (row stride ld) into the final scores: softcap, ALiBi,
- * and -inf outside each row's window. Forward and backward both call this,
- * so the backward recomputes the forward's scores bit for bit. When tanh_out
- * is not NULL (backward with softcap), it receives tanh(s / softcap) for the
+ * of query head h into the final scores: softcap, ALiBi, and -inf outside
+ * each row's window. Element (r, c) is s[r * rs + c * cs]: rs = ld, cs = 1
+ * for a tile of query rows, rs = 1, cs = ld for a transposed one (rows of
+ * keys). Forward and backward both call this, so the backward recomputes
+ * the forward's scores the same way. When tanh_out is not NULL (backward
+ * with softcap), it receives tanh(s / softcap), laid out like s, for the
  * softcap derivative. nq, nk are the sequence's lengths. */
 void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, int64_t j0, int bc,
-                      int64_t nq, int64_t nk, float *s, int ld, float *tanh_out);
+                      int64_t nq, int64_t nk, float *s, int rs, int cs, float *tanh_out);
 
-/* The largest of s[0..n), -inf when all are (or n is 0). */
-float attn__cpu_rowmax(const float *s, int n);
+/* One step of the online softmax on a transposed score tile st (bc rows of
+ * keys x br columns of queries, row stride ld): with m, l the running row
+ * max and sum of each query, sets m = max(m, column max), alpha = exp(m_old
+ * - m), st = P = exp(st - m) and l = alpha l + column sum of P. A query
+ * that has seen no key keeps m = -inf, l = 0 and gets P = 0, alpha = 0. */
+void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *l, float *alpha);
 
-/* p[c] = exp(s[c] - m) for c < n, exactly 0 where s[c] is -inf. m must be
- * finite. Returns the sum of the p[c]. */
-float attn__cpu_exp_sub(const float *s, float m, float *p, int n);
+/* P = exp(S - lse) in place, for a tile of rows x cols with the queries
+ * along the rows (exp_rows: lse[row]) or along the columns (exp_cols:
+ * lse[col]). Queries with lse = -inf get P = 0. */
+void attn__cpu_exp_rows(float *s, int rows, int cols, int ld, const float *lse);
+void attn__cpu_exp_cols(float *st, int rows, int cols, int ld, const float *lse);
+
+/* dS = P * (dP - D), times 1 - th^2 when th is not NULL (softcap), in place
+ * of dP; D is per row (dd_per_col 0) or per column (1). */
+void attn__cpu_dsoftmax(const float *p, float *dp, const float *th, int rows, int cols, int ld,
+                        const float *dd, int dd_per_col);
 
 /* The query rows [*lo, *hi) of a sequence (lengths nq, nk) that see at least
  * one key of [j0, j1), j0 < j1; empty when *lo >= *hi. */

@@ -124,6 +124,35 @@ void attn__cpu_load(const attn__problem *pb, const attn__tensor *t, int64_t b, i
   }
 }
 
+void attn__cpu_load_t(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
+                      int64_t nr, int64_t h, float *dst, int64_t ld) {
+  int64_t d = pb->head_dim, sd = t->sd;
+  for (int64_t r = 0; r < nr; r++) {
+    const char *src = cpu_row(t, b, row + r, h);
+    float *out = dst + r;
+    switch (t->dtype) {
+      case ATTN_F32: {
+        const float *x = (const float *)src;
+        for (int64_t c = 0; c < d; c++)
+          out[c * ld] = x[c * sd];
+        break;
+      }
+      case ATTN_F16: {
+        const uint16_t *x = (const uint16_t *)src;
+        for (int64_t c = 0; c < d; c++)
+          out[c * ld] = attn__f16_to_f32(x[c * sd]);
+        break;
+      }
+      case ATTN_BF16: {
+        const uint16_t *x = (const uint16_t *)src;
+        for (int64_t c = 0; c < d; c++)
+          out[c * ld] = attn__bf16_to_f32(x[c * sd]);
+        break;
+      }
+    }
+  }
+}
+
 const float *attn__cpu_view(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
                             int64_t nr, int64_t h, float *scratch, int *ld) {
   const int64_t d = pb->head_dim;
@@ -192,46 +221,93 @@ void attn__cpu_store_lse(const attn__problem *pb, int64_t b, int64_t row, int64_
 }
 
 /* ---------------------------------------------------------------------- */
-/* Scores and the exponential                                               */
+/* Scores and the softmax                                                   */
 /* ---------------------------------------------------------------------- */
 
+/* The elementwise loops over a tile are built for AVX-512, AVX2 and the
+ * baseline, picked at load time (an ifunc): the library is compiled for
+ * generic x86-64 (SSE2, 4 floats a vector), and after the products these
+ * loops are the passes' main cost. Elsewhere, or on compilers without the
+ * attribute, the baseline alone. One machine always runs the same clone, so
+ * results stay reproducible. */
+#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define CPU_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef CPU_SIMD_CLONES
+#define CPU_SIMD_CLONES
+#endif
+
 void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, int64_t j0, int bc,
-                      int64_t nq, int64_t nk, float *s, int ld, float *tanh_out) {
+                      int64_t nq, int64_t nk, float *s, int rs, int cs, float *tanh_out) {
   const float cap = pb->softcap;
   const float slope = pb->alibi ? pb->alibi[h] : 0.0f;
+  /* Each row's visible columns [c0, c1) within the tile. */
+  int c0[ATTN__CPU_BR > ATTN__CPU_BC ? ATTN__CPU_BR : ATTN__CPU_BC];
+  int c1[ATTN__CPU_BR > ATTN__CPU_BC ? ATTN__CPU_BR : ATTN__CPU_BC];
+  int full = 1;
   for (int r = 0; r < br; r++) {
-    int64_t i = i0 + r, lo, hi;
-    attn__key_range(pb, i, nq, nk, &lo, &hi);
-    float *srow = s + (size_t)r * ld;
-    float *trow = tanh_out ? tanh_out + (size_t)r * ld : NULL;
-    /* The visible columns of this row within the tile: [c0, c1). */
-    int64_t c0 = lo - j0, c1 = hi - j0;
-    if (c0 < 0) c0 = 0;
-    if (c1 > bc) c1 = bc;
-    if (c1 < c0) c1 = c0;
-    if (cap > 0.0f) {
-      for (int64_t c = c0; c < c1; c++) {
-        float t = tanhf(srow[c] / cap);
-        srow[c] = cap * t;
-        if (trow) trow[c] = t;
+    int64_t lo, hi;
+    attn__key_range(pb, i0 + r, nq, nk, &lo, &hi);
+    lo -= j0;
+    hi -= j0;
+    lo = lo < 0 ? 0 : lo > bc ? bc : lo;
+    hi = hi < lo ? lo : hi > bc ? bc : hi;
+    c0[r] = (int)lo;
+    c1[r] = (int)hi;
+    full &= lo == 0 && hi == bc;
+  }
+  /* Most tiles of a long sequence: every key visible, nothing to add. */
+  if (full && cap <= 0.0f && slope == 0.0f) return;
+
+  const int64_t diag0 = i0 + nk - nq - j0; /* diag - j of element (0, 0) */
+  if (cs == 1) {
+    /* Rows contiguous: one row at a time. */
+    for (int r = 0; r < br; r++) {
+      float *srow = s + (size_t)r * rs;
+      float *trow = tanh_out ? tanh_out + (size_t)r * rs : NULL;
+      for (int c = c0[r]; c < c1[r]; c++) {
+        float x = srow[c];
+        if (cap > 0.0f) {
+          float t = tanhf(x / cap);
+          x = cap * t;
+          if (trow) trow[c] = t;
+        }
+        int64_t dist = diag0 + r - c;
+        srow[c] = x - slope * (float)(dist < 0 ? -dist : dist);
+      }
+      for (int c = 0; c < c0[r]; c++)
+        srow[c] = -INFINITY;
+      for (int c = c1[r]; c < bc; c++)
+        srow[c] = -INFINITY;
+      if (trow) {
+        for (int c = 0; c < c0[r]; c++)
+          trow[c] = 0.0f;
+        for (int c = c1[r]; c < bc; c++)
+          trow[c] = 0.0f;
       }
     }
-    if (slope != 0.0f) {
-      int64_t diag = i + nk - nq;
-      for (int64_t c = c0; c < c1; c++) {
-        int64_t dist = diag - (j0 + c);
-        srow[c] -= slope * (float)(dist < 0 ? -dist : dist);
+  } else {
+    /* Transposed tile (rows of keys): visibility per element. */
+    for (int c = 0; c < bc; c++) {
+      float *scol = s + (size_t)c * cs;
+      float *tcol = tanh_out ? tanh_out + (size_t)c * cs : NULL;
+      for (int r = 0; r < br; r++) {
+        float *x = scol + (size_t)r * rs;
+        if (c < c0[r] || c >= c1[r]) {
+          *x = -INFINITY;
+          if (tcol) tcol[(size_t)r * rs] = 0.0f;
+          continue;
+        }
+        if (cap > 0.0f) {
+          float t = tanhf(*x / cap);
+          *x = cap * t;
+          if (tcol) tcol[(size_t)r * rs] = t;
+        }
+        int64_t dist = diag0 + r - c;
+        *x -= slope * (float)(dist < 0 ? -dist : dist);
       }
-    }
-    for (int64_t c = 0; c < c0; c++)
-      srow[c] = -INFINITY;
-    for (int64_t c = c1; c < bc; c++)
-      srow[c] = -INFINITY;
-    if (trow) {
-      for (int64_t c = 0; c < c0; c++)
-        trow[c] = 0.0f;
-      for (int64_t c = c1; c < bc; c++)
-        trow[c] = 0.0f;
     }
   }
 }
@@ -262,42 +338,96 @@ static inline float cpu_exp(float x) {
   int32_t bits = ((int32_t)n + 127) << 23;
   float scale;
   memcpy(&scale, &bits, sizeof scale);
-  /* A multiply by 0 or 1 rather than a branch, so the loop stays
-   * vectorizable under the default -ftrapping-math. */
-  return y * scale * (float)(x >= -87.0f);
+  return x < -87.0f ? 0.0f : y * scale;
 }
 
-/* The two elementwise loops of every tile are built for AVX-512, AVX2 and
- * the baseline, picked at load time (an ifunc): the library is compiled
- * for generic x86-64 (SSE2, 4 floats a vector), and these loops are the
- * forward's main cost after the products. Elsewhere, or on compilers
- * without the attribute, the baseline alone. */
-#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define CPU_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-#endif
-#ifndef CPU_SIMD_CLONES
-#define CPU_SIMD_CLONES
-#endif
-
-CPU_SIMD_CLONES float attn__cpu_rowmax(const float *s, int n) {
-  float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-  for (int c = 0; c < n; c++)
-    mx = s[c] > mx ? s[c] : mx;
-  return mx;
-}
-
-CPU_SIMD_CLONES float attn__cpu_exp_sub(const float *s, float m, float *p, int n) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int c = 0; c < n; c++) {
-    float e = cpu_exp(s[c] - m);
-    p[c] = e;
-    sum += e;
+CPU_SIMD_CLONES void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *l,
+                                            float *alpha) {
+  float mx[ATTN__CPU_BR], sub[ATTN__CPU_BR], sum[ATTN__CPU_BR];
+  for (int r = 0; r < br; r++) {
+    mx[r] = m[r];
+    sum[r] = 0.0f;
   }
-  return sum;
+  for (int c = 0; c < bc; c++) {
+    const float *x = st + (size_t)c * ld;
+    for (int r = 0; r < br; r++)
+      mx[r] = x[r] > mx[r] ? x[r] : mx[r];
+  }
+  for (int r = 0; r < br; r++) {
+    /* A row that has seen nothing yet keeps m = -inf; subtracting 0 then
+     * gives exp(-inf) = 0 for its P and its alpha, where -inf - -inf would
+     * give NaN. */
+    sub[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
+    alpha[r] = cpu_exp(m[r] - sub[r]);
+    m[r] = mx[r];
+  }
+  for (int c = 0; c < bc; c++) {
+    float *x = st + (size_t)c * ld;
+    for (int r = 0; r < br; r++) {
+      float p = cpu_exp(x[r] - sub[r]);
+      x[r] = p;
+      sum[r] += p;
+    }
+  }
+  for (int r = 0; r < br; r++)
+    l[r] = alpha[r] * l[r] + sum[r];
+}
+
+CPU_SIMD_CLONES void attn__cpu_exp_rows(float *s, int rows, int cols, int ld, const float *lse) {
+  for (int r = 0; r < rows; r++) {
+    float *x = s + (size_t)r * ld;
+    const float sub = lse[r];
+    if (sub == -INFINITY) {
+      /* A row that sees no key at all passes no gradient. */
+      for (int c = 0; c < cols; c++)
+        x[c] = 0.0f;
+      continue;
+    }
+    for (int c = 0; c < cols; c++)
+      x[c] = cpu_exp(x[c] - sub);
+  }
+}
+
+CPU_SIMD_CLONES void attn__cpu_exp_cols(float *st, int rows, int cols, int ld, const float *lse) {
+  float sub[ATTN__CPU_BR], keep[ATTN__CPU_BR];
+  for (int r = 0; r < cols; r++) {
+    /* lse = -inf: a row that sees no key; its column becomes 0. */
+    keep[r] = lse[r] == -INFINITY ? 0.0f : 1.0f;
+    sub[r] = lse[r] == -INFINITY ? 0.0f : lse[r];
+  }
+  for (int c = 0; c < rows; c++) {
+    float *x = st + (size_t)c * ld;
+    for (int r = 0; r < cols; r++)
+      x[r] = cpu_exp(x[r] - sub[r]) * keep[r];
+  }
+}
+
+CPU_SIMD_CLONES void attn__cpu_dsoftmax(const float *p, float *dp, const float *th, int rows,
+                                        int cols, int ld, const float *dd, int dd_per_col) {
+  for (int a = 0; a < rows; a++) {
+    const float *pr = p + (size_t)a * ld;
+    float *dr = dp + (size_t)a * ld;
+    if (dd_per_col) {
+      if (th) {
+        const float *tr = th + (size_t)a * ld;
+        for (int c = 0; c < cols; c++)
+          dr[c] = pr[c] * (dr[c] - dd[c]) * (1.0f - tr[c] * tr[c]);
+      } else {
+        for (int c = 0; c < cols; c++)
+          dr[c] = pr[c] * (dr[c] - dd[c]);
+      }
+    } else {
+      const float ddr = dd[a];
+      if (th) {
+        const float *tr = th + (size_t)a * ld;
+        for (int c = 0; c < cols; c++)
+          dr[c] = pr[c] * (dr[c] - ddr) * (1.0f - tr[c] * tr[c]);
+      } else {
+        for (int c = 0; c < cols; c++)
+          dr[c] = pr[c] * (dr[c] - ddr);
+      }
+    }
+  }
 }
 
 /* ---------------------------------------------------------------------- */
