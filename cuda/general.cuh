@@ -228,12 +228,13 @@ struct fwd_cfg {
   static constexpr size_t smem =
       sizeof(float) * ((size_t)Br * LD + 2 * (size_t)Bc * LD + (size_t)Br * LDP);
   /* Two blocks a multiprocessor when two fit in the 227 KB of an H100/H200:
-   * the register cap (128) then follows. */
+   * the register cap (128) then follows. Only for f32 (ptxas -v: the 16-bit
+   * loads' conversions spill under that cap). */
   static constexpr int minb = 2 * smem + 2048 <= 232448 && MR * MC <= 16 && DP <= 64 ? 2 : 1;
 };
 
 template <typename T, int DP, int MR, int MC>
-__global__ void __launch_bounds__(kThreads, (fwd_cfg<DP, MR, MC>::minb))
+__global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC>::minb : 1))
     fwd_kernel(const gparams P) {
   using C = fwd_cfg<DP, MR, MC>;
   constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP, NG = DP / 32;
