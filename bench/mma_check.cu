@@ -34,13 +34,13 @@ extern "C" void attn__debug(const char *fmt, ...) {
   fputc('\n', stderr);
 }
 
-#define CK(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
+#define CK(x)                                                                            \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
       fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(2);                                                                        \
-    }                                                                                 \
+      exit(2);                                                                           \
+    }                                                                                    \
   } while (0)
 
 static uint16_t to16(float f, attn_dtype dt) {
@@ -91,7 +91,8 @@ static std::mt19937_64 rng(1234);
 static void fill_random(Tensor &t, attn_dtype dt, float mag) {
   std::normal_distribution<float> nd(0.f, mag);
   t.v.resize((size_t)t.rows * t.heads * t.d);
-  for (auto &x : t.v) x = from16(to16(nd(rng), dt), dt);
+  for (auto &x : t.v)
+    x = from16(to16(nd(rng), dt), dt);
 }
 
 /* Writes t's values into the device storage at base (a 16-bit buffer). */
@@ -99,14 +100,16 @@ static void upload(const Tensor &t, attn_dtype dt, std::vector<uint16_t> &host) 
   for (int64_t r = 0; r < t.rows; ++r)
     for (int h = 0; h < t.heads; ++h)
       for (int c = 0; c < t.d; ++c)
-        host[t.off_elems + t.offset_of(r, h, c)] = to16(t.v[((size_t)r * t.heads + h) * t.d + c], dt);
+        host[t.off_elems + t.offset_of(r, h, c)] =
+            to16(t.v[((size_t)r * t.heads + h) * t.d + c], dt);
 }
 static void download(Tensor &t, attn_dtype dt, const std::vector<uint16_t> &host) {
   t.v.resize((size_t)t.rows * t.heads * t.d);
   for (int64_t r = 0; r < t.rows; ++r)
     for (int h = 0; h < t.heads; ++h)
       for (int c = 0; c < t.d; ++c)
-        t.v[((size_t)r * t.heads + h) * t.d + c] = from16(host[t.off_elems + t.offset_of(r, h, c)], dt);
+        t.v[((size_t)r * t.heads + h) * t.d + c] =
+            from16(host[t.off_elems + t.offset_of(r, h, c)], dt);
 }
 
 struct Ref {
@@ -140,7 +143,8 @@ static void reference(const Case &cs, const Tensor &q, const Tensor &k, const Te
             if (!vis[j]) continue;
             const float *kj = &k.v[((size_t)(k0 + j) * hkv + hk) * d];
             double acc = 0;
-            for (int c = 0; c < d; ++c) acc += (double)qi[c] * kj[c];
+            for (int c = 0; c < d; ++c)
+              acc += (double)qi[c] * kj[c];
             double x = scale * acc;
             th[j] = 0;
             if (cs.softcap > 0) {
@@ -162,19 +166,22 @@ static void reference(const Case &cs, const Tensor &q, const Tensor &k, const Te
             p[j] = vis[j] ? exp(s[j] - lse) : 0;
             if (!vis[j]) continue;
             const float *vj = &v.v[((size_t)(k0 + j) * hkv + hk) * d];
-            for (int c = 0; c < d; ++c) oi[c] += p[j] * vj[c];
+            for (int c = 0; c < d; ++c)
+              oi[c] += p[j] * vj[c];
           }
           if (!bwd) continue;
           const float *doi = &dout.v[((size_t)(q0 + i) * hq + h) * d];
           double Dd = 0;
-          for (int c = 0; c < d; ++c) Dd += doi[c] * oi[c];
+          for (int c = 0; c < d; ++c)
+            Dd += doi[c] * oi[c];
           double *dqi = &ref.dq[((size_t)(q0 + i) * hq + h) * d];
           for (int j = 0; j < nk; ++j) {
             if (!vis[j]) continue;
             const float *vj = &v.v[((size_t)(k0 + j) * hkv + hk) * d];
             const float *kj = &k.v[((size_t)(k0 + j) * hkv + hk) * d];
             double a = 0;
-            for (int c = 0; c < d; ++c) a += (double)doi[c] * vj[c];
+            for (int c = 0; c < d; ++c)
+              a += (double)doi[c] * vj[c];
             double ds = p[j] * (a - Dd) * scale;
             if (cs.softcap > 0) ds *= 1 - th[j] * th[j];
             double *dkj = &ref.dk[((size_t)(k0 + j) * hkv + hk) * d];
@@ -319,7 +326,8 @@ static void setup(Setup &S, const Case &cs, const cudaDeviceProp &prop) {
     CK(cudaMemcpy(S.cuk_dev, cs.cuk.data(), cs.cuk.size() * 4, cudaMemcpyHostToDevice));
   }
   if (cs.alibi) {
-    for (int h = 0; h < cs.hq; ++h) S.slopes.push_back(std::pow(2.f, -8.f * (h + 1) / cs.hq));
+    for (int h = 0; h < cs.hq; ++h)
+      S.slopes.push_back(std::pow(2.f, -8.f * (h + 1) / cs.hq));
     CK(cudaMalloc(&S.alibi_dev, cs.hq * 4));
     CK(cudaMemcpy(S.alibi_dev, S.slopes.data(), cs.hq * 4, cudaMemcpyHostToDevice));
   }
@@ -479,8 +487,8 @@ static void check_case(const Case &cs, const cudaDeviceProp &prop, bool quiet_re
       }
   const double lse_tol = 1e-4 * std::max(1.0, el.max_ref);
   bool ok = eo.nan == 0 && el.nan == 0 && eo.rel() < tol_o && el.max_err < lse_tol && !bad_empty;
-  printf("%-26s %-4s d=%-3d o %.2e lse %.2e", cs.name.c_str(), bf ? "bf16" : "f16", cs.d,
-         eo.rel(), el.max_err);
+  printf("%-26s %-4s d=%-3d o %.2e lse %.2e", cs.name.c_str(), bf ? "bf16" : "f16", cs.d, eo.rel(),
+         el.max_err);
   if (eo.nan || el.nan || bad_empty) printf(" [nan %ld/%ld empty %ld]", eo.nan, el.nan, bad_empty);
   if (cs.bwd) {
     for (int m = 0; m < 2; ++m) {
@@ -612,10 +620,14 @@ static double median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+/* quick: bf16 forward only at 4k and 16k tokens (comparing build variants). */
 static void bench(const cudaDeviceProp &prop, bool quick) {
   printf("%-5s %-4s %-6s %-6s %9s %9s\n", "dtype", "d", "causal", "N", "fwd_TF", "bwd_TF");
-  std::vector<int> Ns = quick ? std::vector<int>{4096, 8192} : std::vector<int>{1024, 2048, 4096, 8192, 16384};
-  for (attn_dtype dt : {ATTN_BF16, ATTN_F16})
+  std::vector<int> Ns =
+      quick ? std::vector<int>{4096, 16384} : std::vector<int>{1024, 2048, 4096, 8192, 16384};
+  std::vector<attn_dtype> dts =
+      quick ? std::vector<attn_dtype>{ATTN_BF16} : std::vector<attn_dtype>{ATTN_BF16, ATTN_F16};
+  for (attn_dtype dt : dts)
     for (int d : {64, 128})
       for (int causal = 0; causal < 2; ++causal)
         for (int N : Ns) {
@@ -675,7 +687,8 @@ static void bench(const cudaDeviceProp &prop, bool quick) {
           CK(cudaEventCreate(&e0));
           CK(cudaEventCreate(&e1));
           double tf[2];
-          for (int pass = 0; pass < 2; ++pass) {
+          tf[1] = 0;
+          for (int pass = 0; pass < (quick ? 1 : 2); ++pass) {
             std::vector<float> ms;
             for (int rep = 0; rep < 13; ++rep) {
               CK(cudaEventRecord(e0));
@@ -694,8 +707,8 @@ static void bench(const cudaDeviceProp &prop, bool quick) {
             tf[pass] = flops / (median(ms) * 1e-3) / 1e12;
           }
           CK(cudaGetLastError());
-          printf("%-5s %-4d %-6d %-6d %9.1f %9.1f\n", dt == ATTN_BF16 ? "bf16" : "f16", d, causal, N,
-                 tf[0], tf[1]);
+          printf("%-5s %-4d %-6d %-6d %9.1f %9.1f\n", dt == ATTN_BF16 ? "bf16" : "f16", d, causal,
+                 N, tf[0], tf[1]);
           fflush(stdout);
           cudaEventDestroy(e0);
           cudaEventDestroy(e1);
@@ -711,8 +724,8 @@ int main(int argc, char **argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   printf("device: %s, cc %d.%d, %d SMs, smem opt-in %zu\n", prop.name, prop.major, prop.minor,
          prop.multiProcessorCount, (size_t)prop.sharedMemPerBlockOptin);
-  if (!strcmp(mode, "bench")) {
-    bench(prop, argc > 2);
+  if (!strcmp(mode, "bench") || !strcmp(mode, "fwdbench")) {
+    bench(prop, !strcmp(mode, "fwdbench"));
     return 0;
   }
   std::vector<Case> cs = cases();
@@ -725,7 +738,8 @@ int main(int argc, char **argv) {
         if (c.dt == ATTN_BF16) s.push_back(c);
     cs = s;
   }
-  for (const Case &c : cs) check_case(c, prop);
+  for (const Case &c : cs)
+    check_case(c, prop);
   printf("%s: %d failing case(s)\n", g_fail ? "FAIL" : "PASS", g_fail);
   return g_fail ? 1 : 0;
 }

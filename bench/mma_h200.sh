@@ -3,8 +3,10 @@
 # standalone checker (bench/mma_check.cu + cuda/mma_*.cu), run the randomized
 # checks against the float64 reference, a small subset under compute-sanitizer
 # (memcheck, racecheck), then the benchmark beside PyTorch SDPA.
-#   bench/mma_h200.sh [check] [memcheck] [racecheck] [bench] [torch|torchq]
-# (default: all; torchq = PyTorch at 4k and 8k tokens only)
+#   bench/mma_h200.sh [check] [memcheck] [racecheck] [bench] [torch|torchq] [variants] [sass]
+# (default: all but variants and sass; torchq = PyTorch at 4k and 8k tokens
+# only; variants = rebuild the forward with each tile shape of
+# bench/mma_variants.txt, check it, and time it at 4k and 16k tokens)
 # Logs go to $OUT (or /tmp/mma_out); a short table is printed last.
 set -u
 OUT=${OUT:-/tmp/mma_out}
@@ -35,6 +37,23 @@ for s in $steps; do
     echo "$s rc $?: $(grep -E 'SUMMARY|PASS|FAIL' "$OUT/$s.log" | tr '\n' ' ')"
     ;;
   bench) timeout 100 $B/mma_check bench >"$OUT/bench.log" 2>&1 ;;
+  sass) cuobjdump -sass $B/fwd.o | gzip >"$OUT/fwd.sass.gz" ;;
+  variants)
+    while read -r name c64 c128; do
+      [ -z "$name" ] && continue
+      printf '#define ATTN_MMA_FWD_D64 %s\n#define ATTN_MMA_FWD_D128 %s\n' "$c64" "$c128" >$B/cfg_$name.h
+      (nvcc $FLAGS -Xptxas -v -include $B/cfg_$name.h -c cuda/mma_fwd.cu -o $B/fwd_$name.o >$B/fwd_$name.log 2>&1 &&
+        nvcc $FLAGS -o $B/check_$name $B/check.o $B/fwd_$name.o $B/bwd.o >>$B/fwd_$name.log 2>&1) &
+    done < <(grep -v '^#' bench/mma_variants.txt)
+    wait
+    grep -v '^#' bench/mma_variants.txt | while read -r name c64 c128; do
+      [ -z "$name" ] && continue
+      { echo "== $name d64 <$c64> d128 <$c128>"
+        grep -A3 'bfloat16Li\(64\|128\)E' $B/fwd_$name.log | grep -E 'registers|spill' | tr '\n' ' '; echo
+        timeout 60 $B/check_$name check | tail -1
+        timeout 60 $B/check_$name fwdbench | tail -n +2; } >>"$OUT/variants.log" 2>&1
+    done
+    ;;
   torch | torchq)
     q=; [ $s = torchq ] && q=quick
     PYTHONUNBUFFERED=1 timeout 150 python3 bench/mma_torch.py $q >"$OUT/torch.log" 2>&1
@@ -43,6 +62,7 @@ for s in $steps; do
 done
 cat "$OUT/gpu.txt"
 [ -f "$OUT/torch.log" ] && cat "$OUT/torch.log"
+[ -f "$OUT/variants.log" ] && grep -v "^device\|registers" "$OUT/variants.log"
 [ -f "$OUT/bench.log" ] && cat "$OUT/bench.log"
 [ -f "$OUT/check.log" ] && tail -1 "$OUT/check.log"
 exit 0

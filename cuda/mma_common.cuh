@@ -135,6 +135,10 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool vali
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
@@ -154,6 +158,36 @@ __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+/* The same on 32-bit shared addresses: a kernel forms one per-lane base per
+ * operand and adds compile-time tile offsets, which ptxas folds into the
+ * instruction (generic 64-bit pointers per fragment cost registers). */
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+/* Per-lane element offsets of the fragment loads below, for a tile of row
+ * stride LD: A from [m][k] (non-transposed), B from [n][k] (non-transposed),
+ * B from [k][n] (transposed). Add (row * LD + col) of the 16x16 corner. */
+template <int LD>
+__device__ __forceinline__ int lane_a(int lane) {
+  return (lane & 15) * LD + (lane >> 4) * 8;
+}
+template <int LD>
+__device__ __forceinline__ int lane_b_nk(int lane) {
+  return ((lane & 7) + (lane >> 4) * 8) * LD + ((lane >> 3) & 1) * 8;
+}
+template <int LD>
+__device__ __forceinline__ int lane_b_kn(int lane) {
+  return ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
 }
 
 /* ---------------------------------------------------------------------- */

@@ -94,20 +94,25 @@ int make_params(const attn__cuda_launch *L, int backward, params *p) {
   return ATTN_OK;
 }
 
-template <typename T, int D, int BR, int BC, int NW, bool Q_IN_REGS>
-__global__ void __launch_bounds__(NW * 32, 1) fwd_kernel(const params p) {
+/* One kernel shape: MT m16 slabs per warp (Br = 16 MT NW query rows), Bc
+ * keys per step, STAGES shared-memory slots for K and V (block j + STAGES-1
+ * is in flight while block j is computed), Q in registers or re-read from
+ * shared memory, MINB blocks per SM asked of the register allocator. */
+template <typename T, int D, int MT, int NW, int BC, int STAGES, bool Q_IN_REGS, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
   constexpr int NT = NW * 32;
+  constexpr int BR = 16 * MT * NW;
   constexpr int LD = D + kPad;
   constexpr int KD = D / 16; /* k-steps of Q K^T */
   constexpr int NS = BC / 8; /* n-tiles of S */
   constexpr int NO = D / 8;  /* n-tiles of O */
-  static_assert(BR == 16 * NW, "one m16 slab per warp");
   static_assert(BC % 16 == 0 && D % 16 == 0, "tiles are multiples of 16");
+  static_assert(STAGES >= 2, "at least double buffering");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sQ = (T *)smem_raw;
-  T *sK = sQ + BR * LD;
-  T *sV = sK + BC * LD;
+  T *sK = sQ + BR * LD;          /* [STAGES][Bc][LD] */
+  T *sV = sK + STAGES * BC * LD; /* [STAGES][Bc][LD] */
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -119,12 +124,13 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_kernel(const params p) {
   const int m0 = m_block * BR;
   if (m0 >= nq) return;
   const int m_last = min(m0 + BR, nq) - 1;
+  const int w0 = warp * MT * 16; /* this warp's first row in the block */
 
   /* Keys any row of this block sees; blocks outside are skipped. */
   const int j_lo = max(0, key_lo(p, m0, nq, nk));
   const int j_hi = min(nk, key_hi(p, m_last, nq, nk));
   const int nb_min = j_lo / BC;
-  const int nb_max = j_hi > j_lo ? (j_hi + BC - 1) / BC : nb_min;
+  const int nblocks = j_hi > j_lo ? (j_hi + BC - 1) / BC - nb_min : 0;
 
   const T *gq = row_ptr<T>(p.q, b, sq.q0, h);
   const T *gk = row_ptr<T>(p.k, b, sq.k0, hk);
@@ -132,52 +138,95 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_kernel(const params p) {
   const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
   const bool transform = p.softcap > 0.f || slope_log2 != 0.f;
 
-  float acc_o[NO][4];
+  float acc_o[MT][NO][4];
+  float m_i[MT][2], l_i[MT][2];
 #pragma unroll
-  for (int n = 0; n < NO; ++n)
-    acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
-  float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < NO; ++n)
+      acc_o[mt][n][0] = acc_o[mt][n][1] = acc_o[mt][n][2] = acc_o[mt][n][3] = 0.f;
+    m_i[mt][0] = m_i[mt][1] = -INFINITY;
+    l_i[mt][0] = l_i[mt][1] = 0.f;
+  }
 
-  if (nb_min < nb_max) {
-    uint32_t qf[Q_IN_REGS ? KD : 1][4];
+  /* Per-lane shared addresses of the fragment loads (bytes). */
+  const uint32_t aQ = smem_addr(sQ) + (uint32_t)(w0 * LD + lane_a<LD>(lane)) * sizeof(T);
+  const uint32_t bK = smem_addr(sK) + (uint32_t)lane_b_nk<LD>(lane) * sizeof(T);
+  const uint32_t bV = smem_addr(sV) + (uint32_t)lane_b_kn<LD>(lane) * sizeof(T);
+  constexpr uint32_t kSlot = BC * LD * sizeof(T);
+
+  if (nblocks > 0) {
+    /* Prologue: Q with the first K/V block, then STAGES-2 more blocks; one
+     * commit group per block (empty groups keep the count uniform). */
     load_tile<BR, D, NT>(sQ, gq, p.q.ss, m0, nq, tid);
-    load_tile<BC, D, NT>(sK, gk, p.k.ss, nb_min * BC, nk, tid);
-    cp_async_commit();
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+      if (st < nblocks) {
+        load_tile<BC, D, NT>(sK + st * BC * LD, gk, p.k.ss, (nb_min + st) * BC, nk, tid);
+        load_tile<BC, D, NT>(sV + st * BC * LD, gv, p.v.ss, (nb_min + st) * BC, nk, tid);
+      }
+      cp_async_commit();
+    }
+    uint32_t qf[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KD : 1][4];
     if (Q_IN_REGS) {
-      cp_async_wait_all();
+      cp_async_wait<STAGES - 2>();
       __syncthreads();
 #pragma unroll
-      for (int kk = 0; kk < (Q_IN_REGS ? KD : 0); ++kk)
-        load_a<LD>(qf[kk], sQ, warp * 16, kk * 16, lane);
+      for (int mt = 0; mt < (Q_IN_REGS ? MT : 0); ++mt)
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk)
+          ldsm_x4(qf[Q_IN_REGS ? mt : 0][Q_IN_REGS ? kk : 0],
+                  aQ + (mt * 16 * LD + kk * 16) * sizeof(T));
     }
 
-    for (int nb = nb_min; nb < nb_max; ++nb) {
-      /* K(nb) has landed, and every warp is done with V(nb-1). */
-      cp_async_wait_all();
+    for (int it = 0; it < nblocks; ++it) {
+      const int nb = nb_min + it;
+      const uint32_t cK = bK + (it % STAGES) * kSlot;
+      const uint32_t cV = bV + (it % STAGES) * kSlot;
+      /* Block it has landed, and every warp is done with block it-1, whose
+       * slot the load below reuses. */
+      cp_async_wait<STAGES - 2>();
       __syncthreads();
-      load_tile<BC, D, NT>(sV, gv, p.v.ss, nb * BC, nk, tid);
-      cp_async_commit();
+      {
+        const int nx = it + STAGES - 1;
+        if (nx < nblocks) {
+          load_tile<BC, D, NT>(sK + (nx % STAGES) * BC * LD, gk, p.k.ss, (nb_min + nx) * BC, nk,
+                               tid);
+          load_tile<BC, D, NT>(sV + (nx % STAGES) * BC * LD, gv, p.v.ss, (nb_min + nx) * BC, nk,
+                               tid);
+        }
+        cp_async_commit();
+      }
 
-      float s[NS][4];
+      /* S = Q K^T; each K fragment serves the warp's MT slabs. */
+      float s[MT][NS][4];
 #pragma unroll
-      for (int n = 0; n < NS; ++n)
-        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+          s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < KD; ++kk) {
-        uint32_t a[4];
-        if (Q_IN_REGS) {
+        uint32_t a[MT][4];
 #pragma unroll
-          for (int x = 0; x < 4; ++x)
-            a[x] = qf[Q_IN_REGS ? kk : 0][x];
-        } else {
-          load_a<LD>(a, sQ, warp * 16, kk * 16, lane);
+        for (int mt = 0; mt < MT; ++mt) {
+          if (Q_IN_REGS) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x)
+              a[mt][x] = qf[Q_IN_REGS ? mt : 0][Q_IN_REGS ? kk : 0][x];
+          } else {
+            ldsm_x4(a[mt], aQ + (mt * 16 * LD + kk * 16) * sizeof(T));
+          }
         }
 #pragma unroll
         for (int np = 0; np < NS / 2; ++np) {
           uint32_t bb[4];
-          load_b_nk<LD>(bb, sK, np * 16, kk * 16, lane);
-          elem<T>::mma(s[2 * np], a, bb[0], bb[1]);
-          elem<T>::mma(s[2 * np + 1], a, bb[2], bb[3]);
+          ldsm_x4(bb, cK + (np * 16 * LD + kk * 16) * sizeof(T));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            elem<T>::mma(s[mt][2 * np], a[mt], bb[0], bb[1]);
+            elem<T>::mma(s[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+          }
         }
       }
 
@@ -187,113 +236,142 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_kernel(const params p) {
       const bool full =
           n0 + BC <= nk && n0 >= key_lo(p, m_last, nq, nk) && n0 + BC <= key_hi(p, m0, nq, nk);
 #pragma unroll
-      for (int n = 0; n < NS; ++n) {
+      for (int mt = 0; mt < MT; ++mt) {
+        if (full && !transform) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = m0 + warp * 16 + g + (e >> 1) * 8;
-          const int j = n0 + n * 8 + 2 * t + (e & 1);
-          float v =
-              transform ? score_log2(p, s[n][e], slope_log2, i, j, nq, nk) : s[n][e] * p.scale_log2;
-          if (!full && !visible(p, i, j, nq, nk)) v = -INFINITY;
-          s[n][e] = v;
+          for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              s[mt][n][e] *= p.scale_log2;
+        } else {
+          /* Visible keys of the thread's two rows, as [lo, hi) relative to
+           * the thread's first column. */
+          int lo[2], hi[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int i = m0 + w0 + mt * 16 + g + r * 8;
+            const int jt = n0 + 2 * t;
+            lo[r] = full ? -BC : max(0, key_lo(p, i, nq, nk)) - jt;
+            hi[r] = full ? BC : min(nk, key_hi(p, i, nq, nk)) - jt;
+          }
+#pragma unroll
+          for (int n = 0; n < NS; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int r = e >> 1, c = n * 8 + (e & 1);
+              float v = s[mt][n][e];
+              if (transform) {
+                const int i = m0 + w0 + mt * 16 + g + r * 8;
+                v = score_log2(p, v, slope_log2, i, n0 + 2 * t + c, nq, nk);
+              } else {
+                v *= p.scale_log2;
+              }
+              s[mt][n][e] = c >= lo[r] && c < hi[r] ? v : -INFINITY;
+            }
+          }
+        }
+
+        /* Online softmax: the row max over the quad that shares a row. */
+        float mx[2] = {m_i[mt][0], m_i[mt][1]};
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+          mx[0] = fmaxf(mx[0], fmaxf(s[mt][n][0], s[mt][n][1]));
+          mx[1] = fmaxf(mx[1], fmaxf(s[mt][n][2], s[mt][n][3]));
+        }
+        float mu[2], alpha[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          /* A row with no visible key yet keeps max -inf; subtracting 0 then
+           * gives exp2(-inf) = 0 instead of NaN. */
+          mu[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+          alpha[r] = ex2(m_i[mt][r] - mu[r]);
+          m_i[mt][r] = mx[r];
+        }
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+          s[mt][n][0] = ex2(s[mt][n][0] - mu[0]);
+          s[mt][n][1] = ex2(s[mt][n][1] - mu[0]);
+          s[mt][n][2] = ex2(s[mt][n][2] - mu[1]);
+          s[mt][n][3] = ex2(s[mt][n][3] - mu[1]);
+          rs[0] += s[mt][n][0] + s[mt][n][1];
+          rs[1] += s[mt][n][2] + s[mt][n][3];
+        }
+        /* l_i stays a per-thread partial sum until the end. */
+        l_i[mt][0] = l_i[mt][0] * alpha[0] + rs[0];
+        l_i[mt][1] = l_i[mt][1] * alpha[1] + rs[1];
+#pragma unroll
+        for (int n = 0; n < NO; ++n) {
+          acc_o[mt][n][0] *= alpha[0];
+          acc_o[mt][n][1] *= alpha[0];
+          acc_o[mt][n][2] *= alpha[1];
+          acc_o[mt][n][3] *= alpha[1];
         }
       }
 
-      /* Online softmax: the row max over the quad that shares a row. */
-      float mx[2] = {m_i[0], m_i[1]};
-#pragma unroll
-      for (int n = 0; n < NS; ++n) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
-      }
-      float mu[2], alpha[2], rs[2] = {0.f, 0.f};
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        /* A row with no visible key yet keeps max -inf; subtracting 0 then
-         * gives exp2(-inf) = 0 instead of NaN. */
-        mu[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-        alpha[r] = ex2(m_i[r] - mu[r]);
-        m_i[r] = mx[r];
-      }
-#pragma unroll
-      for (int n = 0; n < NS; ++n) {
-        s[n][0] = ex2(s[n][0] - mu[0]);
-        s[n][1] = ex2(s[n][1] - mu[0]);
-        s[n][2] = ex2(s[n][2] - mu[1]);
-        s[n][3] = ex2(s[n][3] - mu[1]);
-        rs[0] += s[n][0] + s[n][1];
-        rs[1] += s[n][2] + s[n][3];
-      }
-      /* l_i stays a per-thread partial sum until the end. */
-      l_i[0] = l_i[0] * alpha[0] + rs[0];
-      l_i[1] = l_i[1] * alpha[1] + rs[1];
-#pragma unroll
-      for (int n = 0; n < NO; ++n) {
-        acc_o[n][0] *= alpha[0];
-        acc_o[n][1] *= alpha[0];
-        acc_o[n][2] *= alpha[1];
-        acc_o[n][3] *= alpha[1];
-      }
-
-      /* V(nb) has landed, and every warp is done with K(nb). */
-      cp_async_wait_all();
-      __syncthreads();
-      if (nb + 1 < nb_max) {
-        load_tile<BC, D, NT>(sK, gk, p.k.ss, (nb + 1) * BC, nk, tid);
-        cp_async_commit();
-      }
-
+      /* O += P V; P is already in A-fragment order. */
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk) {
-        uint32_t a[4];
-        a[0] = elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          a[mt][0] = elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          a[mt][1] = elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          a[mt][2] = elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          a[mt][3] = elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int np = 0; np < D / 16; ++np) {
           uint32_t bb[4];
-          load_b_kn<LD>(bb, sV, np * 16, kk * 16, lane);
-          elem<T>::mma(acc_o[2 * np], a, bb[0], bb[1]);
-          elem<T>::mma(acc_o[2 * np + 1], a, bb[2], bb[3]);
+          ldsm_x4_t(bb, cV + (kk * 16 * LD + np * 16) * sizeof(T));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            elem<T>::mma(acc_o[mt][2 * np], a[mt], bb[0], bb[1]);
+            elem<T>::mma(acc_o[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+          }
         }
       }
     }
+    /* Drain the trailing (empty) groups before the block exits. */
+    cp_async_wait_all();
   }
 
   /* O = acc / l, lse = m ln 2 + ln l; rows with no key: 0 and -inf. */
   T *go = row_ptr<T>(p.o, b, sq.q0, h);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = l_i[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int i = m0 + warp * 16 + g + r * 8;
-    if (i < nq) {
-      T *orow = go + (int64_t)i * p.o.ss;
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int n = 0; n < NO; ++n)
-        *(uint32_t *)(orow + n * 8 + 2 * t) =
-            elem<T>::pack(acc_o[n][2 * r] * inv, acc_o[n][2 * r + 1] * inv);
-      if (p.has_lse && t == 0) {
-        float *gl = row_ptr<float>(p.lse, b, sq.q0 + i, h);
-        *gl = l > 0.f ? m_i[r] * kLn2 + logf(l) : -INFINITY;
+    for (int r = 0; r < 2; ++r) {
+      float l = l_i[mt][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int i = m0 + w0 + mt * 16 + g + r * 8;
+      if (i < nq) {
+        T *orow = go + (int64_t)i * p.o.ss;
+#pragma unroll
+        for (int n = 0; n < NO; ++n)
+          *(uint32_t *)(orow + n * 8 + 2 * t) =
+              elem<T>::pack(acc_o[mt][n][2 * r] * inv, acc_o[mt][n][2 * r + 1] * inv);
+        if (p.has_lse && t == 0) {
+          float *gl = row_ptr<float>(p.lse, b, sq.q0 + i, h);
+          *gl = l > 0.f ? m_i[mt][r] * kLn2 + logf(l) : -INFINITY;
+        }
       }
     }
   }
 }
 
-template <typename T, int D, int BR, int BC, int NW, bool QR>
+template <typename T, int D, int MT, int NW, int BC, int STAGES, bool QR, int MINB>
 static int launch_fwd(const params &p, const attn__cuda_launch *L) {
-  const size_t smem = (size_t)(BR + 2 * BC) * (D + kPad) * sizeof(T);
+  constexpr int BR = 16 * MT * NW;
+  const size_t smem = (size_t)(BR + 2 * STAGES * BC) * (D + kPad) * sizeof(T);
   if (smem > L->smem_optin) {
     attn__debug("cuda mma: forward needs %zu bytes of shared memory", smem);
     return ATTN_EUNSUPPORTED;
   }
-  auto kern = fwd_kernel<T, D, BR, BC, NW, QR>;
+  auto kern = fwd_kernel<T, D, MT, NW, BC, STAGES, QR, MINB>;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
       cudaSuccess)
     return ATTN_EDEVICE;
@@ -302,21 +380,33 @@ static int launch_fwd(const params &p, const attn__cuda_launch *L) {
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 
-/* Tile shapes: Br = 128 (8 warps) halves the K/V traffic per query row
- * against Br = 64 and keeps 1 block of 8 warps per SM within 255 registers;
- * d = 256 keeps Q in shared memory (its 64 registers would not fit beside
- * the 128 of O) and uses Bc = 32. */
+/* Tile shapes, per head dim: <MT, NW, Bc, STAGES, Q in registers, blocks per
+ * SM>. ATTN_MMA_FWD_D64 etc. override them at build time, which is how
+ * bench/mma_h200.sh compares variants. */
+#ifndef ATTN_MMA_FWD_D64
+#define ATTN_MMA_FWD_D64 1, 8, 64, 2, true, 1
+#endif
+#ifndef ATTN_MMA_FWD_D96
+#define ATTN_MMA_FWD_D96 1, 8, 64, 2, true, 1
+#endif
+#ifndef ATTN_MMA_FWD_D128
+#define ATTN_MMA_FWD_D128 1, 8, 64, 2, true, 1
+#endif
+#ifndef ATTN_MMA_FWD_D256
+#define ATTN_MMA_FWD_D256 1, 4, 32, 2, false, 1
+#endif
+
 template <typename T>
 static int forward_dtype(const params &p, const attn__cuda_launch *L, int d) {
   switch (d) {
     case 64:
-      return launch_fwd<T, 64, 128, 64, 8, true>(p, L);
+      return launch_fwd<T, 64, ATTN_MMA_FWD_D64>(p, L);
     case 96:
-      return launch_fwd<T, 96, 128, 64, 8, true>(p, L);
+      return launch_fwd<T, 96, ATTN_MMA_FWD_D96>(p, L);
     case 128:
-      return launch_fwd<T, 128, 128, 64, 8, true>(p, L);
+      return launch_fwd<T, 128, ATTN_MMA_FWD_D128>(p, L);
     case 256:
-      return launch_fwd<T, 256, 64, 32, 4, false>(p, L);
+      return launch_fwd<T, 256, ATTN_MMA_FWD_D256>(p, L);
     default:
       attn__debug("cuda mma: head dim %d has no tensor-core forward", d);
       return ATTN_EUNSUPPORTED;
