@@ -14,14 +14,21 @@
 #include "attn_internal.h"
 
 /* Tile sizes. With Br = Bc = 64 and d = 64 the working set of the forward
- * inner loop (Q, K, V, S and the O accumulator: 5 x 16 KiB) sits in the
- * 1-2 MiB L2 of current x86 cores with room to spare, and the S = Q K^T
- * product is m*n*k = 64*64*64, exactly the largest product OpenBLAS still
- * runs on the calling thread (see attn__cpu_gemm). Measured on the 2-core
- * AMD EPYC (Zen 4) build host: 64x64x64 sgemm runs at 84 GFLOP/s, 32x64x64
- * at 74, so smaller tiles lose; larger ones must be split anyway. */
+ * inner loop (Q^T, K, V, S^T and the O accumulator: 5 x 16 KiB) sits in
+ * the 1-2 MiB L2 of current x86 cores with room to spare, and each tile
+ * product is at most m*n*k = 64*64*64, the largest OpenBLAS still runs on
+ * the calling thread (see attn__cpu_gemm); bigger head dimensions are cut
+ * into 64-wide pieces. Measured on the 2-core AMD EPYC (Zen 4) build host,
+ * one thread, B=1 H=12 N=1024: every (Br, Bc) in {32, 64, 128}^2 lands
+ * within 5% of the others (75-87 GFLOP/s forward, 54-63 backward, d = 64
+ * and 128), below the noise of a shared machine; 64 x 64 keeps units small
+ * enough to spread short sequences (ViT's 197 tokens) over the threads. */
+#ifndef ATTN__CPU_BR /* -D overrides, for tuning */
 #define ATTN__CPU_BR 64
+#endif
+#ifndef ATTN__CPU_BC
 #define ATTN__CPU_BC 64
+#endif
 
 /* Aligned host memory for tiles and buffers (64 bytes: one cache line, one
  * AVX-512 register). NULL on failure; free with attn__cpu_free. */
