@@ -102,7 +102,8 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
       const float l = t->l[r];
       for (int c = 0; c < d; c++)
         orow[c] /= l;
-      t->lse[r] = t->m[r] + logf(l);
+      /* In double: one rounding instead of two (log, then the sum). */
+      t->lse[r] = (float)((double)t->m[r] + log((double)l));
     } else {
       /* A row with no visible key: o = 0, lse = -inf. */
       memset(orow, 0, (size_t)d * sizeof(float));
