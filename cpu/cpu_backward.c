@@ -2,52 +2,62 @@
  * CPU backward pass: FlashAttention-2's Algorithm 2, in three sweeps over
  * one OpenMP parallel region.
  *
- *   0. D_i = rowsum(dO_i * O_i) for every query row and head (O(N) scratch).
- *   1. Units (sequence, kv head, block of Bc keys): dK and dV of the block
- *      stay in one thread's tiles while every query head sharing the kv head
- *      and every block of Br query rows that sees the keys streams by:
+ *   0. D_i = rowsum(dO_i * O_i) for every query row and head, and the f32
+ *      dQ accumulator cleared.
+ *   1. Units (sequence, kv head, block of Bc keys), in ascending key order:
+ *      dK and dV of the block stay in one thread's tiles while every query
+ *      head sharing the kv head and every block of Br query rows that sees
+ *      the keys streams by:
  *        S  = scale * Q K^T, then softcap / ALiBi / mask (as the forward)
  *        P  = exp(S - lse)
  *        dV += P^T dO
  *        dP = dO V^T
  *        dS = P * (dP - D)  (times 1 - tanh^2(s/softcap) with softcap)
  *        dK += dS^T Q
+ *        dQ += dS K         (into the accumulator, in key-block order)
  *      and dK is scaled by `scale` once at the end.
- *   2. Units (sequence, query head, block of Br rows): the same S, P, dP, dS
- *      are recomputed for each visible key block and dQ += dS K, then dQ is
- *      scaled by `scale`.
+ *   2. dQ = scale * accumulator, written in the output dtype.
  *
- * Why dQ gets its own sweep: in sweep 1 every key block adds to the dQ of
- * every query row that sees it, from whatever thread holds the block, so dQ
- * would need atomics or a lock, and float additions in scheduling order are
- * not reproducible. Per-key-block dQ partials reduced in a fixed order would
- * be, but they take Nq x d floats per key block (Nq x Nk x d / Bc in all),
- * not memory linear in the sequence length. Recomputing S, P and dP costs
- * two more tile products per tile (7 instead of 5) but gives dQ one owner
- * per row block, summed over key blocks in ascending order: the result is
- * bit-identical run to run and for any thread count, and the only scratch
- * beyond the tiles is D.
+ * How dQ stays deterministic: every key block adds to the dQ of every query
+ * block that sees it, from whatever thread holds the key block. Atomics, or
+ * additions in whatever order threads arrive, would make the float sums
+ * differ run to run; per-key-block partials reduced afterwards would take
+ * Nq x d floats per key block (Nq x Nk x d / Bc in all). Instead each query
+ * block has a turn counter holding the last key block that added to it, and
+ * key block j adds only once its predecessor has (FlashAttention-2's
+ * deterministic backward on GPUs orders dQ the same way). The sum for every
+ * query block is then always taken in ascending key-block order, so dQ is
+ * bit-identical run to run and for any thread count, with 5 tile products
+ * per tile and scratch linear in the sequence length (D, the f32 dQ, one
+ * counter per query block). It cannot deadlock: units are handed out in
+ * ascending order (schedule(monotonic: dynamic)), a unit only ever waits
+ * for the one before it, and the lowest unit still running never waits.
+ * (The alternative, a second sweep that recomputes S, P and dP per query
+ * block to own dQ outright, costs 7 products per tile instead of 5.)
  */
+#define _POSIX_C_SOURCE 200809L /* sched_yield */
+
 #include "cpu_internal.h"
 
+#include <limits.h>
 #include <omp.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 typedef struct cpu_bwd_tiles {
-  float *q, *dout;   /* Br x d, when gathered (attn__cpu_view) */
-  float *qt, *doutt; /* d x Br: Q and dO transposed (sweep 2) */
-  float *dq;         /* Br x d */
-  float *k, *v;      /* Bc x d, when gathered (attn__cpu_view) */
-  float *kt, *vt;    /* d x Bc: K and V transposed (sweep 1) */
-  float *dk, *dv;    /* Bc x d */
-  float *s;          /* Br x Bc: scores, then P (sweep 2: transposed) */
-  float *dp;         /* Br x Bc: dP, then dS (idem) */
-  float *th;         /* Br x Bc: tanh(s / softcap), softcap only (idem) */
-  float *lse, *dd;   /* Br: the rows' lse and D */
+  float *q, *dout; /* Br x d, when gathered (attn__cpu_view) */
+  float *k;        /* Bc x d, idem */
+  float *kt, *vt;  /* d x Bc: K and V transposed */
+  float *dk, *dv;  /* Bc x d */
+  float *s;        /* Br x Bc: scores, then P */
+  float *dp;       /* Br x Bc: dP, then dS */
+  float *th;       /* Br x Bc: tanh(s / softcap), softcap only */
+  float *lse, *dd; /* Br: the rows' lse and D */
 } cpu_bwd_tiles;
 
 static size_t cpu_bwd_floats(int64_t d) {
-  return (size_t)ATTN__CPU_BR * d * 5 + (size_t)ATTN__CPU_BC * d * 6 +
+  return (size_t)ATTN__CPU_BR * d * 2 + (size_t)ATTN__CPU_BC * d * 5 +
          (size_t)ATTN__CPU_BR * ATTN__CPU_BC * 3 + 2 * (size_t)ATTN__CPU_BR;
 }
 
@@ -57,12 +67,8 @@ static cpu_bwd_tiles cpu_bwd_carve(float *base, int64_t d) {
   cpu_bwd_tiles t;
   t.q = base;
   t.dout = t.q + qd;
-  t.qt = t.dout + qd;
-  t.doutt = t.qt + qd;
-  t.dq = t.doutt + qd;
-  t.k = t.dq + qd;
-  t.v = t.k + kd;
-  t.kt = t.v + kd;
+  t.k = t.dout + qd;
+  t.kt = t.k + kd;
   t.vt = t.kt + kd;
   t.dk = t.vt + kd;
   t.dv = t.dk + kd;
@@ -74,28 +80,30 @@ static cpu_bwd_tiles cpu_bwd_carve(float *base, int64_t d) {
   return t;
 }
 
-/* The first row of sequence b in the D scratch ([Hq][total_q]). */
+/* Scratch shared by the threads. Query rows are numbered globally,
+ * g = qrow(b) + i, over all sequences. */
+typedef struct cpu_bwd_shared {
+  int64_t total_q;  /* rows of q over all sequences */
+  int64_t *qblock0; /* first query block of sequence b (Br-aligned per sequence) */
+  int64_t qblocks;  /* query blocks over all sequences, per head */
+  float *dd;        /* [Hq][total_q]: D */
+  float *dq;        /* [Hq][total_q][d]: the dQ accumulator, unscaled */
+  atomic_int *turn; /* [Hq][qblocks]: the last key block that added to dQ, or -1 */
+} cpu_bwd_shared;
+
 static int64_t cpu_qrow(const attn__problem *pb, int64_t b) {
   return pb->cu_q ? pb->cu_q[b] : b * pb->seqlen_q;
 }
 
-/* lse and D of rows [i0, i0 + br) of query head h of sequence b. */
-static void cpu_bwd_load_stats(const attn__problem *pb, const cpu_bwd_tiles *t, const float *dbuf,
-                               int64_t b, int64_t h, int64_t i0, int br) {
-  const int64_t total_q = cpu_qrow(pb, pb->batch);
-  attn__cpu_load_lse(pb, b, attn__row0_q(pb, b) + i0, br, h, t->lse);
-  memcpy(t->dd, dbuf + h * total_q + cpu_qrow(pb, b) + i0, (size_t)br * sizeof(float));
-}
-
-/* Sweep 0: D for rows [i0, i0 + br) of head h of sequence b. */
-static void cpu_bwd_delta(const attn__problem *pb, const cpu_bwd_tiles *t, float *dbuf, int64_t b,
-                          int64_t h, int64_t i0, int br) {
+/* Sweep 0: D for rows [i0, i0 + br) of head h of sequence b; their dQ
+ * accumulator cleared. */
+static void cpu_bwd_delta(const attn__problem *pb, const cpu_bwd_tiles *t, const cpu_bwd_shared *sh,
+                          int64_t b, int64_t h, int64_t i0, int br) {
   const int d = (int)pb->head_dim;
   const int64_t rq = attn__row0_q(pb, b) + i0;
-  const int64_t total_q = cpu_qrow(pb, pb->batch);
+  const int64_t g = h * sh->total_q + cpu_qrow(pb, b) + i0;
   attn__cpu_load(pb, &pb->o, b, rq, br, h, t->q, d);
   attn__cpu_load(pb, &pb->dout, b, rq, br, h, t->dout, d);
-  float *out = dbuf + h * total_q + cpu_qrow(pb, b) + i0;
   for (int r = 0; r < br; r++) {
     const float *orow = t->q + (size_t)r * d, *drow = t->dout + (size_t)r * d;
     /* In double: D is subtracted from dP, and cancellation there is where
@@ -103,35 +111,68 @@ static void cpu_bwd_delta(const attn__problem *pb, const cpu_bwd_tiles *t, float
     double acc = 0.0;
     for (int c = 0; c < d; c++)
       acc += (double)orow[c] * drow[c];
-    out[r] = (float)acc;
+    sh->dd[g + r] = (float)acc;
+  }
+  memset(sh->dq + g * d, 0, (size_t)br * d * sizeof(float));
+}
+
+/* Whether key block kb (keys [kb Bc, ...)) is seen by some row of query
+ * block [i0, i0 + Br): the same test sweep 1 uses to pick the query blocks
+ * of a key block, so the turn order below matches the visits exactly. */
+static int cpu_bwd_touches(const attn__problem *pb, int64_t kb, int64_t i0, int64_t nq,
+                           int64_t nk) {
+  int64_t j0 = kb * ATTN__CPU_BC, j1 = j0 + ATTN__CPU_BC, ilo, ihi;
+  if (j1 > nk) j1 = nk;
+  attn__cpu_query_range(pb, j0, j1, nq, nk, &ilo, &ihi);
+  return ilo < ihi && ilo < i0 + ATTN__CPU_BR && ihi > i0;
+}
+
+static void cpu_bwd_wait(atomic_int *turn, int want) {
+  int spins = 0;
+  while (atomic_load_explicit(turn, memory_order_acquire) != want) {
+    /* The predecessor is one tile's work away at most, unless its thread
+     * was descheduled: then let it run. */
+    if (++spins == 256) {
+      spins = 0;
+      sched_yield();
+    }
   }
 }
 
-/* Sweep 1: dK, dV of keys [j0, j0 + bc) of kv head hk of sequence b. The
- * score tile has the queries down the rows here: K and V, fixed for the
- * unit, are the ones stored transposed. */
-static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const float *dbuf,
-                       int64_t b, int64_t hk, int64_t j0, int bc) {
+/* Sweep 1: dK, dV of key block kb (keys [j0, j0 + bc)) of kv head hk of
+ * sequence b, and its share of dQ. The score tile has the queries down the
+ * rows: K and V, fixed for the unit, are the operands stored transposed
+ * (see attn__cpu_load_t). */
+static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cpu_bwd_shared *sh,
+                       int64_t b, int64_t hk, int64_t kb, int bc) {
   const int d = (int)pb->head_dim;
   const int capped = pb->softcap > 0.0f;
   const int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
-  const int64_t rk = attn__row0_k(pb, b) + j0;
+  const int64_t j0 = kb * ATTN__CPU_BC, rk = attn__row0_k(pb, b) + j0;
   const int64_t group = pb->heads_q / pb->heads_kv;
   int64_t ilo, ihi;
   attn__cpu_query_range(pb, j0, j0 + bc, nq, nk, &ilo, &ihi);
 
+  int ldk;
+  const float *k = attn__cpu_view(pb, &pb->k, b, rk, bc, hk, t->k, &ldk);
   attn__cpu_load_t(pb, &pb->k, b, rk, bc, hk, t->kt, ATTN__CPU_BC);
   attn__cpu_load_t(pb, &pb->v, b, rk, bc, hk, t->vt, ATTN__CPU_BC);
   memset(t->dk, 0, (size_t)bc * d * sizeof(float));
   memset(t->dv, 0, (size_t)bc * d * sizeof(float));
-  for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
-    for (int64_t i0 = ilo; i0 < ihi; i0 += ATTN__CPU_BR) {
-      const int br = (int)(ihi - i0 < ATTN__CPU_BR ? ihi - i0 : ATTN__CPU_BR);
-      const int64_t rq = attn__row0_q(pb, b) + i0;
+  /* No query block at all must also mean no turn taken: see
+   * cpu_bwd_touches. */
+  const int64_t h_end = ilo < ihi ? (hk + 1) * group : hk * group;
+  for (int64_t h = hk * group; h < h_end; h++) {
+    /* Query blocks aligned to Br within the sequence, so that every key
+     * block adds to the same dQ blocks. */
+    for (int64_t i0 = ilo / ATTN__CPU_BR * ATTN__CPU_BR; i0 < ihi; i0 += ATTN__CPU_BR) {
+      const int br = (int)(nq - i0 < ATTN__CPU_BR ? nq - i0 : ATTN__CPU_BR);
+      const int64_t rq = attn__row0_q(pb, b) + i0, g = h * sh->total_q + cpu_qrow(pb, b) + i0;
       int ldq, lddo;
       const float *q = attn__cpu_view(pb, &pb->q, b, rq, br, h, t->q, &ldq);
       const float *dout = attn__cpu_view(pb, &pb->dout, b, rq, br, h, t->dout, &lddo);
-      cpu_bwd_load_stats(pb, t, dbuf, b, h, i0, br);
+      attn__cpu_load_lse(pb, b, rq, br, h, t->lse);
+      memcpy(t->dd, sh->dd + g, (size_t)br * sizeof(float));
 
       /* S = scale Q K^T, P = exp(S - lse) */
       attn__cpu_gemm(0, 0, br, bc, d, pb->scale, q, ldq, t->kt, ATTN__CPU_BC, 0.0f, t->s,
@@ -146,6 +187,14 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const fl
       attn__cpu_dsoftmax(t->s, t->dp, capped ? t->th : NULL, br, bc, ATTN__CPU_BC, t->dd, 0);
       /* dK += dS^T Q */
       attn__cpu_gemm(1, 0, bc, d, br, 1.0f, t->dp, ATTN__CPU_BC, q, ldq, 1.0f, t->dk, d);
+      /* dQ += dS K, after the previous key block that sees these rows. */
+      int64_t prev = kb - 1;
+      while (prev >= 0 && !cpu_bwd_touches(pb, prev, i0, nq, nk))
+        prev--;
+      atomic_int *turn = sh->turn + h * sh->qblocks + sh->qblock0[b] + i0 / ATTN__CPU_BR;
+      cpu_bwd_wait(turn, (int)prev);
+      attn__cpu_gemm(0, 0, br, d, bc, 1.0f, t->dp, ATTN__CPU_BC, k, ldk, 1.0f, sh->dq + g * d, d);
+      atomic_store_explicit(turn, (int)kb, memory_order_release);
     }
   }
   for (size_t x = 0; x < (size_t)bc * d; x++)
@@ -154,63 +203,19 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const fl
   attn__cpu_store(pb, &pb->dv, b, rk, bc, hk, t->dv, d);
 }
 
-/* Sweep 2: dQ of rows [i0, i0 + br) of query head h of sequence b. The
- * score tile is transposed here (keys down, queries across), as in the
- * forward: Q and dO, fixed for the unit, are stored transposed. */
-static void cpu_bwd_q(const attn__problem *pb, const cpu_bwd_tiles *t, const float *dbuf, int64_t b,
-                      int64_t h, int64_t i0, int br) {
+/* Sweep 2: dQ of rows [i0, i0 + br) of query head h of sequence b. */
+static void cpu_bwd_dq(const attn__problem *pb, const cpu_bwd_shared *sh, int64_t b, int64_t h,
+                       int64_t i0, int br) {
   const int d = (int)pb->head_dim;
-  const int capped = pb->softcap > 0.0f;
-  const int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
-  const int64_t rq = attn__row0_q(pb, b) + i0, rk = attn__row0_k(pb, b);
-  const int64_t hk = h / (pb->heads_q / pb->heads_kv);
-  int64_t jlo, jhi, unused;
-  attn__key_range(pb, i0, nq, nk, &jlo, &unused);
-  attn__key_range(pb, i0 + br - 1, nq, nk, &unused, &jhi);
-
-  attn__cpu_load_t(pb, &pb->q, b, rq, br, h, t->qt, ATTN__CPU_BR);
-  attn__cpu_load_t(pb, &pb->dout, b, rq, br, h, t->doutt, ATTN__CPU_BR);
-  cpu_bwd_load_stats(pb, t, dbuf, b, h, i0, br);
-  memset(t->dq, 0, (size_t)br * d * sizeof(float));
-  for (int64_t j0 = jlo; j0 < jhi; j0 += ATTN__CPU_BC) {
-    const int bc = (int)(jhi - j0 < ATTN__CPU_BC ? jhi - j0 : ATTN__CPU_BC);
-    int ldk, ldv;
-    const float *k = attn__cpu_view(pb, &pb->k, b, rk + j0, bc, hk, t->k, &ldk);
-    const float *v = attn__cpu_view(pb, &pb->v, b, rk + j0, bc, hk, t->v, &ldv);
-    /* S^T = scale K Q^T, P^T = exp(S^T - lse) */
-    attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk, t->qt, ATTN__CPU_BR, 0.0f, t->s,
-                   ATTN__CPU_BR);
-    attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->s, 1, ATTN__CPU_BR, capped ? t->th : NULL);
-    attn__cpu_exp_cols(t->s, bc, br, ATTN__CPU_BR, t->lse);
-    /* dP^T = V dO^T, dS^T = P^T (dP^T - D) */
-    attn__cpu_gemm(0, 0, bc, br, d, 1.0f, v, ldv, t->doutt, ATTN__CPU_BR, 0.0f, t->dp,
-                   ATTN__CPU_BR);
-    attn__cpu_dsoftmax(t->s, t->dp, capped ? t->th : NULL, bc, br, ATTN__CPU_BR, t->dd, 1);
-    /* dQ += dS K */
-    attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->dp, ATTN__CPU_BR, k, ldk, 1.0f, t->dq, d);
-  }
+  float *acc = sh->dq + (h * sh->total_q + cpu_qrow(pb, b) + i0) * d;
   for (size_t x = 0; x < (size_t)br * d; x++)
-    t->dq[x] *= pb->scale;
-  attn__cpu_store(pb, &pb->dq, b, rq, br, h, t->dq, d);
+    acc[x] *= pb->scale;
+  attn__cpu_store(pb, &pb->dq, b, attn__row0_q(pb, b) + i0, br, h, acc, d);
 }
 
-int attn__cpu_backward(attn_context *ctx, const attn__problem *pb) {
+static void cpu_bwd_run(const attn__problem *pb, const cpu_bwd_shared *sh, const int64_t *qunits,
+                        const int64_t *kunits, float *scratch, int nthreads, size_t per_thread) {
   const int64_t d = pb->head_dim, br = ATTN__CPU_BR, bc = ATTN__CPU_BC;
-  const int64_t total_q = cpu_qrow(pb, pb->batch);
-  int64_t *qunits = attn__cpu_units(pb, 0, pb->heads_q, br);
-  int64_t *kunits = attn__cpu_units(pb, 1, pb->heads_kv, bc);
-  float *dbuf = attn__cpu_alloc((size_t)(pb->heads_q * total_q) * sizeof(float));
-  const int nthreads = omp_get_max_threads();
-  const size_t per_thread = (cpu_bwd_floats(d) + 15) / 16 * 16;
-  float *scratch = attn__cpu_alloc((size_t)nthreads * per_thread * sizeof(float));
-  if (!qunits || !kunits || !dbuf || !scratch) {
-    free(qunits);
-    free(kunits);
-    attn__cpu_free(dbuf);
-    attn__cpu_free(scratch);
-    return attn__error(ctx, ATTN_ENOMEM, "cpu backward: cannot allocate %d threads' tiles",
-                       nthreads);
-  }
   const int64_t nqu = qunits[pb->batch], nku = kunits[pb->batch];
 
 #pragma omp parallel num_threads(nthreads)
@@ -222,27 +227,65 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb) {
       const int64_t b = attn__cpu_unit_seq(qunits, pb->batch, u);
       const int64_t nq = attn__seq_q(pb, b), blocks = (nq + br - 1) / br;
       const int64_t rest = u - qunits[b], h = rest / blocks, i0 = (rest % blocks) * br;
-      cpu_bwd_delta(pb, &t, dbuf, b, h, i0, (int)(nq - i0 < br ? nq - i0 : br));
+      cpu_bwd_delta(pb, &t, sh, b, h, i0, (int)(nq - i0 < br ? nq - i0 : br));
     }
-#pragma omp for schedule(dynamic, 1)
+    /* Units in ascending order, key blocks innermost: see the top. */
+#pragma omp for schedule(monotonic : dynamic, 1)
     for (int64_t u = 0; u < nku; u++) {
       const int64_t b = attn__cpu_unit_seq(kunits, pb->batch, u);
       const int64_t nk = attn__seq_k(pb, b), blocks = (nk + bc - 1) / bc;
-      const int64_t rest = u - kunits[b], hk = rest / blocks, j0 = (rest % blocks) * bc;
-      cpu_bwd_kv(pb, &t, dbuf, b, hk, j0, (int)(nk - j0 < bc ? nk - j0 : bc));
+      const int64_t rest = u - kunits[b], hk = rest / blocks, kb = rest % blocks;
+      cpu_bwd_kv(pb, &t, sh, b, hk, kb, (int)(nk - kb * bc < bc ? nk - kb * bc : bc));
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < nqu; u++) {
       const int64_t b = attn__cpu_unit_seq(qunits, pb->batch, u);
       const int64_t nq = attn__seq_q(pb, b), blocks = (nq + br - 1) / br;
       const int64_t rest = u - qunits[b], h = rest / blocks, i0 = (rest % blocks) * br;
-      cpu_bwd_q(pb, &t, dbuf, b, h, i0, (int)(nq - i0 < br ? nq - i0 : br));
+      cpu_bwd_dq(pb, sh, b, h, i0, (int)(nq - i0 < br ? nq - i0 : br));
     }
+  }
+}
+
+int attn__cpu_backward(attn_context *ctx, const attn__problem *pb) {
+  const int64_t d = pb->head_dim, br = ATTN__CPU_BR, bc = ATTN__CPU_BC;
+  cpu_bwd_shared sh;
+  sh.total_q = cpu_qrow(pb, pb->batch);
+  int64_t *qunits = attn__cpu_units(pb, 0, pb->heads_q, br);
+  int64_t *kunits = attn__cpu_units(pb, 1, pb->heads_kv, bc);
+  sh.qblock0 = malloc((size_t)(pb->batch + 1) * sizeof *sh.qblock0);
+  sh.qblocks = qunits ? qunits[pb->batch] / pb->heads_q : 0;
+  sh.dd = attn__cpu_alloc((size_t)(pb->heads_q * sh.total_q) * sizeof(float));
+  sh.dq = attn__cpu_alloc((size_t)(pb->heads_q * sh.total_q * d) * sizeof(float));
+  sh.turn = malloc((size_t)(pb->heads_q * sh.qblocks + 1) * sizeof *sh.turn);
+  const int nthreads = omp_get_max_threads();
+  const size_t per_thread = (cpu_bwd_floats(d) + 15) / 16 * 16;
+  float *scratch = attn__cpu_alloc((size_t)nthreads * per_thread * sizeof(float));
+  int rc = ATTN_OK;
+  if (!qunits || !kunits || !sh.qblock0 || !sh.dd || !sh.dq || !sh.turn || !scratch) {
+    rc = attn__error(ctx, ATTN_ENOMEM,
+                     "cpu backward: cannot allocate D and the dQ accumulator (%lld rows x %lld "
+                     "heads) or %d threads' tiles",
+                     (long long)sh.total_q, (long long)pb->heads_q, nthreads);
+  } else if ((pb->seqlen_k + bc - 1) / bc > INT_MAX) {
+    /* The turn counters hold key block numbers in an int. */
+    rc = attn__error(ctx, ATTN_EUNSUPPORTED,
+                     "cpu backward: seqlen_k %lld has more key blocks than an int counts",
+                     (long long)pb->seqlen_k);
+  } else {
+    for (int64_t b = 0; b < pb->batch; b++)
+      sh.qblock0[b] = qunits[b] / pb->heads_q;
+    for (int64_t x = 0; x < pb->heads_q * sh.qblocks; x++)
+      atomic_init(&sh.turn[x], -1);
+    cpu_bwd_run(pb, &sh, qunits, kunits, scratch, nthreads, per_thread);
   }
 
   free(qunits);
   free(kunits);
-  attn__cpu_free(dbuf);
+  free(sh.qblock0);
+  free(sh.turn);
+  attn__cpu_free(sh.dd);
+  attn__cpu_free(sh.dq);
   attn__cpu_free(scratch);
-  return ATTN_OK;
+  return rc;
 }
