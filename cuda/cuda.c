@@ -20,7 +20,10 @@ cudaError_t attn__cuda_selftest_run(cudaStream_t stream, int *bad);
 
 typedef struct cuda_impl {
   int device;
-  cudaStream_t own;    /* created with the context */
+  /* Created with the context as a blocking stream: it waits for the legacy
+   * default stream, where a caller that never heard of streams wrote the
+   * inputs. */
+  cudaStream_t own;
   cudaStream_t stream; /* own, or the caller's (attn_context_set_stream) */
   int sm_count, cc_major, cc_minor;
   size_t smem_optin;
@@ -111,7 +114,7 @@ static int cuda_open(attn_context *ctx, int index) {
   if (!I) return attn__error(ctx, ATTN_ENOMEM, "out of host memory for the CUDA context");
   I->device = index;
   cudaError_t e = cudaSetDevice(index);
-  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&I->own, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&I->own, cudaStreamDefault);
   if (e == cudaSuccess)
     e = cudaDeviceGetAttribute(&I->sm_count, cudaDevAttrMultiProcessorCount, index);
   if (e == cudaSuccess)

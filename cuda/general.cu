@@ -64,7 +64,6 @@ static gparams make_params(const attn__cuda_launch *L, int backward) {
   P.cu_q = L->cu_q;
   P.cu_k = L->cu_k;
   P.scale = pb->scale;
-  P.scale_log2 = pb->scale * kLog2e;
   P.softcap = pb->softcap > 0.f ? pb->softcap : 0.f;
   P.inv_softcap = P.softcap > 0.f ? 1.f / P.softcap : 0.f;
   P.wl = pb->window_left;

@@ -25,8 +25,8 @@
  * the 16 lanes of a half warp (shared-memory broadcast) and the 16 keys of a
  * half warp are consecutive rows of the K tile, whose stride (DP + 4 floats)
  * puts their 16-byte loads in distinct bank groups. Output columns are owned
- * as float2 pairs, tx*2 + 32*g. Scores live in the log2 domain (x * log2(e))
- * so that exp is one ex2 instruction.
+ * as float2 pairs, tx*2 + 32*g. Scores stay in natural units and exp(x) is
+ * ex2(x * log2(e)) of a difference that is already small (see score()).
  */
 #ifndef ATTN_CUDA_GENERAL_CUH
 #define ATTN_CUDA_GENERAL_CUH
@@ -41,7 +41,6 @@ namespace attn_general {
 
 constexpr int kThreads = 256;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 /* One operand: p already includes the byte offset. vec = 1 when every row
  * starts 16-byte aligned (f32) or 8-byte aligned (f16/bf16), the d-stride is
@@ -57,7 +56,7 @@ struct gparams {
   int batch, hq, hkv, group, d;
   long long nq, nk; /* bshd lengths; varlen: the longest ones */
   const int32_t *cu_q, *cu_k;
-  float scale, scale_log2, softcap, inv_softcap;
+  float scale, softcap, inv_softcap;
   long long wl, wr; /* -1 = no bound; causal already folded into wr */
   const float *alibi;
   float *ws_D;  /* [total_q][hq] */
@@ -201,10 +200,12 @@ __device__ __forceinline__ void load_tile(float *sm, int ld, const gtensor &t, l
   }
 }
 
-/* The final score in the log2 domain: softcap, then ALiBi, then * log2(e).
- * *dcap receives d(softcapped)/d(raw), 1 without softcap. */
-__device__ __forceinline__ float score_log2(const gparams &P, float acc, float slope,
-                                            long long dist, float *dcap) {
+/* The final score: softcap, then ALiBi. *dcap receives d(softcapped)/d(raw),
+ * 1 without softcap. Scores stay in natural units: converting s itself to
+ * log2 units rounds a large logit once more, and the backward pass's
+ * exp(s - lse) loses that many bits (the big_logits golden case). */
+__device__ __forceinline__ float score(const gparams &P, float acc, float slope, long long dist,
+                                       float *dcap) {
   float s = acc * P.scale;
   *dcap = 1.f;
   if (P.softcap > 0.f) {
@@ -212,8 +213,7 @@ __device__ __forceinline__ float score_log2(const gparams &P, float acc, float s
     s = P.softcap * t;
     *dcap = 1.f - t * t;
   }
-  s -= slope * (float)(dist < 0 ? -dist : dist);
-  return s * kLog2e;
+  return s - slope * (float)(dist < 0 ? -dist : dist);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -339,9 +339,9 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
         const long long j = k0 + tx + 16 * jj;
         float x, dcap;
         if (plain) {
-          x = s[ii][jj] * P.scale_log2;
+          x = s[ii][jj] * P.scale;
         } else {
-          x = score_log2(P, s[ii][jj], slope, diag - j, &dcap);
+          x = score(P, s[ii][jj], slope, diag - j, &dcap);
         }
         if (!full && (j < lo || j >= hi)) x = -INFINITY;
         s[ii][jj] = x;
@@ -354,11 +354,11 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
       /* A row that has seen no key yet keeps m = -inf; exponentiate against 0
        * then, so that -inf - -inf never makes a NaN. */
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = exp2f(m_i[ii] - m_use);
+      const float alpha = exp2f((m_i[ii] - m_use) * kLog2e);
       float sum = 0.f;
 #pragma unroll
       for (int jj = 0; jj < MC; jj++) {
-        float p = exp2f(s[ii][jj] - m_use);
+        float p = exp2f((s[ii][jj] - m_use) * kLog2e);
         sum += p;
         Ps[(ty + 16 * ii) * LDP + tx + 16 * jj] = p;
       }
@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
       if (c + 1 < P.d) elem<T>::st(op, obase + i * P.o.ss + (c + 1) * P.o.sd, o[ii][g].y * inv);
     }
     if (P.lse.p && tx == 0) {
-      const float lse = l > 0.f ? (m_i[ii] + log2f(l)) * kLn2 : -INFINITY;
+      const float lse = l > 0.f ? m_i[ii] + logf(l) : -INFINITY;
       ((float *)P.lse.p)[(long long)b * P.lse.sb + (S.row0q + i) * P.lse.ss + h * P.lse.sh] = lse;
     }
   }
@@ -494,7 +494,7 @@ struct bwd_cfg {
 template <int DP, int M>
 __device__ __forceinline__ void bwd_p_ds(const gparams &P, const seqinfo &S, const float *Qs,
                                          const float *dOs, const float *Ks, const float *Vs,
-                                         const float *lse2s, const float *Ds, float *Ps, float *dSs,
+                                         const float *lses, const float *Ds, float *Ps, float *dSs,
                                          long long i0, long long j0, float slope, bool plain) {
   using C = bwd_cfg<DP, M>;
   constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP;
@@ -540,18 +540,19 @@ __device__ __forceinline__ void bwd_p_ds(const gparams &P, const seqinfo &S, con
     long long lo = 0, hi = 0;
     if (i < S.nq) key_range(P, i, S.nq, S.nk, &lo, &hi);
     const long long diag = i + S.nk - S.nq;
-    const float lse2 = lse2s[r], Dr = Ds[r];
+    const float lse = lses[r], Dr = Ds[r];
 #pragma unroll
     for (int jj = 0; jj < M; jj++) {
       const long long j = j0 + tx + 16 * jj;
+      /* s - lse in one rounding (fmaf) where there is no softcap or ALiBi. */
       float x, dcap = 1.f;
       if (plain) {
-        x = s[ii][jj] * P.scale_log2;
+        x = fmaf(s[ii][jj], P.scale, -lse);
       } else {
-        x = score_log2(P, s[ii][jj], slope, diag - j, &dcap);
+        x = score(P, s[ii][jj], slope, diag - j, &dcap) - lse;
       }
       float p = 0.f;
-      if (j >= lo && j < hi && lse2 != -INFINITY) p = exp2f(x - lse2);
+      if (j >= lo && j < hi && lse != -INFINITY) p = exp2f(x * kLog2e);
       if (Ps) Ps[r * LDP + tx + 16 * jj] = p;
       dSs[r * LDP + tx + 16 * jj] = p * (dp[ii][jj] - Dr) * dcap;
     }
@@ -559,20 +560,19 @@ __device__ __forceinline__ void bwd_p_ds(const gparams &P, const seqinfo &S, con
   (void)Br;
 }
 
-/* lse (as log2) and D of query rows i0 .. i0+Br-1 into shared memory. */
+/* lse and D of query rows i0 .. i0+Br-1 into shared memory. */
 template <int Br>
 __device__ __forceinline__ void load_row_stats(const gparams &P, const seqinfo &S, int b, int h,
-                                               long long i0, float *lse2s, float *Ds) {
+                                               long long i0, float *lses, float *Ds) {
   for (int r = threadIdx.x; r < Br; r += kThreads) {
     const long long i = i0 + r;
-    float l2 = -INFINITY, D = 0.f;
+    float lse = -INFINITY, D = 0.f;
     if (i < S.nq) {
-      l2 = ((const float *)
-                P.lse.p)[(long long)b * P.lse.sb + (S.row0q + i) * P.lse.ss + h * P.lse.sh] *
-           kLog2e;
+      lse = ((const float *)
+                 P.lse.p)[(long long)b * P.lse.sb + (S.row0q + i) * P.lse.ss + h * P.lse.sh];
       D = P.ws_D[(S.wrow0 + i) * P.hq + h];
     }
-    lse2s[r] = l2;
+    lses[r] = lse;
     Ds[r] = D;
   }
 }
@@ -588,8 +588,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
   float *dOs = Qs + Br * LD;
   float *Ps = dOs + Br * LD;
   float *dSs = Ps + Br * LDP;
-  float *lse2s = dSs + Br * LDP;
-  float *Ds = lse2s + Br;
+  float *lses = dSs + Br * LDP;
+  float *Ds = lses + Br;
 
   const int kb = gridDim.x - 1 - blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const seqinfo S = get_seq(P, b);
@@ -623,11 +623,11 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
       load_tile<T, DP, Br>(Qs, LD, P.q, qbase, i0, S.nq, P.d);
       load_tile<T, DP, Br>(dOs, LD, P.dout, dobase, i0, S.nq, P.d);
       cp_async_commit();
-      load_row_stats<Br>(P, S, b, h, i0, lse2s, Ds);
+      load_row_stats<Br>(P, S, b, h, i0, lses, Ds);
       cp_async_wait<0>();
       __syncthreads();
 
-      bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, lse2s, Ds, Ps, dSs, i0, j0, slope, plain);
+      bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, lses, Ds, Ps, dSs, i0, j0, slope, plain);
       __syncthreads();
 
       /* dV += P^T dO, dK += dS^T Q over the Br rows. */
@@ -695,6 +695,16 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
 #pragma unroll
           for (int g = 0; g < NG; g++) {
             const int c = tx * 2 + 32 * g;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            /* Hopper adds a float2 in one atomic: half the L2 operations. An
+             * even d keeps the pair 8-byte aligned and inside the row. */
+            if ((P.d & 1) == 0) {
+              if (c < P.d)
+                atomicAdd((float2 *)(dst + c),
+                          make_float2(dq[ii][g].x * P.scale, dq[ii][g].y * P.scale));
+              continue;
+            }
+#endif
             if (c < P.d) atomicAdd(dst + c, dq[ii][g].x * P.scale);
             if (c + 1 < P.d) atomicAdd(dst + c + 1, dq[ii][g].y * P.scale);
           }
@@ -738,8 +748,8 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
   float *Ks = dOs + Br * LD;
   float *Vs = Ks + Bc * LD;
   float *dSs = Vs + Bc * LD;
-  float *lse2s = dSs + Br * LDP;
-  float *Ds = lse2s + Br;
+  float *lses = dSs + Br * LDP;
+  float *Ds = lses + Br;
 
   const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const seqinfo S = get_seq(P, b);
@@ -757,7 +767,7 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
                        (long long)b * P.dout.sb + S.row0q * P.dout.ss + h * P.dout.sh, i0, S.nq,
                        P.d);
   cp_async_commit();
-  load_row_stats<Br>(P, S, b, h, i0, lse2s, Ds);
+  load_row_stats<Br>(P, S, b, h, i0, lses, Ds);
 
   long long klo, khi, tmp;
   key_range(P, i0, S.nq, S.nk, &klo, &tmp);
@@ -778,7 +788,7 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, lse2s, Ds, nullptr, dSs, i0, j0, slope, plain);
+    bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, lses, Ds, nullptr, dSs, i0, j0, slope, plain);
     __syncthreads();
 #pragma unroll 2
     for (int j = 0; j < Bc; j += 4) {
