@@ -327,7 +327,7 @@ def check(args):
             bad.append("deterministic differs run to run")
         fails += bool(bad)
         print("%-26s %-4s o %.1e lse %.1e dq %.1e dk %.1e dv %.1e det(dq %.1e) %s" % (
-            name, str(dt).split(".")[1][:4], errs["o"], errs["lse"], errs["dq"], errs["dk"], errs["dv"],
+            name, {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dt], errs["o"], errs["lse"], errs["dq"], errs["dk"], errs["dv"],
             errs["dq_det"], "ok" if not bad else "FAIL " + ",".join(bad)), flush=True)
         rows.append({"case": name, "errs": errs, "bad": bad})
         A.release()
@@ -384,11 +384,16 @@ def bench(args):
     seqs = [int(x) for x in args.seqlens.split(",")]
     dims = [int(x) for x in args.dims.split(",")]
     tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+    t_start = time.time()
     for dn in dtypes:
         dt = tdt[dn]
         for d in dims:
             for causal in (False, True):
                 for N in seqs:
+                    if time.time() - t_start > args.budget_s:
+                        print("bench: over --budget-s %d, skipping %s d=%d causal=%d N=%d" % (
+                            args.budget_s, dn, d, causal, N))
+                        continue
                     H = 2048 // d  # the FlashAttention papers' hidden size 2048
                     B = max(1, args.tokens // N)
                     fl = 4.0 * B * H * N * N * d / (2 if causal else 1)
@@ -450,7 +455,9 @@ def bench(args):
         print("%-5s %3d %6s %6d | %s %s %s   %s  %s | %s %s %s   %s  %s" % (
             r["dtype"], r["d"], "yes" if r["causal"] else "no", r["N"],
             f(r, "ours_fwd"), f(r, "flash_fwd"), f(r, "cudnn_fwd"), f(r, "sdpa_fwd"), rf,
-            f(r, "ours_bwd"), f(r, "flash_bwd"), f(r, "cudnn_bwd"), f(r, "sdpa_bwd"), rb))
+            f(r, "ours_bwd"), f(r, "flash_bwd"), f(r, "cudnn_bwd"), f(r, "sdpa_bwd"), rb)
+            + ("  fwd MR=4 %s" % f(r, "ours_fwd_mr4") if "ours_fwd_mr4" in r else "")
+            + ("  ERR " + r["ours_err"][:60] if "ours_err" in r else ""))
     return 0
 
 
@@ -459,7 +466,8 @@ def main():
     ap.add_argument("mode", choices=["check", "bench"])
     ap.add_argument("lib", help="path to libattn.so")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--dtypes", default="bf16,f16,f32")
+    ap.add_argument("--dtypes", default="bf16,f32,f16", help="in this order (the budget cuts the last)")
+    ap.add_argument("--budget-s", type=int, default=240, help="skip what would start after this")
     ap.add_argument("--seqlens", default="1024,2048,4096,8192,16384")
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--tokens", type=int, default=16384, help="B*N per problem")
