@@ -89,7 +89,7 @@ int main(int argc, char **argv) {
     const char *base = strrchr(dir, '/');
     base = base ? base + 1 : dir;
     int bwd = i % 2;
-    size_t len = strlen(base) + 32;
+    size_t len = strlen(base) + sizeof "_backward_matches_within_tolerance";
     names[i] = malloc(len);
     if (!names[i]) return 1;
     snprintf(names[i], len, "%s_%s_matches_within_tolerance", base, bwd ? "backward" : "forward");
