@@ -184,7 +184,7 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
       /* dP = dO V^T, dS = P (dP - D) */
       attn__cpu_gemm(0, 0, br, bc, d, 1.0f, dout, lddo, t->vt, ATTN__CPU_BC, 0.0f, t->dp,
                      ATTN__CPU_BC);
-      attn__cpu_dsoftmax(t->s, t->dp, capped ? t->th : NULL, br, bc, ATTN__CPU_BC, t->dd, 0);
+      attn__cpu_dsoftmax(t->s, t->dp, capped ? t->th : NULL, br, bc, ATTN__CPU_BC, t->dd);
       /* dK += dS^T Q */
       attn__cpu_gemm(1, 0, bc, d, br, 1.0f, t->dp, ATTN__CPU_BC, q, ldq, 1.0f, t->dk, d);
       /* dQ += dS K, after the previous key block that sees these rows. */

