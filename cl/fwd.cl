@@ -207,19 +207,19 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
     red[(ty * TM + i) * TX + tx] = l_i[i];
   barrier(CLK_LOCAL_MEM_FENCE);
   __global T *op = o + oo + b * os.s0 + h * os.s2 + q0 * os.s1;
-#pragma unroll
   for (int i = 0; i < TM; ++i) {
     const int r = r0 + ty * TM + i;
     float l = 0.0f;
     for (int t = 0; t < TX; ++t)
       l += red[(ty * TM + i) * TX + t];
-    if (r >= nq) continue;
-#pragma unroll
-    for (int n = 0; n < TD; ++n) {
-      const int c = tx + TX * n;
-      if (c < d) STORE(op, r * os.s1 + c * os.s3, l > 0.0f ? acc[i][n] / l : 0.0f);
+    if (r < nq) {
+      for (int n = 0; n < TD; ++n) {
+        const int c = tx + TX * n;
+        if (c < d) STORE(op, r * os.s1 + c * os.s3, l > 0.0f ? acc[i][n] / l : 0.0f);
+      }
+      if (lse && tx == 0)
+        lse[lo_ + b * ls.s0 + h * ls.s2 + (q0 + r) * ls.s1] =
+            l > 0.0f ? m_i[i] + log(l) : -INFINITY;
     }
-    if (lse && tx == 0)
-      lse[lo_ + b * ls.s0 + h * ls.s2 + (q0 + r) * ls.s1] = l > 0.0f ? m_i[i] + log(l) : -INFINITY;
   }
 }

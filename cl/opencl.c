@@ -72,7 +72,7 @@ static void probe(void) {
       cl_device_type type = 0;
       cl_ulong mem = 0;
       cl_uint cus = 0;
-      char ver[64] = "", drv[64] = "";
+      char ver[256] = "", drv[256] = "";
       cl->clGetDeviceInfo(ids[i], CL_DEVICE_TYPE, sizeof type, &type, NULL);
       cl->clGetDeviceInfo(ids[i], CL_DEVICE_GLOBAL_MEM_SIZE, sizeof mem, &mem, NULL);
       cl->clGetDeviceInfo(ids[i], CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL);
@@ -83,7 +83,10 @@ static void probe(void) {
       cl->clGetDeviceInfo(ids[i], CL_DEVICE_NAME, sizeof d->info.name - 1, d->info.name, NULL);
       cl->clGetDeviceInfo(ids[i], CL_DEVICE_VERSION, sizeof ver - 1, ver, NULL);
       cl->clGetDeviceInfo(ids[i], CL_DRIVER_VERSION, sizeof drv - 1, drv, NULL);
-      snprintf(d->info.version, sizeof d->info.version, "%s, driver %s", ver, drv);
+      /* "OpenCL 3.0 CUDA, driver 570.1": the version's first words are enough. */
+      char *cut = strstr(ver, " HSTR");
+      if (cut) *cut = 0;
+      snprintf(d->info.version, sizeof d->info.version, "%.70s, driver %.40s", ver, drv);
       d->info.backend = ATTN_BACKEND_OPENCL;
       d->info.is_gpu = (type & (CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR)) != 0;
       d->info.memory_bytes = mem;
@@ -558,15 +561,9 @@ static int check_tensor(attn_context *ctx, const char *name, const attn__tensor 
   return ATTN_OK;
 }
 
-static int cl_supports(attn_context *ctx, const attn__problem *pb, int backward) {
-  cl_impl *im = impl_of(ctx);
-  const int64_t big = INT_MAX / 4;
-  if (pb->seqlen_q > big || pb->seqlen_k > big || pb->total_q > big || pb->total_k > big)
-    return attn__error(ctx, ATTN_EUNSUPPORTED,
-                       "the OpenCL backend takes at most %lld rows per tensor", (long long)big);
-  if (pb->batch > 65535 || pb->heads_q > 65535)
-    return attn__error(ctx, ATTN_EUNSUPPORTED,
-                       "the OpenCL backend takes at most 65535 sequences and heads");
+/* The native handles are checked only by forward and backward: supports()
+ * also sees problems whose host tensors are not staged yet. */
+static int check_tensors(attn_context *ctx, const attn__problem *pb, int backward) {
   const size_t es = esize_of(pb->dtype);
   struct {
     const char *name;
@@ -580,6 +577,18 @@ static int cl_supports(attn_context *ctx, const attn__problem *pb, int backward)
     int st = check_tensor(ctx, ts[i].name, ts[i].t, ts[i].es);
     if (st) return st;
   }
+  return ATTN_OK;
+}
+
+static int cl_supports(attn_context *ctx, const attn__problem *pb, int backward) {
+  cl_impl *im = impl_of(ctx);
+  const int64_t big = INT_MAX / 4;
+  if (pb->seqlen_q > big || pb->seqlen_k > big || pb->total_q > big || pb->total_k > big)
+    return attn__error(ctx, ATTN_EUNSUPPORTED,
+                       "the OpenCL backend takes at most %lld rows per tensor", (long long)big);
+  if (pb->batch > 65535 || pb->heads_q > 65535)
+    return attn__error(ctx, ATTN_EUNSUPPORTED,
+                       "the OpenCL backend takes at most 65535 sequences and heads");
   attn_program p;
   if (!choose_tiles(im->dev, hd_bucket(pb->head_dim), &p))
     return attn__error(ctx, ATTN_EUNSUPPORTED,
@@ -653,6 +662,7 @@ static void arg_common(args *a, const attn__problem *pb, cl_mem cu_q, cl_mem cu_
 static int cl_forward(attn_context *ctx, const attn__problem *pb) {
   cl_impl *im = impl_of(ctx);
   int st = cl_supports(ctx, pb, 0);
+  if (!st) st = check_tensors(ctx, pb, 0);
   attn_program *p = NULL;
   if (!st) st = get_program(ctx, (int)pb->dtype, hd_bucket(pb->head_dim), &p);
   cl_mem cu_q, cu_k, alibi;
@@ -677,6 +687,7 @@ static int cl_forward(attn_context *ctx, const attn__problem *pb) {
 static int cl_backward(attn_context *ctx, const attn__problem *pb) {
   cl_impl *im = impl_of(ctx);
   int st = cl_supports(ctx, pb, 1);
+  if (!st) st = check_tensors(ctx, pb, 1);
   attn_program *p = NULL;
   if (!st) st = get_program(ctx, (int)pb->dtype, hd_bucket(pb->head_dim), &p);
   cl_mem cu_q, cu_k, alibi;
