@@ -527,9 +527,16 @@ static std::vector<Case> cases() {
   add(c);
   c.name = "basic_d128", c.d = 128;
   add(c);
-  c.name = "basic_d96", c.d = 96, c.bwd = false;
+  c.name = "basic_d96", c.d = 96;
   add(c);
-  c.name = "basic_d256", c.d = 256, c.nq = 130, c.nk = 70;
+  c.name = "basic_d256", c.d = 256, c.nq = 130, c.nk = 70, c.bwd = false;
+  add(c);
+  c = Case{};
+  c.name = "gqa_window_d96", c.nq = 190, c.nk = 230, c.hq = 6, c.hkv = 2, c.d = 96, c.wl = 40;
+  c.wr = 7;
+  add(c);
+  c = Case{};
+  c.name = "causal_d256_fwd", c.nq = c.nk = 300, c.d = 256, c.causal = true, c.bwd = false;
   add(c);
   c = Case{};
   c.name = "causal_square_d128", c.nq = c.nk = 257, c.d = 128, c.causal = true;
@@ -620,7 +627,7 @@ static double median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-/* quick: bf16 forward only at 4k and 16k tokens (comparing build variants). */
+/* quick: bf16 only, at 4k and 16k tokens (comparing build variants). */
 static void bench(const cudaDeviceProp &prop, bool quick) {
   printf("%-5s %-4s %-6s %-6s %9s %9s\n", "dtype", "d", "causal", "N", "fwd_TF", "bwd_TF");
   std::vector<int> Ns =
@@ -688,7 +695,7 @@ static void bench(const cudaDeviceProp &prop, bool quick) {
           CK(cudaEventCreate(&e1));
           double tf[2];
           tf[1] = 0;
-          for (int pass = 0; pass < (quick ? 1 : 2); ++pass) {
+          for (int pass = 0; pass < 2; ++pass) {
             std::vector<float> ms;
             for (int rep = 0; rep < 13; ++rep) {
               CK(cudaEventRecord(e0));

@@ -39,20 +39,24 @@ for s in $steps; do
   bench) timeout 100 $B/mma_check bench >"$OUT/bench.log" 2>&1 ;;
   sass) cuobjdump -sass $B/fwd.o | gzip >"$OUT/fwd.sass.gz" ;;
   variants)
-    while read -r name c64 c128; do
+    # Each line: a name, then NAME=VALUE build-time defines (no spaces inside).
+    while read -r name defs; do
       [ -z "$name" ] && continue
-      printf '#define ATTN_MMA_FWD_D64 %s\n#define ATTN_MMA_FWD_D128 %s\n' "$c64" "$c128" >$B/cfg_$name.h
-      (nvcc $FLAGS -Xptxas -v -include $B/cfg_$name.h -c cuda/mma_fwd.cu -o $B/fwd_$name.o >$B/fwd_$name.log 2>&1 &&
-        nvcc $FLAGS -o $B/check_$name $B/check.o $B/fwd_$name.o $B/bwd.o >>$B/fwd_$name.log 2>&1) &
+      : >$B/cfg_$name.h
+      for d in $defs; do echo "#define ${d%%=*} ${d#*=}" >>$B/cfg_$name.h; done
+      (nvcc $FLAGS -Xptxas -v -include $B/cfg_$name.h -c cuda/mma_fwd.cu -o $B/fwd_$name.o >$B/v_$name.log 2>&1 &&
+        nvcc $FLAGS -Xptxas -v -include $B/cfg_$name.h -c cuda/mma_bwd.cu -o $B/bwd_$name.o >>$B/v_$name.log 2>&1 &&
+        nvcc $FLAGS -o $B/check_$name $B/check.o $B/fwd_$name.o $B/bwd_$name.o >>$B/v_$name.log 2>&1) &
     done < <(grep -v '^#' bench/mma_variants.txt)
     wait
-    grep -v '^#' bench/mma_variants.txt | while read -r name c64 c128; do
+    while read -r name defs; do
       [ -z "$name" ] && continue
-      { echo "== $name d64 <$c64> d128 <$c128>"
-        grep -A3 'bfloat16Li\(64\|128\)E' $B/fwd_$name.log | grep -E 'registers|spill' | tr '\n' ' '; echo
+      { echo "== $name $defs"
+        grep -c 'bytes spill stores' $B/v_$name.log | sed 's/^/kernels: /'
+        grep 'spill stores' $B/v_$name.log | grep -v ' 0 bytes spill' | sort | uniq -c
         timeout 60 $B/check_$name check | tail -1
-        timeout 60 $B/check_$name fwdbench | tail -n +2; } >>"$OUT/variants.log" 2>&1
-    done
+        timeout 90 $B/check_$name fwdbench | tail -n +2; } >>"$OUT/variants.log" 2>&1
+    done < <(grep -v '^#' bench/mma_variants.txt)
     ;;
   torch | torchq)
     q=; [ $s = torchq ] && q=quick

@@ -157,6 +157,16 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
     }
   };
 
+  /* Per-lane shared addresses of the fragment loads (bytes), see
+   * mma_common.cuh: A of K and V (this warp's keys), B of Q and dO either
+   * way round, the transposed A of dS^T and the B of K for dQ. */
+  const uint32_t aK = smem_addr(sK) + (warp * 16 * LD + lane_a<LD>(lane)) * sizeof(T);
+  const uint32_t aV = smem_addr(sV) + (warp * 16 * LD + lane_a<LD>(lane)) * sizeof(T);
+  const uint32_t bQ_nk = smem_addr(sQ) + lane_b_nk<LD>(lane) * sizeof(T);
+  const uint32_t bQ_kn = smem_addr(sQ) + lane_b_kn<LD>(lane) * sizeof(T);
+  const uint32_t bO_nk = smem_addr(sdO) + lane_b_nk<LD>(lane) * sizeof(T);
+  const uint32_t bO_kn = smem_addr(sdO) + lane_b_kn<LD>(lane) * sizeof(T);
+
   if (items > 0) {
     load_tile<BC, D, NT>(sK, gk, p.k.ss, n0, nk, tid);
     load_tile<BC, D, NT>(sV, gv, p.v.ss, n0, nk, tid);
@@ -167,8 +177,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
     const int buf = it & 1;
     const int h = hk * p.group + it / nmb;
     const int i0 = (mb_min + it % nmb) * BR;
-    const T *cQ = sQ + buf * BR * LD;
-    const T *cdO = sdO + buf * BR * LD;
+    const uint32_t bufo = buf * BR * LD * sizeof(T);
     const float *cL = sL + buf * BR;
     const float *cD = sD + buf * BR;
     const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
@@ -187,11 +196,11 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[4];
-      load_a<LD>(a, sK, warp * 16, kk * 16, lane);
+      ldsm_x4(a, aK + kk * 16 * sizeof(T));
 #pragma unroll
       for (int np = 0; np < NS / 2; ++np) {
         uint32_t bb[4];
-        load_b_nk<LD>(bb, cQ, np * 16, kk * 16, lane);
+        ldsm_x4(bb, bQ_nk + bufo + (np * 16 * LD + kk * 16) * sizeof(T));
         elem<T>::mma(s[2 * np], a, bb[0], bb[1]);
         elem<T>::mma(s[2 * np + 1], a, bb[2], bb[3]);
       }
@@ -236,7 +245,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
 #pragma unroll
       for (int np = 0; np < D / 16; ++np) {
         uint32_t bb[4];
-        load_b_kn<LD>(bb, cdO, np * 16, kk * 16, lane);
+        ldsm_x4_t(bb, bO_kn + bufo + (kk * 16 * LD + np * 16) * sizeof(T));
         elem<T>::mma(acc_dv[2 * np], a, bb[0], bb[1]);
         elem<T>::mma(acc_dv[2 * np + 1], a, bb[2], bb[3]);
       }
@@ -250,11 +259,11 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[4];
-      load_a<LD>(a, sV, warp * 16, kk * 16, lane);
+      ldsm_x4(a, aV + kk * 16 * sizeof(T));
 #pragma unroll
       for (int np = 0; np < NS / 2; ++np) {
         uint32_t bb[4];
-        load_b_nk<LD>(bb, cdO, np * 16, kk * 16, lane);
+        ldsm_x4(bb, bO_nk + bufo + (np * 16 * LD + kk * 16) * sizeof(T));
         elem<T>::mma(dp[2 * np], a, bb[0], bb[1]);
         elem<T>::mma(dp[2 * np + 1], a, bb[2], bb[3]);
       }
@@ -283,7 +292,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
 #pragma unroll
       for (int np = 0; np < D / 16; ++np) {
         uint32_t bb[4];
-        load_b_kn<LD>(bb, cQ, np * 16, kk * 16, lane);
+        ldsm_x4_t(bb, bQ_kn + bufo + (kk * 16 * LD + np * 16) * sizeof(T));
         elem<T>::mma(acc_dk[2 * np], a, bb[0], bb[1]);
         elem<T>::mma(acc_dk[2 * np + 1], a, bb[2], bb[3]);
       }
@@ -301,6 +310,8 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
               elem<T>::pack(dp[n][2 * r], dp[n][2 * r + 1]);
       __syncthreads();
       const int mt = warp % MT, c0 = (warp / MT) * DW;
+      const uint32_t aS = smem_addr(sdS) + (mt * 16 + lane_b_nk<LDS>(lane)) * sizeof(T);
+      const uint32_t bK = smem_addr(sK) + (c0 + lane_b_kn<LD>(lane)) * sizeof(T);
       float dq[DW / 8][4];
 #pragma unroll
       for (int n = 0; n < DW / 8; ++n)
@@ -308,11 +319,11 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk) {
         uint32_t a[4];
-        load_a_t<LDS>(a, sdS, mt * 16, kk * 16, lane);
+        ldsm_x4_t(a, aS + kk * 16 * LDS * sizeof(T));
 #pragma unroll
         for (int np = 0; np < DW / 16; ++np) {
           uint32_t bb[4];
-          load_b_kn<LD>(bb, sK, c0 + np * 16, kk * 16, lane);
+          ldsm_x4_t(bb, bK + (kk * 16 * LD + np * 16) * sizeof(T));
           elem<T>::mma(dq[2 * np], a, bb[0], bb[1]);
           elem<T>::mma(dq[2 * np + 1], a, bb[2], bb[3]);
         }
@@ -511,10 +522,10 @@ static int set_smem(const void *kern, size_t smem, const attn__cuda_launch *L) {
 /* Tile shapes. dkdv: 8 warps of 16 keys (Bc = 128) against Br = 64 query rows
  * per step; dq: 4 warps of 16 rows against Bc = 64 keys, K and V
  * double-buffered. */
-template <typename T, int D, bool SOFTCAP>
+template <typename T, int D, int KBR, bool SOFTCAP>
 static int backward_shape(const params &p, const attn__cuda_launch *L) {
-  constexpr int KBC = 128, KBR = 64, KNW = 8; /* dkdv */
-  constexpr int QBR = 64, QBC = 64, QNW = 4;  /* dq */
+  constexpr int KBC = 128, KNW = 8;          /* dkdv */
+  constexpr int QBR = 64, QBC = 64, QNW = 4; /* dq */
   constexpr int LD = D + kPad;
   const size_t smem_kv = (size_t)(2 * KBC + 4 * KBR) * LD * sizeof(T) +
                          (size_t)KBC * (KBR + kPad) * sizeof(T) + 4 * KBR * sizeof(float);
@@ -542,14 +553,32 @@ static int backward_shape(const params &p, const attn__cuda_launch *L) {
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 
+/* Query rows per dkdv step (Br) per head dim: 64, but 32 at d = 128, where
+ * dK and dV take 128 registers and Br = 64 spilled; ATTN_MMA_BWD_BR*
+ * override them at build time (bench/mma_variants.txt). */
+#ifndef ATTN_MMA_BWD_BR64
+#define ATTN_MMA_BWD_BR64 64
+#endif
+#ifndef ATTN_MMA_BWD_BR96
+#define ATTN_MMA_BWD_BR96 64
+#endif
+#ifndef ATTN_MMA_BWD_BR128
+#define ATTN_MMA_BWD_BR128 32
+#endif
+
 template <typename T>
 static int backward_dtype(const params &p, const attn__cuda_launch *L, int d) {
   const bool sc = p.softcap > 0.f;
   switch (d) {
     case 64:
-      return sc ? backward_shape<T, 64, true>(p, L) : backward_shape<T, 64, false>(p, L);
+      return sc ? backward_shape<T, 64, ATTN_MMA_BWD_BR64, true>(p, L)
+                : backward_shape<T, 64, ATTN_MMA_BWD_BR64, false>(p, L);
+    case 96:
+      return sc ? backward_shape<T, 96, ATTN_MMA_BWD_BR96, true>(p, L)
+                : backward_shape<T, 96, ATTN_MMA_BWD_BR96, false>(p, L);
     case 128:
-      return sc ? backward_shape<T, 128, true>(p, L) : backward_shape<T, 128, false>(p, L);
+      return sc ? backward_shape<T, 128, ATTN_MMA_BWD_BR128, true>(p, L)
+                : backward_shape<T, 128, ATTN_MMA_BWD_BR128, false>(p, L);
     default:
       attn__debug("cuda mma: head dim %d has no tensor-core backward", d);
       return ATTN_EUNSUPPORTED;
@@ -566,7 +595,7 @@ extern "C" int attn__cuda_mma_backward(const attn__cuda_launch *L) {
   if (rc != ATTN_OK) return rc;
   const attn__problem *pb = L->pb;
   const int d = (int)pb->head_dim;
-  if (d != 64 && d != 128) {
+  if (d != 64 && d != 96 && d != 128) {
     attn__debug("cuda mma: head dim %d has no tensor-core backward", d);
     return ATTN_EUNSUPPORTED;
   }

@@ -233,12 +233,25 @@ template <int ROWS, int D, int NT, typename T>
 __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t ss, int row0, int nrows,
                                           int tid) {
   constexpr int kChunks = D / 8;
+  constexpr int kStep = NT / kChunks;
+  if constexpr (NT % kChunks == 0 && ROWS % kStep == 0) {
+    /* Each thread keeps one column of 16-byte chunks and walks rows kStep
+     * apart: one base address per thread, whole rows per step. */
+    const int r0 = tid / kChunks, col = (tid % kChunks) * 8;
+    const T *src = g + (int64_t)(row0 + r0) * ss + col;
+    T *dst = s + r0 * (D + kPad) + col;
 #pragma unroll
-  for (int c = tid; c < ROWS * kChunks; c += NT) {
-    int r = c / kChunks, col = (c % kChunks) * 8;
-    bool ok = row0 + r < nrows;
-    const T *src = ok ? g + (int64_t)(row0 + r) * ss + col : g;
-    cp_async16(s + r * (D + kPad) + col, src, ok);
+    for (int k = 0; k < ROWS / kStep; ++k) {
+      const bool ok = row0 + r0 + k * kStep < nrows;
+      cp_async16(dst + k * kStep * (D + kPad), ok ? src + (int64_t)k * kStep * ss : g, ok);
+    }
+  } else { /* d = 96: 12 chunks a row do not divide the threads */
+#pragma unroll
+    for (int c = tid; c < ROWS * kChunks; c += NT) {
+      const int r = c / kChunks, col = (c % kChunks) * 8;
+      const bool ok = row0 + r < nrows;
+      cp_async16(s + r * (D + kPad) + col, ok ? g + (int64_t)(row0 + r) * ss + col : g, ok);
+    }
   }
 }
 

@@ -237,13 +237,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
           n0 + BC <= nk && n0 >= key_lo(p, m_last, nq, nk) && n0 + BC <= key_hi(p, m0, nq, nk);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        if (full && !transform) {
-#pragma unroll
-          for (int n = 0; n < NS; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              s[mt][n][e] *= p.scale_log2;
-        } else {
+        /* Plain blocks keep the raw q.k and fold the scale into the exp2's
+         * FMA below (scale > 0, so the max commutes with it). */
+        const float mul = full && !transform ? p.scale_log2 : 1.f;
+        if (!(full && !transform)) {
           /* Visible keys of the thread's two rows, as [lo, hi) relative to
            * the thread's first column. */
           int lo[2], hi[2];
@@ -272,7 +269,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
         }
 
         /* Online softmax: the row max over the quad that shares a row. */
-        float mx[2] = {m_i[mt][0], m_i[mt][1]};
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int n = 0; n < NS; ++n) {
           mx[0] = fmaxf(mx[0], fmaxf(s[mt][n][0], s[mt][n][1]));
@@ -283,6 +280,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
         for (int r = 0; r < 2; ++r) {
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          mx[r] = fmaxf(m_i[mt][r], mx[r] * mul);
           /* A row with no visible key yet keeps max -inf; subtracting 0 then
            * gives exp2(-inf) = 0 instead of NaN. */
           mu[r] = mx[r] == -INFINITY ? 0.f : mx[r];
@@ -291,10 +289,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
         }
 #pragma unroll
         for (int n = 0; n < NS; ++n) {
-          s[mt][n][0] = ex2(s[mt][n][0] - mu[0]);
-          s[mt][n][1] = ex2(s[mt][n][1] - mu[0]);
-          s[mt][n][2] = ex2(s[mt][n][2] - mu[1]);
-          s[mt][n][3] = ex2(s[mt][n][3] - mu[1]);
+          s[mt][n][0] = ex2(fmaf(s[mt][n][0], mul, -mu[0]));
+          s[mt][n][1] = ex2(fmaf(s[mt][n][1], mul, -mu[0]));
+          s[mt][n][2] = ex2(fmaf(s[mt][n][2], mul, -mu[1]));
+          s[mt][n][3] = ex2(fmaf(s[mt][n][3], mul, -mu[1]));
           rs[0] += s[mt][n][0] + s[mt][n][1];
           rs[1] += s[mt][n][2] + s[mt][n][3];
         }
@@ -381,19 +379,24 @@ static int launch_fwd(const params &p, const attn__cuda_launch *L) {
 }
 
 /* Tile shapes, per head dim: <MT, NW, Bc, STAGES, Q in registers, blocks per
- * SM>. ATTN_MMA_FWD_D64 etc. override them at build time, which is how
- * bench/mma_h200.sh compares variants. */
+ * SM>. Measured on the H200 (bench/NOTES_mma.md, run 2): two m16 slabs per
+ * warp and 4 warps (Br = 128, as FlashAttention-2) halve the K/V fragment
+ * loads per mma against one slab and ran fastest at d = 64 (Bc = 64) and
+ * d = 128 (Bc = 32, the largest without spills); d = 96 follows d = 128;
+ * d = 256 holds O in 128 registers, so one slab per warp and Q in shared
+ * memory. ATTN_MMA_FWD_D64 etc. override them at build time, which is how
+ * bench/mma_h200.sh compares variants (bench/mma_variants.txt). */
 #ifndef ATTN_MMA_FWD_D64
-#define ATTN_MMA_FWD_D64 1, 8, 64, 2, true, 1
+#define ATTN_MMA_FWD_D64 2, 4, 64, 2, false, 2
 #endif
 #ifndef ATTN_MMA_FWD_D96
-#define ATTN_MMA_FWD_D96 1, 8, 64, 2, true, 1
+#define ATTN_MMA_FWD_D96 2, 4, 32, 2, false, 2
 #endif
 #ifndef ATTN_MMA_FWD_D128
-#define ATTN_MMA_FWD_D128 1, 8, 64, 2, true, 1
+#define ATTN_MMA_FWD_D128 2, 4, 32, 2, false, 2
 #endif
 #ifndef ATTN_MMA_FWD_D256
-#define ATTN_MMA_FWD_D256 1, 4, 32, 2, false, 1
+#define ATTN_MMA_FWD_D256 1, 4, 32, 2, false, 2
 #endif
 
 template <typename T>
