@@ -31,6 +31,7 @@ static unsigned char *slurp(const char *path, size_t *len) {
     buf = NULL;
   }
   fclose(f);
+  if (buf) buf[n] = 0; /* case.json is searched as a string */
   *len = (size_t)n;
   return buf;
 }
