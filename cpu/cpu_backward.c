@@ -28,12 +28,12 @@
  * deterministic backward on GPUs orders dQ the same way). The sum for every
  * query block is then always taken in ascending key-block order, so dQ is
  * bit-identical run to run and for any thread count, with 5 tile products
- * per tile and scratch linear in the sequence length (D, the f32 dQ, one
- * counter per query block). It cannot deadlock: units are handed out in
- * ascending order (schedule(monotonic: dynamic)), a unit only ever waits
- * for the one before it, and the lowest unit still running never waits.
- * (The alternative, a second sweep that recomputes S, P and dP per query
- * block to own dQ outright, costs 7 products per tile instead of 5.)
+ * per tile and scratch linear in the sequence length (D, one counter per
+ * query block, and an f32 dQ unless dq is f32 and accumulates in place). It cannot deadlock: units
+ * are handed out in ascending order (schedule(monotonic: dynamic)), a unit only ever waits for the
+ * one before it, and the lowest unit still running never waits. (The alternative, a second sweep
+ * that recomputes S, P and dP per query block to own dQ outright, costs 7 products per tile instead
+ * of 5.)
  */
 #define _POSIX_C_SOURCE 200809L /* sched_yield */
 
@@ -87,12 +87,22 @@ typedef struct cpu_bwd_shared {
   int64_t *qblock0; /* first query block of sequence b (Br-aligned per sequence) */
   int64_t qblocks;  /* query blocks over all sequences, per head */
   float *dd;        /* [Hq][total_q]: D */
-  float *dq;        /* [Hq][total_q][d]: the dQ accumulator, unscaled */
+  float *dq;        /* [Hq][total_q][d]: the dQ accumulator, unscaled; NULL
+                     * when it is dq itself (f32, rows of unit column stride) */
   atomic_int *turn; /* [Hq][qblocks]: the last key block that added to dQ, or -1 */
 } cpu_bwd_shared;
 
 static int64_t cpu_qrow(const attn__problem *pb, int64_t b) {
   return pb->cu_q ? pb->cu_q[b] : b * pb->seqlen_q;
+}
+
+/* Row i0 of query head h of sequence b in the dQ accumulator, and its row
+ * stride. */
+static float *cpu_bwd_acc(const attn__problem *pb, const cpu_bwd_shared *sh, int64_t b, int64_t h,
+                          int64_t i0, int *ld) {
+  if (!sh->dq) return attn__cpu_inplace(pb, &pb->dq, b, attn__row0_q(pb, b) + i0, h, ld);
+  *ld = (int)pb->head_dim;
+  return sh->dq + (h * sh->total_q + cpu_qrow(pb, b) + i0) * pb->head_dim;
 }
 
 /* Sweep 0: D for rows [i0, i0 + br) of head h of sequence b; their dQ
@@ -113,7 +123,10 @@ static void cpu_bwd_delta(const attn__problem *pb, const cpu_bwd_tiles *t, const
       acc += (double)orow[c] * drow[c];
     sh->dd[g + r] = (float)acc;
   }
-  memset(sh->dq + g * d, 0, (size_t)br * d * sizeof(float));
+  int ld;
+  float *acc = cpu_bwd_acc(pb, sh, b, h, i0, &ld);
+  for (int r = 0; r < br; r++)
+    memset(acc + (size_t)r * ld, 0, (size_t)d * sizeof(float));
 }
 
 /* Whether key block kb (keys [kb Bc, ...)) is seen by some row of query
@@ -193,7 +206,9 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
         prev--;
       atomic_int *turn = sh->turn + h * sh->qblocks + sh->qblock0[b] + i0 / ATTN__CPU_BR;
       cpu_bwd_wait(turn, (int)prev);
-      attn__cpu_gemm(0, 0, br, d, bc, 1.0f, t->dp, ATTN__CPU_BC, k, ldk, 1.0f, sh->dq + g * d, d);
+      int ldacc;
+      float *acc = cpu_bwd_acc(pb, sh, b, h, i0, &ldacc);
+      attn__cpu_gemm(0, 0, br, d, bc, 1.0f, t->dp, ATTN__CPU_BC, k, ldk, 1.0f, acc, ldacc);
       atomic_store_explicit(turn, (int)kb, memory_order_release);
     }
   }
@@ -207,10 +222,12 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
 static void cpu_bwd_dq(const attn__problem *pb, const cpu_bwd_shared *sh, int64_t b, int64_t h,
                        int64_t i0, int br) {
   const int d = (int)pb->head_dim;
-  float *acc = sh->dq + (h * sh->total_q + cpu_qrow(pb, b) + i0) * d;
-  for (size_t x = 0; x < (size_t)br * d; x++)
-    acc[x] *= pb->scale;
-  attn__cpu_store(pb, &pb->dq, b, attn__row0_q(pb, b) + i0, br, h, acc, d);
+  int ld;
+  float *acc = cpu_bwd_acc(pb, sh, b, h, i0, &ld);
+  for (int r = 0; r < br; r++)
+    for (int c = 0; c < d; c++)
+      acc[(size_t)r * ld + c] *= pb->scale;
+  if (sh->dq) attn__cpu_store(pb, &pb->dq, b, attn__row0_q(pb, b) + i0, br, h, acc, d);
 }
 
 static void cpu_bwd_run(const attn__problem *pb, const cpu_bwd_shared *sh, const int64_t *qunits,
@@ -256,13 +273,16 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb) {
   sh.qblock0 = malloc((size_t)(pb->batch + 1) * sizeof *sh.qblock0);
   sh.qblocks = qunits ? qunits[pb->batch] / pb->heads_q : 0;
   sh.dd = attn__cpu_alloc((size_t)(pb->heads_q * sh.total_q) * sizeof(float));
-  sh.dq = attn__cpu_alloc((size_t)(pb->heads_q * sh.total_q * d) * sizeof(float));
+  /* An f32 dq whose rows sgemm can address accumulates in place. */
+  int unused;
+  const int inplace = attn__cpu_inplace(pb, &pb->dq, 0, 0, 0, &unused) != NULL;
+  sh.dq = inplace ? NULL : attn__cpu_alloc((size_t)(pb->heads_q * sh.total_q * d) * sizeof(float));
   sh.turn = malloc((size_t)(pb->heads_q * sh.qblocks + 1) * sizeof *sh.turn);
   const int nthreads = omp_get_max_threads();
   const size_t per_thread = (cpu_bwd_floats(d) + 15) / 16 * 16;
   float *scratch = attn__cpu_alloc((size_t)nthreads * per_thread * sizeof(float));
   int rc = ATTN_OK;
-  if (!qunits || !kunits || !sh.qblock0 || !sh.dd || !sh.dq || !sh.turn || !scratch) {
+  if (!qunits || !kunits || !sh.qblock0 || !sh.dd || (!inplace && !sh.dq) || !sh.turn || !scratch) {
     rc = attn__error(ctx, ATTN_ENOMEM,
                      "cpu backward: cannot allocate D and the dQ accumulator (%lld rows x %lld "
                      "heads) or %d threads' tiles",

@@ -63,6 +63,12 @@ void attn__cpu_load_t(const attn__problem *pb, const attn__tensor *t, int64_t b,
  * attn__cpu_load into scratch (row length d). *ld receives the row stride. */
 const float *attn__cpu_view(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
                             int64_t nr, int64_t h, float *scratch, int *ld);
+/* Row `row` of head h of sequence b of an f32 tensor with unit column
+ * stride and row stride ss in [d, INT_MAX] (so that sgemm can address its
+ * rows in place, *ld = ss), else NULL. Whether it is NULL depends on the
+ * tensor only, not on b, row or h. */
+float *attn__cpu_inplace(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
+                         int64_t h, int *ld);
 /* The inverse of attn__cpu_load: src (f32, row length ld) into t's dtype, rounding to
  * nearest even. */
 void attn__cpu_store(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,

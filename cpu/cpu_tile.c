@@ -173,6 +173,13 @@ void attn__cpu_load_t(const attn__problem *pb, const attn__tensor *t, int64_t b,
   }
 }
 
+float *attn__cpu_inplace(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
+                         int64_t h, int *ld) {
+  if (t->dtype != ATTN_F32 || t->sd != 1 || t->ss < pb->head_dim || t->ss > INT_MAX) return NULL;
+  *ld = (int)t->ss;
+  return (float *)cpu_row(t, b, row, h);
+}
+
 const float *attn__cpu_view(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
                             int64_t nr, int64_t h, float *scratch, int *ld) {
   const int64_t d = pb->head_dim;
