@@ -37,7 +37,7 @@ for s in $steps; do
     echo "$s rc $?: $(grep -E 'SUMMARY|PASS|FAIL' "$OUT/$s.log" | tr '\n' ' ')"
     ;;
   bench) timeout 100 $B/mma_check bench >"$OUT/bench.log" 2>&1 ;;
-  sass) cuobjdump -sass $B/fwd.o $B/bwd.o | gzip >"$OUT/mma.sass.gz" ;;
+  sass) for o in fwd bwd; do cuobjdump -sass $B/$o.o; done | gzip >"$OUT/mma.sass.gz" ;;
   variants)
     # Each line: a name, then NAME=VALUE build-time defines (no spaces inside).
     while read -r name defs; do
