@@ -1,12 +1,15 @@
 /*
  * Tensor-core forward pass (FlashAttention-2, forward): one thread block per
- * (block of Br query rows, query head, sequence); each warp owns 16 query rows
- * (one m16 slab). Q is loaded once; K and V blocks of Bc keys stream through
- * shared memory with cp.async, V(j) in flight while S = Q K(j)^T and the
- * softmax run, K(j+1) in flight while O += P V(j). S lives in fp32 registers,
- * the online softmax (m_i, l_i) runs in registers in the exp2 domain, P is
- * packed to 16 bits in registers as the A operand of P V, and the final
- * O / l_i and lse = m_i ln 2 + ln l_i are written once.
+ * (block of Br query rows, query head, sequence); each warp owns MT m16 slabs
+ * of query rows (two by default, as FlashAttention-2, so each K/V fragment
+ * read from shared memory feeds two mma). Q is loaded once; K and V blocks of
+ * Bc keys stream through STAGES shared-memory slots with cp.async (block j+1
+ * in flight while block j is computed). Blocks no row of the tile can see
+ * (causal, windows) are skipped; only blocks straddling a boundary are
+ * masked. S = Q K^T lives in fp32 registers, the online softmax (m_i, l_i)
+ * runs in registers in the exp2 domain, P is packed to 16 bits in registers
+ * as the A operand of O += P V, and O / l_i and lse = m_i ln 2 + ln l_i are
+ * written once at the end (rows with no key: 0 and -inf).
  *
  * Also here: the parameter block and the checks shared with the backward pass
  * (what this family declines goes to the general kernels).
