@@ -61,7 +61,8 @@ int at_main(int argc, char **argv, const char *suite, const at_test *tests, size
   } while (0)
 void at_note_skip(const char *fmt, ...);
 
-/* The golden folder: $ATTN_GOLDEN_DIR, else the build's default. */
+/* The golden folder: $ATTN_GOLDEN_DIR, else the build's default (the cache
+ * variable ATTN_GOLDEN_DIR), else .device/golden in the source tree. */
 const char *at_golden_dir(void);
 
 /* Whether msg names `word` as a whole token (letters, digits and '_' around it
