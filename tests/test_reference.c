@@ -47,6 +47,11 @@ static at_shape causal(at_shape s) {
   return s;
 }
 
+static at_shape with_empty_rows(at_shape s) {
+  s.want_empty = 1;
+  return s;
+}
+
 static at_shape laid(at_shape s, at_layout L) {
   s.layout = L;
   return s;
@@ -136,7 +141,7 @@ static void causal_with_more_keys_than_queries_aligns_bottom_right(at_backend *b
 
 static void causal_rows_with_no_key_give_zero_and_minus_inf(at_backend *b) {
   /* Nq > Nk: the first 130 rows have diag < 0 and see no key. */
-  forward(b, causal(base(ATTN_F32, 2, 200, 70, 2, 2, 64)));
+  forward(b, with_empty_rows(causal(base(ATTN_F32, 2, 200, 70, 2, 2, 64))));
 }
 
 static void window_left_matches_reference(at_backend *b) {
@@ -165,7 +170,7 @@ static void zero_width_window_sees_only_the_diagonal(at_backend *b) {
 
 static void window_rows_with_no_key_give_zero_and_minus_inf(at_backend *b) {
   /* diag = i - 60: rows below 58 are left of every key's window. */
-  forward(b, windowed(base(ATTN_F32, 1, 100, 40, 2, 2, 32), 5, 2));
+  forward(b, with_empty_rows(windowed(base(ATTN_F32, 1, 100, 40, 2, 2, 32), 5, 2)));
 }
 
 /* ---------------------------------------------------------------------- */
@@ -225,7 +230,7 @@ static void varlen_with_different_key_lengths_matches_reference(at_backend *b) {
 }
 
 static void varlen_with_empty_sequences_gives_zero_rows(at_backend *b) {
-  forward(b, causal(varlen(ATTN_F32, 4, cu_q_e, cu_k_e, 2, 2, 32)));
+  forward(b, with_empty_rows(causal(varlen(ATTN_F32, 4, cu_q_e, cu_k_e, 2, 2, 32))));
 }
 
 static void varlen_with_window_matches_reference(at_backend *b) {
@@ -284,7 +289,7 @@ static void bf16_window_alibi_softcap_match_reference(at_backend *b) {
 }
 
 static void f16_varlen_with_empty_sequences_gives_zero_rows(at_backend *b) {
-  forward(b, causal(varlen(ATTN_F16, 4, cu_q_e, cu_k_e, 2, 2, 32)));
+  forward(b, with_empty_rows(causal(varlen(ATTN_F16, 4, cu_q_e, cu_k_e, 2, 2, 32))));
 }
 
 static void bf16_head_dim_256_matches_reference(at_backend *b) {
@@ -351,7 +356,7 @@ static void backward_causal_more_keys_than_queries_matches_reference(at_backend 
 }
 
 static void backward_rows_with_no_key_pass_no_gradient(at_backend *b) {
-  backward(b, causal(base(ATTN_F32, 1, 190, 60, 2, 2, 64)));
+  backward(b, with_empty_rows(causal(base(ATTN_F32, 1, 190, 60, 2, 2, 64))));
 }
 
 static void backward_window_matches_reference(at_backend *b) {
@@ -389,7 +394,7 @@ static void backward_varlen_matches_reference(at_backend *b) {
 }
 
 static void backward_varlen_with_empty_sequences_matches_reference(at_backend *b) {
-  backward(b, causal(varlen(ATTN_F32, 4, cu_q_e, cu_k_e, 2, 2, 32)));
+  backward(b, with_empty_rows(causal(varlen(ATTN_F32, 4, cu_q_e, cu_k_e, 2, 2, 32))));
 }
 
 static void backward_bhsd_strides_match_reference(at_backend *b) {

@@ -103,10 +103,11 @@ typedef struct at_shape {
   int64_t wl, wr; /* window; 0 in both means none (-1, -1) unless win is set */
   int win;
   double softcap, scale;
-  int alibi;     /* 1: ALiBi slopes 2^-(8(h+1)/Hq) */
-  double amp;    /* input amplitude; 0 means 1.5 for q and k */
-  uint64_t seed; /* 0 means a fixed default */
-  double tol_o;  /* 0: at_tol_o(dtype); larger where the problem is ill-conditioned */
+  int alibi;      /* 1: ALiBi slopes 2^-(8(h+1)/Hq) */
+  double amp;     /* input amplitude; 0 means 1.5 for q and k */
+  uint64_t seed;  /* 0 means a fixed default */
+  double tol_o;   /* 0: at_tol_o(dtype); larger where the problem is ill-conditioned */
+  int want_empty; /* the test is about rows that see no key: there must be some */
 } at_shape;
 
 /* One memory block holding one or more strided tensors, with a map of which
