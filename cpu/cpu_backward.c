@@ -300,6 +300,9 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb) {
       sh.qblock0[b] = qunits[b] / pb->heads_q;
     for (int64_t x = 0; x < pb->heads_q * sh.qblocks; x++)
       atomic_init(&sh.turn[x], -1);
+    attn__debug("cpu backward: %lld key units, %lld query blocks on %d threads, dQ %s",
+                (long long)kunits[pb->batch], (long long)qunits[pb->batch], nthreads,
+                inplace ? "accumulated in place" : "in an f32 scratch");
     cpu_bwd_run(pb, &sh, qunits, kunits, scratch, nthreads, per_thread);
   }
 

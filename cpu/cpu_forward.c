@@ -127,6 +127,8 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb) {
                        nthreads);
   }
   const int64_t total = units[pb->batch];
+  attn__debug("cpu forward: %lld units of up to %d query rows on %d threads", (long long)total,
+              ATTN__CPU_BR, nthreads);
 
 #pragma omp parallel num_threads(nthreads)
   {
