@@ -163,7 +163,9 @@ ATTN_API int attn_context_device(const attn_context *ctx);
 ATTN_API int attn_context_device_info(const attn_context *ctx, attn_device_info *out);
 
 /* Work on a GPU runs on a queue: a cudaStream_t for CUDA, a cl_command_queue
- * for OpenCL (on the context's device). NULL restores the context's own.
+ * for OpenCL (on the context's device). NULL restores the context's own,
+ * which on CUDA is a blocking stream: it waits for work on the legacy
+ * default stream (handle 0), so a caller who never sets a stream is safe.
  * Calls still return only after their work is complete, unless the flag
  * ATTN_ASYNC is set in attn_params.flags. The CPU takes only NULL. */
 ATTN_API int attn_context_set_stream(attn_context *ctx, void *stream);

@@ -220,8 +220,11 @@ static size_t tensor_bytes(const attn_tensor *t) {
 }
 
 /* Host tensors handed to a device backend go through temporary device
- * buffers: inputs and outputs are written (an output's gaps between strided
- * elements must survive the copy back), outputs read back on success. */
+ * buffers, each holding the span from the tensor's first element to its
+ * last. Inputs are written before the call. Outputs are read back after it,
+ * element by element where the span has gaps: those bytes may belong to
+ * another output (dq, dk and dv as slices of one fused tensor), which a
+ * copy of the whole span would overwrite with stale values. */
 #define MAX_STAGED 10
 typedef struct staging {
   int n;
@@ -229,6 +232,38 @@ typedef struct staging {
   const attn_tensor *user[MAX_STAGED];
   int output[MAX_STAGED];
 } staging;
+
+static int has_gaps(const attn_tensor *t) {
+  int64_t count = 1;
+  for (int i = 0; i < t->ndim; i++)
+    count *= t->shape[i];
+  return (size_t)count * attn_dtype_size(t->dtype) != tensor_bytes(t);
+}
+
+/* Copies t's elements from img, an image of t's span, into t's memory. */
+static void scatter(const attn_tensor *t, const char *img) {
+  size_t es = attn_dtype_size(t->dtype);
+  int nd = t->ndim;
+  int64_t idx[4] = {0, 0, 0, 0}, inner = t->shape[nd - 1], s_in = t->stride[nd - 1];
+  char *dst = t->data;
+  for (;;) {
+    int64_t off = 0;
+    for (int i = 0; i < nd - 1; i++)
+      off += idx[i] * t->stride[i];
+    if (s_in == 1) {
+      memcpy(dst + off * (int64_t)es, img + off * (int64_t)es, (size_t)inner * es);
+    } else {
+      for (int64_t j = 0; j < inner; j++) {
+        int64_t e = (off + j * s_in) * (int64_t)es;
+        memcpy(dst + e, img + e, es);
+      }
+    }
+    int i = nd - 2;
+    while (i >= 0 && ++idx[i] == t->shape[i])
+      idx[i--] = 0;
+    if (i < 0) break;
+  }
+}
 
 static int stage(attn_context *ctx, staging *st, const attn_tensor *t, attn__tensor *pt,
                  int output) {
@@ -243,11 +278,19 @@ static int stage(attn_context *ctx, staging *st, const attn_tensor *t, attn__ten
   st->n++;
   pt->native = native;
   pt->offset = 0;
-  int64_t count = 1;
-  for (int i = 0; i < t->ndim; i++)
-    count *= t->shape[i];
-  if (output && (size_t)count * attn_dtype_size(t->dtype) == bytes) return ATTN_OK; /* no gaps */
+  if (output) return ATTN_OK;
   return ctx->backend->buffer_write(ctx, native, 0, t->data, bytes);
+}
+
+static int unstage_output(attn_context *ctx, void *native, const attn_tensor *t) {
+  size_t bytes = tensor_bytes(t);
+  if (!has_gaps(t)) return ctx->backend->buffer_read(ctx, native, 0, t->data, bytes);
+  char *img = malloc(bytes);
+  if (!img) return attn__error(ctx, ATTN_ENOMEM, "out of host memory staging a strided output");
+  int rc = ctx->backend->buffer_read(ctx, native, 0, img, bytes);
+  if (!rc) scatter(t, img);
+  free(img);
+  return rc;
 }
 
 static void unstage(attn_context *ctx, staging *st) {
@@ -267,9 +310,7 @@ static int run(attn_context *ctx, attn__problem *pb, const attn_tensor *const *t
   }
   if (!rc) rc = backward ? ctx->backend->backward(ctx, pb) : ctx->backend->forward(ctx, pb);
   for (int i = 0; i < st.n && !rc; i++)
-    if (st.output[i])
-      rc = ctx->backend->buffer_read(ctx, st.native[i], 0, st.user[i]->data,
-                                     tensor_bytes(st.user[i]));
+    if (st.output[i]) rc = unstage_output(ctx, st.native[i], st.user[i]);
   unstage(ctx, &st);
   return rc;
 }
