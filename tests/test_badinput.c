@@ -29,10 +29,10 @@ static float *slot(bad *x, int i) {
 }
 
 static bad *bad_new(void) {
-  bad *x = calloc(1, sizeof *x);
+  bad *x = at_calloc(1, sizeof *x);
   assert_non_null(x);
-  x->arena = malloc(sizeof(float) * SLOT * NSLOTS);
-  x->snapshot = malloc(sizeof(float) * SLOT * NSLOTS);
+  x->arena = at_malloc(sizeof(float) * SLOT * NSLOTS);
+  x->snapshot = at_malloc(sizeof(float) * SLOT * NSLOTS);
   assert_non_null(x->arena);
   assert_non_null(x->snapshot);
   for (size_t i = 0; i < (size_t)SLOT * NSLOTS; i++)
@@ -53,9 +53,9 @@ static bad *bad_new(void) {
 }
 
 static void bad_free(bad *x) {
-  free(x->arena);
-  free(x->snapshot);
-  free(x);
+  at_free(x->arena);
+  at_free(x->snapshot);
+  at_free(x);
 }
 
 /* Whether msg names one of the '|'-separated words. */

@@ -38,7 +38,7 @@ typedef struct outputs {
 } outputs;
 
 static unsigned char *dup_bytes(const at_mem *m) {
-  unsigned char *p = malloc(m->nbytes + 1);
+  unsigned char *p = at_malloc(m->nbytes + 1);
   assert_non_null(p);
   memcpy(p, m->bytes, m->nbytes);
   return p;
@@ -75,10 +75,10 @@ static void expect_same(const outputs *a, const outputs *b, int with_backward, c
 }
 
 static void outputs_free(outputs *o) {
-  free(o->o);
-  free(o->lse);
-  free(o->dq);
-  free(o->dkv);
+  at_free(o->o);
+  at_free(o->lse);
+  at_free(o->dq);
+  at_free(o->dkv);
 }
 
 static void twice(at_backend *b, unsigned flags, int with_backward) {

@@ -312,14 +312,14 @@ static void forward_without_lse_gives_the_same_o(at_backend *b) {
   if (rc == ATTN_EUNSUPPORTED) at_skip("refused: %s", attn_errmsg(b->ctx));
   assert_int_equal(rc, ATTN_OK);
   size_t n = P.mo.nbytes;
-  unsigned char *with = malloc(n);
+  unsigned char *with = at_malloc(n);
   assert_non_null(with);
   memcpy(with, P.mo.bytes, n);
   at_prob_reset_outputs(&P);
   rc = attn_forward(b->ctx, &P.p, &P.q, &P.k, &P.v, &P.o, NULL);
   if (rc != ATTN_OK) fail_msg("lse NULL: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
   if (memcmp(with, P.mo.bytes, n) != 0) fail_msg("o differs when lse is not asked for");
-  free(with);
+  at_free(with);
   at_prob_free(&P);
 }
 
@@ -516,7 +516,7 @@ static void same_through_buffers(at_backend *b, buf_mode mode, int with_backward
   const char *names[] = {"o", "lse", "dq", "dk/dv"};
   unsigned char *host[4];
   for (int i = 0; i < 4; i++) {
-    host[i] = malloc(outs[i]->nbytes + 1);
+    host[i] = at_malloc(outs[i]->nbytes + 1);
     assert_non_null(host[i]);
     memcpy(host[i], outs[i]->bytes, outs[i]->nbytes);
   }
@@ -526,7 +526,7 @@ static void same_through_buffers(at_backend *b, buf_mode mode, int with_backward
     if (memcmp(host[i], outs[i]->bytes, outs[i]->nbytes) != 0)
       fail_msg("%s through device buffers differs from host tensors", names[i]);
   for (int i = 0; i < 4; i++)
-    free(host[i]);
+    at_free(host[i]);
   at_prob_free(&P);
 }
 

@@ -55,9 +55,38 @@ static void trampoline(void **state) {
   g_ran++;
 }
 
+enum { MAX_LIVE = 4096 };
+static void *g_live[MAX_LIVE];
+static int g_nlive;
+
+void *at_malloc(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  assert_non_null(p);
+  if (g_nlive < MAX_LIVE) g_live[g_nlive++] = p; /* beyond: untracked, still freed by at_free */
+  return p;
+}
+
+void *at_calloc(size_t n, size_t size) {
+  void *p = at_malloc(n * size);
+  memset(p, 0, n * size);
+  return p;
+}
+
+void at_free(void *p) {
+  if (!p) return;
+  for (int i = g_nlive - 1; i >= 0; i--)
+    if (g_live[i] == p) {
+      g_live[i] = g_live[--g_nlive];
+      break;
+    }
+  free(p);
+}
+
 static int teardown(void **state) {
   (void)state;
   at_env_restore();
+  while (g_nlive > 0)
+    free(g_live[--g_nlive]);
   return 0;
 }
 
@@ -368,16 +397,16 @@ double at_get(const attn_tensor *t, int64_t i) {
 
 static void mem_alloc(at_mem *m, size_t nbytes) {
   m->nbytes = nbytes;
-  m->bytes = malloc(nbytes ? nbytes : 1);
-  m->used = calloc(nbytes ? nbytes : 1, 1);
+  m->bytes = at_malloc(nbytes ? nbytes : 1);
+  m->used = at_calloc(nbytes ? nbytes : 1, 1);
   assert_non_null(m->bytes);
   assert_non_null(m->used);
   memset(m->bytes, PAD_BYTE, nbytes);
 }
 
 static void mem_free(at_mem *m) {
-  free(m->bytes);
-  free(m->used);
+  at_free(m->bytes);
+  at_free(m->used);
   memset(m, 0, sizeof *m);
 }
 
@@ -497,7 +526,7 @@ static void fill_random(attn_tensor *strided, void **contig, attn_tensor *ref, u
                         float amp) {
   int64_t n = at_count(strided);
   size_t es = attn_dtype_size(strided->dtype);
-  *contig = malloc((size_t)n * es + 1);
+  *contig = at_malloc((size_t)n * es + 1);
   assert_non_null(*contig);
   for (int64_t i = 0; i < n; i++) {
     store(*contig, strided->dtype, i, uniform(seed, amp));
@@ -599,10 +628,10 @@ void at_prob_free(at_prob *P) {
   at_mem *ms[] = {&P->mq, &P->mk, &P->mv, &P->mo, &P->mlse, &P->mdo, &P->mdq, &P->mdkv};
   for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
     mem_free(ms[i]);
-  free(P->cq);
-  free(P->ck);
-  free(P->cv);
-  free(P->cdo);
+  at_free(P->cq);
+  at_free(P->ck);
+  at_free(P->cv);
+  at_free(P->cdo);
   memset(P, 0, sizeof *P);
 }
 
@@ -713,7 +742,7 @@ static int forward_and_check(at_backend *b, at_prob *P) {
     fail_msg("%s: attn_forward returned %s: %s", label, attn_status_name(rc), attn_errmsg(b->ctx));
 
   int64_t no = at_count(&P->o), nl = at_count(&P->lse);
-  double *ro = malloc((size_t)no * sizeof *ro), *rl = malloc((size_t)nl * sizeof *rl);
+  double *ro = at_malloc((size_t)no * sizeof *ro), *rl = at_malloc((size_t)nl * sizeof *rl);
   assert_non_null(ro);
   assert_non_null(rl);
   rc = attn__reference_forward(b->ctx, &P->p, &P->rq, &P->rk, &P->rv, ro, rl);
@@ -762,8 +791,8 @@ static int forward_and_check(at_backend *b, at_prob *P) {
   if (!at_padding_intact(&P->mo)) fail_msg("%s: o's padding between elements was written", label);
   if (!at_padding_intact(&P->mlse))
     fail_msg("%s: lse's padding between elements was written", label);
-  free(ro);
-  free(rl);
+  at_free(ro);
+  at_free(rl);
   return 1;
 }
 
@@ -793,8 +822,10 @@ int at_check_backward(at_backend *b, const at_shape *s) {
   if (rc != ATTN_OK)
     fail_msg("%s: attn_backward returned %s: %s", label, attn_status_name(rc), attn_errmsg(b->ctx));
   int64_t nq = at_count(&P.q), nk = at_count(&P.k), nl = at_count(&P.lse);
-  double *rdq = malloc((size_t)nq * sizeof(double)), *rdk = malloc((size_t)nk * sizeof(double)),
-         *rdv = malloc((size_t)nk * sizeof(double)), *rl = malloc((size_t)nl * sizeof(double));
+  double *rdq = at_malloc((size_t)nq * sizeof(double)),
+         *rdk = at_malloc((size_t)nk * sizeof(double)),
+         *rdv = at_malloc((size_t)nk * sizeof(double)),
+         *rl = at_malloc((size_t)nl * sizeof(double));
   assert_true(rdq && rdk && rdv && rl);
   rc = attn__reference_backward(b->ctx, &P.p, &P.rq, &P.rk, &P.rv, &P.rdo, rdq, rdk, rdv);
   if (rc != ATTN_OK)
@@ -818,10 +849,10 @@ int at_check_backward(at_backend *b, const at_shape *s) {
   compare(&P, "dv", &P.dv, rdv, P.s.Hkv, tol);
   if (!at_padding_intact(&P.mdq) || !at_padding_intact(&P.mdkv))
     fail_msg("%s: the padding between gradient elements was written", label);
-  free(rdq);
-  free(rdk);
-  free(rdv);
-  free(rl);
+  at_free(rdq);
+  at_free(rdk);
+  at_free(rdv);
+  at_free(rl);
   at_prob_free(&P);
   return 1;
 }

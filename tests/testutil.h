@@ -61,6 +61,13 @@ int at_main(int argc, char **argv, const char *suite, const at_test *tests, size
   } while (0)
 void at_note_skip(const char *fmt, ...);
 
+/* Memory of the running test. What a test leaves allocated, because it
+ * failed or skipped halfway (cmocka leaves by longjmp), the runner frees, so
+ * that LeakSanitizer reports only real leaks. */
+void *at_malloc(size_t bytes);
+void *at_calloc(size_t n, size_t size);
+void at_free(void *p);
+
 /* The golden folder: $ATTN_GOLDEN_DIR, else the build's default (the cache
  * variable ATTN_GOLDEN_DIR), else .device/golden in the source tree. */
 const char *at_golden_dir(void);
