@@ -18,6 +18,10 @@
  * conflicts; rows are contiguous so an item reads its TM query values as
  * float4s.
  *
+ * When HD/16 is a multiple of 4 the output columns are instead groups of 4
+ * (tx*4 + 64 g + 0..3), so that V is read as float4s: half the local-memory
+ * instructions of P V for the same bytes.
+ *
  * -D parameters (chosen by the host per device): DTYPE, HD (the head
  * dimension rounded up to a multiple of 16), BR, BC, TM, DK (Q/K columns per
  * staging step), JK (V rows per staging step). Window, causal, softcap and
@@ -31,6 +35,14 @@
 #define QSTR (BR + 4) /* +4 keeps float4 alignment and halves store conflicts */
 #define KSTR (BC + 1) /* +1: the column-major stores hit distinct banks */
 #define PSTR (BR + 4)
+#define VV (TD % 4 == 0) /* V read as float4 */
+
+/* Output column n of work-item tx. */
+#if VV
+#define OCOL(tx, n) ((tx)*4 + ((n) / 4) * 64 + (n) % 4)
+#else
+#define OCOL(tx, n) ((tx) + TX * (n))
+#endif
 
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
     __global const T *q, long qo, long4 qs, __global const T *k, long ko, long4 ks,
@@ -40,11 +52,13 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
     float softcap, int wl, int wr) {
   __local float4 Qs4[DK * QSTR / 4];
   __local float Ks[DK * KSTR];
-  __local float red[BR * TX];
+  __local float4 red4[BR * TX / 4];
   __local float4 Ps4[BC * PSTR / 4];
-  __local float Vs[JK * HD];
+  __local float4 Vs4[JK * HD / 4];
   __local float *Qs = (__local float *)Qs4;
   __local float *Ps = (__local float *)Ps4;
+  __local float *red = (__local float *)red4;
+  __local float *Vs = (__local float *)Vs4;
 
   const int lid = get_local_id(0), tx = lid % TX, ty = lid / TX;
   const int b = get_group_id(2), h = get_group_id(1);
@@ -71,6 +85,9 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
   const int lo = wl < 0 ? 0 : max(r0 + diag0 - wl, 0);
   const int hi = wr < 0 ? nk : min(rl + diag0 + wr + 1, nk);
   const float slope = alibi ? alibi[h] : 0.0f;
+  /* No softcap and no ALiBi: a tile that every row sees whole needs only
+   * the scale, which skips the mask on most tiles of a long sequence. */
+  const int plain = softcap == 0.0f && slope == 0.0f && r0 + BR <= nq;
 
   float m_i[TM], l_i[TM], acc[TM][TD];
 #pragma unroll
@@ -128,6 +145,8 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
     }
 
     /* Scores, mask, and this item's share of each row's maximum. */
+    const int whole = plain && j0 + BC <= nk && (wl < 0 || j0 >= r0 + BR - 1 + diag0 - wl) &&
+                      (wr < 0 || j0 + BC - 1 <= r0 + diag0 + wr);
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
       const int r = r0 + ty * TM + i, dg = r + diag0;
@@ -136,8 +155,12 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
       for (int n = 0; n < TN; ++n) {
         const int j = j0 + tx + TX * n;
         float t;
-        float x = score_epilogue(s[i][n], scale, softcap, slope, dg, j, &t);
-        s[i][n] = (r < nq && j < nk && key_visible(dg, j, wl, wr)) ? x : -INFINITY;
+        if (whole) {
+          s[i][n] *= scale;
+        } else {
+          float x = score_epilogue(s[i][n], scale, softcap, slope, dg, j, &t);
+          s[i][n] = (r < nq && j < nk && key_visible(dg, j, wl, wr)) ? x : -INFINITY;
+        }
         mt = fmax(mt, s[i][n]);
       }
       red[(ty * TM + i) * TX + tx] = mt;
@@ -151,8 +174,11 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
       float mx = m_i[i];
-      for (int t = 0; t < TX; ++t)
-        mx = fmax(mx, red[(ty * TM + i) * TX + t]);
+#pragma unroll
+      for (int t = 0; t < TX / 4; ++t) {
+        const float4 r4 = red4[(ty * TM + i) * (TX / 4) + t];
+        mx = fmax(mx, fmax(fmax(r4.s0, r4.s1), fmax(r4.s2, r4.s3)));
+      }
       const float mu = mx == -INFINITY ? 0.0f : mx;
       const float alpha = exp(m_i[i] - mu);
       m_i[i] = mx;
@@ -188,9 +214,20 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
           a[4 * u + 2] = t4.s2;
           a[4 * u + 3] = t4.s3;
         }
+#if VV
+#pragma unroll
+        for (int g = 0; g < TD / 4; ++g) {
+          const float4 v4 = Vs4[(jr * HD + tx * 4 + g * 64) / 4];
+          vb[4 * g + 0] = v4.s0;
+          vb[4 * g + 1] = v4.s1;
+          vb[4 * g + 2] = v4.s2;
+          vb[4 * g + 3] = v4.s3;
+        }
+#else
 #pragma unroll
         for (int n = 0; n < TD; ++n)
           vb[n] = Vs[jr * HD + tx + TX * n];
+#endif
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -214,7 +251,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
       l += red[(ty * TM + i) * TX + t];
     if (r < nq) {
       for (int n = 0; n < TD; ++n) {
-        const int c = tx + TX * n;
+        const int c = OCOL(tx, n);
         if (c < d) STORE(op, r * os.s1 + c * os.s3, l > 0.0f ? acc[i][n] / l : 0.0f);
       }
       if (lse && tx == 0)

@@ -341,10 +341,14 @@ static size_t bwd_local_bytes(int hd, int bb) {
 
 /* Tile sizes from what the device reports. Defaults: 128 work-items of
  * TM x 4 scores and TM x HD/16 outputs each keep the two products' inner
- * loops at 5-6 FMAs per local-memory word (see fwd.cl), and fit NVIDIA's
- * 48 KiB of local memory per work-group at HD = 128 (36 KiB); HD > 128
- * halves TM to stay within the register file. Smaller local memories shrink
- * the staging steps, then the key tile. */
+ * loops at 5-10 FMAs per local-memory instruction (see fwd.cl), and fit
+ * NVIDIA's 48 KiB of local memory per work-group at HD = 128 (36 KiB);
+ * HD > 128 halves TM to stay within the register file. Smaller local
+ * memories shrink the staging steps, then the key tile.
+ *
+ * ATTN_CL_TILES=BR,TM,BC,DK,JK replaces the forward defaults, for tuning on
+ * a new device (bench/opencl_h200.sh sweeps it); a value the kernel cannot
+ * take is ignored. */
 static int choose_tiles(const cl_dev *dev, int hd, attn_program *p) {
   size_t lmem = (size_t)dev->local_mem;
   p->tm = hd > 128 ? 4 : 8;
@@ -352,6 +356,17 @@ static int choose_tiles(const cl_dev *dev, int hd, attn_program *p) {
   p->bc = 64;
   p->dk = 16;
   p->jk = 16;
+  const char *env = getenv("ATTN_CL_TILES");
+  int br, tm, bc, dk, jk;
+  if (env && sscanf(env, "%d,%d,%d,%d,%d", &br, &tm, &bc, &dk, &jk) == 5 && tm > 0 && tm % 4 == 0 &&
+      br % tm == 0 && br / tm >= 1 && 16 * (br / tm) <= 1024 && bc % 16 == 0 && bc > 0 && dk > 0 &&
+      jk > 0 && bc % jk == 0 && (size_t)(16 * (br / tm)) <= dev->max_wg) {
+    p->br = br;
+    p->tm = tm;
+    p->bc = bc;
+    p->dk = dk;
+    p->jk = jk;
+  }
   while (fwd_local_bytes(hd, p->br, p->bc, p->dk, p->jk) > lmem) {
     if (p->jk > 4)
       p->jk /= 2;
@@ -367,7 +382,7 @@ static int choose_tiles(const cl_dev *dev, int hd, attn_program *p) {
   p->bb = 0;
   for (int bb = 32; bb >= 4 && !p->bb; bb /= 2)
     if (bwd_local_bytes(hd, bb) <= lmem && (bb * hd) % 128 == 0) p->bb = bb;
-  return p->bb != 0 && dev->max_wg >= 128;
+  return p->bb != 0 && dev->max_wg >= 128 && dev->max_wg >= (size_t)(16 * (p->br / p->tm));
 }
 
 static int get_program(attn_context *ctx, int dtype, int hd, attn_program **out) {
@@ -414,11 +429,12 @@ static int get_program(attn_context *ctx, int dtype, int hd, attn_program **out)
     size_t wg = 0;
     cl->clGetKernelWorkGroupInfo(*ks[i], im->dev->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
                                  NULL);
-    if (i != 1 && wg < 128)
+    const size_t need = i == 0 ? (size_t)(16 * (p.br / p.tm)) : i == 1 ? 64 : 128;
+    if (wg < need)
       st = attn__error(ctx, ATTN_EUNSUPPORTED,
                        "OpenCL kernel %s runs at most %zu work-items per group on %s; it "
-                       "needs 128",
-                       names[i], wg, im->dev->info.name);
+                       "needs %zu",
+                       names[i], wg, im->dev->info.name, need);
   }
   /* On failure the entry is released at once (nprog is not advanced). */
   im->progs[im->nprog] = p;
