@@ -13,6 +13,7 @@ call. FLOPs: forward 4 * B * H * N^2 * d, backward 2.5x that.
 Prints one table last; logs go to --log.
 """
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -22,7 +23,11 @@ def attn_run(exe, backend, b, n, h, d, dtype, backward, repeat, log, env=None):
     cmd = [exe, "run", "--backend", backend, "--batch", str(b), "--seqlen", str(n),
            "--heads", str(h), "--dim", str(d), "--dtype", dtype, "--repeat", str(repeat),
            "--no-check"] + (["--backward"] if backward else [])
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=90)
+    except subprocess.TimeoutExpired:
+        log.write("$ " + " ".join(cmd) + "\ntimed out\n")
+        return None, None
     log.write("$ " + " ".join(cmd) + "\n" + p.stdout + p.stderr + "\n")
     log.flush()
     fw = re.search(r"forward\s+[\d.]+ ms median of \d+, ([\d.]+) GFLOP/s", p.stdout)
@@ -68,6 +73,8 @@ def main():
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--log", default="opencl_bench.log")
     ap.add_argument("--sizes", default=None, help="comma-separated N values")
+    ap.add_argument("--tiles64", default="", help="ATTN_CL_TILES for d = 64")
+    ap.add_argument("--tiles128", default="", help="ATTN_CL_TILES for d = 128")
     a = ap.parse_args()
     log = open(a.log, "w")
     rows = []
@@ -77,8 +84,12 @@ def main():
             for d in (64, 128):
                 for n in sizes:
                     b, h = max(1, 16384 // n), 2048 // d
-                    rep = 3 if n >= 16384 else 5
-                    fw, bw = attn_run(a.attn, "opencl", b, n, h, d, dtype, True, rep, log)
+                    rep = 2 if n >= 16384 else 5
+                    env = dict(os.environ)
+                    tiles = a.tiles64 if d == 64 else a.tiles128
+                    if tiles:
+                        env["ATTN_CL_TILES"] = tiles
+                    fw, bw = attn_run(a.attn, "opencl", b, n, h, d, dtype, True, rep, log, env)
                     try:
                         tfw, tbw = torch_sdpa(b, n, h, d, "f32", rep)
                         hfw, hbw = torch_sdpa(b, n, h, d, "f16", rep) if dtype == "f16" else (None, None)

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The OpenCL backend on the H200 through NVIDIA's OpenCL, in one device call:
+# build, self-test, golden cases, a forward tile sweep, the benchmark beside
+# torch's float32 SDPA, then the test suite; the table comes last.
+#
+#   here, once:   ../shared/device/stage.sh        (cmocka + golden into .device/)
+#   device call:  bash bench/opencl_h200.sh         with carry [".device"]
+#
+# Logs go to $OUT (the device tool brings them back). Results: bench/NOTES_opencl.md.
+set -u -o pipefail
+OUT=${OUT:-$PWD/out-opencl-h200}
+mkdir -p "$OUT"
+B=build-opencl-h200
+export ATTN_CL_CACHE_DIR=$PWD/$B/cl-cache
+export PYTHONUNBUFFERED=1
+t0=$(date +%s)
+stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
+
+for f in .device/debs/*.deb; do dpkg -x "$f" / 2>/dev/null; done
+ldconfig 2>/dev/null
+stamp build
+cmake -S . -B $B -DATTN_WITH_CUDA=OFF -DATTN_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release \
+  -DATTN_GOLDEN_DIR=$PWD/.device/golden >"$OUT/build.log" 2>&1 &&
+  cmake --build $B -j16 >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+A=$B/tools/attn
+
+stamp info
+{ $A info --selftest; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; } \
+  2>&1 | tee "$OUT/info.txt"
+
+stamp golden
+ATTN_BACKEND=opencl $A check .device/golden >"$OUT/golden.txt" 2>&1
+echo "golden rc=$?: $(tail -1 "$OUT/golden.txt")"
+
+# Forward tile sweep, f32, 4k tokens: BR,TM,BC,DK,JK (see cl/opencl.c).
+stamp sweep
+best64="" best128="" b64=0 b128=0
+for t in 64,8,64,16,16 64,8,64,32,32 32,4,64,16,16 64,8,32,16,16 128,8,32,16,16; do
+  for d in 64 128; do
+    g=$(ATTN_CL_TILES=$t timeout 60 $A run --backend opencl --batch 4 --seqlen 4096 \
+      --heads $((2048 / d)) --dim $d --repeat 5 --no-check 2>&1 |
+      sed -n 's/.*forward .* \([0-9.]*\) GFLOP\/s.*/\1/p')
+    echo "tiles $t d $d fwd ${g:-fail} GFLOP/s" | tee -a "$OUT/sweep.txt"
+    [ -n "$g" ] || continue
+    if [ $d = 64 ] && awk "BEGIN{exit !($g > $b64)}"; then b64=$g best64=$t; fi
+    if [ $d = 128 ] && awk "BEGIN{exit !($g > $b128)}"; then b128=$g best128=$t; fi
+  done
+done
+echo "best d=64: $best64 ($b64), d=128: $best128 ($b128)" | tee -a "$OUT/sweep.txt"
+
+stamp bench
+python3 bench/opencl_bench.py --gpu --attn $A --log "$OUT/bench.log" \
+  --tiles64 "$best64" --tiles128 "$best128" >"$OUT/bench.txt" 2>&1
+
+stamp suite
+(cd $B && timeout 60 ctest -R "_opencl|opencl_without" -j4 --output-on-failure \
+  >"$OUT/suite.txt" 2>&1)
+grep -E "tests passed|Failed|Passed|Skipped|Timeout" "$OUT/suite.txt" | tail -12
+
+stamp done
+cat "$OUT/sweep.txt" | tail -1
+sed -n '/^TFLOP/,$p' "$OUT/bench.txt"
