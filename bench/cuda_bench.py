@@ -25,6 +25,11 @@ import time
 import torch
 
 ATTN_F32, ATTN_F16, ATTN_BF16 = 0, 1, 2
+# The f32 forward's tuning variants (cuda/general_fwd32.cuh) and the head dims
+# where each has kernels of its own (elsewhere it is the default kernel).
+VARIANT_ENV = "ATTN_CUDA_GENERAL_VARIANT"
+F32_VARIANTS = ["lean", "wide", "duo"]
+F32_VARIANT_DIMS = (64, 128)
 CAUSAL, DETERMINISTIC, NONDETERMINISTIC, ALLOW_TF32, ASYNC = 0x1, 0x2, 0x4, 0x8, 0x10
 DT = {torch.float32: ATTN_F32, torch.float16: ATTN_F16, torch.bfloat16: ATTN_BF16}
 
@@ -226,6 +231,14 @@ def check(args):
          ([0, 5, 5, 200, 260], [0, 0, 40, 300, 333])),
         ("f32_d1", torch.float32, 1, 70, 70, 2, 2, 1, (-1, -1), 0, False, "contig", None),
         ("f32_d200_alibi_window", torch.float32, 1, 150, 150, 3, 3, 200, (30, 30), 0, True, "contig", None),
+        # The f32 forward variants' head dims (64, 128) with every option:
+        # partial tiles, an empty key sequence, windows, softcap, GQA/MQA.
+        ("f32_d128_varlen_gqa_window", torch.float32, 3, 0, 0, 4, 2, 128, (50, 10), 0, False, "contig",
+         ([0, 1, 130, 400], [0, 70, 70, 350])),
+        ("f32_d64_bhsd_nokey_rows", torch.float32, 2, 190, 60, 4, 4, 64, (-1, 0), 0, False, "bhsd", None),
+        ("f32_d128_mqa_causal", torch.float32, 1, 333, 333, 4, 1, 128, (-1, 0), 0, False, "contig", None),
+        ("f32_d64_softcap_window", torch.float32, 1, 300, 280, 2, 2, 64, (40, 40), 15.0, False, "contig", None),
+        ("f32_d128_alibi_causal", torch.float32, 2, 270, 300, 2, 2, 128, (-1, 0), 0, True, "contig", None),
         ("f16_d80_causal", torch.float16, 2, 150, 150, 4, 4, 80, (-1, 0), 0, False, "contig", None),
         ("bf16_d160_mqa_window", torch.bfloat16, 1, 140, 140, 4, 1, 160, (20, 0), 0, False, "contig", None),
         ("f16_d64_causal", torch.float16, 2, 300, 300, 4, 4, 64, (-1, 0), 0, False, "contig", None),
@@ -240,7 +253,18 @@ def check(args):
     bound = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
     fails = 0
     rows = []
-    for (name, dt, B, Nq, Nk, Hq, Hkv, d, window, softcap, use_alibi, layout, vl) in cases:
+    # Every f32 case again under each f32 forward variant (ATTN_CUDA_GENERAL_VARIANT):
+    # the backward then runs on that variant's o and lse.
+    runs = [(None, c) for c in cases]
+    for var in F32_VARIANTS:
+        runs += [(var, c) for c in cases if c[1] == torch.float32]
+    ncases = len(runs)
+    for var, (name, dt, B, Nq, Nk, Hq, Hkv, d, window, softcap, use_alibi, layout, vl) in runs:
+        if var:
+            name = "%s[%s]" % (name, var)
+            os.environ[VARIANT_ENV] = var
+        else:
+            os.environ.pop(VARIANT_ENV, None)
         alibi = [2.0 ** (-8.0 * (h + 1) / Hq) for h in range(Hq)] if use_alibi else None
         scale = 1.0 / math.sqrt(d)
         if vl:
@@ -289,7 +313,7 @@ def check(args):
                 outs[mode] = (dq, dk, dv)
             torch.cuda.synchronize()
         except RuntimeError as e:
-            print("%-26s FAIL %s" % (name, e))
+            print("%-32s FAIL %s" % (name, e))
             fails += 1
             A.release()
             continue
@@ -326,12 +350,14 @@ def check(args):
         if not same:
             bad.append("deterministic differs run to run")
         fails += bool(bad)
-        print("%-26s %-4s o %.1e lse %.1e dq %.1e dk %.1e dv %.1e det(dq %.1e) %s" % (
+        print("%-32s %-4s o %.1e lse %.1e dq %.1e dk %.1e dv %.1e det(dq %.1e) %s" % (
             name, {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dt], errs["o"], errs["lse"], errs["dq"], errs["dk"], errs["dv"],
             errs["dq_det"], "ok" if not bad else "FAIL " + ",".join(bad)), flush=True)
         rows.append({"case": name, "errs": errs, "bad": bad})
         A.release()
-    print("check: %d of %d cases failed" % (fails, len(cases)))
+    os.environ.pop(VARIANT_ENV, None)
+    print("check: %d of %d cases failed (f32 cases also under variants %s)" % (
+        fails, ncases, ",".join(F32_VARIANTS)))
     if args.json:
         json.dump(rows, open(args.json, "w"), indent=1)
     return 1 if fails else 0
@@ -412,6 +438,22 @@ def bench(args):
                             os.environ["ATTN_CUDA_GENERAL_MR"] = "4"
                             row["ours_fwd_mr4"] = fl / timeit(A.prep_forward(p, q, k, v, o, lse)) / 1e12
                             del os.environ["ATTN_CUDA_GENERAL_MR"]
+                            # The f32 forward variants; each also checked against the
+                            # default kernel's o (max abs difference) in this run.
+                            if d in F32_VARIANT_DIMS:
+                                A.prep_forward(p, q, k, v, o, lse)()
+                                o_ref, lse_ref = o.clone(), lse.clone()
+                                for var in F32_VARIANTS:
+                                    os.environ[VARIANT_ENV] = var
+                                    try:
+                                        row["ours_fwd_" + var] = fl / timeit(
+                                            A.prep_forward(p, q, k, v, o, lse)) / 1e12
+                                        row["diff_" + var] = max((o - o_ref).abs().max().item(),
+                                                                 (lse - lse_ref).abs().max().item())
+                                    finally:
+                                        del os.environ[VARIANT_ENV]
+                                A.prep_forward(p, q, k, v, o, lse)()
+                                del o_ref, lse_ref
                         if not args.forward_only:
                             row["ours_bwd"] = 2.5 * fl / timeit(
                                 A.prep_backward(p, q, k, v, o, lse, do, dq, dk, dv)) / 1e12
@@ -457,6 +499,9 @@ def bench(args):
             f(r, "ours_fwd"), f(r, "flash_fwd"), f(r, "cudnn_fwd"), f(r, "sdpa_fwd"), rf,
             f(r, "ours_bwd"), f(r, "flash_bwd"), f(r, "cudnn_bwd"), f(r, "sdpa_bwd"), rb)
             + ("  fwd MR=4 %s" % f(r, "ours_fwd_mr4") if "ours_fwd_mr4" in r else "")
+            + "".join("  %s %s (%.2fx, diff %.0e)" % (v, f(r, "ours_fwd_" + v), r["ours_fwd_" + v] / ref_f,
+                                                      r.get("diff_" + v, float("nan")))
+                      for v in F32_VARIANTS if "ours_fwd_" + v in r and ref_f)
             + ("  ERR " + r["ours_err"][:60] if "ours_err" in r else ""))
     return 0
 

@@ -7,6 +7,8 @@
 #
 # STEPS picks what runs (default all): build info golden ctest sanitize check bench.
 # BENCH_ARGS goes to cuda_bench.py bench (e.g. "--dtypes f32 --seqlens 4096,8192").
+# The golden and check steps also run every f32 forward variant
+# (ATTN_CUDA_GENERAL_VARIANT=lean|wide|duo); bench --variants times them.
 # CUDA_ARCH sets CMAKE_CUDA_ARCHITECTURES (default 90-real: the H200 alone, to
 # build fast; the default build, sm_80 + sm_90 + PTX, is built in CI).
 set -u -o pipefail
@@ -67,6 +69,13 @@ if has golden && [ -d .device/golden ]; then
   ATTN_BACKEND=cuda $ATTN check .device/golden >"$OUT/golden.txt" 2>&1 && result[golden]=ok || result[golden]=FAIL
   grep -E "FAIL|cannot" "$OUT/golden.txt" | head -20
   tail -3 "$OUT/golden.txt"
+  # The f32 forward variants (cuda/general_fwd32.cuh) on the same cases.
+  for v in lean wide duo; do
+    ATTN_CUDA_GENERAL_VARIANT=$v ATTN_BACKEND=cuda $ATTN check .device/golden >"$OUT/golden_$v.txt" 2>&1 \
+      || result[golden]="FAIL (variant $v: see golden_$v.txt)"
+    echo "golden variant $v: $(grep -cE "FAIL" "$OUT/golden_$v.txt") FAIL lines; $(tail -1 "$OUT/golden_$v.txt")"
+    grep -E "FAIL" "$OUT/golden_$v.txt" | head -5
+  done
 fi
 
 if has ctest && [ -f "$BUILD/CTestTestfile.cmake" ]; then
@@ -83,6 +92,17 @@ if has sanitize && command -v compute-sanitizer >/dev/null && [ -d .device/golde
     ATTN_BACKEND=cuda timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 \
       $ATTN check $cases >"$OUT/sanitize_$tool.txt" 2>&1 || ok=0
     tail -2 "$OUT/sanitize_$tool.txt"
+  done
+  # racecheck of the f32 forward variants (their own barrier schedules), on
+  # the golden cases with f32 d = 128 (gqa_causal) and d = 64 (varlen_causal).
+  for v in lean wide duo; do
+    ATTN_CUDA_GENERAL_VARIANT=$v ATTN_BACKEND=cuda timeout 45 compute-sanitizer --tool racecheck \
+      --error-exitcode 9 $ATTN check .device/golden/gqa_causal .device/golden/varlen_causal \
+      >"$OUT/sanitize_racecheck_$v.txt" 2>&1
+    rc=$?
+    [ $rc = 124 ] && echo "racecheck variant $v: timed out (not counted)" && continue
+    [ $rc != 0 ] && ok=0
+    echo "racecheck variant $v: rc $rc; $(tail -1 "$OUT/sanitize_racecheck_$v.txt")"
   done
   [ $ok = 1 ] && result[sanitize]=ok || result[sanitize]=FAIL
 fi

@@ -8,6 +8,7 @@
 #include "general.cuh"
 
 #include <stdlib.h>
+#include <string.h>
 
 namespace attn_general {
 extern template int launch_forward<float>(const attn__cuda_launch *, const gparams &, int);
@@ -86,6 +87,19 @@ static int want_mr(void) {
   return e ? atoi(e) : 0;
 }
 
+/* ATTN_CUDA_GENERAL_VARIANT=base|lean|wide|duo picks the f32 forward's
+ * kernel (general_fwd32.cuh) where the variant applies (padded d 64 or 128,
+ * float4 rows); anything else, or unset, is the default choice. Read on each
+ * call, not once, so that a benchmark can switch it between calls. */
+static int want_variant(void) {
+  const char *e = getenv("ATTN_CUDA_GENERAL_VARIANT");
+  if (!e) return kFwdBase;
+  if (!strcmp(e, "lean")) return kFwdLean;
+  if (!strcmp(e, "wide")) return kFwdWide;
+  if (!strcmp(e, "duo")) return kFwdDuo;
+  return kFwdBase;
+}
+
 extern "C" size_t attn__cuda_general_workspace(const attn__problem *pb, int backward) {
   if (!backward) return 0;
   size_t n = align256(sizeof(float) * (size_t)pb->total_q * pb->heads_q);
@@ -100,8 +114,14 @@ extern "C" int attn__cuda_general_forward(const attn__cuda_launch *L) {
   const gparams P = make_params(L, 0);
   const int mr = want_mr();
   switch (pb->dtype) {
-    case ATTN_F32:
+    case ATTN_F32: {
+      const int v = want_variant();
+      if (v != kFwdBase) {
+        const int st = launch_forward_f32_variant(L, P, v);
+        if (st != ATTN_EUNSUPPORTED) return st;
+      }
       return launch_forward<float>(L, P, mr);
+    }
     case ATTN_F16:
       return launch_forward<__half>(L, P, mr);
     case ATTN_BF16:

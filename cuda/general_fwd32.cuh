@@ -1,0 +1,335 @@
+/*
+ * Forward pass, true fp32 (FFMA), tuning variants of general.cuh's fwd_kernel
+ * for the common head dims (padded 64 and 128) with 16-byte-aligned rows.
+ * Same algorithm and numbers as fwd_kernel (one block per query block,
+ * S = Q K^T, online softmax in registers, O += P V, lse = m + log(l)); what
+ * differs is the cost around the two inner loops:
+ *
+ *   - tile loads: each thread owns one 16-byte column chunk and a fixed row
+ *     stride, so a cp.async costs an address add instead of a division and
+ *     a bounds test (fwd_kernel's load_tile: ~30 instructions per copy);
+ *   - two barriers per key tile instead of four: V_t is fetched after the
+ *     first barrier (hidden by Q K^T), K_{t+1} after the second (hidden by
+ *     P V); P travels only inside a half warp;
+ *   - softmax without softcap/ALiBi: the row max is taken on the raw dot
+ *     products (rounding is monotone, so max(acc) * scale is the max of the
+ *     scaled scores bit for bit) and p = ex2((fmaf(acc, scale, -m)) * log2 e):
+ *     s - m rounded once, in natural units, as in the backward pass.
+ *
+ * Variants (ATTN_CUDA_GENERAL_VARIANT, see general.cu):
+ *   lean  256 threads, 8 x 4 scores a thread (Br = 128, Bc = 64), 1 block/SM;
+ *   wide  8 x 8 scores a thread (Br = 128, Bc = 128): a third fewer shared
+ *         loads in Q K^T, half the softmax reductions and barriers per FMA;
+ *         at d = 128 P lives in the K tile (Q, K, V = 203 KB), so K_{t+1} and
+ *         V_{t+1} are fetched after P V, exposed (~5% of a tile's time);
+ *   duo   128 threads, 8 x 4 (Br = 64, Bc = 64), two blocks a multiprocessor
+ *         so that one block's barriers and softmax overlap the other's FMAs;
+ *         at d = 128 P lives in the K tile (two 101 KB blocks fit in 227 KB),
+ *         so K_{t+1} and V_{t+1} are fetched after P V (hidden by the other
+ *         block, not by this one).
+ */
+#ifndef ATTN_CUDA_GENERAL_FWD32_CUH
+#define ATTN_CUDA_GENERAL_FWD32_CUH
+
+#include "general.cuh"
+
+namespace attn_general {
+
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <int DP, int MR, int MC, int NTY, bool ALIAS>
+struct f32v_cfg {
+  static constexpr int NT = 16 * NTY, Br = NTY * MR, Bc = 16 * MC;
+  static constexpr int LD = DP + 4; /* conflict-free float4 rows, as fwd_cfg */
+  /* +16: the two half warps' rows of P in other banks; +4 where that would
+   * not fit in the K tile (2-way conflicts on the few P stores only). */
+  static constexpr int LDP = ALIAS && Br * (Bc + 16) > Bc *LD ? Bc + 4 : Bc + 16;
+  static constexpr size_t smem =
+      sizeof(float) * ((size_t)Br * LD + 2 * (size_t)Bc * LD + (ALIAS ? 0 : (size_t)Br * LDP));
+  static_assert(!ALIAS || Br * LDP <= Bc * LD, "P must fit in the K tile");
+  static_assert(NT % (DP / 4) == 0, "a thread keeps one column chunk");
+  static constexpr int minb = NT == 128 ? 2 : 1;
+};
+
+/* ROWS rows of DP floats (row 0 at g, row stride ss elements) into sm[ROWS][ld]
+ * by cp.async; rows at or past nvalid and columns at or past d are zeros. */
+template <int DP, int ROWS, int NT>
+__device__ __forceinline__ void load_rows32(float *sm, int ld, const float *g, long long ss,
+                                            long long nvalid, int d) {
+  constexpr int C4 = DP / 4, RSTEP = NT / C4, N = (ROWS + RSTEP - 1) / RSTEP;
+  const int tid = threadIdx.x;
+  const int r = tid / C4, c = (tid - r * C4) * 4;
+  float *dst = sm + r * ld + c;
+  const float *src = g + r * ss + c;
+  const long long step = RSTEP * ss;
+  if (c < d && nvalid >= ROWS && ROWS % RSTEP == 0) {
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+      cp_async16(dst + k * RSTEP * ld, src);
+      src += step;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+      const int rr = r + k * RSTEP;
+      if (rr < ROWS) {
+        if (c < d && rr < nvalid)
+          cp_async16(dst + k * RSTEP * ld, src);
+        else
+          *(float4 *)(dst + k * RSTEP * ld) = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      src += step;
+    }
+  }
+}
+
+template <int DP, int MR, int MC, int NTY, bool ALIAS>
+__global__ void __launch_bounds__(16 * NTY, (f32v_cfg<DP, MR, MC, NTY, ALIAS>::minb))
+    fwd32_kernel(const gparams P) {
+  using C = f32v_cfg<DP, MR, MC, NTY, ALIAS>;
+  constexpr int NT = C::NT, Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP, NG = DP / 32;
+  extern __shared__ float4 smem4[];
+  float *Qs = (float *)smem4;
+  float *Ks = Qs + Br * LD;
+  float *Vs = Ks + Bc * LD;
+  float *Ps = ALIAS ? Ks : Vs + Bc * LD;
+
+  const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const seqinfo S = get_seq(P, b);
+  const long long i0 = (long long)qb * Br;
+  if (i0 >= S.nq) return;
+  const long long i1 = min(S.nq, i0 + Br);
+  const int hk = h / P.group;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+
+  const float *qg = (const float *)P.q.p + (long long)b * P.q.sb + S.row0q * P.q.ss + h * P.q.sh;
+  const float *kg = (const float *)P.k.p + (long long)b * P.k.sb + S.row0k * P.k.ss + hk * P.k.sh;
+  const float *vg = (const float *)P.v.p + (long long)b * P.v.sb + S.row0k * P.v.ss + hk * P.v.sh;
+
+  long long klo, khi, tmp;
+  key_range(P, i0, S.nq, S.nk, &klo, &tmp);
+  key_range(P, i1 - 1, S.nq, S.nk, &tmp, &khi);
+  const long long lo_last = tmp;
+  long long hi_first;
+  key_range(P, i0, S.nq, S.nk, &tmp, &hi_first);
+  const long long t_begin = klo / Bc, t_end = khi > klo ? (khi + Bc - 1) / Bc : t_begin;
+
+  const float slope = P.alibi ? P.alibi[h] : 0.f;
+  const bool plain = P.softcap == 0.f && P.alibi == nullptr;
+  const bool fast = plain && P.scale > 0.f;
+
+  float m_i[MR], l_i[MR]; /* l_i: this thread's share of the row sum */
+  float2 o[MR][NG];
+#pragma unroll
+  for (int ii = 0; ii < MR; ii++) {
+    m_i[ii] = -INFINITY;
+    l_i[ii] = 0.f;
+#pragma unroll
+    for (int g = 0; g < NG; g++)
+      o[ii][g] = make_float2(0.f, 0.f);
+  }
+
+  if (t_end > t_begin) {
+    const long long k0 = t_begin * Bc;
+    load_rows32<DP, Br, NT>(Qs, LD, qg + i0 * P.q.ss, P.q.ss, S.nq - i0, P.d);
+    load_rows32<DP, Bc, NT>(Ks, LD, kg + k0 * P.k.ss, P.k.ss, S.nk - k0, P.d);
+    if (ALIAS) load_rows32<DP, Bc, NT>(Vs, LD, vg + k0 * P.v.ss, P.v.ss, S.nk - k0, P.d);
+    cp_async_commit();
+  }
+
+  for (long long t = t_begin; t < t_end; t++) {
+    const long long k0 = t * Bc;
+    /* The only group in flight: K_t (ALIAS: K_t and V_t). After the barrier
+     * every thread is also done with P V of the previous tile. */
+    cp_async_wait<0>();
+    __syncthreads();
+    if (!ALIAS) {
+      load_rows32<DP, Bc, NT>(Vs, LD, vg + k0 * P.v.ss, P.v.ss, S.nk - k0, P.d);
+      cp_async_commit();
+    }
+
+    /* S = Q K^T */
+    float s[MR][MC];
+#pragma unroll
+    for (int ii = 0; ii < MR; ii++)
+#pragma unroll
+      for (int jj = 0; jj < MC; jj++)
+        s[ii][jj] = 0.f;
+#pragma unroll 2
+    for (int c = 0; c < DP; c += 4) {
+      float4 qv[MR], kv[MC];
+#pragma unroll
+      for (int ii = 0; ii < MR; ii++)
+        qv[ii] = *(const float4 *)&Qs[(ty + NTY * ii) * LD + c];
+#pragma unroll
+      for (int jj = 0; jj < MC; jj++)
+        kv[jj] = *(const float4 *)&Ks[(tx + 16 * jj) * LD + c];
+#pragma unroll
+      for (int ii = 0; ii < MR; ii++)
+#pragma unroll
+        for (int jj = 0; jj < MC; jj++) {
+          s[ii][jj] = fmaf(qv[ii].x, kv[jj].x, s[ii][jj]);
+          s[ii][jj] = fmaf(qv[ii].y, kv[jj].y, s[ii][jj]);
+          s[ii][jj] = fmaf(qv[ii].z, kv[jj].z, s[ii][jj]);
+          s[ii][jj] = fmaf(qv[ii].w, kv[jj].w, s[ii][jj]);
+        }
+    }
+    if (ALIAS) __syncthreads(); /* every thread is done with K_t: P goes there */
+
+    /* Masks and the online softmax, row by row. */
+    const bool full = k0 >= lo_last && k0 + Bc <= hi_first;
+#pragma unroll
+    for (int ii = 0; ii < MR; ii++) {
+      const long long i = i0 + ty + NTY * ii;
+      const long long diag = i + S.nk - S.nq;
+      /* Rows past the sequence see nothing; their results are never stored. */
+      long long lo = 0, hi = 0;
+      if (!full && i < S.nq) key_range(P, i, S.nq, S.nk, &lo, &hi);
+      float mx = -INFINITY;
+#pragma unroll
+      for (int jj = 0; jj < MC; jj++) {
+        const long long j = k0 + tx + 16 * jj;
+        float x = s[ii][jj], dcap;
+        if (!fast) x = score(P, x, slope, diag - j, &dcap);
+        if (!full && (j < lo || j >= hi)) x = -INFINITY;
+        s[ii][jj] = x;
+        mx = fmaxf(mx, x);
+      }
+#pragma unroll
+      for (int off = 1; off < 16; off <<= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      /* fast: mx is a raw dot product; scale > 0 keeps it the max. */
+      if (fast) mx *= P.scale;
+      const float m_new = fmaxf(m_i[ii], mx);
+      /* A row that has seen no key yet keeps m = -inf; exponentiate against 0
+       * then, so that -inf - -inf never makes a NaN. */
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = ex2_ftz((m_i[ii] - m_use) * kLog2e);
+      float sum = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < MC; jj++) {
+        const float dx = fast ? fmaf(s[ii][jj], P.scale, -m_use) : s[ii][jj] - m_use;
+        const float p = ex2_ftz(dx * kLog2e);
+        sum += p;
+        Ps[(ty + NTY * ii) * LDP + tx + 16 * jj] = p;
+      }
+      l_i[ii] = l_i[ii] * alpha + sum;
+      m_i[ii] = m_new;
+#pragma unroll
+      for (int g = 0; g < NG; g++) {
+        o[ii][g].x *= alpha;
+        o[ii][g].y *= alpha;
+      }
+    }
+    if (ALIAS) {
+      __syncwarp(); /* P rows are written and read by the same half warp */
+    } else {
+      cp_async_wait<0>(); /* V_t */
+      __syncthreads();    /* V_t and P visible; everyone is done with K_t */
+      if (t + 1 < t_end)
+        load_rows32<DP, Bc, NT>(Ks, LD, kg + (k0 + Bc) * P.k.ss, P.k.ss, S.nk - k0 - Bc, P.d);
+      cp_async_commit();
+    }
+
+    /* O += P V */
+#pragma unroll 2
+    for (int j = 0; j < Bc; j += 4) {
+      float4 pv[MR];
+#pragma unroll
+      for (int ii = 0; ii < MR; ii++)
+        pv[ii] = *(const float4 *)&Ps[(ty + NTY * ii) * LDP + j];
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        float2 vv[NG];
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+          vv[g] = *(const float2 *)&Vs[(j + q) * LD + tx * 2 + 32 * g];
+#pragma unroll
+        for (int ii = 0; ii < MR; ii++) {
+          const float p = q == 0 ? pv[ii].x : q == 1 ? pv[ii].y : q == 2 ? pv[ii].z : pv[ii].w;
+#pragma unroll
+          for (int g = 0; g < NG; g++) {
+            o[ii][g].x = fmaf(p, vv[g].x, o[ii][g].x);
+            o[ii][g].y = fmaf(p, vv[g].y, o[ii][g].y);
+          }
+        }
+      }
+    }
+    if (ALIAS) {
+      __syncthreads(); /* everyone is done with P (in K's tile) and V_t */
+      if (t + 1 < t_end) {
+        load_rows32<DP, Bc, NT>(Ks, LD, kg + (k0 + Bc) * P.k.ss, P.k.ss, S.nk - k0 - Bc, P.d);
+        load_rows32<DP, Bc, NT>(Vs, LD, vg + (k0 + Bc) * P.v.ss, P.v.ss, S.nk - k0 - Bc, P.d);
+      }
+      cp_async_commit();
+    }
+  }
+  cp_async_wait<0>();
+
+  /* O /= l, lse = m + log(l); a row with no key: o = 0, lse = -inf. */
+  const long long obase = (long long)b * P.o.sb + S.row0q * P.o.ss + h * P.o.sh;
+#pragma unroll
+  for (int ii = 0; ii < MR; ii++) {
+    float l = l_i[ii];
+#pragma unroll
+    for (int off = 1; off < 16; off <<= 1)
+      l += __shfl_xor_sync(0xffffffffu, l, off);
+    const long long i = i0 + ty + NTY * ii;
+    if (i >= S.nq) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+    for (int g = 0; g < NG; g++) {
+      const int c = tx * 2 + 32 * g;
+      char *op = P.o.p;
+      if (c < P.d) elem<float>::st(op, obase + i * P.o.ss + c * P.o.sd, o[ii][g].x * inv);
+      if (c + 1 < P.d) elem<float>::st(op, obase + i * P.o.ss + (c + 1) * P.o.sd, o[ii][g].y * inv);
+    }
+    if (P.lse.p && tx == 0) {
+      const float lse = l > 0.f ? m_i[ii] + logf(l) : -INFINITY;
+      ((float *)P.lse.p)[(long long)b * P.lse.sb + (S.row0q + i) * P.lse.ss + h * P.lse.sh] = lse;
+    }
+  }
+}
+
+template <int DP, int MR, int MC, int NTY, bool ALIAS>
+static int try_fwd32(const attn__cuda_launch *L, const gparams &P) {
+  using Cf = f32v_cfg<DP, MR, MC, NTY, ALIAS>;
+  if (Cf::smem > L->smem_optin) return ATTN_EUNSUPPORTED;
+  const attn__problem *pb = L->pb;
+  dim3 grid((unsigned)((pb->seqlen_q + Cf::Br - 1) / Cf::Br), (unsigned)pb->heads_q,
+            (unsigned)pb->batch);
+  auto kernel = fwd32_kernel<DP, MR, MC, NTY, ALIAS>;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return ATTN_OK;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Cf::smem) !=
+      cudaSuccess)
+    return ATTN_EDEVICE;
+  kernel<<<grid, Cf::NT, Cf::smem, L->stream>>>(P);
+  return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
+}
+
+/* The f32 forward under variant v (kFwdLean, kFwdWide, kFwdDuo);
+ * ATTN_EUNSUPPORTED where the variant does not apply (the caller then runs
+ * launch_forward<float>). Needs rows of q, k, v that load as float4. */
+int launch_forward_f32_variant(const attn__cuda_launch *L, const gparams &P, int v) {
+  if (!P.q.vec || !P.k.vec || !P.v.vec) return ATTN_EUNSUPPORTED;
+  const int dp = pad_dim(P.d);
+  if (dp != 64 && dp != 128) return ATTN_EUNSUPPORTED;
+  switch (v) {
+    case kFwdLean:
+      return dp == 64 ? try_fwd32<64, 8, 4, 16, false>(L, P)
+                      : try_fwd32<128, 8, 4, 16, false>(L, P);
+    case kFwdWide:
+      return dp == 64 ? try_fwd32<64, 8, 8, 16, false>(L, P) : try_fwd32<128, 8, 8, 16, true>(L, P);
+    case kFwdDuo:
+      return dp == 64 ? try_fwd32<64, 8, 4, 8, false>(L, P) : try_fwd32<128, 8, 4, 8, true>(L, P);
+  }
+  return ATTN_EUNSUPPORTED;
+}
+
+}  // namespace attn_general
+
+#endif /* ATTN_CUDA_GENERAL_FWD32_CUH */
