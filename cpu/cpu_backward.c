@@ -2,21 +2,35 @@
  * CPU backward pass: FlashAttention-2's Algorithm 2, in three sweeps over
  * one OpenMP parallel region.
  *
- *   0. D_i = rowsum(dO_i * O_i) for every query row and head, and the f32
- *      dQ accumulator cleared.
+ *   0. D_i = rowsum(dO_i * O_i) for every query row and head, the dQ
+ *      accumulator cleared, and Q^T and dO^T stored block by block (see
+ *      below).
  *   1. Units (sequence, kv head, block of Bc keys), in ascending key order:
  *      dK and dV of the block stay in one thread's tiles while every query
  *      head sharing the kv head and every block of Br query rows that sees
- *      the keys streams by:
- *        S  = scale * Q K^T, then softcap / ALiBi / mask (as the forward)
- *        P  = exp(S - lse)
- *        dV += P^T dO
- *        dP = dO V^T
- *        dS = P * (dP - D)  (times 1 - tanh^2(s/softcap) with softcap)
- *        dK += dS^T Q
- *        dQ += dS K         (into the accumulator, in key-block order)
+ *      the keys streams by. The score tile is transposed, keys down and
+ *      queries across, as in the forward:
+ *        S^T  = scale * K Q^T, then softcap / ALiBi / mask
+ *        P^T  = exp(S^T - lse)
+ *        dV  += P^T dO
+ *        dP^T = V dO^T
+ *        dS^T = P^T * (dP^T - D)  (times 1 - tanh^2(s/softcap) with softcap)
+ *        dK  += dS^T Q
+ *        dQ  += dS K              (into the accumulator, in key-block order)
  *      and dK is scaled by `scale` once at the end.
  *   2. dQ = scale * accumulator, written in the output dtype.
+ *
+ * Why S^T = K Q^T, computed exactly as the forward does (same sgemm call,
+ * same operands, same Br/Bc-aligned tiles): P = exp(S - lse) divides the
+ * backward's scores by the forward's softmax, so any difference between the
+ * two is an error in P of the same relative size. With large logits that
+ * dominates: OpenBLAS's Haswell/Zen kernels give Q K^T and K Q^T results one
+ * ulp apart in a sixth of the elements, which made dV of the big_logits
+ * golden case 10x less accurate (err/peer 22) until both passes shared the
+ * call. Q^T is stored once for the whole problem in sweep 0 (memory like
+ * dQ's), rather than transposed again for every key block, and so is dO^T,
+ * which makes dP^T = V dO^T an untransposed product too (OpenBLAS's NT path
+ * packs its operands: 85 GFLOP/s against 112, see attn__cpu_load_t).
  *
  * How dQ stays deterministic: every key block adds to the dQ of every query
  * block that sees it, from whatever thread holds the key block. Atomics, or
@@ -28,8 +42,9 @@
  * deterministic backward on GPUs orders dQ the same way). The sum for every
  * query block is then always taken in ascending key-block order, so dQ is
  * bit-identical run to run and for any thread count, with 5 tile products
- * per tile and scratch linear in the sequence length (D, one counter per
- * query block, and an f32 dQ unless dq is f32 and accumulates in place).
+ * per tile and scratch linear in the sequence length (D, Q^T, dO^T, one
+ * counter per query block, and an f32 dQ unless dq is f32 and accumulates
+ * in place).
  * It cannot deadlock: units are handed out in ascending order
  * (schedule(monotonic: dynamic)), a unit only ever waits for the one before
  * it, and the lowest unit still running never waits. (The alternative, a
@@ -49,17 +64,16 @@
 
 typedef struct cpu_bwd_tiles {
   float *q, *dout; /* Br x d, when gathered (attn__cpu_view) */
-  float *k;        /* Bc x d, idem */
-  float *kt, *vt;  /* d x Bc: K and V transposed */
+  float *k, *v;    /* Bc x d, idem */
   float *dk, *dv;  /* Bc x d */
-  float *s;        /* Br x Bc: scores, then P */
-  float *dp;       /* Br x Bc: dP, then dS */
-  float *th;       /* Br x Bc: tanh(s / softcap), softcap only */
+  float *s;        /* Bc x Br: S^T, then P^T */
+  float *dp;       /* Bc x Br: dP^T, then dS^T */
+  float *th;       /* Bc x Br: tanh(s / softcap), softcap only */
   float *lse, *dd; /* Br: the rows' lse and D */
 } cpu_bwd_tiles;
 
 static size_t cpu_bwd_floats(int64_t d) {
-  return (size_t)ATTN__CPU_BR * d * 2 + (size_t)ATTN__CPU_BC * d * 5 +
+  return (size_t)ATTN__CPU_BR * d * 2 + (size_t)ATTN__CPU_BC * d * 4 +
          (size_t)ATTN__CPU_BR * ATTN__CPU_BC * 3 + 2 * (size_t)ATTN__CPU_BR;
 }
 
@@ -70,9 +84,8 @@ static cpu_bwd_tiles cpu_bwd_carve(float *base, int64_t d) {
   t.q = base;
   t.dout = t.q + qd;
   t.k = t.dout + qd;
-  t.kt = t.k + kd;
-  t.vt = t.kt + kd;
-  t.dk = t.vt + kd;
+  t.v = t.k + kd;
+  t.dk = t.v + kd;
   t.dv = t.dk + kd;
   t.s = t.dv + kd;
   t.dp = t.s + ss;
@@ -89,6 +102,8 @@ typedef struct cpu_bwd_shared {
   int64_t *qblock0; /* first query block of sequence b (Br-aligned per sequence) */
   int64_t qblocks;  /* query blocks over all sequences, per head */
   float *dd;        /* [Hq][total_q]: D */
+  float *qt;        /* [Hq][qblocks][d][Br]: Q^T, block by block */
+  float *doutt;     /* [Hq][qblocks][d][Br]: dO^T, block by block */
   float *dq;        /* [Hq][total_q][d]: the dQ accumulator, unscaled; NULL
                      * when it is dq itself (f32, rows of unit column stride) */
   atomic_int *turn; /* [Hq][qblocks]: the last key block that added to dQ, or -1 */
@@ -107,8 +122,16 @@ static float *cpu_bwd_acc(const attn__problem *pb, const cpu_bwd_shared *sh, int
   return sh->dq + (h * sh->total_q + cpu_qrow(pb, b) + i0) * pb->head_dim;
 }
 
+/* The Q^T or dO^T block (base sh->qt or sh->doutt) of rows [i0, i0 + Br)
+ * of query head h of sequence b. */
+static float *cpu_bwd_block_t(const attn__problem *pb, const cpu_bwd_shared *sh, float *base,
+                              int64_t b, int64_t h, int64_t i0) {
+  return base + (size_t)(h * sh->qblocks + sh->qblock0[b] + i0 / ATTN__CPU_BR) *
+                    (size_t)pb->head_dim * ATTN__CPU_BR;
+}
+
 /* Sweep 0: D for rows [i0, i0 + br) of head h of sequence b; their dQ
- * accumulator cleared. */
+ * accumulator cleared; their Q^T block. */
 static void cpu_bwd_delta(const attn__problem *pb, const cpu_bwd_tiles *t, const cpu_bwd_shared *sh,
                           int64_t b, int64_t h, int64_t i0, int br) {
   const int d = (int)pb->head_dim;
@@ -129,6 +152,10 @@ static void cpu_bwd_delta(const attn__problem *pb, const cpu_bwd_tiles *t, const
   float *acc = cpu_bwd_acc(pb, sh, b, h, i0, &ld);
   for (int r = 0; r < br; r++)
     memset(acc + (size_t)r * ld, 0, (size_t)d * sizeof(float));
+  attn__cpu_load_t(pb, &pb->q, b, rq, br, h, cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0),
+                   ATTN__CPU_BR);
+  attn__cpu_load_t(pb, &pb->dout, b, rq, br, h, cpu_bwd_block_t(pb, sh, sh->doutt, b, h, i0),
+                   ATTN__CPU_BR);
 }
 
 /* Whether key block kb (keys [kb Bc, ...)) is seen by some row of query
@@ -155,9 +182,7 @@ static void cpu_bwd_wait(atomic_int *turn, int want) {
 }
 
 /* Sweep 1: dK, dV of key block kb (keys [j0, j0 + bc)) of kv head hk of
- * sequence b, and its share of dQ. The score tile has the queries down the
- * rows: K and V, fixed for the unit, are the operands stored transposed
- * (see attn__cpu_load_t). */
+ * sequence b, and its share of dQ. */
 static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cpu_bwd_shared *sh,
                        int64_t b, int64_t hk, int64_t kb, int bc) {
   const int d = (int)pb->head_dim;
@@ -168,18 +193,17 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
   int64_t ilo, ihi;
   attn__cpu_query_range(pb, j0, j0 + bc, nq, nk, &ilo, &ihi);
 
-  int ldk;
+  int ldk, ldv;
   const float *k = attn__cpu_view(pb, &pb->k, b, rk, bc, hk, t->k, &ldk);
-  attn__cpu_load_t(pb, &pb->k, b, rk, bc, hk, t->kt, ATTN__CPU_BC);
-  attn__cpu_load_t(pb, &pb->v, b, rk, bc, hk, t->vt, ATTN__CPU_BC);
+  const float *v = attn__cpu_view(pb, &pb->v, b, rk, bc, hk, t->v, &ldv);
   memset(t->dk, 0, (size_t)bc * d * sizeof(float));
   memset(t->dv, 0, (size_t)bc * d * sizeof(float));
   /* No query block at all must also mean no turn taken: see
    * cpu_bwd_touches. */
   const int64_t h_end = ilo < ihi ? (hk + 1) * group : hk * group;
   for (int64_t h = hk * group; h < h_end; h++) {
-    /* Query blocks aligned to Br within the sequence, so that every key
-     * block adds to the same dQ blocks. */
+    /* Query blocks aligned to Br within the sequence, as in the forward, so
+     * that every key block adds to the same dQ blocks. */
     for (int64_t i0 = ilo / ATTN__CPU_BR * ATTN__CPU_BR; i0 < ihi; i0 += ATTN__CPU_BR) {
       const int br = (int)(nq - i0 < ATTN__CPU_BR ? nq - i0 : ATTN__CPU_BR);
       const int64_t rq = attn__row0_q(pb, b) + i0, g = h * sh->total_q + cpu_qrow(pb, b) + i0;
@@ -189,19 +213,19 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
       attn__cpu_load_lse(pb, b, rq, br, h, t->lse);
       memcpy(t->dd, sh->dd + g, (size_t)br * sizeof(float));
 
-      /* S = scale Q K^T, P = exp(S - lse) */
-      attn__cpu_gemm(0, 0, br, bc, d, pb->scale, q, ldq, t->kt, ATTN__CPU_BC, 0.0f, t->s,
-                     ATTN__CPU_BC);
-      attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->s, ATTN__CPU_BC, 1, capped ? t->th : NULL);
-      attn__cpu_exp_rows(t->s, br, bc, ATTN__CPU_BC, t->lse);
+      /* S^T = scale K Q^T, the forward's call; P^T = exp(S^T - lse) */
+      attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk, cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0),
+                     ATTN__CPU_BR, 0.0f, t->s, ATTN__CPU_BR);
+      attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->s, 1, ATTN__CPU_BR, capped ? t->th : NULL);
+      attn__cpu_exp_cols(t->s, bc, br, ATTN__CPU_BR, t->lse);
       /* dV += P^T dO */
-      attn__cpu_gemm(1, 0, bc, d, br, 1.0f, t->s, ATTN__CPU_BC, dout, lddo, 1.0f, t->dv, d);
-      /* dP = dO V^T, dS = P (dP - D) */
-      attn__cpu_gemm(0, 0, br, bc, d, 1.0f, dout, lddo, t->vt, ATTN__CPU_BC, 0.0f, t->dp,
-                     ATTN__CPU_BC);
-      attn__cpu_dsoftmax(t->s, t->dp, capped ? t->th : NULL, br, bc, ATTN__CPU_BC, t->dd);
+      attn__cpu_gemm(0, 0, bc, d, br, 1.0f, t->s, ATTN__CPU_BR, dout, lddo, 1.0f, t->dv, d);
+      /* dP^T = V dO^T, dS^T = P^T (dP^T - D) */
+      attn__cpu_gemm(0, 0, bc, br, d, 1.0f, v, ldv, cpu_bwd_block_t(pb, sh, sh->doutt, b, h, i0),
+                     ATTN__CPU_BR, 0.0f, t->dp, ATTN__CPU_BR);
+      attn__cpu_dsoftmax_cols(t->s, t->dp, capped ? t->th : NULL, bc, br, ATTN__CPU_BR, t->dd);
       /* dK += dS^T Q */
-      attn__cpu_gemm(1, 0, bc, d, br, 1.0f, t->dp, ATTN__CPU_BC, q, ldq, 1.0f, t->dk, d);
+      attn__cpu_gemm(0, 0, bc, d, br, 1.0f, t->dp, ATTN__CPU_BR, q, ldq, 1.0f, t->dk, d);
       /* dQ += dS K, after the previous key block that sees these rows:
        * kb - 1 or none, as the key blocks a query block sees are
        * consecutive (the rows that see any key are consecutive, and each
@@ -211,7 +235,7 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
       cpu_bwd_wait(turn, (int)prev);
       int ldacc;
       float *acc = cpu_bwd_acc(pb, sh, b, h, i0, &ldacc);
-      attn__cpu_gemm(0, 0, br, d, bc, 1.0f, t->dp, ATTN__CPU_BC, k, ldk, 1.0f, acc, ldacc);
+      attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->dp, ATTN__CPU_BR, k, ldk, 1.0f, acc, ldacc);
       atomic_store_explicit(turn, (int)kb, memory_order_release);
     }
   }
@@ -276,6 +300,9 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb) {
   sh.qblock0 = malloc((size_t)(pb->batch + 1) * sizeof *sh.qblock0);
   sh.qblocks = qunits ? qunits[pb->batch] / pb->heads_q : 0;
   sh.dd = attn__cpu_alloc((size_t)(pb->heads_q * sh.total_q) * sizeof(float));
+  const size_t tsize = (size_t)(pb->heads_q * sh.qblocks) * (size_t)d * ATTN__CPU_BR;
+  sh.qt = attn__cpu_alloc(tsize * sizeof(float));
+  sh.doutt = attn__cpu_alloc(tsize * sizeof(float));
   /* An f32 dq whose rows sgemm can address accumulates in place. */
   int unused;
   const int inplace = attn__cpu_inplace(pb, &pb->dq, 0, 0, 0, &unused) != NULL;
@@ -285,10 +312,11 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb) {
   const size_t per_thread = (cpu_bwd_floats(d) + 15) / 16 * 16;
   float *scratch = attn__cpu_alloc((size_t)nthreads * per_thread * sizeof(float));
   int rc = ATTN_OK;
-  if (!qunits || !kunits || !sh.qblock0 || !sh.dd || (!inplace && !sh.dq) || !sh.turn || !scratch) {
+  if (!qunits || !kunits || !sh.qblock0 || !sh.dd || !sh.qt || !sh.doutt || (!inplace && !sh.dq) ||
+      !sh.turn || !scratch) {
     rc = attn__error(ctx, ATTN_ENOMEM,
-                     "cpu backward: cannot allocate D and the dQ accumulator (%lld rows x %lld "
-                     "heads) or %d threads' tiles",
+                     "cpu backward: cannot allocate D, Q^T, dO^T and the dQ accumulator (%lld "
+                     "rows x %lld heads) or %d threads' tiles",
                      (long long)sh.total_q, (long long)pb->heads_q, nthreads);
   } else if ((pb->seqlen_k + bc - 1) / bc > INT_MAX) {
     /* The turn counters hold key block numbers in an int. */
@@ -311,6 +339,8 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb) {
   free(sh.qblock0);
   free(sh.turn);
   attn__cpu_free(sh.dd);
+  attn__cpu_free(sh.qt);
+  attn__cpu_free(sh.doutt);
   attn__cpu_free(sh.dq);
   attn__cpu_free(scratch);
   return rc;

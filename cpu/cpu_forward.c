@@ -76,8 +76,10 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
     t->l[r] = 0.0f;
   }
 
-  for (int64_t j0 = jlo; j0 < jhi; j0 += ATTN__CPU_BC) {
-    const int bc = (int)(jhi - j0 < ATTN__CPU_BC ? jhi - j0 : ATTN__CPU_BC);
+  /* Key blocks aligned to Bc, as the backward's: it recomputes each score
+   * tile with this very sgemm call (see cpu_backward.c). */
+  for (int64_t j0 = jlo / ATTN__CPU_BC * ATTN__CPU_BC; j0 < jhi; j0 += ATTN__CPU_BC) {
+    const int bc = (int)(nk - j0 < ATTN__CPU_BC ? nk - j0 : ATTN__CPU_BC);
     int ldk, ldv;
     const float *k = attn__cpu_view(pb, &pb->k, b, rk + j0, bc, hk, t->k, &ldk);
     const float *v = attn__cpu_view(pb, &pb->v, b, rk + j0, bc, hk, t->v, &ldv);

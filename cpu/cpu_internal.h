@@ -97,14 +97,15 @@ void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, in
  * that has seen no key keeps m = -inf, l = 0 and gets P = 0, alpha = 0. */
 void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *l, float *alpha);
 
-/* P = exp(S - lse) in place, for a tile of rows x cols with the queries
- * along the rows; rows with lse = -inf (no visible key) get P = 0. */
-void attn__cpu_exp_rows(float *s, int rows, int cols, int ld, const float *lse);
+/* P^T = exp(S^T - lse) in place, for a transposed tile (rows of keys x
+ * cols of queries, lse per column); queries with lse = -inf (no visible
+ * key) get P = 0. */
+void attn__cpu_exp_cols(float *st, int rows, int cols, int ld, const float *lse);
 
-/* dS = P * (dP - D) in place of dP, with D per row, times 1 - th^2 when th
- * is not NULL (softcap). */
-void attn__cpu_dsoftmax(const float *p, float *dp, const float *th, int rows, int cols, int ld,
-                        const float *dd);
+/* dS^T = P^T * (dP^T - D) in place of dP^T, on a transposed tile (D per
+ * column), times 1 - th^2 when th is not NULL (softcap). */
+void attn__cpu_dsoftmax_cols(const float *p, float *dp, const float *th, int rows, int cols, int ld,
+                             const float *dd);
 
 /* The query rows [*lo, *hi) of a sequence (lengths nq, nk) that see at least
  * one key of [j0, j1), j0 < j1: exactly those, as both ends of a row's key

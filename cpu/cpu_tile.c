@@ -448,46 +448,44 @@ void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *
   cpu_softmax_cols_clones(st, bc, br, ld, m, l, alpha);
 }
 
-static CPU_SIMD_CLONES void cpu_exp_rows_clones(float *s, int rows, int cols, int ld,
+static CPU_SIMD_CLONES void cpu_exp_cols_clones(float *st, int rows, int cols, int ld,
                                                 const float *lse) {
-  for (int r = 0; r < rows; r++) {
-    float *x = s + (size_t)r * ld;
-    const float sub = lse[r];
-    if (sub == -INFINITY) {
-      /* A row that sees no key at all passes no gradient. */
-      for (int c = 0; c < cols; c++)
-        x[c] = 0.0f;
-      continue;
-    }
-    for (int c = 0; c < cols; c++)
-      x[c] = cpu_exp(x[c] - sub);
+  float sub[ATTN__CPU_BR], keep[ATTN__CPU_BR];
+  for (int r = 0; r < cols; r++) {
+    /* lse = -inf: a query that sees no key; its column becomes 0. */
+    keep[r] = lse[r] == -INFINITY ? 0.0f : 1.0f;
+    sub[r] = lse[r] == -INFINITY ? 0.0f : lse[r];
+  }
+  for (int c = 0; c < rows; c++) {
+    float *x = st + (size_t)c * ld;
+    for (int r = 0; r < cols; r++)
+      x[r] = cpu_exp(x[r] - sub[r]) * keep[r];
   }
 }
 
-void attn__cpu_exp_rows(float *s, int rows, int cols, int ld, const float *lse) {
-  cpu_exp_rows_clones(s, rows, cols, ld, lse);
+void attn__cpu_exp_cols(float *st, int rows, int cols, int ld, const float *lse) {
+  cpu_exp_cols_clones(st, rows, cols, ld, lse);
 }
 
-static CPU_SIMD_CLONES void cpu_dsoftmax_clones(const float *p, float *dp, const float *th,
-                                                int rows, int cols, int ld, const float *dd) {
-  for (int r = 0; r < rows; r++) {
-    const float *pr = p + (size_t)r * ld;
-    float *dr = dp + (size_t)r * ld;
-    const float ddr = dd[r];
+static CPU_SIMD_CLONES void cpu_dsoftmax_cols_clones(const float *p, float *dp, const float *th,
+                                                     int rows, int cols, int ld, const float *dd) {
+  for (int a = 0; a < rows; a++) {
+    const float *pr = p + (size_t)a * ld;
+    float *dr = dp + (size_t)a * ld;
     if (th) {
-      const float *tr = th + (size_t)r * ld;
+      const float *tr = th + (size_t)a * ld;
       for (int c = 0; c < cols; c++)
-        dr[c] = pr[c] * (dr[c] - ddr) * (1.0f - tr[c] * tr[c]);
+        dr[c] = pr[c] * (dr[c] - dd[c]) * (1.0f - tr[c] * tr[c]);
     } else {
       for (int c = 0; c < cols; c++)
-        dr[c] = pr[c] * (dr[c] - ddr);
+        dr[c] = pr[c] * (dr[c] - dd[c]);
     }
   }
 }
 
-void attn__cpu_dsoftmax(const float *p, float *dp, const float *th, int rows, int cols, int ld,
-                        const float *dd) {
-  cpu_dsoftmax_clones(p, dp, th, rows, cols, ld, dd);
+void attn__cpu_dsoftmax_cols(const float *p, float *dp, const float *th, int rows, int cols, int ld,
+                             const float *dd) {
+  cpu_dsoftmax_cols_clones(p, dp, th, rows, cols, ld, dd);
 }
 
 /* ---------------------------------------------------------------------- */
