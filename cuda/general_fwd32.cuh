@@ -21,12 +21,13 @@
  *   wide  8 x 8 scores a thread (Br = 128, Bc = 128): a third fewer shared
  *         loads in Q K^T, half the softmax reductions and barriers per FMA;
  *         at d = 128 P lives in the K tile (Q, K, V = 203 KB), so K_{t+1} and
- *         V_{t+1} are fetched after P V, exposed (~5% of a tile's time);
+ *         V_{t+1} are fetched after P V: K's latency is exposed (~3% of a
+ *         tile's time), V's is hidden by Q K^T;
  *   duo   128 threads, 8 x 4 (Br = 64, Bc = 64), two blocks a multiprocessor
  *         so that one block's barriers and softmax overlap the other's FMAs;
  *         at d = 128 P lives in the K tile (two 101 KB blocks fit in 227 KB),
- *         so K_{t+1} and V_{t+1} are fetched after P V (hidden by the other
- *         block, not by this one).
+ *         so K_{t+1} and V_{t+1} are fetched after P V: K's latency is hidden
+ *         by the other block only, V's by Q K^T.
  */
 #ifndef ATTN_CUDA_GENERAL_FWD32_CUH
 #define ATTN_CUDA_GENERAL_FWD32_CUH
@@ -137,15 +138,22 @@ __global__ void __launch_bounds__(16 * NTY, (f32v_cfg<DP, MR, MC, NTY, ALIAS>::m
     const long long k0 = t_begin * Bc;
     load_rows32<DP, Br, NT>(Qs, LD, qg + i0 * P.q.ss, P.q.ss, S.nq - i0, P.d);
     load_rows32<DP, Bc, NT>(Ks, LD, kg + k0 * P.k.ss, P.k.ss, S.nk - k0, P.d);
-    if (ALIAS) load_rows32<DP, Bc, NT>(Vs, LD, vg + k0 * P.v.ss, P.v.ss, S.nk - k0, P.d);
     cp_async_commit();
+    if (ALIAS) {
+      load_rows32<DP, Bc, NT>(Vs, LD, vg + k0 * P.v.ss, P.v.ss, S.nk - k0, P.d);
+      cp_async_commit();
+    }
   }
 
   for (long long t = t_begin; t < t_end; t++) {
     const long long k0 = t * Bc;
-    /* The only group in flight: K_t (ALIAS: K_t and V_t). After the barrier
-     * every thread is also done with P V of the previous tile. */
-    cp_async_wait<0>();
+    /* Groups in flight: K_t (ALIAS: K_t, then V_t, which Q K^T need not
+     * wait for). After the barrier every thread is also done with P V of
+     * the previous tile. */
+    if (ALIAS)
+      cp_async_wait<1>();
+    else
+      cp_async_wait<0>();
     __syncthreads();
     if (!ALIAS) {
       load_rows32<DP, Bc, NT>(Vs, LD, vg + k0 * P.v.ss, P.v.ss, S.nk - k0, P.d);
@@ -178,7 +186,10 @@ __global__ void __launch_bounds__(16 * NTY, (f32v_cfg<DP, MR, MC, NTY, ALIAS>::m
           s[ii][jj] = fmaf(qv[ii].w, kv[jj].w, s[ii][jj]);
         }
     }
-    if (ALIAS) __syncthreads(); /* every thread is done with K_t: P goes there */
+    if (ALIAS) {
+      cp_async_wait<0>(); /* V_t */
+      __syncthreads();    /* V_t visible; everyone is done with K_t: P goes there */
+    }
 
     /* Masks and the online softmax, row by row. */
     const bool full = k0 >= lo_last && k0 + Bc <= hi_first;
@@ -261,10 +272,12 @@ __global__ void __launch_bounds__(16 * NTY, (f32v_cfg<DP, MR, MC, NTY, ALIAS>::m
     }
     if (ALIAS) {
       __syncthreads(); /* everyone is done with P (in K's tile) and V_t */
-      if (t + 1 < t_end) {
+      /* K_{t+1} and V_{t+1} in two groups: the next Q K^T waits for K only. */
+      if (t + 1 < t_end)
         load_rows32<DP, Bc, NT>(Ks, LD, kg + (k0 + Bc) * P.k.ss, P.k.ss, S.nk - k0 - Bc, P.d);
+      cp_async_commit();
+      if (t + 1 < t_end)
         load_rows32<DP, Bc, NT>(Vs, LD, vg + (k0 + Bc) * P.v.ss, P.v.ss, S.nk - k0 - Bc, P.d);
-      }
       cp_async_commit();
     }
   }
