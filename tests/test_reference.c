@@ -440,7 +440,7 @@ static void backward_bf16_grouped_heads_varlen_match_reference(at_backend *b) {
 /* Device buffers                                                           */
 /* ---------------------------------------------------------------------- */
 
-typedef enum { SEPARATE, ONE_BUFFER, WRAPPED } buf_mode;
+typedef enum { SEPARATE, SEPARATE_ASYNC, ONE_BUFFER, WRAPPED } buf_mode;
 
 /* Runs P forward (and backward) on device buffers in the given arrangement;
  * the outputs are read back into P's host memory. */
@@ -488,11 +488,13 @@ static void run_on_buffers(at_backend *b, at_prob *P, buf_mode mode, int with_ba
     attn_buffer *buf = mode == ONE_BUFFER ? one : mode == WRAPPED ? wrap[i] : own[i];
     dt[t] = attn_tensor_on(*ts[t], buf, at[i] + within);
   }
-  int rc = attn_forward(ctx, &P->p, &dt[0], &dt[1], &dt[2], &dt[3], &dt[4]);
+  attn_params p = P->p;
+  if (mode == SEPARATE_ASYNC) p.flags |= ATTN_ASYNC; /* complete only at synchronize */
+  int rc = attn_forward(ctx, &p, &dt[0], &dt[1], &dt[2], &dt[3], &dt[4]);
   if (rc == ATTN_EUNSUPPORTED) at_skip("refused on buffers: %s", attn_errmsg(ctx));
   if (rc != ATTN_OK) fail_msg("forward on buffers: %s: %s", attn_status_name(rc), attn_errmsg(ctx));
   if (with_backward) {
-    rc = attn_backward(ctx, &P->p, &dt[0], &dt[1], &dt[2], &dt[3], &dt[4], &dt[5], &dt[6], &dt[7],
+    rc = attn_backward(ctx, &p, &dt[0], &dt[1], &dt[2], &dt[3], &dt[4], &dt[5], &dt[6], &dt[7],
                        &dt[8]);
     if (rc != ATTN_OK)
       fail_msg("backward on buffers: %s: %s", attn_status_name(rc), attn_errmsg(ctx));
@@ -543,6 +545,17 @@ static void same_through_buffers(at_backend *b, buf_mode mode, int with_backward
 
 static void device_buffers_give_the_same_result_as_host_tensors(at_backend *b) {
   same_through_buffers(b, SEPARATE, 0);
+}
+
+static void async_on_device_buffers_is_complete_after_synchronize(at_backend *b) {
+  same_through_buffers(b, SEPARATE_ASYNC, 1);
+}
+
+static void async_flag_with_host_tensors_returns_complete_results(at_backend *b) {
+  /* Host tensors are staged, so the call must not return before they are back. */
+  at_shape s = causal(base(ATTN_F32, 2, 90, 90, 2, 2, 64));
+  s.flags |= ATTN_ASYNC;
+  backward(b, s);
 }
 
 static void tensors_at_offsets_in_one_buffer_give_the_same_result(at_backend *b) {
@@ -655,6 +668,8 @@ int main(int argc, char **argv) {
       AT_TEST(backward_bf16_matches_reference_on_rounded_inputs),
       AT_TEST(backward_bf16_grouped_heads_varlen_match_reference),
       AT_TEST(device_buffers_give_the_same_result_as_host_tensors),
+      AT_TEST(async_on_device_buffers_is_complete_after_synchronize),
+      AT_TEST(async_flag_with_host_tensors_returns_complete_results),
       AT_TEST(tensors_at_offsets_in_one_buffer_give_the_same_result),
       AT_TEST(wrapped_buffers_give_the_same_result),
       AT_TEST(backward_on_device_buffers_gives_the_same_result),

@@ -736,7 +736,13 @@ static int refused(at_backend *b, int rc, const at_prob *P, const char *call) {
 static int forward_and_check(at_backend *b, at_prob *P) {
   char label[256];
   at_prob_label(P, label, sizeof label);
+  /* attn_supports() answers what the call then does. */
+  int sup = attn_supports(b->ctx, &P->p, &P->q, &P->k, &P->v, 0);
   int rc = attn_forward(b->ctx, &P->p, &P->q, &P->k, &P->v, &P->o, &P->lse);
+  if ((sup == ATTN_EUNSUPPORTED) != (rc == ATTN_EUNSUPPORTED) ||
+      (sup == ATTN_OK) != (rc == ATTN_OK))
+    fail_msg("%s: attn_supports gave %s but attn_forward %s (%s)", label, attn_status_name(sup),
+             attn_status_name(rc), attn_errmsg(b->ctx));
   if (refused(b, rc, P, "attn_forward")) return 0;
   if (rc != ATTN_OK)
     fail_msg("%s: attn_forward returned %s: %s", label, attn_status_name(rc), attn_errmsg(b->ctx));
@@ -813,8 +819,13 @@ int at_check_backward(at_backend *b, const at_shape *s) {
     at_prob_free(&P);
     return 0;
   }
+  int sup = attn_supports(b->ctx, &P.p, &P.q, &P.k, &P.v, 1);
   int rc =
       attn_backward(b->ctx, &P.p, &P.q, &P.k, &P.v, &P.o, &P.lse, &P.dout, &P.dq, &P.dk, &P.dv);
+  if ((sup == ATTN_EUNSUPPORTED) != (rc == ATTN_EUNSUPPORTED) ||
+      (sup == ATTN_OK) != (rc == ATTN_OK))
+    fail_msg("%s: attn_supports(backward) gave %s but attn_backward %s (%s)", label,
+             attn_status_name(sup), attn_status_name(rc), attn_errmsg(b->ctx));
   if (refused(b, rc, &P, "attn_backward")) {
     at_prob_free(&P);
     return 0;
