@@ -158,7 +158,8 @@ static int run_long(int with_backward, int seqlen, int window) {
 static int probe_limit(int seqlen) {
   if (limit_address_space() != 0) return 2;
   size_t bytes = (size_t)seqlen * seqlen * sizeof(float);
-  void *p = malloc(bytes);
+  /* volatile: a compiler may drop a malloc whose result is only freed */
+  void *volatile p = malloc(bytes);
   if (p) {
     fprintf(stderr, "malloc of %zu MiB succeeded under the limit\n", bytes >> 20);
     free(p);
