@@ -320,6 +320,11 @@ static int try_fwd32(const attn__cuda_launch *L, const gparams &P) {
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Cf::smem) !=
       cudaSuccess)
     return ATTN_EDEVICE;
+  /* duo needs two blocks' shared memory on one SM: ask for the largest
+   * carveout (a hint; the default may settle for one block's worth). */
+  if (Cf::minb > 1 && cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess)
+    (void)cudaGetLastError();
   kernel<<<grid, Cf::NT, Cf::smem, L->stream>>>(P);
   return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
