@@ -118,9 +118,9 @@ static inline float cpu_f16_to_f32(uint16_t h) {
   float f, sub = (float)em * 5.9604644775390625e-8f; /* subnormal: em * 2^-24 */
   memcpy(&f, &bits, sizeof f);
   f = em < 0x400 ? sub : f;
-  int32_t u;
+  uint32_t u; /* the sign: unsigned, as 0x8000 << 16 overflows an int */
   memcpy(&u, &f, sizeof u);
-  u |= (int32_t)(h & 0x8000) << 16;
+  u |= (uint32_t)(h & 0x8000u) << 16;
   memcpy(&f, &u, sizeof f);
   return f;
 }
