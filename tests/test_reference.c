@@ -268,6 +268,10 @@ static void head_dim_stride_of_two_matches_reference(at_backend *b) {
   forward(b, laid(base(ATTN_F32, 1, 50, 60, 2, 2, 32), AT_DSTRIDE));
 }
 
+static void each_tensor_in_its_own_layout_matches_reference(at_backend *b) {
+  forward(b, laid(causal(base(ATTN_F32, 2, 70, 90, 4, 2, 32)), AT_MIXED));
+}
+
 static void varlen_in_bhsd_strides_matches_reference(at_backend *b) {
   forward(b, laid(causal(varlen(ATTN_F32, 3, cu_q_b, cu_k_b, 2, 2, 32)), AT_BHSD));
 }
@@ -422,6 +426,10 @@ static void backward_padded_head_dim_leaves_padding_untouched(at_backend *b) {
 
 static void backward_head_dim_stride_of_two_matches_reference(at_backend *b) {
   backward(b, laid(base(ATTN_F32, 1, 50, 60, 2, 2, 32), AT_DSTRIDE));
+}
+
+static void backward_each_tensor_in_its_own_layout_matches_reference(at_backend *b) {
+  backward(b, laid(causal(varlen(ATTN_F32, 3, cu_q_b, cu_k_b, 4, 2, 32)), AT_MIXED));
 }
 
 static void backward_f16_matches_reference_on_rounded_inputs(at_backend *b) {
@@ -648,6 +656,7 @@ int main(int argc, char **argv) {
       AT_TEST(slices_of_a_fused_qkv_tensor_match_reference),
       AT_TEST(padded_head_dim_leaves_padding_untouched),
       AT_TEST(head_dim_stride_of_two_matches_reference),
+      AT_TEST(each_tensor_in_its_own_layout_matches_reference),
       AT_TEST(varlen_in_bhsd_strides_matches_reference),
       AT_TEST(varlen_fused_qkv_matches_reference),
       AT_TEST(f16_matches_reference_on_rounded_inputs),
@@ -676,6 +685,7 @@ int main(int argc, char **argv) {
       AT_TEST(backward_into_a_fused_gradient_tensor_matches_reference),
       AT_TEST(backward_padded_head_dim_leaves_padding_untouched),
       AT_TEST(backward_head_dim_stride_of_two_matches_reference),
+      AT_TEST(backward_each_tensor_in_its_own_layout_matches_reference),
       AT_TEST(backward_f16_matches_reference_on_rounded_inputs),
       AT_TEST(backward_bf16_matches_reference_on_rounded_inputs),
       AT_TEST(backward_bf16_grouped_heads_varlen_match_reference),

@@ -590,15 +590,18 @@ void at_prob_init(at_prob *P, const at_shape *s) {
     own_tensor(&P->mdo, &P->dout, AT_BSHD);
     fused_tensors(&P->mdq, &P->dq, &P->dk, &P->dv);
   } else {
-    own_tensor(&P->mq, &P->q, L);
-    own_tensor(&P->mk, &P->k, L);
-    own_tensor(&P->mv, &P->v, L);
-    own_tensor(&P->mo, &P->o, L);
-    own_tensor(&P->mdo, &P->dout, L);
-    own_tensor(&P->mdq, &P->dq, L);
+    /* AT_MIXED: every tensor laid out its own way, as when q, the KV cache
+     * and the outputs come from different places. */
+    int mixed = L == AT_MIXED;
+    own_tensor(&P->mq, &P->q, mixed ? AT_BSHD : L);
+    own_tensor(&P->mk, &P->k, mixed ? AT_BHSD : L);
+    own_tensor(&P->mv, &P->v, mixed ? AT_DSTRIDE : L);
+    own_tensor(&P->mo, &P->o, mixed ? AT_PAD : L);
+    own_tensor(&P->mdo, &P->dout, mixed ? AT_BHSD : L);
+    own_tensor(&P->mdq, &P->dq, mixed ? AT_PAD : L);
     /* dk and dv back to back in one block: outputs may be neighbours. */
-    set_strides(&P->dk, L);
-    set_strides(&P->dv, L);
+    set_strides(&P->dk, mixed ? AT_DSTRIDE : L);
+    set_strides(&P->dv, mixed ? AT_DSTRIDE : L);
     size_t kb = (size_t)extent(&P->dk) * P->es;
     mem_alloc(&P->mdkv, 2 * kb);
     P->dk.data = P->mdkv.bytes;
@@ -606,7 +609,8 @@ void at_prob_init(at_prob *P, const at_shape *s) {
     mark_used(&P->mdkv, &P->dk);
     mark_used(&P->mdkv, &P->dv);
   }
-  lse_tensor(&P->mlse, &P->lse, P->varlen, S->B, S->Hq, P->varlen ? P->tq : S->Nq, L);
+  lse_tensor(&P->mlse, &P->lse, P->varlen, S->B, S->Hq, P->varlen ? P->tq : S->Nq,
+             L == AT_MIXED ? AT_PAD : L);
 
   uint64_t seed = S->seed ? S->seed : 0x5eed;
   float amp = S->amp > 0 ? (float)S->amp : 1.5f;
@@ -636,7 +640,7 @@ void at_prob_free(at_prob *P) {
 }
 
 const char *at_prob_label(const at_prob *P, char *buf, size_t len) {
-  static const char *layouts[] = {"bshd", "bhsd", "qkv", "pad", "dstride"};
+  static const char *layouts[] = {"bshd", "bhsd", "qkv", "pad", "dstride", "mixed"};
   const at_shape *S = &P->s;
   int n = snprintf(buf, len, "%s %s%s B%lld", attn_dtype_name(S->dtype), layouts[S->layout],
                    P->varlen ? " varlen" : "", (long long)S->B);

@@ -98,6 +98,7 @@ typedef enum {
   AT_QKV,     /* q, k, v slices of one fused [B, S, 3, H, d] tensor (needs Hq == Hkv, Nq == Nk) */
   AT_PAD,     /* head dim padded to d + 3 in memory; the padding must stay untouched */
   AT_DSTRIDE, /* head-dim stride 2: element c at 2c */
+  AT_MIXED,   /* each tensor its own: q bshd, k bhsd, v dstride, o pad, do bhsd, dq pad, ... */
 } at_layout;
 
 typedef struct at_shape {
