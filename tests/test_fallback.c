@@ -67,7 +67,33 @@ static int expect_auto_is_cpu(void) {
   return 0;
 }
 
+/* A forward, a backward and a failing call on the named backend; prints
+ * nothing itself, so whatever comes out is the library's. */
+static int quiet_run(const char *backend) {
+  attn_context *ctx = NULL;
+  if (attn_context_create(backend, &ctx) != ATTN_OK) return 3;
+  enum { N = 40, H = 2, D = 32 };
+  static float q[N * H * D], o[N * H * D], lse[H * N], dq[N * H * D], dk[N * H * D], dv[N * H * D];
+  for (int i = 0; i < N * H * D; i++)
+    q[i] = (float)((i * 7) % 13) / 13.0f;
+  attn_params p;
+  attn_params_init(&p);
+  p.flags = ATTN_CAUSAL;
+  attn_tensor tq = attn_tensor_bshd(q, ATTN_F32, 1, N, H, D),
+              to = attn_tensor_bshd(o, ATTN_F32, 1, N, H, D), tl = attn_tensor_lse(lse, 1, H, N),
+              tdq = attn_tensor_bshd(dq, ATTN_F32, 1, N, H, D),
+              tdk = attn_tensor_bshd(dk, ATTN_F32, 1, N, H, D),
+              tdv = attn_tensor_bshd(dv, ATTN_F32, 1, N, H, D);
+  int rc = attn_forward(ctx, &p, &tq, &tq, &tq, &to, &tl);
+  rc |= attn_backward(ctx, &p, &tq, &tq, &tq, &to, &tl, &tq, &tdq, &tdk, &tdv);
+  p.window_left = -5;
+  rc |= attn_forward(ctx, &p, &tq, &tq, &tq, &to, &tl) == ATTN_EWINDOW ? 0 : 1;
+  attn_context_free(ctx);
+  return rc ? 4 : 0;
+}
+
 static int child(const char *mode) {
+  if (strncmp(mode, "quiet-", 6) == 0) return quiet_run(mode + 6);
   if (strcmp(mode, "no-opencl") == 0) {
     int rc = expect_unavailable(ATTN_BACKEND_OPENCL);
     attn_context *ctx = NULL;
@@ -147,6 +173,20 @@ static void cuda_without_a_device_is_unavailable(at_backend *b) {
   in_child("no-cuda", env);
 }
 
+static void library_prints_nothing_unless_attn_debug_is_set(at_backend *b) {
+  static char out[8192];
+  char mode[32];
+  snprintf(mode, sizeof mode, "quiet-%s", b->name);
+  const char *quiet[] = {"ATTN_DEBUG", NULL};
+  int rc = at_child(mode, quiet, out, sizeof out);
+  if (rc != 0) fail_msg("child exited with %d: %s", rc, out);
+  if (out[0]) fail_msg("the library printed without ATTN_DEBUG: \"%s\"", out);
+  const char *loud[] = {"ATTN_DEBUG=1", NULL};
+  rc = at_child(mode, loud, out, sizeof out);
+  if (rc != 0) fail_msg("child exited with %d: %s", rc, out);
+  if (!out[0]) fail_msg("ATTN_DEBUG=1 gave no debug log");
+}
+
 static void selftest_passes(at_backend *b) {
   int rc = attn_selftest(b->ctx);
   if (rc != ATTN_OK) fail_msg("attn_selftest: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
@@ -171,6 +211,7 @@ int main(int argc, char **argv) {
       AT_TEST(cuda_without_a_device_is_unavailable),
   };
   const at_test tests[] = {
+      AT_TEST(library_prints_nothing_unless_attn_debug_is_set),
       AT_TEST(selftest_passes),
       AT_TEST(default_stream_restores_and_synchronizes),
   };
