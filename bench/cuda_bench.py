@@ -28,7 +28,7 @@ ATTN_F32, ATTN_F16, ATTN_BF16 = 0, 1, 2
 # The f32 forward's tuning variants (cuda/general_fwd32.cuh) and the head dims
 # where each has kernels of its own (elsewhere it is the default kernel).
 VARIANT_ENV = "ATTN_CUDA_GENERAL_VARIANT"
-F32_VARIANTS = ["lean", "wide", "duo"]
+F32_VARIANTS = ["base", "lean", "duo"]
 F32_VARIANT_DIMS = (64, 128)
 CAUSAL, DETERMINISTIC, NONDETERMINISTIC, ALLOW_TF32, ASYNC = 0x1, 0x2, 0x4, 0x8, 0x10
 DT = {torch.float32: ATTN_F32, torch.float16: ATTN_F16, torch.bfloat16: ATTN_BF16}
@@ -434,10 +434,12 @@ def bench(args):
                     try:
                         row["ours_fwd"] = fl / timeit(A.prep_forward(p, q, k, v, o, lse)) / 1e12
                         if dt == torch.float32 and args.variants:
-                            # The general forward's other row blocking (4 rows a thread).
+                            # The base kernel's other row blocking (4 rows a thread).
                             os.environ["ATTN_CUDA_GENERAL_MR"] = "4"
+                            os.environ["ATTN_CUDA_GENERAL_VARIANT"] = "base"
                             row["ours_fwd_mr4"] = fl / timeit(A.prep_forward(p, q, k, v, o, lse)) / 1e12
                             del os.environ["ATTN_CUDA_GENERAL_MR"]
+                            del os.environ["ATTN_CUDA_GENERAL_VARIANT"]
                             # The f32 forward variants; each also checked against the
                             # default kernel's o (max abs difference) in this run.
                             if d in F32_VARIANT_DIMS:

@@ -70,7 +70,7 @@ if has golden && [ -d .device/golden ]; then
   grep -E "FAIL|cannot" "$OUT/golden.txt" | head -20
   tail -3 "$OUT/golden.txt"
   # The f32 forward variants (cuda/general_fwd32.cuh) on the same cases.
-  for v in lean wide duo; do
+  for v in base lean duo; do
     ATTN_CUDA_GENERAL_VARIANT=$v ATTN_BACKEND=cuda $ATTN check .device/golden >"$OUT/golden_$v.txt" 2>&1 \
       || result[golden]="FAIL (variant $v: see golden_$v.txt)"
     echo "golden variant $v: $(grep -cE "FAIL" "$OUT/golden_$v.txt") FAIL lines; $(tail -1 "$OUT/golden_$v.txt")"
@@ -95,7 +95,7 @@ if has sanitize && command -v compute-sanitizer >/dev/null && [ -d .device/golde
   done
   # racecheck of the f32 forward variants (their own barrier schedules), on
   # the golden cases with f32 d = 128 (gqa_causal) and d = 64 (varlen_causal).
-  for v in lean wide duo; do
+  for v in base lean duo; do
     ATTN_CUDA_GENERAL_VARIANT=$v ATTN_BACKEND=cuda timeout 45 compute-sanitizer --tool racecheck \
       --error-exitcode 9 $ATTN check .device/golden/gqa_causal .device/golden/varlen_causal \
       >"$OUT/sanitize_racecheck_$v.txt" 2>&1

@@ -89,15 +89,17 @@ static int want_mr(void) {
 
 /* ATTN_CUDA_GENERAL_VARIANT=base|lean|wide|duo picks the f32 forward's
  * kernel (general_fwd32.cuh) where the variant applies (padded d 64 or 128,
- * float4 rows); anything else, or unset, is the default choice. Read on each
- * call, not once, so that a benchmark can switch it between calls. */
+ * float4 rows). Unset, or any other value, is "wide": the fastest on the
+ * H200 (bench/NOTES_cuda.md, run 3: 0.87-0.89x float32 SDPA at d = 64,
+ * 0.77-0.81x at d = 128, against 0.67-0.74x for base). Read on each call,
+ * not once, so that a benchmark can switch it between calls. */
 static int want_variant(void) {
   const char *e = getenv("ATTN_CUDA_GENERAL_VARIANT");
-  if (!e) return kFwdBase;
+  if (!e) return kFwdWide;
+  if (!strcmp(e, "base")) return kFwdBase;
   if (!strcmp(e, "lean")) return kFwdLean;
-  if (!strcmp(e, "wide")) return kFwdWide;
   if (!strcmp(e, "duo")) return kFwdDuo;
-  return kFwdBase;
+  return kFwdWide;
 }
 
 extern "C" size_t attn__cuda_general_workspace(const attn__problem *pb, int backward) {
