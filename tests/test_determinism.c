@@ -6,6 +6,7 @@
  */
 #include "testutil.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,6 +153,57 @@ static void backward_with_1_2_or_3_threads_is_bit_identical(at_backend *b) {
   thread_counts(b, 1);
 }
 
+typedef struct job {
+  attn_context *ctx;
+  at_prob *P;
+  int rc;
+} job;
+
+static void *run_job(void *arg) {
+  job *j = arg;
+  at_prob *P = j->P;
+  j->rc = attn_forward(j->ctx, &P->p, &P->q, &P->k, &P->v, &P->o, &P->lse);
+  if (j->rc == ATTN_OK)
+    j->rc = attn_backward(j->ctx, &P->p, &P->q, &P->k, &P->v, &P->o, &P->lse, &P->dout, &P->dq,
+                          &P->dk, &P->dv);
+  return NULL;
+}
+
+/* attn.h: distinct contexts may be used from distinct threads at once. */
+static void two_contexts_in_two_threads_give_the_one_thread_result(at_backend *b) {
+  at_shape s = problem(ATTN_DETERMINISTIC | ATTN_CAUSAL);
+  at_prob P[3];
+  outputs want;
+  for (int i = 0; i < 3; i++)
+    at_prob_init(&P[i], &s);
+  run(b, &P[0], 1, &want);
+  job jobs[2];
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) {
+    jobs[i].P = &P[i + 1];
+    jobs[i].rc = -1;
+    assert_int_equal(attn_context_create(b->name, &jobs[i].ctx), ATTN_OK);
+  }
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(pthread_create(&th[i], NULL, run_job, &jobs[i]), 0);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(pthread_join(th[i], NULL), 0);
+  for (int i = 0; i < 2; i++) {
+    if (jobs[i].rc != ATTN_OK)
+      fail_msg("thread %d: %s: %s", i, attn_status_name(jobs[i].rc), attn_errmsg(jobs[i].ctx));
+    attn_context_free(jobs[i].ctx);
+    outputs got;
+    got.o = P[i + 1].mo.bytes;
+    got.lse = P[i + 1].mlse.bytes;
+    got.dq = P[i + 1].mdq.bytes;
+    got.dkv = P[i + 1].mdkv.bytes;
+    expect_same(&want, &got, 1, "one thread and two threads with a context each");
+  }
+  outputs_free(&want);
+  for (int i = 0; i < 3; i++)
+    at_prob_free(&P[i]);
+}
+
 int main(int argc, char **argv) {
   const at_test tests[] = {
       AT_TEST(forward_twice_is_bit_identical),
@@ -161,6 +213,7 @@ int main(int argc, char **argv) {
       AT_TEST(cpu_backward_is_deterministic_by_default),
       AT_TEST(forward_with_1_2_or_3_threads_is_bit_identical),
       AT_TEST(backward_with_1_2_or_3_threads_is_bit_identical),
+      AT_TEST(two_contexts_in_two_threads_give_the_one_thread_result),
   };
   return at_main(argc, argv, "determinism", tests, sizeof tests / sizeof tests[0], NULL, 0);
 }
