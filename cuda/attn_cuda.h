@@ -26,14 +26,14 @@ extern "C" {
 typedef struct attn__cuda_launch {
   const attn__problem *pb;
   cudaStream_t stream;
-  const int32_t *cu_q;  /* device copy of pb->cu_q, NULL for bshd */
+  const int32_t *cu_q; /* device copy of pb->cu_q, NULL for bshd */
   const int32_t *cu_k;
-  const float *alibi;   /* device copy of pb->alibi, NULL for none */
-  void *workspace;      /* at least *_workspace() bytes, 256-byte aligned */
+  const float *alibi; /* device copy of pb->alibi, NULL for none */
+  void *workspace;    /* at least *_workspace() bytes, 256-byte aligned */
   size_t workspace_bytes;
   int sm_count;
   int cc_major, cc_minor;
-  size_t smem_optin;    /* cudaDevAttrMaxSharedMemoryPerBlockOptin */
+  size_t smem_optin; /* cudaDevAttrMaxSharedMemoryPerBlockOptin */
 } attn__cuda_launch;
 
 /* Each family: how much scratch a call needs (0 is fine), and the launch,
