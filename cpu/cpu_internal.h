@@ -52,9 +52,9 @@ void attn__cpu_load(const attn__problem *pb, const attn__tensor *t, int64_t b, i
  * r]. Both operands of S = Q K^T have d contiguous, which makes it an "NT"
  * product, and OpenBLAS 0.3.21 runs a 64x64x64 NT sgemm at 85 GFLOP/s but
  * NN and TN at 111-112 (its small-matrix kernels, no packing; measured on
- * one core of the build host). So the operand that stays put for a whole
- * work unit is stored transposed once, and every product of the inner loop
- * is NN or TN. */
+ * one core of the build host). So Q is stored transposed (once per forward
+ * unit; once per problem in the backward, with dO) and every product of
+ * the inner loops is NN or TN. */
 void attn__cpu_load_t(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
                       int64_t nr, int64_t h, float *dst, int64_t ld);
 /* Rows of an input tile for the products: a pointer straight into t's
