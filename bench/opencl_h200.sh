@@ -5,9 +5,12 @@
 #
 #   here, once:   ../shared/device/stage.sh        (cmocka + golden into .device/)
 #   device call:  bash bench/opencl_h200.sh         with carry [".device"]
+#   or            bash bench/opencl_h200.sh quick   (golden + 4k benchmark only: no
+#                                                    tile sweep, no suite)
 #
 # Logs go to $OUT (the device tool brings them back). Results: bench/NOTES_opencl.md.
 set -u -o pipefail
+MODE=${1:-full}
 OUT=${OUT:-$PWD/out-opencl-h200}
 mkdir -p "$OUT"
 B=build-opencl-h200
@@ -35,7 +38,9 @@ echo "golden rc=$?: $(tail -1 "$OUT/golden.txt")"
 # Forward tile sweep, f32, 4k tokens: BR,TM,BC,DK,JK (see cl/opencl.c).
 stamp sweep
 best64="" best128="" b64=0 b128=0
-for t in 64,8,64,16,16 64,8,64,32,32 32,4,64,16,16 64,8,32,16,16 128,8,32,16,16; do
+sweep="64,8,64,16,16 64,8,64,32,32 32,4,64,16,16 64,8,32,16,16 128,8,32,16,16"
+[ "$MODE" = quick ] && sweep=""
+for t in $sweep; do
   for d in 64 128; do
     g=$(ATTN_CL_TILES=$t timeout 60 $A run --backend opencl --batch 4 --seqlen 4096 \
       --heads $((2048 / d)) --dim $d --repeat 5 --no-check 2>&1 |
@@ -49,11 +54,13 @@ done
 echo "best d=64: $best64 ($b64), d=128: $best128 ($b128)" | tee -a "$OUT/sweep.txt"
 
 stamp bench
-python3 bench/opencl_bench.py --gpu --attn $A --log "$OUT/bench.log" \
+sizes=1024,4096,16384
+[ "$MODE" = quick ] && sizes=4096
+python3 bench/opencl_bench.py --gpu --attn $A --log "$OUT/bench.log" --sizes $sizes \
   --tiles64 "$best64" --tiles128 "$best128" >"$OUT/bench.txt" 2>&1
 
 stamp suite
-(cd $B && timeout 60 ctest -R "_opencl|opencl_without" -j4 --output-on-failure \
+[ "$MODE" = quick ] || (cd $B && timeout 60 ctest -R "_opencl|opencl_without" -j4 --output-on-failure \
   >"$OUT/suite.txt" 2>&1)
 grep -E "tests passed|Failed|Passed|Skipped|Timeout" "$OUT/suite.txt" | tail -12
 

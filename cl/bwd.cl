@@ -13,12 +13,20 @@
  * price is computing S and dP twice (once per kernel).
  *
  * All four operand tiles of a step (Q, dO, K, V: BB x HD) sit in local memory
- * with a row stride of HD + 1, so that work-items reading the same column of
- * neighbouring rows hit distinct banks. BB is a -D parameter that the host
- * sizes to the device's local memory.
+ * with a row stride of HD + 4: rows stay float4-aligned, and the float4s that
+ * neighbouring work-items read from neighbouring rows fall in distinct banks.
+ * BB is a -D parameter that the host sizes to the device's local memory.
+ *
+ * Work-items keep one operand row in registers across several products:
+ * in P/dS an item owns key j and rows i, i + NTB/BB, ... so each K and V
+ * float4 is read once for PP rows; in the dK/dV and dQ sums (when HD divides
+ * NTB) an item owns one column c of several rows, so each dO, Q or K word is
+ * read once for EB outputs.
  */
 #define NTB 128
-#define DS (HD + 1)
+#define DS (HD + 4)
+#define PP ((BB * BB + NTB - 1) / NTB) /* (i, j) pairs per work-item */
+#define IS (NTB / BB)                  /* rows between an item's pairs */
 #define SS (BB + 1)
 #define EB (BB * HD / NTB) /* output elements per work-item */
 
@@ -35,30 +43,53 @@ inline void stage_rows(__local float *dst, __global const T *src, long ss, long 
 }
 
 /* P and dS for query rows i0.. and keys j0.. of one sequence. */
-inline void tile_p_ds(__local const float *Qs, __local const float *dOs, __local const float *Ks,
-                      __local const float *Vs, __local const float *lse_s,
-                      __local const float *del_s, __local float *Ps, __local float *dSs, int i0,
-                      int j0, int nq, int nk, int d, float scale, float softcap, float slope,
-                      int wl, int wr, int lid) {
-  for (int e = lid; e < BB * BB; e += NTB) {
-    const int i = e / BB, j = e % BB;
-    const int r = i0 + i, kj = j0 + j, dg = r + nk - nq;
-    const float li = lse_s[i];
-    float p = 0.0f, ds = 0.0f;
-    if (r < nq && kj < nk && key_visible(dg, kj, wl, wr) && li != -INFINITY) {
-      float sq = 0.0f, dp = 0.0f;
-      for (int c = 0; c < d; ++c) {
-        sq = fma(Qs[i * DS + c], Ks[j * DS + c], sq);
-        dp = fma(dOs[i * DS + c], Vs[j * DS + c], dp);
-      }
-      float t;
-      const float x = score_epilogue(sq, scale, softcap, slope, dg, kj, &t);
-      p = exp(x - li);
-      ds = p * (dp - del_s[i]);
-      if (softcap > 0.0f) ds *= 1.0f - t * t;
+inline void tile_p_ds(__local const float4 *Qs4, __local const float4 *dOs4,
+                      __local const float4 *Ks4, __local const float4 *Vs4,
+                      __local const float *lse_s, __local const float *del_s, __local float *Ps,
+                      __local float *dSs, int i0, int j0, int nq, int nk, int d, float scale,
+                      float softcap, float slope, int wl, int wr, int lid) {
+  const int j = lid % BB, ib = lid / BB;
+  float sq[PP], dp[PP];
+#pragma unroll
+  for (int k = 0; k < PP; ++k)
+    sq[k] = dp[k] = 0.0f;
+  /* Columns past d are zero in every tile, so whole float4s are safe. */
+  for (int c4 = 0; c4 < (d + 3) / 4; ++c4) {
+    const float4 kv = Ks4[j * (DS / 4) + c4], vv = Vs4[j * (DS / 4) + c4];
+#pragma unroll
+    for (int k = 0; k < PP; ++k) {
+      const int i = min(ib + k * IS, BB - 1); /* BB*BB < NTB leaves items spare */
+      const float4 qv = Qs4[i * (DS / 4) + c4], gv = dOs4[i * (DS / 4) + c4];
+      /* Column by column, in the forward pass's order: S must come out
+       * bit-identical to the forward's, or exp(S - lse) amplifies the
+       * difference when the logits are large. */
+      sq[k] = fma(qv.s0, kv.s0, sq[k]);
+      sq[k] = fma(qv.s1, kv.s1, sq[k]);
+      sq[k] = fma(qv.s2, kv.s2, sq[k]);
+      sq[k] = fma(qv.s3, kv.s3, sq[k]);
+      dp[k] = fma(gv.s0, vv.s0, dp[k]);
+      dp[k] = fma(gv.s1, vv.s1, dp[k]);
+      dp[k] = fma(gv.s2, vv.s2, dp[k]);
+      dp[k] = fma(gv.s3, vv.s3, dp[k]);
     }
-    Ps[i * SS + j] = p;
-    dSs[i * SS + j] = ds;
+  }
+#pragma unroll
+  for (int k = 0; k < PP; ++k) {
+    const int i = ib + k * IS;
+    if (i < BB) {
+      const int r = i0 + i, kj = j0 + j, dg = r + nk - nq;
+      const float li = lse_s[i];
+      float p = 0.0f, ds = 0.0f;
+      if (r < nq && kj < nk && key_visible(dg, kj, wl, wr) && li != -INFINITY) {
+        float t;
+        const float x = score_epilogue(sq[k], scale, softcap, slope, dg, kj, &t);
+        p = exp(x - li);
+        ds = p * (dp[k] - del_s[i]);
+        if (softcap > 0.0f) ds *= 1.0f - t * t;
+      }
+      Ps[i * SS + j] = p;
+      dSs[i * SS + j] = ds;
+    }
   }
 }
 
@@ -103,7 +134,9 @@ inline void stage_row_stats(__local float *lse_s, __local float *del_s, __global
 
 __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
     BWD_ARGS, __global T *dk, long dko, long4 dks, __global T *dv, long dvo, long4 dvs) {
-  __local float Qs[BB * DS], dOs[BB * DS], Ks[BB * DS], Vs[BB * DS];
+  __local float4 Qs4[BB * DS / 4], dOs4[BB * DS / 4], Ks4[BB * DS / 4], Vs4[BB * DS / 4];
+  __local float *Qs = (__local float *)Qs4, *dOs = (__local float *)dOs4;
+  __local float *Ks = (__local float *)Ks4, *Vs = (__local float *)Vs4;
   __local float Ps[BB * SS], dSs[BB * SS], lse_s[BB], del_s[BB];
   const int lid = get_local_id(0);
   const int b = get_group_id(2), hk = get_group_id(1), j0 = get_group_id(0) * BB;
@@ -145,9 +178,21 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
       stage_rows(dOs, gp, gs.s1, gs.s3, i0, nq, d, lid);
       stage_row_stats(lse_s, del_s, lse, lo_, ls, delta, b, h, q0, dbase, i0, nq, tq, lid);
       barrier(CLK_LOCAL_MEM_FENCE);
-      tile_p_ds(Qs, dOs, Ks, Vs, lse_s, del_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap, slope,
-                wl, wr, lid);
+      tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, del_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap,
+                slope, wl, wr, lid);
       barrier(CLK_LOCAL_MEM_FENCE);
+#if NTB % HD == 0
+      /* Item owns column lid % HD of keys lid / HD + u * NTB / HD. */
+      for (int i = 0; i < BB; ++i) {
+        const float g = dOs[i * DS + lid % HD], qq = Qs[i * DS + lid % HD];
+#pragma unroll
+        for (int u = 0; u < EB; ++u) {
+          const int j = lid / HD + u * (NTB / HD);
+          dv_acc[u] = fma(Ps[i * SS + j], g, dv_acc[u]);
+          dk_acc[u] = fma(dSs[i * SS + j], qq, dk_acc[u]);
+        }
+      }
+#else
 #pragma unroll
       for (int u = 0; u < EB; ++u) {
         const int e = lid + u * NTB, j = e / HD, c = e % HD;
@@ -159,6 +204,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
         dv_acc[u] = a;
         dk_acc[u] = g;
       }
+#endif
     }
   }
 
@@ -176,7 +222,9 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
 
 __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_ARGS, __global T *dq,
                                                                            long dqo, long4 dqs) {
-  __local float Qs[BB * DS], dOs[BB * DS], Ks[BB * DS], Vs[BB * DS];
+  __local float4 Qs4[BB * DS / 4], dOs4[BB * DS / 4], Ks4[BB * DS / 4], Vs4[BB * DS / 4];
+  __local float *Qs = (__local float *)Qs4, *dOs = (__local float *)dOs4;
+  __local float *Ks = (__local float *)Ks4, *Vs = (__local float *)Vs4;
   __local float Ps[BB * SS], dSs[BB * SS], lse_s[BB], del_s[BB];
   const int lid = get_local_id(0);
   const int b = get_group_id(2), h = get_group_id(1), i0 = get_group_id(0) * BB;
@@ -214,9 +262,17 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
     stage_rows(Ks, kp, ks.s1, ks.s3, j0, nk, d, lid);
     stage_rows(Vs, vp, vs.s1, vs.s3, j0, nk, d, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
-    tile_p_ds(Qs, dOs, Ks, Vs, lse_s, del_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap, slope, wl,
-              wr, lid);
+    tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, del_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap, slope,
+              wl, wr, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
+#if NTB % HD == 0
+    for (int j = 0; j < BB; ++j) {
+      const float kk = Ks[j * DS + lid % HD];
+#pragma unroll
+      for (int u = 0; u < EB; ++u)
+        dq_acc[u] = fma(dSs[(lid / HD + u * (NTB / HD)) * SS + j], kk, dq_acc[u]);
+    }
+#else
 #pragma unroll
     for (int u = 0; u < EB; ++u) {
       const int e = lid + u * NTB, i = e / HD, c = e % HD;
@@ -225,6 +281,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
         a = fma(dSs[i * SS + j], Ks[j * DS + c], a);
       dq_acc[u] = a;
     }
+#endif
   }
 
   __global T *dqp = dq + dqo + b * dqs.s0 + h * dqs.s2 + q0 * dqs.s1;

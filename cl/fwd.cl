@@ -37,12 +37,49 @@
 #define PSTR (BR + 4)
 #define VV (TD % 4 == 0) /* V read as float4 */
 
+/* Staging goes through registers: each item loads its share of the next
+ * chunk (Q and K columns, or V rows) from global memory before the current
+ * chunk is multiplied, so the loads' latency hides behind the FMAs, and
+ * stores it to local memory after the next barrier. An item stages column
+ * SC of rows SR, SR + RS, ... of a Q/K chunk. The host keeps DK dividing NT
+ * and DK*BR, DK*BC multiples of NT. */
+#define QPT (DK * BR / NT)
+#define KPT (DK * BC / NT)
+#define VPT ((JK * HD + NT - 1) / NT)
+#define RS (NT / DK)
+
 /* Output column n of work-item tx. */
 #if VV
 #define OCOL(tx, n) ((tx)*4 + ((n) / 4) * 64 + (n) % 4)
 #else
 #define OCOL(tx, n) ((tx) + TX * (n))
 #endif
+
+/* The next Q and K chunk (columns c0.. of query rows r0.. and keys j0..)
+ * into registers, zero past the ends. */
+inline void load_qk(float *qreg, float *kreg, __global const T *qp, long4 qs, __global const T *kp,
+                    long4 ks, int r0, int j0, int c0, int sc, int sr, int nq, int nk, int d) {
+  const int cc = c0 + sc;
+#pragma unroll
+  for (int u = 0; u < QPT; ++u) {
+    const int r = r0 + sr + u * RS;
+    qreg[u] = (r < nq && cc < d) ? LOAD(qp, r * qs.s1 + cc * qs.s3) : 0.0f;
+  }
+#pragma unroll
+  for (int u = 0; u < KPT; ++u) {
+    const int j = j0 + sr + u * RS;
+    kreg[u] = (j < nk && cc < d) ? LOAD(kp, j * ks.s1 + cc * ks.s3) : 0.0f;
+  }
+}
+
+/* The next V chunk (keys jv .. jv+JK-1, all columns) into registers. */
+inline void load_v(float *vreg, __global const T *vp, long4 vs, int jv, int lid, int nk, int d) {
+#pragma unroll
+  for (int u = 0; u < VPT; ++u) {
+    const int e = lid + u * NT, c = e % HD, j = jv + e / HD;
+    vreg[u] = (e < JK * HD && j < nk && c < d) ? LOAD(vp, j * vs.s1 + c * vs.s3) : 0.0f;
+  }
+}
 
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
     __global const T *q, long qo, long4 qs, __global const T *k, long ko, long4 ks,
@@ -99,7 +136,11 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
       acc[i][n] = 0.0f;
   }
 
-  for (int j0 = (lo / BC) * BC; j0 < hi; j0 += BC) {
+  const int sc = lid % DK, sr = lid / DK;
+  float qreg[QPT], kreg[KPT], vreg[VPT];
+  int j0 = (lo / BC) * BC;
+  if (j0 < hi) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, 0, sc, sr, nq, nk, d);
+  for (; j0 < hi; j0 += BC) {
     /* S = Q K^T, DK columns of the head dimension at a time. */
     float s[TM][TN];
 #pragma unroll
@@ -108,20 +149,15 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
       for (int n = 0; n < TN; ++n)
         s[i][n] = 0.0f;
     for (int c0 = 0; c0 < d; c0 += DK) {
-      for (int e = lid; e < DK * BR; e += NT) {
-        int c = e % DK, r = e / DK;
-        float x = 0.0f;
-        if (r0 + r < nq && c0 + c < d) x = LOAD(qp, (r0 + r) * qs.s1 + (c0 + c) * qs.s3);
-        Qs[c * QSTR + r] = x;
-      }
-      for (int e = lid; e < DK * BC; e += NT) {
-        int c = e % DK, j = e / DK;
-        float x = 0.0f;
-        if (j0 + j < nk && c0 + c < d) x = LOAD(kp, (j0 + j) * ks.s1 + (c0 + c) * ks.s3);
-        Ks[c * KSTR + j] = x;
-      }
+#pragma unroll
+      for (int u = 0; u < QPT; ++u)
+        Qs[sc * QSTR + sr + u * RS] = qreg[u];
+#pragma unroll
+      for (int u = 0; u < KPT; ++u)
+        Ks[sc * KSTR + sr + u * RS] = kreg[u];
       barrier(CLK_LOCAL_MEM_FENCE);
-#pragma unroll 4
+      if (c0 + DK < d) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, c0 + DK, sc, sr, nq, nk, d);
+#pragma unroll
       for (int c = 0; c < DK; ++c) {
         float a[TM], bk[TN];
 #pragma unroll
@@ -143,6 +179,8 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
       }
       barrier(CLK_LOCAL_MEM_FENCE);
     }
+
+    load_v(vreg, vp, vs, j0, lid, nk, d); /* in flight during the softmax */
 
     /* Scores, mask, and this item's share of each row's maximum. */
     const int whole = plain && j0 + BC <= nk && (wl < 0 || j0 >= r0 + BR - 1 + diag0 - wl) &&
@@ -196,14 +234,15 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
 
     /* O += P V, JK keys at a time. */
     for (int jj = 0; jj < BC && j0 + jj < nk; jj += JK) {
-      for (int e = lid; e < JK * HD; e += NT) {
-        int c = e % HD, jr = e / HD;
-        float x = 0.0f;
-        if (j0 + jj + jr < nk && c < d) x = LOAD(vp, (j0 + jj + jr) * vs.s1 + c * vs.s3);
-        Vs[jr * HD + c] = x;
-      }
+#pragma unroll
+      for (int u = 0; u < VPT; ++u)
+        if (lid + u * NT < JK * HD) Vs[lid + u * NT] = vreg[u];
       barrier(CLK_LOCAL_MEM_FENCE);
-#pragma unroll 4
+      if (jj + JK < BC && j0 + jj + JK < nk)
+        load_v(vreg, vp, vs, j0 + jj + JK, lid, nk, d);
+      else if (j0 + BC < hi)
+        load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0 + BC, 0, sc, sr, nq, nk, d);
+#pragma unroll
       for (int jr = 0; jr < JK; ++jr) {
         float a[TM], vb[TD];
 #pragma unroll

@@ -335,16 +335,25 @@ static size_t fwd_local_bytes(int hd, int br, int bc, int dk, int jk) {
                (size_t)bc * (br + 4) + (size_t)jk * hd);
 }
 
+/* fwd.cl stages a Q/K chunk as whole rows of work-items: DK must divide
+ * the work-group and DK*BR, DK*BC be multiples of it. */
+static int fwd_staging_fits(const attn_program *p) {
+  int nt = 16 * (p->br / p->tm);
+  return nt % p->dk == 0 && (p->dk * p->br) % nt == 0 && (p->dk * p->bc) % nt == 0;
+}
+
 static size_t bwd_local_bytes(int hd, int bb) {
-  return 4u * (4u * (size_t)bb * (hd + 1) + 2u * (size_t)bb * (bb + 1) + 2u * (size_t)bb);
+  return 4u * (4u * (size_t)bb * (hd + 4) + 2u * (size_t)bb * (bb + 1) + 2u * (size_t)bb);
 }
 
 /* Tile sizes from what the device reports. Defaults: 128 work-items of
  * TM x 4 scores and TM x HD/16 outputs each keep the two products' inner
- * loops at 5-10 FMAs per local-memory instruction (see fwd.cl), and fit
+ * loops at 5-16 FMAs per local-memory instruction (see fwd.cl), and fit
  * NVIDIA's 48 KiB of local memory per work-group at HD = 128 (36 KiB);
- * HD > 128 halves TM to stay within the register file. Smaller local
- * memories shrink the staging steps, then the key tile.
+ * HD > 128 halves TM to stay within the register file. Measured on an H200
+ * (bench/NOTES_opencl.md), these beat BR 32/128, BC 32 and DK/JK 32 at
+ * HD = 128 by 15-70 % and are within 1 % of the best at HD = 64. Smaller
+ * local memories shrink the staging steps, then the key tile.
  *
  * ATTN_CL_TILES=BR,TM,BC,DK,JK replaces the forward defaults, for tuning on
  * a new device (bench/opencl_h200.sh sweeps it); a value the kernel cannot
@@ -367,7 +376,7 @@ static int choose_tiles(const cl_dev *dev, int hd, attn_program *p) {
     p->dk = dk;
     p->jk = jk;
   }
-  while (fwd_local_bytes(hd, p->br, p->bc, p->dk, p->jk) > lmem) {
+  while (fwd_local_bytes(hd, p->br, p->bc, p->dk, p->jk) > lmem || !fwd_staging_fits(p)) {
     if (p->jk > 4)
       p->jk /= 2;
     else if (p->bc > 16)
