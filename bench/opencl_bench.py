@@ -105,9 +105,9 @@ def main():
         for dtype in ("f32", "f16"):
             for d in (64, 128):
                 for n in sizes:
-                    b, h = 1, 4 if n <= 4096 else 1
-                    fw, bw = attn_run(a.attn, "opencl", b, n, h, d, dtype, True, 1, log)
-                    cfw, cbw = attn_run(a.attn, "cpu", b, n, h, d, dtype, True, 1, log)
+                    b, h = 1, 4 if n <= 1024 else 1
+                    fw, bw = attn_run(a.attn, "opencl", b, n, h, d, dtype, True, 3, log)
+                    cfw, cbw = attn_run(a.attn, "cpu", b, n, h, d, dtype, True, 3, log)
                     rows.append((dtype, d, n, b, h, fw, bw, cfw, cbw, None, None))
                     print("done", rows[-1], flush=True)
         hdr = ("dtype", "d", "N", "B", "H", "pocl fwd", "pocl bwd", "cpu fwd", "cpu bwd",

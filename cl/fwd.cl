@@ -23,7 +23,7 @@
  * instructions of P V for the same bytes.
  *
  * -D parameters (chosen by the host per device): DTYPE, HD (the head
- * dimension rounded up to a multiple of 16), BR, BC, TM, DK (Q/K columns per
+ * dimension rounded up to 16, 32, 64 or a multiple of 32), BR, BC, TM, DK (Q/K columns per
  * staging step), JK (V rows per staging step). Window, causal, softcap and
  * ALiBi are run-time arguments so that one program serves them all.
  */
@@ -41,7 +41,7 @@
  * chunk (Q and K columns, or V rows) from global memory before the current
  * chunk is multiplied, so the loads' latency hides behind the FMAs, and
  * stores it to local memory after the next barrier. An item stages column
- * SC of rows SR, SR + RS, ... of a Q/K chunk. The host keeps DK dividing NT
+ * sc of rows sr, sr + RS, ... of a Q/K chunk. The host keeps DK dividing NT
  * and DK*BR, DK*BC multiples of NT. */
 #define QPT (DK * BR / NT)
 #define KPT (DK * BC / NT)

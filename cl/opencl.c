@@ -241,6 +241,12 @@ static int cl_set_stream(attn_context *ctx, void *stream) {
                          "stream: the cl_command_queue is on another device than the "
                          "context's (%s)",
                          im->dev->info.name);
+    cl_command_queue_properties props = 0;
+    cl->clGetCommandQueueInfo(q, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL);
+    if (props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)
+      return attn__error(ctx, ATTN_EINVAL,
+                         "stream: the cl_command_queue executes out of order; the backward "
+                         "pass's kernels need an in-order queue");
     err = cl->clGetCommandQueueInfo(q, CL_QUEUE_CONTEXT, sizeof qctx, &qctx, NULL);
     if (err != CL_SUCCESS) return cl_fail(ctx, "clGetCommandQueueInfo(CL_QUEUE_CONTEXT)", err);
   }
