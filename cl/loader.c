@@ -91,6 +91,8 @@ const char *attn__cl_errname(cl_int err) {
     E(CL_INVALID_BUFFER_SIZE)
     E(CL_INVALID_GLOBAL_WORK_SIZE)
 #undef E
+    case -1001: /* CL_PLATFORM_NOT_FOUND_KHR, the ICD loader's "no driver" */
+      return "CL_PLATFORM_NOT_FOUND_KHR: no OpenCL driver is installed";
     default:
       return "an OpenCL error";
   }
