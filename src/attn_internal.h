@@ -123,6 +123,34 @@ static inline uint16_t attn__f32_to_bf16(float f) {
 float attn__f16_to_f32(uint16_t h);
 uint16_t attn__f32_to_f16(float f);
 
+/* Element i of host memory holding dtype dt, as a float, and back (rounded
+ * to nearest even). For the reference, the program and the tests: the
+ * backends convert tile by tile in their own ways. */
+static inline float attn__load(const void *base, attn_dtype dt, int64_t i) {
+  switch (dt) {
+    case ATTN_F16:
+      return attn__f16_to_f32(((const uint16_t *)base)[i]);
+    case ATTN_BF16:
+      return attn__bf16_to_f32(((const uint16_t *)base)[i]);
+    case ATTN_F32:
+      break;
+  }
+  return ((const float *)base)[i];
+}
+static inline void attn__store(void *base, attn_dtype dt, int64_t i, float x) {
+  switch (dt) {
+    case ATTN_F16:
+      ((uint16_t *)base)[i] = attn__f32_to_f16(x);
+      return;
+    case ATTN_BF16:
+      ((uint16_t *)base)[i] = attn__f32_to_bf16(x);
+      return;
+    case ATTN_F32:
+      break;
+  }
+  ((float *)base)[i] = x;
+}
+
 /* ---------------------------------------------------------------------- */
 /* Contexts, errors, buffers                                                */
 /* ---------------------------------------------------------------------- */

@@ -8,16 +8,7 @@
 #include <stdlib.h>
 
 static double load(const attn__tensor *t, int64_t elem) {
-  const char *base = (const char *)t->native + t->offset;
-  switch (t->dtype) {
-    case ATTN_F32:
-      return ((const float *)base)[elem];
-    case ATTN_F16:
-      return attn__f16_to_f32(((const uint16_t *)base)[elem]);
-    case ATTN_BF16:
-      return attn__bf16_to_f32(((const uint16_t *)base)[elem]);
-  }
-  return 0;
+  return attn__load((const char *)t->native + t->offset, t->dtype, elem);
 }
 
 static int64_t at(const attn__tensor *t, int64_t b, int64_t row, int64_t h, int64_t c) {

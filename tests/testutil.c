@@ -341,32 +341,6 @@ static float uniform(uint64_t *s, float amp) {
   return amp * (float)((double)(splitmix(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
 }
 
-static void store(void *base, attn_dtype dt, int64_t i, float x) {
-  switch (dt) {
-    case ATTN_F32:
-      ((float *)base)[i] = x;
-      break;
-    case ATTN_F16:
-      ((uint16_t *)base)[i] = attn__f32_to_f16(x);
-      break;
-    case ATTN_BF16:
-      ((uint16_t *)base)[i] = attn__f32_to_bf16(x);
-      break;
-  }
-}
-
-static double load(const void *base, attn_dtype dt, int64_t i) {
-  switch (dt) {
-    case ATTN_F32:
-      return ((const float *)base)[i];
-    case ATTN_F16:
-      return attn__f16_to_f32(((const uint16_t *)base)[i]);
-    case ATTN_BF16:
-      return attn__bf16_to_f32(((const uint16_t *)base)[i]);
-  }
-  return NAN;
-}
-
 int64_t at_count(const attn_tensor *t) {
   int64_t n = 1;
   for (int i = 0; i < t->ndim; i++)
@@ -392,7 +366,7 @@ static int64_t extent(const attn_tensor *t) {
 }
 
 double at_get(const attn_tensor *t, int64_t i) {
-  return load(t->data, t->dtype, elem_offset(t, i));
+  return attn__load(t->data, t->dtype, elem_offset(t, i));
 }
 
 static void mem_alloc(at_mem *m, size_t nbytes) {
@@ -529,7 +503,7 @@ static void fill_random(attn_tensor *strided, void **contig, attn_tensor *ref, u
   *contig = at_malloc((size_t)n * es + 1);
   assert_non_null(*contig);
   for (int64_t i = 0; i < n; i++) {
-    store(*contig, strided->dtype, i, uniform(seed, amp));
+    attn__store(*contig, strided->dtype, i, uniform(seed, amp));
     memcpy((char *)strided->data + (size_t)elem_offset(strided, i) * es,
            (char *)*contig + (size_t)i * es, es);
   }

@@ -144,22 +144,8 @@ static double rnd(void) {
 }
 
 static void fill_random(void *data, attn_dtype dt, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    float x = (float)rnd();
-    if (dt == ATTN_F32) {
-      ((float *)data)[i] = x;
-    } else if (dt == ATTN_F16) {
-      ((uint16_t *)data)[i] = attn__f32_to_f16(x);
-    } else {
-      ((uint16_t *)data)[i] = attn__f32_to_bf16(x);
-    }
-  }
-}
-
-static double value_at(const void *data, attn_dtype dt, size_t i) {
-  if (dt == ATTN_F32) return ((const float *)data)[i];
-  if (dt == ATTN_F16) return attn__f16_to_f32(((const uint16_t *)data)[i]);
-  return attn__bf16_to_f32(((const uint16_t *)data)[i]);
+  for (size_t i = 0; i < n; i++)
+    attn__store(data, dt, (int64_t)i, (float)rnd());
 }
 
 static double now_s(void) {
@@ -198,7 +184,7 @@ static void compare(const void *x, attn_dtype dt, const double *ref, size_t n, d
   *err = 0;
   *refmax = 0;
   for (size_t i = 0; i < n; i++) {
-    double a = value_at(x, dt, i), e = fabs(a - ref[i]);
+    double a = attn__load(x, dt, (int64_t)i), e = fabs(a - ref[i]);
     if (isnan(a)) e = INFINITY;
     if (e > *err) *err = e;
     if (fabs(ref[i]) > *refmax) *refmax = fabs(ref[i]);
