@@ -28,7 +28,7 @@ ATTN_F32, ATTN_F16, ATTN_BF16 = 0, 1, 2
 # The f32 forward's tuning variants (cuda/general_fwd32.cuh) and the head dims
 # where each has kernels of its own (elsewhere it is the default kernel).
 VARIANT_ENV = "ATTN_CUDA_GENERAL_VARIANT"
-F32_VARIANTS = ["base", "lean", "duo"]
+F32_VARIANTS = ["base", "lean", "duo", "wide-noskip"]
 F32_VARIANT_DIMS = (64, 128)
 CAUSAL, DETERMINISTIC, NONDETERMINISTIC, ALLOW_TF32, ASYNC = 0x1, 0x2, 0x4, 0x8, 0x10
 DT = {torch.float32: ATTN_F32, torch.float16: ATTN_F16, torch.bfloat16: ATTN_BF16}
@@ -434,18 +434,19 @@ def bench(args):
                     try:
                         row["ours_fwd"] = fl / timeit(A.prep_forward(p, q, k, v, o, lse)) / 1e12
                         if dt == torch.float32 and args.variants:
-                            # The base kernel's other row blocking (4 rows a thread).
-                            os.environ["ATTN_CUDA_GENERAL_MR"] = "4"
-                            os.environ["ATTN_CUDA_GENERAL_VARIANT"] = "base"
-                            row["ours_fwd_mr4"] = fl / timeit(A.prep_forward(p, q, k, v, o, lse)) / 1e12
-                            del os.environ["ATTN_CUDA_GENERAL_MR"]
-                            del os.environ["ATTN_CUDA_GENERAL_VARIANT"]
+                            if "base" in args.variant_list.split(","):
+                                # The base kernel's other row blocking (4 rows a thread).
+                                os.environ["ATTN_CUDA_GENERAL_MR"] = "4"
+                                os.environ["ATTN_CUDA_GENERAL_VARIANT"] = "base"
+                                row["ours_fwd_mr4"] = fl / timeit(A.prep_forward(p, q, k, v, o, lse)) / 1e12
+                                del os.environ["ATTN_CUDA_GENERAL_MR"]
+                                del os.environ["ATTN_CUDA_GENERAL_VARIANT"]
                             # The f32 forward variants; each also checked against the
                             # default kernel's o (max abs difference) in this run.
                             if d in F32_VARIANT_DIMS:
                                 A.prep_forward(p, q, k, v, o, lse)()
                                 o_ref, lse_ref = o.clone(), lse.clone()
-                                for var in F32_VARIANTS:
+                                for var in args.variant_list.split(","):
                                     os.environ[VARIANT_ENV] = var
                                     try:
                                         row["ours_fwd_" + var] = fl / timeit(
@@ -456,6 +457,20 @@ def bench(args):
                                         del os.environ[VARIANT_ENV]
                                 A.prep_forward(p, q, k, v, o, lse)()
                                 del o_ref, lse_ref
+                        if args.order and causal:
+                            # The forward with the blocks in their natural order
+                            # (cuda/order.cuh); the results must be bit-identical.
+                            A.prep_forward(p, q, k, v, o, lse)()
+                            o_ref, lse_ref = o.clone(), lse.clone()
+                            os.environ["ATTN_CUDA_ORDER"] = "natural"
+                            try:
+                                row["ours_fwd_natural"] = fl / timeit(
+                                    A.prep_forward(p, q, k, v, o, lse)) / 1e12
+                                row["diff_natural"] = max((o - o_ref).abs().max().item(),
+                                                          (lse - lse_ref).abs().max().item())
+                            finally:
+                                del os.environ["ATTN_CUDA_ORDER"]
+                            del o_ref, lse_ref
                         if not args.forward_only:
                             row["ours_bwd"] = 2.5 * fl / timeit(
                                 A.prep_backward(p, q, k, v, o, lse, do, dq, dk, dv)) / 1e12
@@ -504,6 +519,9 @@ def bench(args):
             + "".join("  %s %s (%.2fx, diff %.0e)" % (v, f(r, "ours_fwd_" + v), r["ours_fwd_" + v] / ref_f,
                                                       r.get("diff_" + v, float("nan")))
                       for v in F32_VARIANTS if "ours_fwd_" + v in r and ref_f)
+            + ("  natural order %s (%.2fx, diff %.0e)" % (f(r, "ours_fwd_natural"), r["ours_fwd_natural"] / ref_f,
+                                                          r["diff_natural"])
+               if "ours_fwd_natural" in r and ref_f else "")
             + ("  ERR " + r["ours_err"][:60] if "ours_err" in r else ""))
     return 0
 
@@ -520,6 +538,10 @@ def main():
     ap.add_argument("--tokens", type=int, default=16384, help="B*N per problem")
     ap.add_argument("--forward-only", action="store_true")
     ap.add_argument("--variants", action="store_true", help="also time tuning variants")
+    ap.add_argument("--variant-list", default=",".join(F32_VARIANTS),
+                    help="the f32 forward variants --variants times")
+    ap.add_argument("--order", action="store_true",
+                    help="causal rows: also time the forward in the natural block order")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

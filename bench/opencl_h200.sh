@@ -7,6 +7,11 @@
 #   device call:  bash bench/opencl_h200.sh         with carry [".device"]
 #   or            bash bench/opencl_h200.sh quick   (golden + 4k benchmark only: no
 #                                                    tile sweep, no suite)
+#   or            bash bench/opencl_h200.sh tune    (golden, tile sweep, 4k benchmark
+#                                                    with the best tiles; no suite)
+# SWEEP="BR,TM,BC,DK,JK ..." replaces the tile sweep's list. The NVIDIA driver's
+# program binaries (PTX) in the cache also go through ptxas -v: registers and
+# spills of each kernel, in $OUT/ptxas.txt.
 #
 # Logs go to $OUT (the device tool brings them back). Results: bench/NOTES_opencl.md.
 set -u -o pipefail
@@ -38,11 +43,11 @@ echo "golden rc=$?: $(tail -1 "$OUT/golden.txt")"
 # Forward tile sweep, f32, 4k tokens: BR,TM,BC,DK,JK (see cl/opencl.c).
 stamp sweep
 best64="" best128="" b64=0 b128=0
-sweep="64,8,64,16,16 64,8,64,32,32 32,4,64,16,16 64,8,32,16,16 128,8,32,16,16"
+sweep=${SWEEP:-64,8,64,16,16 64,8,128,16,16 64,8,128,16,8 128,8,64,16,8 32,4,128,16,16 64,8,64,32,16}
 [ "$MODE" = quick ] && sweep=""
 for t in $sweep; do
   for d in 64 128; do
-    g=$(ATTN_CL_TILES=$t timeout 60 $A run --backend opencl --batch 4 --seqlen 4096 \
+    g=$(ATTN_CL_CACHE_DIR=$PWD/$B/cl-sweep/$t-d$d ATTN_CL_TILES=$t timeout 60 $A run --backend opencl --batch 4 --seqlen 4096 \
       --heads $((2048 / d)) --dim $d --repeat 5 --no-check 2>&1 |
       sed -n 's/.*forward .* \([0-9.]*\) GFLOP\/s.*/\1/p')
     echo "tiles $t d $d fwd ${g:-fail} GFLOP/s" | tee -a "$OUT/sweep.txt"
@@ -55,12 +60,20 @@ echo "best d=64: $best64 ($b64), d=128: $best128 ($b128)" | tee -a "$OUT/sweep.t
 
 stamp bench
 sizes=1024,4096,16384
-[ "$MODE" = quick ] && sizes=4096
+[ "$MODE" = full ] || sizes=4096
 python3 bench/opencl_bench.py --gpu --attn $A --log "$OUT/bench.log" --sizes $sizes \
   --tiles64 "$best64" --tiles128 "$best128" >"$OUT/bench.txt" 2>&1
 
+stamp ptxas
+for f in $B/cl-sweep/*/* "$ATTN_CL_CACHE_DIR"/*; do
+  head -c 4096 "$f" 2>/dev/null | grep -q "^\.version" || continue
+  echo "== $f"
+  ptxas -arch=sm_90 -v "$f" -o /dev/null 2>&1 | grep -E "Compiling|Used|spill"
+done >"$OUT/ptxas.txt" 2>&1
+grep -A2 "attn_fwd" "$OUT/ptxas.txt" | grep -E "Used|spill" | head -30
+
 stamp suite
-[ "$MODE" = quick ] || (cd $B && timeout 60 ctest -R "_opencl|opencl_without" -j4 --output-on-failure \
+[ "$MODE" = full ] || (cd $B && timeout 60 ctest -R "_opencl|opencl_without" -j4 --output-on-failure \
   >"$OUT/suite.txt" 2>&1)
 grep -E "tests passed|Failed|Passed|Skipped|Timeout" "$OUT/suite.txt" | tail -12
 

@@ -13,10 +13,12 @@
  *
  * Work-items form a TY x TX grid (TX = 16). Item (ty, tx) owns query rows
  * ty*TM .. ty*TM+TM-1, score columns tx + 16 n (n < Bc/16) and output
- * columns tx + 16 n (n < HD/16). The strided columns make neighbouring items
- * read neighbouring local-memory words, so the tile reads are free of bank
- * conflicts; rows are contiguous so an item reads its TM query values as
- * float4s.
+ * columns tx + 16 n (n < HD/16). Q is staged column-major and K row-major:
+ * per 4 columns of the head dimension an item reads its TM query values of
+ * each column as float4s (rows are contiguous; the items of a row share
+ * them), and its TN keys' 4 values as one float4 each (rows KSTR = DK + 4
+ * floats apart, so the 16 keys of a row of items fall in distinct bank
+ * groups): TM + TN local reads per 4 TM TN FMAs.
  *
  * When HD/16 is a multiple of 4 the output columns are instead groups of 4
  * (tx*4 + 64 g + 0..3), so that V is read as float4s: half the local-memory
@@ -33,9 +35,12 @@
 #define TN (BC / TX)
 #define TD (HD / TX)
 #define QSTR (BR + 4) /* +4 keeps float4 alignment and halves store conflicts */
-#define KSTR (BC + 1) /* +1: the column-major stores hit distinct banks */
+#define KSTR (DK + 4) /* K rows: float4-aligned, 16 of them in distinct bank groups */
 #define PSTR (BR + 4)
 #define VV (TD % 4 == 0) /* V read as float4 */
+#define QK4 ((DK * QSTR + BC * KSTR) / 4) /* float4s of the Q and K chunks */
+#define PV4 ((BC * PSTR + JK * HD) / 4)   /* of P and the V chunk */
+#define MAX4(a, b) ((a) > (b) ? (a) : (b))
 
 /* Staging goes through registers: each item loads its share of the next
  * chunk (Q and K columns, or V rows) from global memory before the current
@@ -87,12 +92,14 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
     long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k,
     __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,
     float softcap, int wl, int wr) {
-  __local float4 Qs4[DK * QSTR / 4];
-  __local float Ks[DK * KSTR];
+  /* Q and K chunks live only during Q K^T, P and V only during P V, with a
+   * barrier between the phases: they share one buffer. */
+  __local float4 tiles4[MAX4(QK4, PV4)];
   __local float4 red4[BR * TX / 4];
-  __local float4 Ps4[BC * PSTR / 4];
-  __local float4 Vs4[JK * HD / 4];
+  __local float4 *Qs4 = tiles4, *Ks4 = tiles4 + DK * QSTR / 4;
+  __local float4 *Ps4 = tiles4, *Vs4 = tiles4 + BC * PSTR / 4;
   __local float *Qs = (__local float *)Qs4;
+  __local float *Ks = (__local float *)Ks4;
   __local float *Ps = (__local float *)Ps4;
   __local float *red = (__local float *)red4;
   __local float *Vs = (__local float *)Vs4;
@@ -154,28 +161,34 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
         Qs[sc * QSTR + sr + u * RS] = qreg[u];
 #pragma unroll
       for (int u = 0; u < KPT; ++u)
-        Ks[sc * KSTR + sr + u * RS] = kreg[u];
+        Ks[(sr + u * RS) * KSTR + sc] = kreg[u];
       barrier(CLK_LOCAL_MEM_FENCE);
       if (c0 + DK < d) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, c0 + DK, sc, sr, nq, nk, d);
 #pragma unroll
-      for (int c = 0; c < DK; ++c) {
-        float a[TM], bk[TN];
-#pragma unroll
-        for (int u = 0; u < TM / 4; ++u) {
-          float4 t4 = Qs4[(c * QSTR + ty * TM) / 4 + u];
-          a[4 * u + 0] = t4.s0;
-          a[4 * u + 1] = t4.s1;
-          a[4 * u + 2] = t4.s2;
-          a[4 * u + 3] = t4.s3;
-        }
+      for (int c4 = 0; c4 < DK; c4 += 4) {
+        float4 k4[TN];
 #pragma unroll
         for (int n = 0; n < TN; ++n)
-          bk[n] = Ks[c * KSTR + tx + TX * n];
+          k4[n] = Ks4[((tx + TX * n) * KSTR + c4) / 4];
 #pragma unroll
-        for (int i = 0; i < TM; ++i)
+        for (int cc = 0; cc < 4; ++cc) {
+          float a[TM];
 #pragma unroll
-          for (int n = 0; n < TN; ++n)
-            s[i][n] = fma(a[i], bk[n], s[i][n]);
+          for (int u = 0; u < TM / 4; ++u) {
+            float4 t4 = Qs4[((c4 + cc) * QSTR + ty * TM) / 4 + u];
+            a[4 * u + 0] = t4.s0;
+            a[4 * u + 1] = t4.s1;
+            a[4 * u + 2] = t4.s2;
+            a[4 * u + 3] = t4.s3;
+          }
+#pragma unroll
+          for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int n = 0; n < TN; ++n) {
+              const float kv = cc == 0 ? k4[n].s0 : cc == 1 ? k4[n].s1 : cc == 2 ? k4[n].s2 : k4[n].s3;
+              s[i][n] = fma(a[i], kv, s[i][n]);
+            }
+        }
       }
       barrier(CLK_LOCAL_MEM_FENCE);
     }

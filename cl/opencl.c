@@ -336,16 +336,21 @@ static int hd_bucket(int64_t d) {
   return (int)((d + 31) / 32 * 32);
 }
 
+/* fwd.cl's local memory: the Q and K chunks share a buffer with P and the V
+ * chunk, beside the row reductions. */
 static size_t fwd_local_bytes(int hd, int br, int bc, int dk, int jk) {
-  return 4u * ((size_t)dk * (br + 4) + (size_t)dk * (bc + 1) + (size_t)br * 16 +
-               (size_t)bc * (br + 4) + (size_t)jk * hd);
+  size_t qk = (size_t)dk * (br + 4) + (size_t)bc * (dk + 4);
+  size_t pv = (size_t)bc * (br + 4) + (size_t)jk * hd;
+  return 4u * ((qk > pv ? qk : pv) + (size_t)br * 16);
 }
 
 /* fwd.cl stages a Q/K chunk as whole rows of work-items: DK must divide
- * the work-group and DK*BR, DK*BC be multiples of it. */
+ * the work-group and DK*BR, DK*BC be multiples of it; K is read 4 columns
+ * at a time. */
 static int fwd_staging_fits(const attn_program *p) {
   int nt = 16 * (p->br / p->tm);
-  return nt % p->dk == 0 && (p->dk * p->br) % nt == 0 && (p->dk * p->bc) % nt == 0;
+  return nt % p->dk == 0 && p->dk % 4 == 0 && (p->dk * p->br) % nt == 0 &&
+         (p->dk * p->bc) % nt == 0;
 }
 
 static size_t bwd_local_bytes(int hd, int bb) {

@@ -32,6 +32,7 @@
 #define ATTN_CUDA_GENERAL_CUH
 
 #include "attn_cuda.h"
+#include "order.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -62,6 +63,7 @@ struct gparams {
   float *ws_D;  /* [total_q][hq] */
   float *ws_dq; /* [total_q][hq][d], fp32 atomics target */
   long long total_q;
+  int order; /* forward block order: attn_order_group's G, 0 = natural */
 };
 
 /* Sequence b: lengths, first rows in the tensors, first row in workspaces. */
@@ -245,7 +247,8 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
   float *Ps = Vs + Bc * LD;
 
   /* The longest blocks (last rows under causal) go first. */
-  const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  int qb, h, b;
+  attn_block_coords(P.order, &qb, &h, &b);
   const seqinfo S = get_seq(P, b);
   const long long i0 = (long long)qb * Br;
   if (i0 >= S.nq) return;
@@ -841,15 +844,19 @@ static inline int pad_dim(int d) {
   return d <= 32 ? 32 : d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
 }
 
+/* forward: the kernel takes its blocks in attn_order_group's order. */
 template <typename K>
 static int launch_cfg(K kernel, size_t smem, dim3 grid, const attn__cuda_launch *L,
-                      const gparams &P) {
+                      const gparams &P, bool forward = false) {
   if (smem > L->smem_optin) return ATTN_EUNSUPPORTED;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return ATTN_OK;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
       cudaSuccess)
     return ATTN_EDEVICE;
-  kernel<<<grid, kThreads, smem, L->stream>>>(P);
+  gparams Pl = P;
+  Pl.order =
+      forward ? attn_order_group(kernel, kThreads, smem, grid, L->sm_count, P.wl, P.wr) : 0;
+  kernel<<<grid, kThreads, smem, L->stream>>>(Pl);
   return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 
@@ -864,7 +871,7 @@ static int try_fwd(const attn__cuda_launch *L, const gparams &P, int want_mr) {
   const attn__problem *pb = L->pb;
   dim3 grid((unsigned)((pb->seqlen_q + Cf::Br - 1) / Cf::Br), (unsigned)pb->heads_q,
             (unsigned)pb->batch);
-  return launch_cfg(fwd_kernel<T, DP, MR, MC>, Cf::smem, grid, L, P);
+  return launch_cfg(fwd_kernel<T, DP, MR, MC>, Cf::smem, grid, L, P, true);
 }
 
 template <typename T>
@@ -894,7 +901,7 @@ int launch_forward(const attn__cuda_launch *L, const gparams &P, int want_mr) {
 /* The f32 forward's tuning variants (general_fwd32.cuh, instantiated in
  * general_f32.cu), picked by ATTN_CUDA_GENERAL_VARIANT; kFwdBase is
  * fwd_kernel above. */
-enum { kFwdBase = 0, kFwdLean = 1, kFwdWide = 2, kFwdDuo = 3 };
+enum { kFwdBase = 0, kFwdLean = 1, kFwdWide = 2, kFwdDuo = 3, kFwdWideNoSkip = 4 };
 int launch_forward_f32_variant(const attn__cuda_launch *L, const gparams &P, int v);
 
 template <typename T, int DP, int M>

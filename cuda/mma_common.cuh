@@ -22,6 +22,7 @@
 #define ATTN_MMA_COMMON_CUH
 
 #include "attn_cuda.h"
+#include "order.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -65,6 +66,7 @@ struct params {
   float *dsum;  /* D = rowsum(dO * O) */
   float *lse2;  /* lse * log2(e); +inf where lse = -inf (rows with no key) */
   int64_t rows; /* total query rows over the batch */
+  int order;    /* forward block order: attn_order_group's G, 0 = natural */
 };
 
 /* Fills p from a launch (mma_fwd.cu); ATTN_EUNSUPPORTED, with a debug-log

@@ -120,8 +120,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   /* Heaviest blocks (most keys under a causal mask) start first. */
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+  int m_block, h, b;
+  attn_block_coords(p.order, &m_block, &h, &b);
+  const int hk = h / p.group;
   const seq sq = seq_of(p, b);
   const int nq = sq.nq, nk = sq.nk;
   const int m0 = m_block * BR;
@@ -377,7 +378,10 @@ static int launch_fwd(const params &p, const attn__cuda_launch *L) {
       cudaSuccess)
     return ATTN_EDEVICE;
   dim3 grid((unsigned)((p.seqlen_q + BR - 1) / BR), (unsigned)p.heads_q, (unsigned)p.batch);
-  kern<<<grid, NW * 32, smem, L->stream>>>(p);
+  params pl = p;
+  pl.order = attn_order_group(kern, NW * 32, smem, grid, L->sm_count, p.window_left,
+                              p.window_right);
+  kern<<<grid, NW * 32, smem, L->stream>>>(pl);
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 

@@ -1,0 +1,75 @@
+/*
+ * Which (query block, query head, sequence) a forward block computes: the
+ * order in which the blocks of a launch take their work. Shared by the
+ * general and the tensor-core forward kernels.
+ *
+ * Under a causal mask (a right bound without a left one) query block qb sees
+ * about qb + 1 key tiles, so blocks differ in length by up to the number of
+ * query blocks. The GPU starts blocks in linear order (x fastest); the
+ * natural order, qb descending within each head, is heaviest first per head
+ * only, and the last heads' long blocks start late and run alone at the end:
+ * a model of 132 SMs, one block each, finishes 5-7 % after the ideal at
+ * 4k-8k tokens. Heaviest first over the whole grid (longest processing time
+ * first) finishes within 0.5 % of it, but then the blocks running at once
+ * belong to every head and read every head's K and V from memory instead of
+ * sharing them in L2.
+ *
+ * So the heads (query head x sequence pairs) go in groups of G: the blocks of
+ * a group run heaviest first across its G heads, groups one after the other.
+ * G makes each group about four waves of resident blocks (slots = SMs x
+ * blocks per SM): enough to balance the tail (the same model: within 1 % at
+ * 1k-32k tokens) while the blocks running at once cover a few heads. G = 0
+ * is the natural order, used where blocks are equally long.
+ */
+#ifndef ATTN_CUDA_ORDER_CUH
+#define ATTN_CUDA_ORDER_CUH
+
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Block (blockIdx) of a grid of (query blocks, query heads, sequences) ->
+ * its query block, head and sequence under group size G. */
+__device__ __forceinline__ void attn_block_coords(int G, int *qb, int *h, int *b) {
+  if (G <= 0) {
+    *qb = (int)(gridDim.x - 1 - blockIdx.x);
+    *h = (int)blockIdx.y;
+    *b = (int)blockIdx.z;
+    return;
+  }
+  const long long nqb = gridDim.x, heads = gridDim.y, pairs = heads * gridDim.z;
+  const long long lin = blockIdx.x + nqb * (blockIdx.y + heads * (long long)blockIdx.z);
+  const long long per = (long long)G * nqb;
+  const long long g = lin / per, w = lin - g * per;
+  const long long n = min((long long)G, pairs - g * G); /* the last group may be smaller */
+  const long long pair = g * G + w % n;
+  *qb = (int)(nqb - 1 - w / n);
+  *h = (int)(pair % heads);
+  *b = (int)(pair / heads);
+}
+
+/* G for a launch of `kernel` over `grid` (see above); 0 when the blocks are
+ * equally long (no right bound, or a left one too) or when the environment
+ * variable ATTN_CUDA_ORDER is "natural" (a benchmarking knob, read on each
+ * call so that a benchmark can compare both in one run). */
+template <typename K>
+static int attn_order_group(K kernel, int threads, size_t smem, dim3 grid, int sm_count,
+                            long long wl, long long wr) {
+  if (wr < 0 || wl >= 0 || grid.x < 2) return 0;
+  const char *e = getenv("ATTN_CUDA_ORDER");
+  if (e && !strcmp(e, "natural")) return 0;
+  int per_sm = 1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) !=
+          cudaSuccess ||
+      per_sm < 1) {
+    (void)cudaGetLastError();
+    per_sm = 1;
+  }
+  const long long slots = (long long)(sm_count > 0 ? sm_count : 1) * per_sm;
+  const long long pairs = (long long)grid.y * grid.z;
+  long long ng = pairs * grid.x / (4 * slots);
+  if (ng < 1) ng = 1;
+  return (int)((pairs + ng - 1) / ng);
+}
+
+#endif /* ATTN_CUDA_ORDER_CUH */
