@@ -9,6 +9,8 @@
 # BENCH_ARGS goes to cuda_bench.py bench (e.g. "--dtypes f32 --seqlens 4096,8192").
 # The golden and check steps also run every f32 forward variant
 # (ATTN_CUDA_GENERAL_VARIANT=lean|wide|duo); bench --variants times them.
+# SAN_VARIANTS lists the f32 variants racechecked besides the default (default
+# "base lean duo"; empty for none).
 # CUDA_ARCH sets CMAKE_CUDA_ARCHITECTURES (default 90-real: the H200 alone, to
 # build fast; the default build, sm_80 + sm_90 + PTX, is built in CI).
 set -u -o pipefail
@@ -95,7 +97,7 @@ if has sanitize && command -v compute-sanitizer >/dev/null && [ -d .device/golde
   done
   # racecheck of the f32 forward variants (their own barrier schedules), on
   # the golden cases with f32 d = 128 (gqa_causal) and d = 64 (varlen_causal).
-  for v in base lean duo; do
+  for v in ${SAN_VARIANTS-base lean duo}; do
     ATTN_CUDA_GENERAL_VARIANT=$v ATTN_BACKEND=cuda timeout 45 compute-sanitizer --tool racecheck \
       --error-exitcode 9 $ATTN check .device/golden/gqa_causal .device/golden/varlen_causal \
       >"$OUT/sanitize_racecheck_$v.txt" 2>&1

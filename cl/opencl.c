@@ -357,25 +357,31 @@ static size_t bwd_local_bytes(int hd, int bb) {
   return 4u * (4u * (size_t)bb * (hd + 4) + 2u * (size_t)bb * (bb + 1) + 2u * (size_t)bb);
 }
 
-/* Tile sizes from what the device reports. Defaults: 128 work-items of
- * TM x 4 scores and TM x HD/16 outputs each keep the two products' inner
- * loops at 5-16 FMAs per local-memory instruction (see fwd.cl), and fit
- * NVIDIA's 48 KiB of local memory per work-group at HD = 128 (36 KiB);
+/* Tile sizes from what the device reports. Defaults: 256 work-items of
+ * TM x 4 scores and TM x HD/16 outputs each (BR = 128 query rows, BC = 64
+ * keys), which keep the two products' inner loops at 10-16 FMAs per
+ * local-memory instruction (see fwd.cl) and fit NVIDIA's 48 KiB of local
+ * memory per work-group at HD = 128 (45 KiB, with V staged 8 rows at a
+ * time); devices with smaller work-groups get 128 work-items (BR = 64), and
  * HD > 128 halves TM to stay within the register file. Measured on an H200
- * (bench/NOTES_opencl.md), these beat BR 32/128, BC 32 and DK/JK 32 at
- * HD = 128 by 15-70 % and are within 1 % of the best at HD = 64. Smaller
- * local memories shrink the staging steps, then the key tile.
+ * (bench/NOTES_opencl.md, run 3), BR = 128 beat BR = 64 by 14 % at HD = 64
+ * and 19 % at HD = 128, and BC = 128 or DK = 32 at BR = 64 by 7-35 %.
+ * Smaller local memories shrink the staging steps, then the key tile.
+ *
+ * wide = 0 asks for the 128-work-item tiles (get_program's second try, where
+ * the compiled forward kernel cannot run 256 work-items).
  *
  * ATTN_CL_TILES=BR,TM,BC,DK,JK replaces the forward defaults, for tuning on
  * a new device (bench/opencl_h200.sh sweeps it); a value the kernel cannot
  * take is ignored. */
-static int choose_tiles(const cl_dev *dev, int hd, attn_program *p) {
+static int choose_tiles(const cl_dev *dev, int hd, int wide, attn_program *p) {
   size_t lmem = (size_t)dev->local_mem;
+  wide = wide && hd <= 128 && dev->max_wg >= 256;
   p->tm = hd > 128 ? 4 : 8;
-  p->br = 8 * p->tm;
+  p->br = (wide ? 16 : 8) * p->tm;
   p->bc = 64;
   p->dk = 16;
-  p->jk = 16;
+  p->jk = wide ? 8 : 16;
   const char *env = getenv("ATTN_CL_TILES");
   int br, tm, bc, dk, jk;
   if (env && sscanf(env, "%d,%d,%d,%d,%d", &br, &tm, &bc, &dk, &jk) == 5 && tm > 0 && tm % 4 == 0 &&
@@ -405,9 +411,11 @@ static int choose_tiles(const cl_dev *dev, int hd, attn_program *p) {
   return p->bb != 0 && dev->max_wg >= 128 && dev->max_wg >= (size_t)(16 * (p->br / p->tm));
 }
 
+static int build_program(attn_context *ctx, int dtype, int hd, int wide, int *retry,
+                         attn_program **out);
+
 static int get_program(attn_context *ctx, int dtype, int hd, attn_program **out) {
   cl_impl *im = impl_of(ctx);
-  const attn__cl_api *cl = im->cl;
   for (int i = 0; i < im->nprog; ++i) {
     attn_program *p = &im->progs[i];
     if (p->clctx == im->ctx && p->dtype == dtype && p->hd == hd) {
@@ -417,11 +425,24 @@ static int get_program(attn_context *ctx, int dtype, int hd, attn_program **out)
   }
   if (im->nprog == MAX_PROGRAMS)
     return attn__error(ctx, ATTN_EINTERNAL, "too many OpenCL program variants in one context");
+  int retry = 0;
+  int st = build_program(ctx, dtype, hd, 1, &retry, out);
+  if (st && retry) st = build_program(ctx, dtype, hd, 0, &retry, out);
+  return st;
+}
+
+/* get_program's build, with choose_tiles(wide). *retry is set when the
+ * compiled forward kernel cannot run the wide tiles' 256 work-items. */
+static int build_program(attn_context *ctx, int dtype, int hd, int wide, int *retry,
+                         attn_program **out) {
+  cl_impl *im = impl_of(ctx);
+  const attn__cl_api *cl = im->cl;
   attn_program p;
   memset(&p, 0, sizeof p);
   p.dtype = dtype;
   p.hd = hd;
-  if (!choose_tiles(im->dev, hd, &p))
+  *retry = 0;
+  if (!choose_tiles(im->dev, hd, wide, &p))
     return attn__error(ctx, ATTN_EUNSUPPORTED,
                        "the OpenCL device %s has too little local memory (%llu bytes) or too "
                        "small work-groups (%zu) for head_dim bucket %d",
@@ -450,6 +471,10 @@ static int get_program(attn_context *ctx, int dtype, int hd, attn_program **out)
     cl->clGetKernelWorkGroupInfo(*ks[i], im->dev->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
                                  NULL);
     const size_t need = i == 0 ? (size_t)(16 * (p.br / p.tm)) : i == 1 ? 64 : 128;
+    if (wg < need && i == 0 && need > 128 && wide) {
+      attn__debug("opencl: attn_fwd runs at most %zu work-items per group; retrying with 128", wg);
+      *retry = 1;
+    }
     if (wg < need)
       st = attn__error(ctx, ATTN_EUNSUPPORTED,
                        "OpenCL kernel %s runs at most %zu work-items per group on %s; it "
@@ -626,7 +651,7 @@ static int cl_supports(attn_context *ctx, const attn__problem *pb, int backward)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
                        "the OpenCL backend takes at most 65535 sequences and heads");
   attn_program p;
-  if (!choose_tiles(im->dev, hd_bucket(pb->head_dim), &p))
+  if (!choose_tiles(im->dev, hd_bucket(pb->head_dim), 0, &p))
     return attn__error(ctx, ATTN_EUNSUPPORTED,
                        "the OpenCL device %s has too little local memory or too small "
                        "work-groups for head_dim %lld",

@@ -99,7 +99,6 @@ static int want_variant(void) {
   if (!strcmp(e, "base")) return kFwdBase;
   if (!strcmp(e, "lean")) return kFwdLean;
   if (!strcmp(e, "duo")) return kFwdDuo;
-  if (!strcmp(e, "wide-noskip")) return kFwdWideNoSkip;
   return kFwdWide;
 }
 

@@ -88,71 +88,7 @@ __device__ __forceinline__ void load_rows32(float *sm, int ld, const float *g, l
   }
 }
 
-/* S = Q K^T for one key tile: thread (ty, tx) computes rows ty + NTY ii and
- * keys tx + 16 jj. DIAG: the tile whose first key is the first row's last
- * visible one (k0 = i0 + diag_off, the diagonal tile of a causal mask when
- * Br = Bc). Row group ii (rows 16 ii .. 16 ii + 15 of the tile) then sees no
- * key of group jj > ii, so those 28 of 64 dot products are left at 0, which
- * the mask turns into -inf as before: 44 % fewer FMAs on that tile. */
-template <bool DIAG, int DP, int MR, int MC, int NTY, int LD>
-__device__ __forceinline__ void f32_qk(float (&s)[MR][MC], const float *Qs, const float *Ks, int tx,
-                                       int ty) {
-#pragma unroll 2
-  for (int c = 0; c < DP; c += 4) {
-    float4 qv[MR], kv[MC];
-#pragma unroll
-    for (int ii = 0; ii < MR; ii++)
-      qv[ii] = *(const float4 *)&Qs[(ty + NTY * ii) * LD + c];
-#pragma unroll
-    for (int jj = 0; jj < MC; jj++)
-      kv[jj] = *(const float4 *)&Ks[(tx + 16 * jj) * LD + c];
-#pragma unroll
-    for (int ii = 0; ii < MR; ii++)
-#pragma unroll
-      for (int jj = 0; jj < MC; jj++) {
-        if (DIAG && jj > ii) continue;
-        s[ii][jj] = fmaf(qv[ii].x, kv[jj].x, s[ii][jj]);
-        s[ii][jj] = fmaf(qv[ii].y, kv[jj].y, s[ii][jj]);
-        s[ii][jj] = fmaf(qv[ii].z, kv[jj].z, s[ii][jj]);
-        s[ii][jj] = fmaf(qv[ii].w, kv[jj].w, s[ii][jj]);
-      }
-  }
-}
-
-/* O += P V for one key tile; DIAG as in f32_qk: key group j / 16 has p = 0
- * in the row groups before it, which are skipped. */
-template <bool DIAG, int DP, int MR, int NTY, int Bc, int LD, int LDP>
-__device__ __forceinline__ void f32_pv(float2 (&o)[MR][DP / 32], const float *Ps, const float *Vs,
-                                       int tx, int ty) {
-  constexpr int NG = DP / 32;
-#pragma unroll 2
-  for (int j = 0; j < Bc; j += 4) {
-    const int jg = j >> 4;
-    float4 pv[MR];
-#pragma unroll
-    for (int ii = 0; ii < MR; ii++)
-      if (!DIAG || ii >= jg) pv[ii] = *(const float4 *)&Ps[(ty + NTY * ii) * LDP + j];
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      float2 vv[NG];
-#pragma unroll
-      for (int g = 0; g < NG; g++)
-        vv[g] = *(const float2 *)&Vs[(j + q) * LD + tx * 2 + 32 * g];
-#pragma unroll
-      for (int ii = 0; ii < MR; ii++) {
-        if (DIAG && ii < jg) continue;
-        const float p = q == 0 ? pv[ii].x : q == 1 ? pv[ii].y : q == 2 ? pv[ii].z : pv[ii].w;
-#pragma unroll
-        for (int g = 0; g < NG; g++) {
-          o[ii][g].x = fmaf(p, vv[g].x, o[ii][g].x);
-          o[ii][g].y = fmaf(p, vv[g].y, o[ii][g].y);
-        }
-      }
-    }
-  }
-}
-
-template <int DP, int MR, int MC, int NTY, bool ALIAS, bool SKIP>
+template <int DP, int MR, int MC, int NTY, bool ALIAS>
 __global__ void __launch_bounds__(16 * NTY, (f32v_cfg<DP, MR, MC, NTY, ALIAS>::minb))
     fwd32_kernel(const gparams P) {
   using C = f32v_cfg<DP, MR, MC, NTY, ALIAS>;
@@ -187,11 +123,6 @@ __global__ void __launch_bounds__(16 * NTY, (f32v_cfg<DP, MR, MC, NTY, ALIAS>::m
   const float slope = P.alibi ? P.alibi[h] : 0.f;
   const bool plain = P.softcap == 0.f && P.alibi == nullptr;
   const bool fast = plain && P.scale > 0.f;
-  /* The diagonal tile's skip (f32_qk): rows and keys in groups of 16, which
-   * needs Br = Bc and the rows ty + 16 ii. diag_off: row i sees keys up to
-   * i + diag_off. */
-  constexpr bool kDiag = SKIP && Br == Bc && NTY == 16;
-  const long long diag_off = P.wr < 0 ? (long long)1 << 62 : S.nk - S.nq + P.wr;
 
   float m_i[MR], l_i[MR]; /* l_i: this thread's share of the row sum */
   float2 o[MR][NG];
@@ -237,11 +168,25 @@ __global__ void __launch_bounds__(16 * NTY, (f32v_cfg<DP, MR, MC, NTY, ALIAS>::m
 #pragma unroll
       for (int jj = 0; jj < MC; jj++)
         s[ii][jj] = 0.f;
-    const bool diag = kDiag && k0 == i0 + diag_off;
-    if (diag)
-      f32_qk<true, DP, MR, MC, NTY, LD>(s, Qs, Ks, tx, ty);
-    else
-      f32_qk<false, DP, MR, MC, NTY, LD>(s, Qs, Ks, tx, ty);
+#pragma unroll 2
+    for (int c = 0; c < DP; c += 4) {
+      float4 qv[MR], kv[MC];
+#pragma unroll
+      for (int ii = 0; ii < MR; ii++)
+        qv[ii] = *(const float4 *)&Qs[(ty + NTY * ii) * LD + c];
+#pragma unroll
+      for (int jj = 0; jj < MC; jj++)
+        kv[jj] = *(const float4 *)&Ks[(tx + 16 * jj) * LD + c];
+#pragma unroll
+      for (int ii = 0; ii < MR; ii++)
+#pragma unroll
+        for (int jj = 0; jj < MC; jj++) {
+          s[ii][jj] = fmaf(qv[ii].x, kv[jj].x, s[ii][jj]);
+          s[ii][jj] = fmaf(qv[ii].y, kv[jj].y, s[ii][jj]);
+          s[ii][jj] = fmaf(qv[ii].z, kv[jj].z, s[ii][jj]);
+          s[ii][jj] = fmaf(qv[ii].w, kv[jj].w, s[ii][jj]);
+        }
+    }
     if (ALIAS) {
       cp_async_wait<0>(); /* V_t */
       __syncthreads();    /* V_t visible; everyone is done with K_t: P goes there */
@@ -303,10 +248,29 @@ __global__ void __launch_bounds__(16 * NTY, (f32v_cfg<DP, MR, MC, NTY, ALIAS>::m
     }
 
     /* O += P V */
-    if (diag)
-      f32_pv<true, DP, MR, NTY, Bc, LD, LDP>(o, Ps, Vs, tx, ty);
-    else
-      f32_pv<false, DP, MR, NTY, Bc, LD, LDP>(o, Ps, Vs, tx, ty);
+#pragma unroll 2
+    for (int j = 0; j < Bc; j += 4) {
+      float4 pv[MR];
+#pragma unroll
+      for (int ii = 0; ii < MR; ii++)
+        pv[ii] = *(const float4 *)&Ps[(ty + NTY * ii) * LDP + j];
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        float2 vv[NG];
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+          vv[g] = *(const float2 *)&Vs[(j + q) * LD + tx * 2 + 32 * g];
+#pragma unroll
+        for (int ii = 0; ii < MR; ii++) {
+          const float p = q == 0 ? pv[ii].x : q == 1 ? pv[ii].y : q == 2 ? pv[ii].z : pv[ii].w;
+#pragma unroll
+          for (int g = 0; g < NG; g++) {
+            o[ii][g].x = fmaf(p, vv[g].x, o[ii][g].x);
+            o[ii][g].y = fmaf(p, vv[g].y, o[ii][g].y);
+          }
+        }
+      }
+    }
     if (ALIAS) {
       __syncthreads(); /* everyone is done with P (in K's tile) and V_t */
       /* K_{t+1} and V_{t+1} in two groups: the next Q K^T waits for K only. */
@@ -345,14 +309,14 @@ __global__ void __launch_bounds__(16 * NTY, (f32v_cfg<DP, MR, MC, NTY, ALIAS>::m
   }
 }
 
-template <int DP, int MR, int MC, int NTY, bool ALIAS, bool SKIP = true>
+template <int DP, int MR, int MC, int NTY, bool ALIAS>
 static int try_fwd32(const attn__cuda_launch *L, const gparams &P) {
   using Cf = f32v_cfg<DP, MR, MC, NTY, ALIAS>;
   if (Cf::smem > L->smem_optin) return ATTN_EUNSUPPORTED;
   const attn__problem *pb = L->pb;
   dim3 grid((unsigned)((pb->seqlen_q + Cf::Br - 1) / Cf::Br), (unsigned)pb->heads_q,
             (unsigned)pb->batch);
-  auto kernel = fwd32_kernel<DP, MR, MC, NTY, ALIAS, SKIP>;
+  auto kernel = fwd32_kernel<DP, MR, MC, NTY, ALIAS>;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return ATTN_OK;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Cf::smem) !=
       cudaSuccess)
@@ -381,9 +345,6 @@ int launch_forward_f32_variant(const attn__cuda_launch *L, const gparams &P, int
                       : try_fwd32<128, 8, 4, 16, false>(L, P);
     case kFwdWide:
       return dp == 64 ? try_fwd32<64, 8, 8, 16, false>(L, P) : try_fwd32<128, 8, 8, 16, true>(L, P);
-    case kFwdWideNoSkip:
-      return dp == 64 ? try_fwd32<64, 8, 8, 16, false, false>(L, P)
-                      : try_fwd32<128, 8, 8, 16, true, false>(L, P);
     case kFwdDuo:
       return dp == 64 ? try_fwd32<64, 8, 4, 8, false>(L, P) : try_fwd32<128, 8, 4, 8, true>(L, P);
   }
