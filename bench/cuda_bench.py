@@ -28,7 +28,7 @@ ATTN_F32, ATTN_F16, ATTN_BF16 = 0, 1, 2
 # The f32 forward's tuning variants (cuda/general_fwd32.cuh) and the head dims
 # where each has kernels of its own (elsewhere it is the default kernel).
 VARIANT_ENV = "ATTN_CUDA_GENERAL_VARIANT"
-F32_VARIANTS = ["base", "lean", "duo"]
+F32_VARIANTS = ["base"]
 F32_VARIANT_DIMS = (64, 128)
 CAUSAL, DETERMINISTIC, NONDETERMINISTIC, ALLOW_TF32, ASYNC = 0x1, 0x2, 0x4, 0x8, 0x10
 DT = {torch.float32: ATTN_F32, torch.float16: ATTN_F16, torch.bfloat16: ATTN_BF16}

@@ -7,10 +7,10 @@
 #
 # STEPS picks what runs (default all): build info golden ctest sanitize check bench.
 # BENCH_ARGS goes to cuda_bench.py bench (e.g. "--dtypes f32 --seqlens 4096,8192").
-# The golden and check steps also run every f32 forward variant
-# (ATTN_CUDA_GENERAL_VARIANT=lean|wide|duo); bench --variants times them.
+# The golden and check steps also run the f32 forward on the base kernel
+# (ATTN_CUDA_GENERAL_VARIANT=base); bench --variants times it.
 # SAN_VARIANTS lists the f32 variants racechecked besides the default (default
-# "base lean duo"; empty for none).
+# "base"; empty for none).
 # CUDA_ARCH sets CMAKE_CUDA_ARCHITECTURES (default 90-real: the H200 alone, to
 # build fast; the default build, sm_80 + sm_90 + PTX, is built in CI).
 set -u -o pipefail
@@ -72,7 +72,7 @@ if has golden && [ -d .device/golden ]; then
   grep -E "FAIL|cannot" "$OUT/golden.txt" | head -20
   tail -3 "$OUT/golden.txt"
   # The f32 forward variants (cuda/general_fwd32.cuh) on the same cases.
-  for v in base lean duo; do
+  for v in base; do
     ATTN_CUDA_GENERAL_VARIANT=$v ATTN_BACKEND=cuda $ATTN check .device/golden >"$OUT/golden_$v.txt" 2>&1 \
       || result[golden]="FAIL (variant $v: see golden_$v.txt)"
     echo "golden variant $v: $(grep -cE "FAIL" "$OUT/golden_$v.txt") FAIL lines; $(tail -1 "$OUT/golden_$v.txt")"
@@ -97,7 +97,7 @@ if has sanitize && command -v compute-sanitizer >/dev/null && [ -d .device/golde
   done
   # racecheck of the f32 forward variants (their own barrier schedules), on
   # the golden cases with f32 d = 128 (gqa_causal) and d = 64 (varlen_causal).
-  for v in ${SAN_VARIANTS-base lean duo}; do
+  for v in ${SAN_VARIANTS-base}; do
     ATTN_CUDA_GENERAL_VARIANT=$v ATTN_BACKEND=cuda timeout 45 compute-sanitizer --tool racecheck \
       --error-exitcode 9 $ATTN check .device/golden/gqa_causal .device/golden/varlen_causal \
       >"$OUT/sanitize_racecheck_$v.txt" 2>&1

@@ -9,9 +9,9 @@
 #                                                    tile sweep, no suite)
 #   or            bash bench/opencl_h200.sh tune    (golden, tile sweep, 4k benchmark
 #                                                    with the best tiles; no suite)
-# SWEEP="BR,TM,BC,DK,JK ..." replaces the tile sweep's list. The NVIDIA driver's
-# program binaries (PTX) in the cache also go through ptxas -v: registers and
-# spills of each kernel, in $OUT/ptxas.txt.
+#   or            bash bench/opencl_h200.sh suite   (golden + the suite only)
+# SWEEP="BR,TM,BC,DK,JK ..." replaces the tile sweep's list; BENCH_DEFAULTS=1 benchmarks
+# the default tiles instead of the sweep's best.
 #
 # Logs go to $OUT (the device tool brings them back). Results: bench/NOTES_opencl.md.
 set -u -o pipefail
@@ -44,10 +44,10 @@ echo "golden rc=$?: $(tail -1 "$OUT/golden.txt")"
 stamp sweep
 best64="" best128="" b64=0 b128=0
 sweep=${SWEEP:-64,8,64,16,16 64,8,128,16,16 64,8,128,16,8 128,8,64,16,8 32,4,128,16,16 64,8,64,32,16}
-[ "$MODE" = quick ] && sweep=""
+[ "$MODE" = quick ] || [ "$MODE" = suite ] && sweep=""
 for t in $sweep; do
   for d in 64 128; do
-    g=$(ATTN_CL_CACHE_DIR=$PWD/$B/cl-sweep/$t-d$d ATTN_CL_TILES=$t timeout 60 $A run --backend opencl --batch 4 --seqlen 4096 \
+    g=$(ATTN_CL_TILES=$t timeout 60 $A run --backend opencl --batch 4 --seqlen 4096 \
       --heads $((2048 / d)) --dim $d --repeat 5 --no-check 2>&1 |
       sed -n 's/.*forward .* \([0-9.]*\) GFLOP\/s.*/\1/p')
     echo "tiles $t d $d fwd ${g:-fail} GFLOP/s" | tee -a "$OUT/sweep.txt"
@@ -59,21 +59,15 @@ done
 echo "best d=64: $best64 ($b64), d=128: $best128 ($b128)" | tee -a "$OUT/sweep.txt"
 
 stamp bench
+# BENCH_DEFAULTS=1: the table with the library's default tiles, the sweep only reported.
+[ "${BENCH_DEFAULTS:-0}" = 1 ] && best64="" best128=""
 sizes=1024,4096,16384
 [ "$MODE" = full ] || sizes=4096
-python3 bench/opencl_bench.py --gpu --attn $A --log "$OUT/bench.log" --sizes $sizes \
+[ "$MODE" = suite ] || python3 bench/opencl_bench.py --gpu --attn $A --log "$OUT/bench.log" --sizes $sizes \
   --tiles64 "$best64" --tiles128 "$best128" >"$OUT/bench.txt" 2>&1
 
-stamp ptxas
-for f in $B/cl-sweep/*/* "$ATTN_CL_CACHE_DIR"/*; do
-  head -c 4096 "$f" 2>/dev/null | grep -q "^\.version" || continue
-  echo "== $f"
-  ptxas -arch=sm_90 -v "$f" -o /dev/null 2>&1 | grep -E "Compiling|Used|spill"
-done >"$OUT/ptxas.txt" 2>&1
-grep -A2 "attn_fwd" "$OUT/ptxas.txt" | grep -E "Used|spill" | head -30
-
 stamp suite
-[ "$MODE" = full ] || (cd $B && timeout 60 ctest -R "_opencl|opencl_without" -j4 --output-on-failure \
+[ "$MODE" = full ] || [ "$MODE" = suite ] && (cd $B && timeout 60 ctest -R "_opencl|opencl_without" -j4 --output-on-failure \
   >"$OUT/suite.txt" 2>&1)
 grep -E "tests passed|Failed|Passed|Skipped|Timeout" "$OUT/suite.txt" | tail -12
 

@@ -77,6 +77,19 @@ inline void load_qk(float *qreg, float *kreg, __global const T *qp, long4 qs, __
   }
 }
 
+/* An item's TM rows of one column of a column-major local tile (Q or P),
+ * from p[0 .. TM/4 - 1]. */
+inline void load_rows(float *a, __local const float4 *p) {
+#pragma unroll
+  for (int u = 0; u < TM / 4; ++u) {
+    const float4 t4 = p[u];
+    a[4 * u + 0] = t4.s0;
+    a[4 * u + 1] = t4.s1;
+    a[4 * u + 2] = t4.s2;
+    a[4 * u + 3] = t4.s3;
+  }
+}
+
 /* The next V chunk (keys jv .. jv+JK-1, all columns) into registers. */
 inline void load_v(float *vreg, __global const T *vp, long4 vs, int jv, int lid, int nk, int d) {
 #pragma unroll
@@ -173,14 +186,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) {
           float a[TM];
-#pragma unroll
-          for (int u = 0; u < TM / 4; ++u) {
-            float4 t4 = Qs4[((c4 + cc) * QSTR + ty * TM) / 4 + u];
-            a[4 * u + 0] = t4.s0;
-            a[4 * u + 1] = t4.s1;
-            a[4 * u + 2] = t4.s2;
-            a[4 * u + 3] = t4.s3;
-          }
+          load_rows(a, Qs4 + ((c4 + cc) * QSTR + ty * TM) / 4);
 #pragma unroll
           for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -258,14 +264,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
 #pragma unroll
       for (int jr = 0; jr < JK; ++jr) {
         float a[TM], vb[TD];
-#pragma unroll
-        for (int u = 0; u < TM / 4; ++u) {
-          float4 t4 = Ps4[((jj + jr) * PSTR + ty * TM) / 4 + u];
-          a[4 * u + 0] = t4.s0;
-          a[4 * u + 1] = t4.s1;
-          a[4 * u + 2] = t4.s2;
-          a[4 * u + 3] = t4.s3;
-        }
+        load_rows(a, Ps4 + ((jj + jr) * PSTR + ty * TM) / 4);
 #if VV
 #pragma unroll
         for (int g = 0; g < TD / 4; ++g) {

@@ -87,19 +87,15 @@ static int want_mr(void) {
   return e ? atoi(e) : 0;
 }
 
-/* ATTN_CUDA_GENERAL_VARIANT=base|lean|wide|duo picks the f32 forward's
- * kernel (general_fwd32.cuh) where the variant applies (padded d 64 or 128,
- * float4 rows). Unset, or any other value, is "wide": the fastest on the
- * H200 (bench/NOTES_cuda.md, run 3: 0.87-0.89x float32 SDPA at d = 64,
- * 0.77-0.81x at d = 128, against 0.67-0.74x for base). Read on each call,
- * not once, so that a benchmark can switch it between calls. */
-static int want_variant(void) {
+/* ATTN_CUDA_GENERAL_VARIANT=base runs the f32 forward on fwd_kernel instead
+ * of the wide kernel (general_fwd32.cuh), for benchmarking; unset, or any
+ * other value, is the wide kernel where it applies (padded d 64 or 128,
+ * float4 rows): the faster on the H200 (bench/NOTES_cuda.md: 0.80-0.89x
+ * float32 SDPA, against 0.67-0.74x for base). Read on each call, not once,
+ * so that a benchmark can switch it between calls. */
+static int want_base(void) {
   const char *e = getenv("ATTN_CUDA_GENERAL_VARIANT");
-  if (!e) return kFwdWide;
-  if (!strcmp(e, "base")) return kFwdBase;
-  if (!strcmp(e, "lean")) return kFwdLean;
-  if (!strcmp(e, "duo")) return kFwdDuo;
-  return kFwdWide;
+  return e && !strcmp(e, "base");
 }
 
 extern "C" size_t attn__cuda_general_workspace(const attn__problem *pb, int backward) {
@@ -117,9 +113,8 @@ extern "C" int attn__cuda_general_forward(const attn__cuda_launch *L) {
   const int mr = want_mr();
   switch (pb->dtype) {
     case ATTN_F32: {
-      const int v = want_variant();
-      if (v != kFwdBase) {
-        const int st = launch_forward_f32_variant(L, P, v);
+      if (!want_base()) {
+        const int st = launch_forward_f32_wide(L, P);
         if (st != ATTN_EUNSUPPORTED) return st;
       }
       return launch_forward<float>(L, P, mr);

@@ -898,11 +898,9 @@ int launch_forward(const attn__cuda_launch *L, const gparams &P, int want_mr) {
   return st;
 }
 
-/* The f32 forward's tuning variants (general_fwd32.cuh, instantiated in
- * general_f32.cu), picked by ATTN_CUDA_GENERAL_VARIANT; kFwdBase is
- * fwd_kernel above. */
-enum { kFwdBase = 0, kFwdLean = 1, kFwdWide = 2, kFwdDuo = 3 };
-int launch_forward_f32_variant(const attn__cuda_launch *L, const gparams &P, int v);
+/* The f32 forward's wide kernel (general_fwd32.cuh, instantiated in
+ * general_f32.cu). */
+int launch_forward_f32_wide(const attn__cuda_launch *L, const gparams &P);
 
 template <typename T, int DP, int M>
 static int try_bwd(const attn__cuda_launch *L, const gparams &P) {

@@ -1,5 +1,5 @@
 /* The general kernels (general.cuh) instantiated for f32 storage, and the
- * f32 forward's tuning variants (general_fwd32.cuh). */
+ * f32 forward's wide kernel (general_fwd32.cuh). */
 #include "general.cuh"
 #include "general_fwd32.cuh"
 

@@ -1,5 +1,5 @@
 /*
- * Forward pass, true fp32 (FFMA), tuning variants of general.cuh's fwd_kernel
+ * Forward pass, true fp32 (FFMA), the fast form of general.cuh's fwd_kernel
  * for the common head dims (padded 64 and 128) with 16-byte-aligned rows.
  * Same algorithm and numbers as fwd_kernel (one block per query block,
  * S = Q K^T, online softmax in registers, O += P V, lse = m + log(l)); what
@@ -16,18 +16,17 @@
  *     scaled scores bit for bit) and p = ex2((fmaf(acc, scale, -m)) * log2 e):
  *     s - m rounded once, in natural units, as in the backward pass.
  *
- * Variants (ATTN_CUDA_GENERAL_VARIANT, see general.cu):
- *   lean  256 threads, 8 x 4 scores a thread (Br = 128, Bc = 64), 1 block/SM;
- *   wide  8 x 8 scores a thread (Br = 128, Bc = 128): a third fewer shared
- *         loads in Q K^T, half the softmax reductions and barriers per FMA;
- *         at d = 128 P lives in the K tile (Q, K, V = 203 KB), so K_{t+1} and
- *         V_{t+1} are fetched after P V: K's latency is exposed (~3% of a
- *         tile's time), V's is hidden by Q K^T;
- *   duo   128 threads, 8 x 4 (Br = 64, Bc = 64), two blocks a multiprocessor
- *         so that one block's barriers and softmax overlap the other's FMAs;
- *         at d = 128 P lives in the K tile (two 101 KB blocks fit in 227 KB),
- *         so K_{t+1} and V_{t+1} are fetched after P V: K's latency is hidden
- *         by the other block only, V's by Q K^T.
+ * The kernel computes 8 x 8 scores a thread (Br = Bc = 128, 256 threads):
+ * a third fewer shared loads in Q K^T than 8 x 4, half the softmax
+ * reductions and barriers per FMA. At d = 128 Q, K and V take 203 KB, so P
+ * is written into the K tile (ALIAS) and K_{t+1}, V_{t+1} are fetched after
+ * P V: K's latency is exposed (~3 % of a tile's time), V's is hidden by
+ * Q K^T. Against it on the H200 (bench/NOTES_cuda.md, "f32 forward
+ * variants"): 8 x 4 with Br = 128 and with two blocks of Br = 64 a
+ * multiprocessor ran 4-12 % slower, and skipping the masked part of the
+ * causal diagonal tile cost 2-3 % everywhere (register pressure); none is
+ * kept. ATTN_CUDA_GENERAL_VARIANT=base runs general.cuh's fwd_kernel instead,
+ * for comparison.
  */
 #ifndef ATTN_CUDA_GENERAL_FWD32_CUH
 #define ATTN_CUDA_GENERAL_FWD32_CUH
@@ -53,7 +52,6 @@ struct f32v_cfg {
       sizeof(float) * ((size_t)Br * LD + 2 * (size_t)Bc * LD + (ALIAS ? 0 : (size_t)Br * LDP));
   static_assert(!ALIAS || Br * LDP <= Bc * LD, "P must fit in the K tile");
   static_assert(NT % (DP / 4) == 0, "a thread keeps one column chunk");
-  static constexpr int minb = NT == 128 ? 2 : 1;
 };
 
 /* ROWS rows of DP floats (row 0 at g, row stride ss elements) into sm[ROWS][ld]
@@ -89,8 +87,7 @@ __device__ __forceinline__ void load_rows32(float *sm, int ld, const float *g, l
 }
 
 template <int DP, int MR, int MC, int NTY, bool ALIAS>
-__global__ void __launch_bounds__(16 * NTY, (f32v_cfg<DP, MR, MC, NTY, ALIAS>::minb))
-    fwd32_kernel(const gparams P) {
+__global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
   using C = f32v_cfg<DP, MR, MC, NTY, ALIAS>;
   constexpr int NT = C::NT, Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP, NG = DP / 32;
   extern __shared__ float4 smem4[];
@@ -321,33 +318,20 @@ static int try_fwd32(const attn__cuda_launch *L, const gparams &P) {
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Cf::smem) !=
       cudaSuccess)
     return ATTN_EDEVICE;
-  /* duo needs two blocks' shared memory on one SM: ask for the largest
-   * carveout (a hint; the default may settle for one block's worth). */
-  if (Cf::minb > 1 && cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                           (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess)
-    (void)cudaGetLastError();
   gparams Pl = P;
   Pl.order = attn_order_group(kernel, Cf::NT, Cf::smem, grid, L->sm_count, P.wl, P.wr);
   kernel<<<grid, Cf::NT, Cf::smem, L->stream>>>(Pl);
   return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 
-/* The f32 forward under variant v (kFwdLean, kFwdWide, kFwdDuo);
- * ATTN_EUNSUPPORTED where the variant does not apply (the caller then runs
- * launch_forward<float>). Needs rows of q, k, v that load as float4. */
-int launch_forward_f32_variant(const attn__cuda_launch *L, const gparams &P, int v) {
+/* The f32 forward's wide kernel; ATTN_EUNSUPPORTED where it does not apply
+ * (the caller then runs launch_forward<float>). Needs rows of q, k, v that
+ * load as float4 and a padded head dim of 64 or 128. */
+int launch_forward_f32_wide(const attn__cuda_launch *L, const gparams &P) {
   if (!P.q.vec || !P.k.vec || !P.v.vec) return ATTN_EUNSUPPORTED;
   const int dp = pad_dim(P.d);
-  if (dp != 64 && dp != 128) return ATTN_EUNSUPPORTED;
-  switch (v) {
-    case kFwdLean:
-      return dp == 64 ? try_fwd32<64, 8, 4, 16, false>(L, P)
-                      : try_fwd32<128, 8, 4, 16, false>(L, P);
-    case kFwdWide:
-      return dp == 64 ? try_fwd32<64, 8, 8, 16, false>(L, P) : try_fwd32<128, 8, 8, 16, true>(L, P);
-    case kFwdDuo:
-      return dp == 64 ? try_fwd32<64, 8, 4, 8, false>(L, P) : try_fwd32<128, 8, 4, 8, true>(L, P);
-  }
+  if (dp == 64) return try_fwd32<64, 8, 8, 16, false>(L, P);
+  if (dp == 128) return try_fwd32<128, 8, 8, 16, true>(L, P);
   return ATTN_EUNSUPPORTED;
 }
 
