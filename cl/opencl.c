@@ -362,7 +362,9 @@ static size_t bwd_local_bytes(int hd, int bb) {
  * keys), which keep the two products' inner loops at 10-16 FMAs per
  * local-memory instruction (see fwd.cl) and fit NVIDIA's 48 KiB of local
  * memory per work-group at HD = 128 (45 KiB, with V staged 8 rows at a
- * time); devices with smaller work-groups get 128 work-items (BR = 64), and
+ * time); CPU devices and devices with smaller work-groups get 128
+ * work-items (BR = 64: PoCL runs a work-group as loops over its items, and
+ * PoCL 5.0's compiler aborts on the 256-item program), and
  * HD > 128 halves TM to stay within the register file. Measured on an H200
  * (bench/NOTES_opencl.md, run 3), BR = 128 beat BR = 64 by 14 % at HD = 64
  * and 19 % at HD = 128, and BC = 128 or DK = 32 at BR = 64 by 7-35 %.
@@ -376,7 +378,7 @@ static size_t bwd_local_bytes(int hd, int bb) {
  * take is ignored. */
 static int choose_tiles(const cl_dev *dev, int hd, int wide, attn_program *p) {
   size_t lmem = (size_t)dev->local_mem;
-  wide = wide && hd <= 128 && dev->max_wg >= 256;
+  wide = wide && hd <= 128 && dev->max_wg >= 256 && dev->info.is_gpu;
   p->tm = hd > 128 ? 4 : 8;
   p->br = (wide ? 16 : 8) * p->tm;
   p->bc = 64;
