@@ -67,7 +67,7 @@ sizes=1024,4096,16384
   --tiles64 "$best64" --tiles128 "$best128" >"$OUT/bench.txt" 2>&1
 
 stamp suite
-[ "$MODE" = full ] || [ "$MODE" = suite ] && (cd $B && timeout 60 ctest -R "_opencl|opencl_without" -j4 --output-on-failure \
+[ "$MODE" = full ] || [ "$MODE" = suite ] && (cd $B && timeout 240 ctest -R "_opencl|opencl_without" -j4 --output-on-failure \
   >"$OUT/suite.txt" 2>&1)
 grep -E "tests passed|Failed|Passed|Skipped|Timeout" "$OUT/suite.txt" | tail -12
 
