@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <threads.h>
 
 /* Preference order for "auto"; the CPU is last and always present. */
 static const attn__backend *const registry[] = {
@@ -37,23 +38,34 @@ int attn_backend_compiled(attn_backend backend) {
   return attn__backend_find(backend) != NULL;
 }
 
-/* The reason a backend has no device, per kind. Written by probes. */
+/* Device counts and the reason a backend has none, per kind: probed once
+ * for the process (each backend's own probe runs once too), so that threads
+ * asking at the same time read finished text. */
+static int device_counts[4];
 static char unavailable_why[4][512];
+static once_flag probe_once = ONCE_FLAG_INIT;
+
+static void probe_all(void) {
+  for (int kind = 0; kind < 4; kind++) {
+    const attn__backend *b = attn__backend_find((attn_backend)kind);
+    if (!b) {
+      snprintf(unavailable_why[kind], sizeof unavailable_why[kind],
+               "attn was built without the %s backend", attn_backend_name((attn_backend)kind));
+      continue;
+    }
+    char why[512] = "";
+    int n = b->device_count(why, sizeof why);
+    if (n < 0) n = 0;
+    if (n == 0 && !why[0]) snprintf(why, sizeof why, "no %s device was found", b->name);
+    snprintf(unavailable_why[kind], sizeof unavailable_why[kind], "%s", n > 0 ? "" : why);
+    device_counts[kind] = n;
+  }
+}
 
 int attn_device_count(attn_backend backend) {
   if ((unsigned)backend >= 4) return 0;
-  const attn__backend *b = attn__backend_find(backend);
-  if (!b) {
-    snprintf(unavailable_why[backend], sizeof unavailable_why[backend],
-             "attn was built without the %s backend", attn_backend_name(backend));
-    return 0;
-  }
-  char why[512] = "";
-  int n = b->device_count(why, sizeof why);
-  if (n < 0) n = 0;
-  if (n == 0 && !why[0]) snprintf(why, sizeof why, "no %s device was found", b->name);
-  snprintf(unavailable_why[backend], sizeof unavailable_why[backend], "%s", n > 0 ? "" : why);
-  return n;
+  call_once(&probe_once, probe_all);
+  return device_counts[backend];
 }
 
 const char *attn_backend_unavailable_reason(attn_backend backend) {

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <threads.h>
 
 static const attn_backend gpu_kinds[2] = {ATTN_BACKEND_OPENCL, ATTN_BACKEND_CUDA};
 
@@ -43,6 +44,39 @@ static attn_context *create(const char *spec, int status) {
 /* ---------------------------------------------------------------------- */
 /* Backend-independent                                                      */
 /* ---------------------------------------------------------------------- */
+
+/* What one thread saw of the device queries, per backend kind. */
+typedef struct {
+  int count[4];
+  char why[4][512];
+} seen_devices;
+
+static int query_devices(void *arg) {
+  seen_devices *s = arg;
+  for (int k = 0; k < 4; k++) {
+    s->count[k] = attn_device_count((attn_backend)k);
+    snprintf(s->why[k], sizeof s->why[k], "%s", attn_backend_unavailable_reason((attn_backend)k));
+  }
+  return 0;
+}
+
+/* First in its process, so that the threads race for the first probe. */
+static void threads_asking_at_once_get_the_same_answers(at_backend *b) {
+  (void)b;
+  enum { N = 8 };
+  seen_devices seen[N], mine;
+  thrd_t t[N];
+  for (int i = 0; i < N; i++)
+    assert_int_equal(thrd_create(&t[i], query_devices, &seen[i]), thrd_success);
+  for (int i = 0; i < N; i++)
+    assert_int_equal(thrd_join(t[i], NULL), thrd_success);
+  query_devices(&mine);
+  for (int i = 0; i < N; i++)
+    for (int k = 1; k < 4; k++) {
+      assert_int_equal(seen[i].count[k], mine.count[k]);
+      assert_string_equal(seen[i].why[k], mine.why[k]);
+    }
+}
 
 static void cpu_is_always_built_with_exactly_one_device(at_backend *b) {
   (void)b;
@@ -266,6 +300,7 @@ static void every_device_describes_itself(at_backend *b) {
 
 int main(int argc, char **argv) {
   const at_test common[] = {
+      AT_TEST(threads_asking_at_once_get_the_same_answers),
       AT_TEST(cpu_is_always_built_with_exactly_one_device),
       AT_TEST(backend_names_are_the_spec_words),
       AT_TEST(status_names_and_messages_come_from_one_table),
