@@ -45,14 +45,13 @@
 /* Staging goes through registers: each item loads its share of the next
  * chunk (Q and K columns, or V rows) from global memory before the current
  * chunk is multiplied, so the loads' latency hides behind the FMAs, and
- * stores it to local memory after the next barrier. Items load 4 adjacent
- * columns of a row at a time (one vector load where the head dimension is
- * contiguous): vector e of a chunk is row e / (cols / 4), columns
- * 4 (e % (cols / 4)) .. + 3. */
-#define DK4 (DK / 4)
-#define QPT4 ((DK4 * BR + NT - 1) / NT) /* float4s of a Q chunk per item */
-#define KPT4 ((DK4 * BC + NT - 1) / NT)
-#define VPT4 ((JK * HD / 4 + NT - 1) / NT)
+ * stores it to local memory after the next barrier. An item stages column
+ * sc of rows sr, sr + RS, ... of a Q/K chunk. The host keeps DK dividing NT
+ * and DK*BR, DK*BC multiples of NT. */
+#define QPT (DK * BR / NT)
+#define KPT (DK * BC / NT)
+#define VPT ((JK * HD + NT - 1) / NT)
+#define RS (NT / DK)
 
 /* Output column n of work-item tx. */
 #if VV
@@ -61,56 +60,20 @@
 #define OCOL(tx, n) ((tx) + TX * (n))
 #endif
 
-/* Columns col .. col+3 of row `row` of an operand as floats, zero past n
- * rows or d columns. */
-inline float4 load_cols4(__global const T *p, long4 s, int row, int col, int n, int d) {
-  float4 x = (float4)(0.0f);
-  if (row >= n || col >= d) return x;
-  __global const T *e = p + row * s.s1 + col * s.s3;
-  if (s.s3 == 1 && col + 4 <= d) return LOAD4(e);
-  x.s0 = LOAD(e, 0);
-  if (col + 1 < d) x.s1 = LOAD(e, s.s3);
-  if (col + 2 < d) x.s2 = LOAD(e, 2 * s.s3);
-  if (col + 3 < d) x.s3 = LOAD(e, 3 * s.s3);
-  return x;
-}
-
 /* The next Q and K chunk (columns c0.. of query rows r0.. and keys j0..)
- * into registers. */
-inline void load_qk(float4 *qreg, float4 *kreg, __global const T *qp, long4 qs,
-                    __global const T *kp, long4 ks, int r0, int j0, int c0, int lid, int nq, int nk,
-                    int d) {
+ * into registers, zero past the ends. */
+inline void load_qk(float *qreg, float *kreg, __global const T *qp, long4 qs, __global const T *kp,
+                    long4 ks, int r0, int j0, int c0, int sc, int sr, int nq, int nk, int d) {
+  const int cc = c0 + sc;
 #pragma unroll
-  for (int u = 0; u < QPT4; ++u) {
-    const int e = lid + u * NT;
-    if (QPT4 * NT == DK4 * BR || e < DK4 * BR)
-      qreg[u] = load_cols4(qp, qs, r0 + e / DK4, c0 + 4 * (e % DK4), nq, d);
+  for (int u = 0; u < QPT; ++u) {
+    const int r = r0 + sr + u * RS;
+    qreg[u] = (r < nq && cc < d) ? LOAD(qp, r * qs.s1 + cc * qs.s3) : 0.0f;
   }
 #pragma unroll
-  for (int u = 0; u < KPT4; ++u) {
-    const int e = lid + u * NT;
-    if (KPT4 * NT == DK4 * BC || e < DK4 * BC)
-      kreg[u] = load_cols4(kp, ks, j0 + e / DK4, c0 + 4 * (e % DK4), nk, d);
-  }
-}
-
-/* The staged chunk into local memory: Q column-major, K row-major. */
-inline void store_qk(__local float *Qs, __local float4 *Ks4, const float4 *qreg,
-                     const float4 *kreg, int lid) {
-#pragma unroll
-  for (int u = 0; u < QPT4; ++u) {
-    const int e = lid + u * NT, r = e / DK4, c = 4 * (e % DK4);
-    if (QPT4 * NT == DK4 * BR || e < DK4 * BR) {
-      Qs[(c + 0) * QSTR + r] = qreg[u].s0;
-      Qs[(c + 1) * QSTR + r] = qreg[u].s1;
-      Qs[(c + 2) * QSTR + r] = qreg[u].s2;
-      Qs[(c + 3) * QSTR + r] = qreg[u].s3;
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < KPT4; ++u) {
-    const int e = lid + u * NT;
-    if (KPT4 * NT == DK4 * BC || e < DK4 * BC) Ks4[(e / DK4) * (KSTR / 4) + e % DK4] = kreg[u];
+  for (int u = 0; u < KPT; ++u) {
+    const int j = j0 + sr + u * RS;
+    kreg[u] = (j < nk && cc < d) ? LOAD(kp, j * ks.s1 + cc * ks.s3) : 0.0f;
   }
 }
 
@@ -128,12 +91,11 @@ inline void load_rows(float *a, __local const float4 *p) {
 }
 
 /* The next V chunk (keys jv .. jv+JK-1, all columns) into registers. */
-inline void load_v(float4 *vreg, __global const T *vp, long4 vs, int jv, int lid, int nk, int d) {
+inline void load_v(float *vreg, __global const T *vp, long4 vs, int jv, int lid, int nk, int d) {
 #pragma unroll
-  for (int u = 0; u < VPT4; ++u) {
-    const int e = lid + u * NT;
-    if (VPT4 * NT == JK * HD / 4 || e < JK * HD / 4)
-      vreg[u] = load_cols4(vp, vs, jv + e / (HD / 4), 4 * (e % (HD / 4)), nk, d);
+  for (int u = 0; u < VPT; ++u) {
+    const int e = lid + u * NT, c = e % HD, j = jv + e / HD;
+    vreg[u] = (e < JK * HD && j < nk && c < d) ? LOAD(vp, j * vs.s1 + c * vs.s3) : 0.0f;
   }
 }
 
@@ -150,6 +112,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
   __local float4 *Qs4 = tiles4, *Ks4 = tiles4 + DK * QSTR / 4;
   __local float4 *Ps4 = tiles4, *Vs4 = tiles4 + BC * PSTR / 4;
   __local float *Qs = (__local float *)Qs4;
+  __local float *Ks = (__local float *)Ks4;
   __local float *Ps = (__local float *)Ps4;
   __local float *red = (__local float *)red4;
   __local float *Vs = (__local float *)Vs4;
@@ -193,9 +156,10 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
       acc[i][n] = 0.0f;
   }
 
-  float4 qreg[QPT4], kreg[KPT4], vreg[VPT4];
+  const int sc = lid % DK, sr = lid / DK;
+  float qreg[QPT], kreg[KPT], vreg[VPT];
   int j0 = (lo / BC) * BC;
-  if (j0 < hi) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, 0, lid, nq, nk, d);
+  if (j0 < hi) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, 0, sc, sr, nq, nk, d);
   for (; j0 < hi; j0 += BC) {
     /* S = Q K^T, DK columns of the head dimension at a time. */
     float s[TM][TN];
@@ -205,9 +169,14 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
       for (int n = 0; n < TN; ++n)
         s[i][n] = 0.0f;
     for (int c0 = 0; c0 < d; c0 += DK) {
-      store_qk(Qs, Ks4, qreg, kreg, lid);
+#pragma unroll
+      for (int u = 0; u < QPT; ++u)
+        Qs[sc * QSTR + sr + u * RS] = qreg[u];
+#pragma unroll
+      for (int u = 0; u < KPT; ++u)
+        Ks[(sr + u * RS) * KSTR + sc] = kreg[u];
       barrier(CLK_LOCAL_MEM_FENCE);
-      if (c0 + DK < d) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, c0 + DK, lid, nq, nk, d);
+      if (c0 + DK < d) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, c0 + DK, sc, sr, nq, nk, d);
 #pragma unroll
       for (int c4 = 0; c4 < DK; c4 += 4) {
         float4 k4[TN];
@@ -285,13 +254,13 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
     /* O += P V, JK keys at a time. */
     for (int jj = 0; jj < BC && j0 + jj < nk; jj += JK) {
 #pragma unroll
-      for (int u = 0; u < VPT4; ++u)
-        if (VPT4 * NT == JK * HD / 4 || lid + u * NT < JK * HD / 4) Vs4[lid + u * NT] = vreg[u];
+      for (int u = 0; u < VPT; ++u)
+        if (lid + u * NT < JK * HD) Vs[lid + u * NT] = vreg[u];
       barrier(CLK_LOCAL_MEM_FENCE);
       if (jj + JK < BC && j0 + jj + JK < nk)
         load_v(vreg, vp, vs, j0 + jj + JK, lid, nk, d);
       else if (j0 + BC < hi)
-        load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0 + BC, 0, lid, nq, nk, d);
+        load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0 + BC, 0, sc, sr, nq, nk, d);
 #pragma unroll
       for (int jr = 0; jr < JK; ++jr) {
         float a[TM], vb[TD];

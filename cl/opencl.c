@@ -344,9 +344,13 @@ static size_t fwd_local_bytes(int hd, int br, int bc, int dk, int jk) {
   return 4u * ((qk > pv ? qk : pv) + (size_t)br * 16);
 }
 
-/* fwd.cl stages and reads Q/K chunks 4 columns at a time. */
+/* fwd.cl stages a Q/K chunk as whole rows of work-items: DK must divide
+ * the work-group and DK*BR, DK*BC be multiples of it; K is read 4 columns
+ * at a time. */
 static int fwd_staging_fits(const attn_program *p) {
-  return p->dk % 4 == 0;
+  int nt = 16 * (p->br / p->tm);
+  return nt % p->dk == 0 && p->dk % 4 == 0 && (p->dk * p->br) % nt == 0 &&
+         (p->dk * p->bc) % nt == 0;
 }
 
 static size_t bwd_local_bytes(int hd, int bb) {
