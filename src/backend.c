@@ -38,34 +38,44 @@ int attn_backend_compiled(attn_backend backend) {
   return attn__backend_find(backend) != NULL;
 }
 
-/* Device counts and the reason a backend has none, per kind: probed once
- * for the process (each backend's own probe runs once too), so that threads
- * asking at the same time read finished text. */
-static int device_counts[4];
+/* Device counts and the reason a backend has none, per kind: each kind is
+ * probed once for the process, when first asked about, under a lock, so
+ * that threads asking at the same time read finished text. */
+static int device_counts[4], probed[4];
 static char unavailable_why[4][512];
-static once_flag probe_once = ONCE_FLAG_INIT;
+static mtx_t probe_lock;
+static once_flag probe_lock_once = ONCE_FLAG_INIT;
 
-static void probe_all(void) {
-  for (int kind = 0; kind < 4; kind++) {
-    const attn__backend *b = attn__backend_find((attn_backend)kind);
-    if (!b) {
-      snprintf(unavailable_why[kind], sizeof unavailable_why[kind],
-               "attn was built without the %s backend", attn_backend_name((attn_backend)kind));
-      continue;
-    }
-    char why[512] = "";
-    int n = b->device_count(why, sizeof why);
-    if (n < 0) n = 0;
-    if (n == 0 && !why[0]) snprintf(why, sizeof why, "no %s device was found", b->name);
-    snprintf(unavailable_why[kind], sizeof unavailable_why[kind], "%s", n > 0 ? "" : why);
-    device_counts[kind] = n;
+static void init_probe_lock(void) {
+  mtx_init(&probe_lock, mtx_plain);
+}
+
+static void probe_kind(attn_backend kind) {
+  const attn__backend *b = attn__backend_find(kind);
+  if (!b) {
+    snprintf(unavailable_why[kind], sizeof unavailable_why[kind],
+             "attn was built without the %s backend", attn_backend_name(kind));
+    return;
   }
+  char why[512] = "";
+  int n = b->device_count(why, sizeof why);
+  if (n < 0) n = 0;
+  if (n == 0 && !why[0]) snprintf(why, sizeof why, "no %s device was found", b->name);
+  snprintf(unavailable_why[kind], sizeof unavailable_why[kind], "%s", n > 0 ? "" : why);
+  device_counts[kind] = n;
 }
 
 int attn_device_count(attn_backend backend) {
   if ((unsigned)backend >= 4) return 0;
-  call_once(&probe_once, probe_all);
-  return device_counts[backend];
+  call_once(&probe_lock_once, init_probe_lock);
+  mtx_lock(&probe_lock);
+  if (!probed[backend]) {
+    probe_kind(backend);
+    probed[backend] = 1;
+  }
+  const int n = device_counts[backend];
+  mtx_unlock(&probe_lock);
+  return n;
 }
 
 const char *attn_backend_unavailable_reason(attn_backend backend) {
