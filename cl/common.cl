@@ -3,8 +3,7 @@
  * a float and back, so that the forward and backward passes run entirely in
  * f32 whatever the storage type.
  *
- * DTYPE is a -D parameter: 0 f32, 1 f16, 2 bf16. LOAD4 reads 4 adjacent
- * elements (element-aligned, as vloadn allows). f16 goes through
+ * DTYPE is a -D parameter: 0 f32, 1 f16, 2 bf16. f16 goes through
  * vload_half/vstore_half, which OpenCL C 1.2 has without cl_khr_fp16; bf16 is
  * the upper half of an f32, so it is a shift, rounded to nearest even on the
  * way out. No extension is needed for either.
@@ -16,17 +15,14 @@
 #if DTYPE == 0
 typedef float T;
 #define LOAD(p, i) ((p)[i])
-#define LOAD4(p) vload4(0, (p))
 #define STORE(p, i, x) ((p)[i] = (x))
 #elif DTYPE == 1
 typedef half T;
 #define LOAD(p, i) vload_half((size_t)(i), (p))
-#define LOAD4(p) vload_half4(0, (p))
 #define STORE(p, i, x) vstore_half_rte((x), (size_t)(i), (p))
 #else
 typedef ushort T;
 #define LOAD(p, i) as_float((uint)(p)[i] << 16)
-#define LOAD4(p) as_float4(convert_uint4(vload4(0, (p))) << 16)
 #define STORE(p, i, x) ((p)[i] = bf16_from_float(x))
 #endif
 

@@ -45,28 +45,13 @@
 /* Staging goes through registers: each item loads its share of the next
  * chunk (Q and K columns, or V rows) from global memory before the current
  * chunk is multiplied, so the loads' latency hides behind the FMAs, and
- * stores it to local memory after the next barrier. Items stage VW adjacent
- * columns of a row at a time: unit e of a chunk with w columns is row
- * e / (w / VW), columns VW (e % (w / VW)) ... The host picks VW = 4 (one
- * vector load where the head dimension is contiguous) for 2-byte types on
- * GPUs, and VW = 1 for f32 and on CPUs (bench/NOTES_opencl.md, run 5). */
-#ifndef VW
-#define VW 1
-#endif
-#if VW == 4
-typedef float4 stg;
-#define STG(x, t) ((t) == 0 ? (x).s0 : (t) == 1 ? (x).s1 : (t) == 2 ? (x).s2 : (x).s3)
-#else
-typedef float stg;
-#define STG(x, t) (x)
-#endif
-#define DKV (DK / VW)
-#define QPT ((DKV * BR + NT - 1) / NT) /* units of a Q chunk per item */
-#define KPT ((DKV * BC + NT - 1) / NT)
-#define VPT ((JK * HD / VW + NT - 1) / NT)
-/* Whether unit u NT + lid of a chunk of n units exists (always, when NT
- * divides n: the test folds away). */
-#define HAS(u, lid, n) ((n) % NT == 0 || (u)*NT + (lid) < (n))
+ * stores it to local memory after the next barrier. An item stages column
+ * sc of rows sr, sr + RS, ... of a Q/K chunk. The host keeps DK dividing NT
+ * and DK*BR, DK*BC multiples of NT. */
+#define QPT (DK * BR / NT)
+#define KPT (DK * BC / NT)
+#define VPT ((JK * HD + NT - 1) / NT)
+#define RS (NT / DK)
 
 /* Output column n of work-item tx. */
 #if VV
@@ -75,58 +60,20 @@ typedef float stg;
 #define OCOL(tx, n) ((tx) + TX * (n))
 #endif
 
-/* VW columns col.. of row `row` of an operand as floats, zero past n rows
- * or d columns. */
-inline stg load_cols(__global const T *p, long4 s, int row, int col, int n, int d) {
-#if VW == 4
-  float4 x = (float4)(0.0f);
-  if (row >= n || col >= d) return x;
-  __global const T *e = p + row * s.s1 + col * s.s3;
-  if (s.s3 == 1 && col + 4 <= d) return LOAD4(e);
-  x.s0 = LOAD(e, 0);
-  if (col + 1 < d) x.s1 = LOAD(e, s.s3);
-  if (col + 2 < d) x.s2 = LOAD(e, 2 * s.s3);
-  if (col + 3 < d) x.s3 = LOAD(e, 3 * s.s3);
-  return x;
-#else
-  return (row < n && col < d) ? LOAD(p, row * s.s1 + col * s.s3) : 0.0f;
-#endif
-}
-
 /* The next Q and K chunk (columns c0.. of query rows r0.. and keys j0..)
- * into registers. */
-inline void load_qk(stg *qreg, stg *kreg, __global const T *qp, long4 qs, __global const T *kp,
-                    long4 ks, int r0, int j0, int c0, int lid, int nq, int nk, int d) {
+ * into registers, zero past the ends. */
+inline void load_qk(float *qreg, float *kreg, __global const T *qp, long4 qs, __global const T *kp,
+                    long4 ks, int r0, int j0, int c0, int sc, int sr, int nq, int nk, int d) {
+  const int cc = c0 + sc;
 #pragma unroll
   for (int u = 0; u < QPT; ++u) {
-    const int e = lid + u * NT;
-    if (HAS(u, lid, DKV * BR))
-      qreg[u] = load_cols(qp, qs, r0 + e / DKV, c0 + VW * (e % DKV), nq, d);
+    const int r = r0 + sr + u * RS;
+    qreg[u] = (r < nq && cc < d) ? LOAD(qp, r * qs.s1 + cc * qs.s3) : 0.0f;
   }
 #pragma unroll
   for (int u = 0; u < KPT; ++u) {
-    const int e = lid + u * NT;
-    if (HAS(u, lid, DKV * BC))
-      kreg[u] = load_cols(kp, ks, j0 + e / DKV, c0 + VW * (e % DKV), nk, d);
-  }
-}
-
-/* The staged chunk into local memory: Q column-major, K row-major. */
-inline void store_qk(__local float *Qs, __local float *Ks, const stg *qreg, const stg *kreg,
-                     int lid) {
-#pragma unroll
-  for (int u = 0; u < QPT; ++u) {
-    const int e = lid + u * NT, r = e / DKV, c = VW * (e % DKV);
-    if (HAS(u, lid, DKV * BR))
-#pragma unroll
-      for (int t = 0; t < VW; ++t)
-        Qs[(c + t) * QSTR + r] = STG(qreg[u], t);
-  }
-#pragma unroll
-  for (int u = 0; u < KPT; ++u) {
-    const int e = lid + u * NT;
-    if (HAS(u, lid, DKV * BC))
-      ((__local stg *)Ks)[(e / DKV) * (KSTR / VW) + e % DKV] = kreg[u];
+    const int j = j0 + sr + u * RS;
+    kreg[u] = (j < nk && cc < d) ? LOAD(kp, j * ks.s1 + cc * ks.s3) : 0.0f;
   }
 }
 
@@ -144,12 +91,11 @@ inline void load_rows(float *a, __local const float4 *p) {
 }
 
 /* The next V chunk (keys jv .. jv+JK-1, all columns) into registers. */
-inline void load_v(stg *vreg, __global const T *vp, long4 vs, int jv, int lid, int nk, int d) {
+inline void load_v(float *vreg, __global const T *vp, long4 vs, int jv, int lid, int nk, int d) {
 #pragma unroll
   for (int u = 0; u < VPT; ++u) {
-    const int e = lid + u * NT;
-    if (HAS(u, lid, JK * HD / VW))
-      vreg[u] = load_cols(vp, vs, jv + e / (HD / VW), VW * (e % (HD / VW)), nk, d);
+    const int e = lid + u * NT, c = e % HD, j = jv + e / HD;
+    vreg[u] = (e < JK * HD && j < nk && c < d) ? LOAD(vp, j * vs.s1 + c * vs.s3) : 0.0f;
   }
 }
 
@@ -210,9 +156,10 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
       acc[i][n] = 0.0f;
   }
 
-  stg qreg[QPT], kreg[KPT], vreg[VPT];
+  const int sc = lid % DK, sr = lid / DK;
+  float qreg[QPT], kreg[KPT], vreg[VPT];
   int j0 = (lo / BC) * BC;
-  if (j0 < hi) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, 0, lid, nq, nk, d);
+  if (j0 < hi) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, 0, sc, sr, nq, nk, d);
   for (; j0 < hi; j0 += BC) {
     /* S = Q K^T, DK columns of the head dimension at a time. */
     float s[TM][TN];
@@ -222,9 +169,14 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
       for (int n = 0; n < TN; ++n)
         s[i][n] = 0.0f;
     for (int c0 = 0; c0 < d; c0 += DK) {
-      store_qk(Qs, Ks, qreg, kreg, lid);
+#pragma unroll
+      for (int u = 0; u < QPT; ++u)
+        Qs[sc * QSTR + sr + u * RS] = qreg[u];
+#pragma unroll
+      for (int u = 0; u < KPT; ++u)
+        Ks[(sr + u * RS) * KSTR + sc] = kreg[u];
       barrier(CLK_LOCAL_MEM_FENCE);
-      if (c0 + DK < d) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, c0 + DK, lid, nq, nk, d);
+      if (c0 + DK < d) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, c0 + DK, sc, sr, nq, nk, d);
 #pragma unroll
       for (int c4 = 0; c4 < DK; c4 += 4) {
         float4 k4[TN];
@@ -303,12 +255,12 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
     for (int jj = 0; jj < BC && j0 + jj < nk; jj += JK) {
 #pragma unroll
       for (int u = 0; u < VPT; ++u)
-        if (HAS(u, lid, JK * HD / VW)) ((__local stg *)Vs)[lid + u * NT] = vreg[u];
+        if (lid + u * NT < JK * HD) Vs[lid + u * NT] = vreg[u];
       barrier(CLK_LOCAL_MEM_FENCE);
       if (jj + JK < BC && j0 + jj + JK < nk)
         load_v(vreg, vp, vs, j0 + jj + JK, lid, nk, d);
       else if (j0 + BC < hi)
-        load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0 + BC, 0, lid, nq, nk, d);
+        load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0 + BC, 0, sc, sr, nq, nk, d);
 #pragma unroll
       for (int jr = 0; jr < JK; ++jr) {
         float a[TM], vb[TD];

@@ -130,7 +130,6 @@ typedef struct attn_program {
   cl_program prog;
   cl_kernel fwd, pre, dkdv, dq;
   int br, bc, tm, dk, jk, bb; /* the tile sizes it was built with */
-  int vw;                     /* forward staging width (fwd.cl's VW) */
 } attn_program;
 
 typedef struct scratch {
@@ -345,10 +344,13 @@ static size_t fwd_local_bytes(int hd, int br, int bc, int dk, int jk) {
   return 4u * ((qk > pv ? qk : pv) + (size_t)br * 16);
 }
 
-/* fwd.cl stages Q/K chunks up to 4 columns at a time and reads K 4 columns
+/* fwd.cl stages a Q/K chunk as whole rows of work-items: DK must divide
+ * the work-group and DK*BR, DK*BC be multiples of it; K is read 4 columns
  * at a time. */
 static int fwd_staging_fits(const attn_program *p) {
-  return p->dk % 4 == 0;
+  int nt = 16 * (p->br / p->tm);
+  return nt % p->dk == 0 && p->dk % 4 == 0 && (p->dk * p->br) % nt == 0 &&
+         (p->dk * p->bc) % nt == 0;
 }
 
 static size_t bwd_local_bytes(int hd, int bb) {
@@ -371,8 +373,7 @@ static size_t bwd_local_bytes(int hd, int bb) {
  * wide = 0 asks for the 128-work-item tiles (get_program's second try, where
  * the compiled forward kernel cannot run 256 work-items).
  *
- * ATTN_CL_TILES=BR,TM,BC,DK,JK[,VW] replaces the forward defaults (VW: the
- * staging width, 1 or 4, see build_program), for tuning on
+ * ATTN_CL_TILES=BR,TM,BC,DK,JK replaces the forward defaults, for tuning on
  * a new device (bench/opencl_h200.sh sweeps it); a value the kernel cannot
  * take is ignored. */
 static int choose_tiles(const cl_dev *dev, int hd, int wide, attn_program *p) {
@@ -383,19 +384,16 @@ static int choose_tiles(const cl_dev *dev, int hd, int wide, attn_program *p) {
   p->bc = 64;
   p->dk = 16;
   p->jk = wide ? 8 : 16;
-  p->vw = 0; /* build_program's choice */
   const char *env = getenv("ATTN_CL_TILES");
-  int br, tm, bc, dk, jk, vw = 0;
-  int nv = env ? sscanf(env, "%d,%d,%d,%d,%d,%d", &br, &tm, &bc, &dk, &jk, &vw) : 0;
-  if (nv >= 5 && tm > 0 && tm % 4 == 0 && br % tm == 0 && br / tm >= 1 &&
-      16 * (br / tm) <= 1024 && bc % 16 == 0 && bc > 0 && dk > 0 && jk > 0 && bc % jk == 0 &&
-      (size_t)(16 * (br / tm)) <= dev->max_wg && (nv == 5 || vw == 1 || vw == 4)) {
+  int br, tm, bc, dk, jk;
+  if (env && sscanf(env, "%d,%d,%d,%d,%d", &br, &tm, &bc, &dk, &jk) == 5 && tm > 0 && tm % 4 == 0 &&
+      br % tm == 0 && br / tm >= 1 && 16 * (br / tm) <= 1024 && bc % 16 == 0 && bc > 0 && dk > 0 &&
+      jk > 0 && bc % jk == 0 && (size_t)(16 * (br / tm)) <= dev->max_wg) {
     p->br = br;
     p->tm = tm;
     p->bc = bc;
     p->dk = dk;
     p->jk = jk;
-    p->vw = nv == 6 ? vw : 0;
   }
   while (fwd_local_bytes(hd, p->br, p->bc, p->dk, p->jk) > lmem || !fwd_staging_fits(p)) {
     if (p->jk > 4)
@@ -452,15 +450,10 @@ static int build_program(attn_context *ctx, int dtype, int hd, int wide, int *re
                        "small work-groups (%zu) for head_dim bucket %d",
                        im->dev->info.name, (unsigned long long)im->dev->local_mem, im->dev->max_wg,
                        hd);
-  /* Vector staging pays for 2-byte types on GPUs (+4-15 % on an H200) and
-   * costs f32 there 1-5 %; PoCL 5.0 aborts on it (bench/NOTES_opencl.md,
-   * run 5). */
-  if (!p.vw) p.vw = dtype != ATTN_F32 && im->dev->info.is_gpu ? 4 : 1;
   char opts[256];
   snprintf(opts, sizeof opts,
-           "-cl-std=CL1.2 -DDTYPE=%d -DHD=%d -DBR=%d -DBC=%d -DTM=%d -DDK=%d -DJK=%d -DBB=%d "
-           "-DVW=%d",
-           dtype, hd, p.br, p.bc, p.tm, p.dk, p.jk, p.bb, p.vw);
+           "-cl-std=CL1.2 -DDTYPE=%d -DHD=%d -DBR=%d -DBC=%d -DTM=%d -DDK=%d -DJK=%d -DBB=%d",
+           dtype, hd, p.br, p.bc, p.tm, p.dk, p.jk, p.bb);
   const char *srcs[3] = {attn__cl_src_common, attn__cl_src_fwd, attn__cl_src_bwd};
   int st = attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, 3, opts, &p.prog);
   if (st) return st;
