@@ -309,19 +309,11 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
 template <int DP, int MR, int MC, int NTY, bool ALIAS>
 static int try_fwd32(const attn__cuda_launch *L, const gparams &P) {
   using Cf = f32v_cfg<DP, MR, MC, NTY, ALIAS>;
-  if (Cf::smem > L->smem_optin) return ATTN_EUNSUPPORTED;
+  static_assert(Cf::NT == kThreads, "launch_cfg launches kThreads threads");
   const attn__problem *pb = L->pb;
   dim3 grid((unsigned)((pb->seqlen_q + Cf::Br - 1) / Cf::Br), (unsigned)pb->heads_q,
             (unsigned)pb->batch);
-  auto kernel = fwd32_kernel<DP, MR, MC, NTY, ALIAS>;
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return ATTN_OK;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Cf::smem) !=
-      cudaSuccess)
-    return ATTN_EDEVICE;
-  gparams Pl = P;
-  Pl.order = attn_order_group(kernel, Cf::NT, Cf::smem, grid, L->sm_count, P.wl, P.wr);
-  kernel<<<grid, Cf::NT, Cf::smem, L->stream>>>(Pl);
-  return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
+  return launch_cfg(fwd32_kernel<DP, MR, MC, NTY, ALIAS>, Cf::smem, grid, L, P, true);
 }
 
 /* The f32 forward's wide kernel; ATTN_EUNSUPPORTED where it does not apply
