@@ -354,7 +354,8 @@ static int fwd_staging_fits(const attn_program *p) {
 }
 
 static size_t bwd_local_bytes(int hd, int bb) {
-  return 4u * (4u * (size_t)bb * (hd + 4) + 2u * (size_t)bb * (bb + 1) + 2u * (size_t)bb);
+  /* Q, dO, K, V tiles; P and dS; the rows' lse (hi, lo) and D. */
+  return 4u * (4u * (size_t)bb * (hd + 4) + 2u * (size_t)bb * (bb + 1) + 3u * (size_t)bb);
 }
 
 /* Tile sizes from what the device reports. Defaults: 256 work-items of

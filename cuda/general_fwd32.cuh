@@ -299,10 +299,7 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
       if (c < P.d) elem<float>::st(op, obase + i * P.o.ss + c * P.o.sd, o[ii][g].x * inv);
       if (c + 1 < P.d) elem<float>::st(op, obase + i * P.o.ss + (c + 1) * P.o.sd, o[ii][g].y * inv);
     }
-    if (P.lse.p && tx == 0) {
-      const float lse = l > 0.f ? m_i[ii] + logf(l) : -INFINITY;
-      ((float *)P.lse.p)[(long long)b * P.lse.sb + (S.row0q + i) * P.lse.ss + h * P.lse.sh] = lse;
-    }
+    if (P.lse.p && tx == 0) lse_store(lse_row(P, S, b, h, i), P.lse.sd, m_i[ii], l);
   }
 }
 

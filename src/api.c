@@ -193,6 +193,15 @@ attn_tensor attn_tensor_lse(float *data, int64_t batch, int64_t heads, int64_t s
   return contiguous(data, ATTN_F32, 3, shape);
 }
 
+attn_tensor attn_tensor_lse_hilo(float *data, int64_t batch, int64_t heads, int64_t seqlen) {
+  if (batch == 0) {
+    int64_t shape[3] = {heads, seqlen, 2};
+    return contiguous(data, ATTN_F32, 3, shape);
+  }
+  int64_t shape[4] = {batch, heads, seqlen, 2};
+  return contiguous(data, ATTN_F32, 4, shape);
+}
+
 attn_tensor attn_tensor_on(attn_tensor t, attn_buffer *buffer, size_t offset) {
   t.data = NULL;
   t.buffer = buffer;

@@ -37,7 +37,8 @@ extern "C" {
  * where row0(b) is cu_seqlens[b] for varlen problems (and sb is then 0) and 0
  * for bshd. For lse, the same formula holds with c = 0 (lse has no column):
  * bshd lse [B, Hq, Nq] gives sb = Hq*Nq, sh = Nq, ss = 1; varlen lse
- * [Hq, total_q] gives sb = 0, sh = total_q, ss = 1. */
+ * [Hq, total_q] gives sb = 0, sh = total_q, ss = 1. A (hi, lo) lse keeps
+ * lo at sd past hi (see attn__problem.lse_hilo). */
 typedef struct attn__tensor {
   void *native;
   size_t offset;
@@ -69,6 +70,9 @@ typedef struct attn__problem {
   int allow_tf32;
   int async;
   int has_lse; /* forward: whether lse is wanted */
+  /* lse holds (hi, lo) pairs: lo at element + lse.sd (attn_tensor_lse_hilo);
+   * 0 for a plain float32 lse, whose sd is then 0. */
+  int lse_hilo;
   attn__tensor q, k, v, o, lse;
   attn__tensor dout, dq, dk, dv; /* backward only */
 } attn__problem;
@@ -98,6 +102,16 @@ static inline void attn__key_range(const attn__problem *pb, int64_t i, int64_t n
   if (z > nk) z = nk;
   *lo = a;
   *hi = z;
+}
+
+/* A row's lse = m + log(l) as the float pair the (hi, lo) form stores: hi
+ * rounded to float32, lo the rest. A row with no key has hi = -inf, lo = 0;
+ * NaN stays NaN in both. The backward pass then takes exp((s - hi) - lo):
+ * s - hi is exact near the row maximum, so P keeps float32 accuracy however
+ * large the logits. */
+static inline void attn__lse_split(double lse, float *hi, float *lo) {
+  *hi = (float)lse;
+  *lo = lse == -INFINITY ? 0.0f : (float)(lse - (double)*hi);
 }
 
 /* ---------------------------------------------------------------------- */

@@ -18,8 +18,8 @@ typedef struct region {
 
 static const char *const dims_bshd[4] = {"batch", "seqlen", "heads", "head_dim"};
 static const char *const dims_varlen[3] = {"rows", "heads", "head_dim"};
-static const char *const dims_lse_bshd[3] = {"batch", "heads", "seqlen"};
-static const char *const dims_lse_varlen[2] = {"heads", "rows"};
+static const char *const dims_lse_bshd[4] = {"batch", "heads", "seqlen", "hilo"};
+static const char *const dims_lse_varlen[3] = {"heads", "rows", "hilo"};
 
 static int mul_overflows(int64_t a, int64_t b, int64_t *out) {
   if (a != 0 && b > INT64_MAX / a) return 1;
@@ -354,9 +354,13 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
     rc = check_tensor(ctx, "o", o, dt, nd, dims, want, &ro);
     if (rc) return rc;
   }
+  int lse_hilo = 0;
   if (has_lse) {
-    int64_t want_bshd[3] = {batch, hq, nq}, want_var[2] = {hq, total_q};
-    rc = check_tensor(ctx, "lse", lse, ATTN_F32, varlen ? 2 : 3,
+    /* One more dimension of 2 at the end: the (hi, lo) form. */
+    int64_t want_bshd[4] = {batch, hq, nq, 2}, want_var[3] = {hq, total_q, 2};
+    int lse_nd = varlen ? 2 : 3;
+    lse_hilo = lse->ndim == lse_nd + 1;
+    rc = check_tensor(ctx, "lse", lse, ATTN_F32, lse_nd + lse_hilo,
                       varlen ? dims_lse_varlen : dims_lse_bshd, varlen ? want_var : want_bshd, &rl);
     if (rc) return rc;
   }
@@ -431,6 +435,8 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   if (has_lse) {
     fill_tensor(ctx, lse, varlen, 1, &pb->lse);
     pb->has_lse = 1;
+    pb->lse_hilo = lse_hilo;
+    if (lse_hilo) pb->lse.sd = lse->stride[lse->ndim - 1];
   }
   if (op == ATTN__BACKWARD) {
     fill_tensor(ctx, dout, varlen, 0, &pb->dout);

@@ -1025,29 +1025,32 @@ int attn_golden_run(attn_context *ctx, const attn_golden *g, int forward_only,
 
   attn_tensor q, k, v, o, lse, dout, dq, dk, dv;
   void *obuf = malloc((size_t)nq * es + 1), *dqb = NULL, *dkb = NULL, *dvb = NULL;
-  float *lbuf = malloc((size_t)nl * sizeof(float) + 1);
+  /* lse in the (hi, lo) form, which keeps f32 gradients exact at large
+   * logits; hi is compared as the lse. */
+  float *lbuf = malloc((size_t)nl * 2 * sizeof(float) + 1);
+  float *lhi = malloc((size_t)nl * sizeof(float) + 1);
   unsigned char *empty_o = malloc((size_t)nq + 1), *empty_l = malloc((size_t)nl + 1);
-  if (!obuf || !lbuf || !empty_o || !empty_l) {
+  if (!obuf || !lbuf || !lhi || !empty_o || !empty_l) {
     fail_report(rep, ATTN_ENOMEM, "", "out of memory allocating the outputs");
     goto done;
   }
   /* All-ones bytes are NaN in every dtype: an element the library never
    * writes cannot pass. */
   memset(obuf, 0xff, (size_t)nq * es);
-  memset(lbuf, 0xff, (size_t)nl * sizeof(float));
+  memset(lbuf, 0xff, (size_t)nl * 2 * sizeof(float));
 
   if (g->varlen) {
     q = attn_tensor_varlen(g->q, dt, g->total_q, Hq, d);
     k = attn_tensor_varlen(g->k, dt, g->total_k, Hkv, d);
     v = attn_tensor_varlen(g->v, dt, g->total_k, Hkv, d);
     o = attn_tensor_varlen(obuf, dt, g->total_q, Hq, d);
-    lse = attn_tensor_lse(lbuf, 0, Hq, g->total_q);
+    lse = attn_tensor_lse_hilo(lbuf, 0, Hq, g->total_q);
   } else {
     q = attn_tensor_bshd(g->q, dt, g->batch, g->seqlen_q, Hq, d);
     k = attn_tensor_bshd(g->k, dt, g->batch, g->seqlen_k, Hkv, d);
     v = attn_tensor_bshd(g->v, dt, g->batch, g->seqlen_k, Hkv, d);
     o = attn_tensor_bshd(obuf, dt, g->batch, g->seqlen_q, Hq, d);
-    lse = attn_tensor_lse(lbuf, g->batch, Hq, g->seqlen_q);
+    lse = attn_tensor_lse_hilo(lbuf, g->batch, Hq, g->seqlen_q);
   }
 
   /* Which (row, head) pairs see no key, from the reference lse; the o and dq
@@ -1067,7 +1070,9 @@ int attn_golden_run(attn_context *ctx, const attn_golden *g, int forward_only,
     goto done;
   }
   compare(&rep->r[0], "o", obuf, dt, g->o, nq, empty_o, dt, g->peer_o);
-  compare(&rep->r[1], "lse", lbuf, ATTN_F32, g->lse, nl, NULL, dt, g->peer_lse);
+  for (int64_t i = 0; i < nl; i++)
+    lhi[i] = lbuf[2 * i];
+  compare(&rep->r[1], "lse", lhi, ATTN_F32, g->lse, nl, NULL, dt, g->peer_lse);
   rep->n = 2;
 
   if (!forward_only && g->dout) {
@@ -1111,6 +1116,7 @@ int attn_golden_run(attn_context *ctx, const attn_golden *g, int forward_only,
 done:
   free(obuf);
   free(lbuf);
+  free(lhi);
   free(empty_o);
   free(empty_l);
   free(dqb);
