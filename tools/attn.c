@@ -327,7 +327,7 @@ static void progress_show(void *user, int64_t done, int64_t total) {
   if (pg->tty) {
     fprintf(stderr, "\r%s: reference %s: %3d%% (%lld/%lld rows)", prog, pg->pass, pct,
             (long long)done, (long long)total);
-    pg->next = t + 0.1;
+    pg->next = t + 0.2;
   } else {
     fprintf(stderr, "%s: reference %s: %d%% (%lld/%lld rows, %.0f s)\n", prog, pg->pass, pct,
             (long long)done, (long long)total, t - pg->t0);
