@@ -150,7 +150,7 @@ static int cmd_info(int argc, char **argv) {
     printf("%s:%d (%s)\n", attn_backend_name(d.backend), d.index, d.name);
   } else {
     printf("nothing\n");
-    status = fail_ctx(ctx, rc, "ATTN_BACKEND");
+    status = fail_ctx(ctx, rc, "no backend selected");
   }
   attn_context_free(ctx);
   return status;
@@ -861,9 +861,10 @@ static int cmd_check(int argc, char **argv) {
       printf(
           "usage: attn check [--forward-only] [--backend SPEC] [DIR...]\n"
           "Runs each golden case (a folder with case.json and .npy files, or a folder of such\n"
-          "folders; default %s) on the selected backend and prints each output's error beside\n"
-          "the bound of the golden README's tolerance rule. A case that cannot be read is named\n"
-          "on stderr and the others still run.\n"
+          "folders) on the selected backend and prints each output's error beside the bound of\n"
+          "the golden README's tolerance rule. A case that cannot be read is named on stderr and\n"
+          "the others still run. Without DIR, the repository's cases:\n"
+          "  %s\n"
           "Exit status: 0 every case passed, 1 a case failed or could not run, 2 a wrong option,\n"
           "a missing folder or a case that cannot be read.\n",
           ATTN_DEFAULT_GOLDEN_DIR);
