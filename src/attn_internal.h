@@ -270,6 +270,17 @@ int attn__reference_forward(attn_context *ctx, const attn_params *p, const attn_
 int attn__reference_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
                              const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout,
                              double *dq, double *dk, double *dv);
+/* The same, calling progress(user, done, total) after each query row (rows
+ * counted over batch and heads), so a program can show how far a slow
+ * reference has come; progress may be NULL. */
+typedef void (*attn__progress_fn)(void *user, int64_t done, int64_t total);
+int attn__reference_forward_progress(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                                     const attn_tensor *k, const attn_tensor *v, double *o,
+                                     double *lse, attn__progress_fn progress, void *user);
+int attn__reference_backward_progress(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                                      const attn_tensor *k, const attn_tensor *v,
+                                      const attn_tensor *dout, double *dq, double *dk, double *dv,
+                                      attn__progress_fn progress, void *user);
 
 #ifdef __cplusplus
 }

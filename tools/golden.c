@@ -12,12 +12,14 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* The inputs are produced by attn's own tooling, but a hand-edited or
  * truncated file must give a message, not undefined behaviour: every size is
@@ -338,11 +340,31 @@ static int jint(const jval *v, int64_t lo, int64_t hi, int64_t *out) {
 /* Files                                                                    */
 /* ---------------------------------------------------------------------- */
 
+/* Why read_file failed, from its errno. */
+static const char *unreadable(int e) {
+  if (e == EFBIG) return "file much larger than its expected shape";
+  if (e == EINVAL) return "not a regular file";
+  return strerror(e);
+}
+
 /* Reads a whole file; NULL with errno set on failure. A missing file leaves
  * errno == ENOENT so optional files can be told apart from broken ones. */
 static unsigned char *read_file(const char *path, size_t max, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
+  /* Opened without blocking and checked before reading: a FIFO under a case
+   * file's name would otherwise hang the open, and a directory fail late. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return NULL;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    errno = EINVAL; /* told apart by unreadable() */
+    return NULL;
+  }
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    close(fd);
+    return NULL;
+  }
   unsigned char *buf = NULL;
   size_t n = 0, cap = 0;
   for (;;) {
@@ -433,8 +455,7 @@ static int npy_load(const char *dir, const char *name, int optional, npy_want wa
   unsigned char *buf = read_file(path, (size_t)count * 8 + 65536 + 16, &len);
   if (!buf) {
     if (errno == ENOENT && optional) return 0;
-    seterr(err, errlen, "%s: %s", path,
-           errno == EFBIG ? "file much larger than its expected shape" : strerror(errno));
+    seterr(err, errlen, "%s: %s", path, unreadable(errno));
     return -1;
   }
   int rc = -1;
@@ -663,7 +684,7 @@ int attn_golden_load(const char *dir, attn_golden *g, char *err, size_t errlen) 
   size_t len = 0;
   char *text = (char *)read_file(path, GOLDEN_MAX_JSON_BYTES, &len);
   if (!text) {
-    seterr(err, errlen, "%s: %s", path, strerror(errno));
+    seterr(err, errlen, "%s: %s", path, unreadable(errno));
     return -1;
   }
   char jerr[256] = "";
