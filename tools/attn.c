@@ -554,10 +554,12 @@ static int cmd_check(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf(
-          "usage: attn check [--forward-only] [--backend SPEC] DIR...\n"
+          "usage: attn check [--forward-only] [--backend SPEC] [DIR...]\n"
           "Runs each golden case (a folder with case.json and .npy files, or a folder of such\n"
           "folders) on the selected backend and prints each output's error beside the bound of\n"
-          "the golden README's tolerance rule. Exits non-zero if any case fails or cannot run.\n");
+          "the golden README's tolerance rule. Exits non-zero if any case fails or cannot run.\n"
+          "Without DIR, the cases of the source tree: %s\n",
+          ATTN_DEFAULT_GOLDEN_DIR);
       return 0;
     } else if (!strcmp(argv[i], "--forward-only")) {
       forward_only = 1;
@@ -571,9 +573,11 @@ static int cmd_check(int argc, char **argv) {
       ndirs++;
     }
   }
+  char *fallback[] = {argv[0], ATTN_DEFAULT_GOLDEN_DIR};
   if (!ndirs) {
-    fprintf(stderr, "%s check: give at least one case folder (see --help)\n", prog);
-    return 2;
+    /* Options are already read: the loop below needs only the folder. */
+    argc = 2;
+    argv = fallback;
   }
   attn_context *ctx = NULL;
   int rc = attn_context_create(backend, &ctx);
