@@ -14,7 +14,7 @@ the tolerance rule).
                                            on a CUDA device (needs torch)
     python3 tests/golden/gen.py --import-from DIR
                                            take the imported cases' inputs from
-                                           DIR (the old ../shared/golden) and
+                                           DIR (a copy of the PyTorch-made set) and
                                            cross-check against its answers
 
 Every sum runs in a fixed order through elementwise NumPy operations (never a
@@ -403,7 +403,7 @@ GENERATED = [
 # Reading and writing case folders
 # ---------------------------------------------------------------------------
 
-def load_inputs(folder, c):
+def load_inputs(folder):
     return {n: np.load(os.path.join(folder, n + ".npy")) for n in INPUTS}
 
 
@@ -463,7 +463,6 @@ def agree(ref64, stored, name, cname):
 def generate(out_dir, source_dir, compare_dir=None, quiet=False):
     """Writes every case under out_dir. Imported inputs come from source_dir;
     compare_dir, when given, holds answers to cross-check against."""
-    report = []
     todo = [(n, None) for n in IMPORTED] + [(c["name"], (c, mk)) for c, mk in GENERATED]
     for name, gen in todo:
         old_dir = os.path.join(source_dir, name)
@@ -475,7 +474,7 @@ def generate(out_dir, source_dir, compare_dir=None, quiet=False):
             if not old:
                 raise SystemExit("%s: imported case missing from %s" % (name, source_dir))
             c = dict(old)
-            stored = load_inputs(old_dir, c)
+            stored = load_inputs(old_dir)
             carried = gpu_measured(old)
         else:
             c, mk = dict(gen[0]), gen[1]
@@ -504,10 +503,8 @@ def generate(out_dir, source_dir, compare_dir=None, quiet=False):
         fin = np.isfinite(ref["lse"])
         smax = float(np.abs(ref["lse"][fin]).max()) if fin.any() else 0.0
         write_case(os.path.join(out_dir, name), c, stored, ref, peer, carried)
-        report.append(name)
         if not quiet:
             print("%-20s max|lse| %-9.4g %s" % (name, smax, line[len(name):]))
-    return report
 
 
 # ---------------------------------------------------------------------------
