@@ -2,7 +2,7 @@
 # The one device script of the CUDA backend: build, check, sanitize, benchmark,
 # on the H200 machine, in one call. Run from the project root:
 #
-#   ../shared/device/stage.sh          # here, once: cmocka debs + golden cases into .device/
+#   ../shared/device/stage.sh          # here, once: cmocka debs into .device/
 #   bash bench/cuda_h200.sh            # there (carry: [".device"]); logs under $OUT
 #
 # STEPS picks what runs (default all): build info golden ctest sanitize check bench.
@@ -66,14 +66,14 @@ if has info; then
   $ATTN info --selftest 2>&1 | tee "$OUT/info.txt" && result[info]=ok || result[info]=FAIL
 fi
 
-if has golden && [ -d .device/golden ]; then
+if has golden; then
   stamp golden
-  ATTN_BACKEND=cuda $ATTN check .device/golden >"$OUT/golden.txt" 2>&1 && result[golden]=ok || result[golden]=FAIL
+  ATTN_BACKEND=cuda $ATTN check tests/golden/cases >"$OUT/golden.txt" 2>&1 && result[golden]=ok || result[golden]=FAIL
   grep -E "FAIL|cannot" "$OUT/golden.txt" | head -20
   tail -3 "$OUT/golden.txt"
   # The f32 forward variants (cuda/general_fwd32.cuh) on the same cases.
   for v in base; do
-    ATTN_CUDA_GENERAL_VARIANT=$v ATTN_BACKEND=cuda $ATTN check .device/golden >"$OUT/golden_$v.txt" 2>&1 \
+    ATTN_CUDA_GENERAL_VARIANT=$v ATTN_BACKEND=cuda $ATTN check tests/golden/cases >"$OUT/golden_$v.txt" 2>&1 \
       || result[golden]="FAIL (variant $v: see golden_$v.txt)"
     echo "golden variant $v: $(grep -cE "FAIL" "$OUT/golden_$v.txt") FAIL lines; $(tail -1 "$OUT/golden_$v.txt")"
     grep -E "FAIL" "$OUT/golden_$v.txt" | head -5
@@ -86,9 +86,9 @@ if has ctest && [ -f "$BUILD/CTestTestfile.cmake" ]; then
   grep -E "tests passed|FAILED|Failed|SKIP" "$OUT/ctest.txt" | head -20
 fi
 
-if has sanitize && command -v compute-sanitizer >/dev/null && [ -d .device/golden ]; then
+if has sanitize && command -v compute-sanitizer >/dev/null; then
   stamp sanitize
-  cases=".device/golden/tiny .device/golden/gqa_causal .device/golden/varlen_causal"
+  cases="tests/golden/cases/tiny tests/golden/cases/gqa_causal tests/golden/cases/varlen_causal"
   ok=1
   for tool in memcheck racecheck; do
     ATTN_BACKEND=cuda timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 \
@@ -99,7 +99,7 @@ if has sanitize && command -v compute-sanitizer >/dev/null && [ -d .device/golde
   # the golden cases with f32 d = 128 (gqa_causal) and d = 64 (varlen_causal).
   for v in ${SAN_VARIANTS-base}; do
     ATTN_CUDA_GENERAL_VARIANT=$v ATTN_BACKEND=cuda timeout 45 compute-sanitizer --tool racecheck \
-      --error-exitcode 9 $ATTN check .device/golden/gqa_causal .device/golden/varlen_causal \
+      --error-exitcode 9 $ATTN check tests/golden/cases/gqa_causal tests/golden/cases/varlen_causal \
       >"$OUT/sanitize_racecheck_$v.txt" 2>&1
     rc=$?
     [ $rc = 124 ] && echo "racecheck variant $v: timed out (not counted)" && continue

@@ -3,7 +3,7 @@
 # build, self-test, golden cases, a forward tile sweep, the benchmark beside
 # torch's float32 SDPA, then the test suite; the table comes last.
 #
-#   here, once:   ../shared/device/stage.sh        (cmocka + golden into .device/)
+#   here, once:   ../shared/device/stage.sh        (cmocka into .device/)
 #   device call:  bash bench/opencl_h200.sh         with carry [".device"]
 #   or            bash bench/opencl_h200.sh quick   (golden + 4k benchmark only: no
 #                                                    tile sweep, no suite)
@@ -28,7 +28,7 @@ for f in .device/debs/*.deb; do dpkg -x "$f" / 2>/dev/null; done
 ldconfig 2>/dev/null
 stamp build
 cmake -S . -B $B -DATTN_WITH_CUDA=OFF -DATTN_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release \
-  -DATTN_GOLDEN_DIR=$PWD/.device/golden >"$OUT/build.log" 2>&1 &&
+  >"$OUT/build.log" 2>&1 &&
   cmake --build $B -j16 >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 A=$B/tools/attn
 
@@ -37,7 +37,7 @@ stamp info
   2>&1 | tee "$OUT/info.txt"
 
 stamp golden
-ATTN_BACKEND=opencl $A check .device/golden >"$OUT/golden.txt" 2>&1
+ATTN_BACKEND=opencl $A check tests/golden/cases >"$OUT/golden.txt" 2>&1
 echo "golden rc=$?: $(tail -1 "$OUT/golden.txt")"
 
 # Forward tile sweep, f32, 4k tokens: BR,TM,BC,DK,JK (see cl/opencl.c).

@@ -93,10 +93,6 @@ static int teardown(void **state) {
 const char *at_golden_dir(void) {
   const char *e = getenv("ATTN_GOLDEN_DIR");
   if (e && *e) return e;
-#ifdef ATTN_GOLDEN_DIR_FALLBACK
-  if (access(ATTN_GOLDEN_DIR, F_OK) != 0 && access(ATTN_GOLDEN_DIR_FALLBACK, F_OK) == 0)
-    return ATTN_GOLDEN_DIR_FALLBACK;
-#endif
   return ATTN_GOLDEN_DIR;
 }
 

@@ -69,7 +69,7 @@ void *at_calloc(size_t n, size_t size);
 void at_free(void *p);
 
 /* The golden folder: $ATTN_GOLDEN_DIR, else the build's default (the cache
- * variable ATTN_GOLDEN_DIR), else .device/golden in the source tree. */
+ * variable ATTN_GOLDEN_DIR, tests/golden/cases in the source tree). */
 const char *at_golden_dir(void);
 
 /* Whether msg names `word` as a whole token (letters, digits and '_' around it

@@ -1,0 +1,675 @@
+#!/usr/bin/env python3
+"""Makes attn's golden cases (tests/golden/cases/<name>/): inputs, exact answers
+computed in float64 with NumPy, and the error a naive peer makes on the same
+inputs (README.md beside this file gives the semantics, the file format and
+the tolerance rule).
+
+    python3 tests/golden/gen.py            rewrite tests/golden/cases
+    python3 tests/golden/gen.py --check    regenerate into a temporary folder and
+                                           compare byte for byte (exit 1 if any
+                                           file differs, 77 without NumPy)
+    python3 tests/golden/gen.py --torch    also cross-check every case against
+                                           PyTorch float64 SDPA + autograd and
+                                           measure the f16/bf16 peer with SDPA
+                                           on a CUDA device (needs torch)
+    python3 tests/golden/gen.py --import-from DIR
+                                           take the imported cases' inputs from
+                                           DIR (a copy of the PyTorch-made set) and
+                                           cross-check against its answers
+
+Every sum runs in a fixed order through elementwise NumPy operations (never a
+BLAS call, whose blocking differs between machines), and float32 transcendental
+functions are evaluated in float64 and rounded once, so that regeneration is
+byte-identical from machine to machine (and from NumPy 1.24 to 2.4: compared).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+try:
+    import numpy as np
+except ImportError:  # the ctest entry reports "skipped"
+    print("gen.py: NumPy is not installed", file=sys.stderr)
+    sys.exit(77)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CASES_DIR = os.path.join(HERE, "cases")
+INPUTS = ("q", "k", "v", "do")
+OUTPUTS = ("o", "lse", "dq", "dk", "dv")
+F64 = np.float64
+F32 = np.float32
+
+# The first golden set was made by PyTorch 2.11 in float64 from seeded inputs
+# that only PyTorch's generator reproduces; those inputs are kept as stored
+# data and only the answers are recomputed here.
+IMPORTED = (
+    "alibi_causal", "bf16_mha", "big_logits", "causal_more_q", "causal_rect",
+    "causal_square", "cross_rect", "d256", "decode_mqa", "f16_causal",
+    "gqa_causal", "softcap", "tiny", "varlen_causal", "vit_b16", "window_both",
+    "window_left",
+)
+
+REFERENCE = "numpy float64 (tests/golden/gen.py)"
+PEER_F32 = ("numpy float32 naive attention (tests/golden/gen.py: scores materialized, "
+            "max-subtracted softmax, sums in index order, exp/log/tanh rounded once to float32)")
+PEER_EMU = ("numpy emulation of %s attention (inputs in %s, float32 arithmetic as the "
+            "float32 peer, o/dq/dk/dv rounded to %s, the backward reading the rounded o); "
+            "gen.py --torch replaces it with SDPA's figure")
+
+
+# ---------------------------------------------------------------------------
+# 16-bit formats
+# ---------------------------------------------------------------------------
+
+def bf16_bits(x):
+    """float32 values to bf16 bit patterns, rounding to nearest even."""
+    u = np.ascontiguousarray(x, dtype=F32).view(np.uint32).astype(np.uint64)
+    u = u + 0x7FFF + ((u >> 16) & 1)
+    return (u >> 16).astype(np.uint16)
+
+
+def bf16_values(bits):
+    return (bits.astype(np.uint32) << 16).view(F32)
+
+
+def to_bits(x, dtype):
+    """float32 values to what a case stores for dtype."""
+    if dtype == "f32":
+        return np.asarray(x, dtype=F32)
+    if dtype == "f16":
+        return np.asarray(x, dtype=F32).astype(np.float16).view(np.uint16)
+    return bf16_bits(x)
+
+
+def from_bits(a, dtype):
+    """A stored input to its exact values, as float32."""
+    if dtype == "f32":
+        return a.astype(F32)
+    if dtype == "f16":
+        return a.view(np.float16).astype(F32)
+    return bf16_values(a)
+
+
+def round_to(x, dtype):
+    """float32 values rounded to dtype and back (what a dtype output holds)."""
+    return from_bits(to_bits(x, dtype), dtype)
+
+
+# ---------------------------------------------------------------------------
+# Attention in one precision, sums in a fixed order
+# ---------------------------------------------------------------------------
+
+def fexp(x, t):
+    return np.exp(x) if t is F64 else np.exp(x.astype(F64)).astype(F32)
+
+
+def flog(x, t):
+    return np.log(x) if t is F64 else np.log(x.astype(F64)).astype(F32)
+
+
+def ftanh(x, t):
+    return np.tanh(x) if t is F64 else np.tanh(x.astype(F64)).astype(F32)
+
+
+def mm(a, b):
+    """a[..., M, K] @ b[..., K, N], summing over K from index 0 upward. In
+    float32 each step is a fused multiply-add, as in a BLAS kernel: the product
+    of two floats is exact in float64, and the sum is rounded to float32."""
+    if a.dtype == F64:
+        out = a[..., :, 0, None] * b[..., None, 0, :]
+        for t in range(1, a.shape[-1]):
+            out += a[..., :, t, None] * b[..., None, t, :]
+        return out
+    a, b = a.astype(F64), b.astype(F64)
+    out = (a[..., :, 0, None] * b[..., None, 0, :]).astype(F32)
+    for t in range(1, a.shape[-1]):
+        out = (out + a[..., :, t, None] * b[..., None, t, :]).astype(F32)
+    return out
+
+
+def rowsum(a):
+    """Sum over the last axis: NumPy's pairwise summation (plain C, the same
+    order on every machine)."""
+    return np.ascontiguousarray(a).sum(axis=-1)
+
+
+def visible(nq, nk, causal, window):
+    """Which keys each row sees: bool [nq, nk]."""
+    left, right = window
+    if causal:
+        right = 0
+    i = np.arange(nq)[:, None]
+    j = np.arange(nk)[None, :]
+    diag = i + nk - nq
+    ok = np.ones((nq, nk), dtype=bool)
+    if left >= 0:
+        ok &= j >= diag - left
+    if right >= 0:
+        ok &= j <= diag + right
+    return ok
+
+
+def attention(q, k, v, do, c, t, out_dtype=None):
+    """One sequence. q, do [Nq, Hq, d]; k, v [Nk, Hkv, d], exact values.
+    Returns o [Nq, Hq, d], lse [Hq, Nq], dq, dk, dv in precision t. With
+    out_dtype (f16, bf16) the backward pass reads o rounded to that dtype, as
+    a backward pass given the forward's stored output does."""
+    nq, hq, d = q.shape
+    nk, hkv = k.shape[0], k.shape[1]
+    if nq == 0 or nk == 0:
+        lse = np.full((hq, nq), -np.inf, dtype=t)
+        return (np.zeros(q.shape, t), lse, np.zeros(q.shape, t), np.zeros(k.shape, t),
+                np.zeros(k.shape, t))
+    g = hq // hkv
+    Q = q.astype(t).transpose(1, 0, 2)                       # [Hq, Nq, d]
+    K = np.repeat(k.astype(t).transpose(1, 0, 2), g, axis=0)  # [Hq, Nk, d]
+    V = np.repeat(v.astype(t).transpose(1, 0, 2), g, axis=0)
+    dO = do.astype(t).transpose(1, 0, 2)
+    scale = t(c["scale"])
+    s = mm(Q, K.transpose(0, 2, 1)) * scale
+    cap = c["softcap"]
+    if cap > 0:
+        th = ftanh(s / t(cap), t)
+        s = t(cap) * th
+    diag = np.arange(nq)[:, None] + nk - nq
+    dist = np.abs(diag - np.arange(nk)[None, :]).astype(t)
+    if c["alibi_slopes"] is not None:
+        slopes = np.asarray(c["alibi_slopes"], dtype=t)
+        s = s - slopes[:, None, None] * dist[None]
+    ok = np.broadcast_to(visible(nq, nk, c["causal"], c["window"])[None], s.shape)
+    s = np.where(ok, s, t(-np.inf))
+    seen = ok.any(axis=-1)                                     # [Hq, Nq]
+    m = np.where(seen, s.max(axis=-1, initial=-np.inf), t(0))
+    p = np.where(ok, fexp(np.where(ok, s - m[..., None], t(0)), t), t(0))
+    l = rowsum(p)
+    P = p / np.where(seen, l, t(1))[..., None]
+    o = mm(P, V)
+    lse = np.where(seen, m + flog(np.where(seen, l, t(1)), t), t(-np.inf))
+    # Backward of sum(o * do): dP = dO V^T, dS = P (dP - rowsum(dO o)).
+    dP = mm(dO, V.transpose(0, 2, 1))
+    D = rowsum(dO * (o if out_dtype is None else round_to(o, out_dtype)))
+    dS = P * (dP - D[..., None])
+    if cap > 0:
+        dS = dS * (t(1) - th * th)
+    dQ = mm(dS, K) * scale
+    dK = mm(dS.transpose(0, 2, 1), Q) * scale
+    dV = mm(P.transpose(0, 2, 1), dO)
+    # Query heads of one group add into their key/value head, in head order.
+    dK = dK.reshape(hkv, g, nk, d)
+    dV = dV.reshape(hkv, g, nk, d)
+    dKs, dVs = dK[:, 0].copy(), dV[:, 0].copy()
+    for h in range(1, g):
+        dKs += dK[:, h]
+        dVs += dV[:, h]
+    return (o.transpose(1, 0, 2), lse, dQ.transpose(1, 0, 2), dKs.transpose(1, 0, 2),
+            dVs.transpose(1, 0, 2))
+
+
+def sequences(c):
+    """(q rows, k rows) slices of each sequence, in the stored layout flattened to rows."""
+    if c["layout"] == "varlen":
+        cq, ck = c["cu_seqlens_q"], c["cu_seqlens_k"]
+        return [(slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])) for b in range(c["batch"])]
+    nq, nk = c["seqlen_q"], c["seqlen_k"]
+    return [(slice(b * nq, (b + 1) * nq), slice(b * nk, (b + 1) * nk)) for b in range(c["batch"])]
+
+
+def run_case(c, x, t, out_dtype=None):
+    """x: dict of input values (float32 arrays, stored shapes). Returns the
+    outputs in the stored shapes, precision t."""
+    hq, hkv, d = c["heads_q"], c["heads_kv"], c["head_dim"]
+    q, do = x["q"].reshape(-1, hq, d), x["do"].reshape(-1, hq, d)
+    k, v = x["k"].reshape(-1, hkv, d), x["v"].reshape(-1, hkv, d)
+    o, dq = np.zeros(q.shape, t), np.zeros(q.shape, t)
+    dk, dv = np.zeros(k.shape, t), np.zeros(k.shape, t)
+    lse = np.zeros((hq, q.shape[0]), t)
+    for sq, sk in sequences(c):
+        ro, rl, rdq, rdk, rdv = attention(q[sq], k[sk], v[sk], do[sq], c, t, out_dtype)
+        o[sq], lse[:, sq], dq[sq], dk[sk], dv[sk] = ro, rl, rdq, rdk, rdv
+    if c["layout"] == "bshd":
+        b, nq = c["batch"], c["seqlen_q"]
+        lse = lse.reshape(hq, b, nq).transpose(1, 0, 2)
+    return {"o": o.reshape(x["q"].shape), "lse": np.ascontiguousarray(lse),
+            "dq": dq.reshape(x["q"].shape), "dk": dk.reshape(x["k"].shape),
+            "dv": dv.reshape(x["k"].shape)}
+
+
+def max_err(got, ref):
+    fin = np.isfinite(ref)
+    if not fin.any():
+        return 0.0
+    return float(np.max(np.abs(got[fin].astype(F64) - ref[fin])))
+
+
+def peer_figures(c, x, ref):
+    """The naive float32 peer (f32 cases) or its emulation in the case's dtype."""
+    out = run_case(c, x, F32, None if c["dtype"] == "f32" else c["dtype"])
+    if c["dtype"] == "f32":
+        fig = {n: max_err(out[n], ref[n]) for n in OUTPUTS}
+        fig["peer"] = PEER_F32
+        return fig
+    dt = c["dtype"]
+    fig = {n: max_err(round_to(out[n], dt), ref[n]) for n in ("o", "dq", "dk", "dv")}
+    fig["peer"] = PEER_EMU % (dt, dt, dt)
+    return fig
+
+
+# ---------------------------------------------------------------------------
+# The cases made here
+# ---------------------------------------------------------------------------
+
+def f32exact(x):
+    return float(F32(x))
+
+
+def shapes(c):
+    hq, hkv, d = c["heads_q"], c["heads_kv"], c["head_dim"]
+    if c["layout"] == "varlen":
+        tq, tk = c["cu_seqlens_q"][-1], c["cu_seqlens_k"][-1]
+        return (tq, hq, d), (tk, hkv, d)
+    b = c["batch"]
+    return (b, c["seqlen_q"], hq, d), (b, c["seqlen_k"], hkv, d)
+
+
+def normal_inputs(c, rng):
+    qs, ks = shapes(c)
+    return {"q": rng.standard_normal(qs), "k": rng.standard_normal(ks),
+            "v": rng.standard_normal(ks), "do": rng.standard_normal(qs)}
+
+
+def large_logit_inputs(target, ties=False):
+    """Scores reaching |s| ~ target. Most rows are random, their top two
+    keys at least 6 apart (at this size their softmax is one key); rows 1 and 3 of every 8 put a second key
+    6..20 below the first (near one-hot: a naive float32 softmax gets these
+    right to float32 precision, a rounded lse shifts every probability of the
+    row); row 5 of every 8 has small scores (|s| ~ target/100). With ties, row
+    7 of every 8 puts two keys within 0..1 of each other at the top: there
+    every float32 implementation errs by about ulp(s), which hides the near
+    one-hot rows' error behind a larger peer figure, so ties get cases of
+    their own."""
+    def make(c, rng):
+        qs, ks = shapes(c)
+        q, k = rng.standard_normal(qs), rng.standard_normal(ks)
+        b, nq, h, d = qs
+        nk = ks[1]
+        kinds = {}
+        for i in range(nq):
+            if i % 8 in (1, 3):
+                kinds[i] = float(rng.uniform(6.0, 20.0))
+            elif i % 8 == 5:
+                q[:, i] *= 0.01
+            elif i % 8 == 7 and ties:
+                kinds[i] = float(rng.uniform(0.0, 1.0))
+        # The rows that pair keys aim at a key; the scale follows from the
+        # largest score, then each partner key is placed at the chosen gap.
+        plans = []
+        for bb in range(b):
+            for hh in range(h):
+                free = list(range(nk))
+                rng.shuffle(free)
+                for i, gap in kinds.items():
+                    lim = i + nk - nq if c["causal"] else nk - 1
+                    pick = [j for j in free if j <= lim][:2]
+                    if len(pick) < 2:
+                        continue
+                    a, p = pick
+                    free.remove(a)
+                    free.remove(p)
+                    ka = k[bb, a, hh]
+                    q[bb, i, hh] = 3.0 * ka / np.linalg.norm(ka) + 0.3 * rng.standard_normal(d)
+                    plans.append((bb, hh, i, a, p, gap))
+        q, k = q.astype(F32).astype(F64), k.astype(F32).astype(F64)
+        dots = mm(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 3, 1))
+        scale = f32exact(target / np.abs(dots).max())
+        for bb, hh, i, a, p, gap in plans:
+            qi = q[bb, i, hh]
+            k[bb, p, hh] = k[bb, a, hh] - (gap / scale) * qi / np.dot(qi, qi)
+        # A random row whose top two keys happen to lie within 6 of each other
+        # is a tie: draw it again.
+        ok = visible(nq, nk, c["causal"], c["window"])
+        for _ in range(100):
+            sc = mm(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 3, 1)) * scale
+            top2 = -np.sort(-np.where(ok, sc, -np.inf), axis=-1)[..., :2]
+            bad = [(bb, hh, i) for bb in range(b) for hh in range(h) for i in range(nq)
+                   if i not in kinds and i % 8 != 5 and top2[bb, hh, i, 0] - top2[bb, hh, i, 1] < 6.0]
+            if not bad:
+                break
+            for bb, hh, i in bad:
+                q[bb, i, hh] = rng.standard_normal(d).astype(F32)
+        c["scale"] = scale
+        return {"q": q, "k": k, "v": rng.standard_normal(ks), "do": rng.standard_normal(qs)}
+    return make
+
+
+def case(name, seed, make=normal_inputs, dtype="f32", layout="bshd", batch=1, seqlen_q=None,
+         seqlen_k=None, heads_q=2, heads_kv=None, head_dim=64, scale=None, causal=False,
+         window=(-1, -1), softcap=0.0, alibi_slopes=None, seqlens=None):
+    """seqlens: for varlen, [(Nq, Nk), ...] per sequence."""
+    cq = ck = None
+    if layout == "varlen":
+        cq, ck = [0], [0]
+        for a, b in seqlens:
+            cq.append(cq[-1] + a)
+            ck.append(ck[-1] + b)
+        batch = len(seqlens)
+    c = {"name": name, "layout": layout, "dtype": dtype, "batch": batch,
+         "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "heads_q": heads_q,
+         "heads_kv": heads_kv or heads_q, "head_dim": head_dim,
+         "scale": scale if scale is not None else f32exact(1.0 / np.sqrt(head_dim)),
+         "causal": causal, "window": list(window), "softcap": softcap,
+         "alibi_slopes": alibi_slopes, "cu_seqlens_q": cq, "cu_seqlens_k": ck, "seed": seed}
+    return c, make
+
+
+GENERATED = [
+    # Large logits: the float32 rounding of lse (ulp(1e3) = 6e-5, ulp(1e4) =
+    # 1e-3) enters every exp(s - lse) of the backward pass.
+    case("logits_1e3_ties", 114, large_logit_inputs(1e3, ties=True), seqlen_q=128,
+         seqlen_k=128, head_dim=32),
+    case("logits_1e4_ties", 115, large_logit_inputs(1e4, ties=True), seqlen_q=128,
+         seqlen_k=128, head_dim=32),
+    case("logits_1e3", 101, large_logit_inputs(1e3), seqlen_q=128, seqlen_k=128, head_dim=32),
+    case("logits_1e3_causal", 102, large_logit_inputs(1e3), seqlen_q=128, seqlen_k=128,
+         head_dim=32, causal=True),
+    case("logits_1e4", 103, large_logit_inputs(1e4), seqlen_q=128, seqlen_k=128, head_dim=32),
+    case("logits_1e4_causal", 104, large_logit_inputs(1e4), seqlen_q=128, seqlen_k=128,
+         head_dim=32, causal=True),
+    # An empty query sequence, an empty key sequence (its rows see no key),
+    # causal with more queries than keys (the first rows see no key), length 1.
+    case("varlen_empty", 105, layout="varlen", heads_q=4, heads_kv=2, head_dim=32, causal=True,
+         seqlens=[(0, 20), (17, 0), (33, 50), (40, 25), (1, 1)]),
+    # A window with keys fewer than queries: rows 0..54 see no key.
+    case("window_no_key", 106, seqlen_q=100, seqlen_k=40, head_dim=32, window=(5, 5)),
+    case("window_causal_gqa", 107, batch=2, seqlen_q=150, seqlen_k=150, heads_q=6, heads_kv=2,
+         head_dim=32, causal=True, window=(40, -1)),
+    case("softcap_alibi", 108, seqlen_q=120, seqlen_k=160, heads_q=4, head_dim=32, softcap=20.0,
+         alibi_slopes=[0.5, 0.125, 0.03125, 0.0078125]),
+    # bf16 at the head dimensions the kernels special-case least.
+    case("bf16_d1", 109, dtype="bf16", batch=2, seqlen_q=64, seqlen_k=64, head_dim=1),
+    case("bf16_d80", 110, dtype="bf16", seqlen_q=96, seqlen_k=96, head_dim=80, causal=True),
+    case("bf16_d96", 111, dtype="bf16", seqlen_q=80, seqlen_k=112, head_dim=96),
+    case("bf16_d256", 112, dtype="bf16", seqlen_q=40, seqlen_k=40, head_dim=256, causal=True),
+    # Decoding: one query over many keys, one key/value head.
+    case("decode_mqa_f16", 113, dtype="f16", seqlen_q=1, seqlen_k=1000, heads_q=8, heads_kv=1,
+         head_dim=64),
+]
+
+
+# ---------------------------------------------------------------------------
+# Reading and writing case folders
+# ---------------------------------------------------------------------------
+
+def load_inputs(folder):
+    return {n: np.load(os.path.join(folder, n + ".npy")) for n in INPUTS}
+
+
+def write_case(folder, c, stored, ref, peer, carried):
+    os.makedirs(folder, exist_ok=True)
+    for n in INPUTS:
+        np.save(os.path.join(folder, n + ".npy"), stored[n])
+    for n in OUTPUTS:
+        np.save(os.path.join(folder, n + ".npy"), ref[n].astype(F32))
+    meta = {key: c[key] for key in ("name", "layout", "dtype", "batch", "seqlen_q", "seqlen_k",
+                                    "heads_q", "heads_kv", "head_dim", "scale", "causal",
+                                    "window", "softcap", "alibi_slopes", "cu_seqlens_q",
+                                    "cu_seqlens_k", "seed")}
+    meta["sdpa_fp64_max_diff"] = carried.get("sdpa_fp64_max_diff")
+    meta["reference"] = REFERENCE
+    if c["dtype"] != "f32" and "peer_max_err" in carried:
+        meta["peer_max_err"] = carried["peer_max_err"]
+    else:
+        meta["peer_max_err"] = peer
+    with open(os.path.join(folder, "case.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+
+
+def gpu_measured(meta):
+    """What only a GPU run of --torch (or the first, PyTorch-made set)
+    measured, to carry over when the inputs have not changed."""
+    keep = {}
+    if meta.get("sdpa_fp64_max_diff") is not None:
+        keep["sdpa_fp64_max_diff"] = meta["sdpa_fp64_max_diff"]
+    peer = meta.get("peer_max_err") or {}
+    if meta.get("dtype") != "f32" and str(peer.get("peer", "")).startswith("torch"):
+        keep["peer_max_err"] = peer
+    return keep
+
+
+def agree(ref64, stored, name, cname):
+    """The float64 answer against a stored float32 one: rounding must give the
+    stored value except within 1e-12 (relative to the output's largest value)
+    of a rounding boundary. Returns the worst excess over half an ulp."""
+    s = stored.astype(F64)
+    fin = np.isfinite(s)
+    if not np.array_equal(fin, np.isfinite(ref64)) or not np.array_equal(
+            s[~fin], ref64[~fin]):
+        raise SystemExit("%s/%s: the infinities differ from the stored answer" % (cname, name))
+    if not fin.any():
+        return 0.0
+    half = 0.5 * np.spacing(np.abs(stored[fin])).astype(F64)
+    excess = np.abs(ref64[fin] - s[fin]) - half
+    big = max(1.0, float(np.abs(s[fin]).max()))
+    worst = float(excess.max()) / big
+    if worst > 1e-12:
+        raise SystemExit("%s/%s: differs from the stored answer by %.3g (relative, beyond "
+                         "rounding)" % (cname, name, worst))
+    return worst
+
+
+def generate(out_dir, source_dir, compare_dir=None, quiet=False):
+    """Writes every case under out_dir. Imported inputs come from source_dir;
+    compare_dir, when given, holds answers to cross-check against."""
+    todo = [(n, None) for n in IMPORTED] + [(c["name"], (c, mk)) for c, mk in GENERATED]
+    for name, gen in todo:
+        old_dir = os.path.join(source_dir, name)
+        old = {}
+        if os.path.exists(os.path.join(old_dir, "case.json")):
+            with open(os.path.join(old_dir, "case.json")) as f:
+                old = json.load(f)
+        if gen is None:
+            if not old:
+                raise SystemExit("%s: imported case missing from %s" % (name, source_dir))
+            c = dict(old)
+            stored = load_inputs(old_dir)
+            carried = gpu_measured(old)
+        else:
+            c, mk = dict(gen[0]), gen[1]
+            x64 = mk(c, np.random.default_rng(c["seed"]))
+            stored = {n: to_bits(x64[n].astype(F32), c["dtype"]) for n in INPUTS}
+            carried = {}
+            if old and all(os.path.exists(os.path.join(old_dir, n + ".npy")) for n in INPUTS):
+                same = all(np.array_equal(np.load(os.path.join(old_dir, n + ".npy")), stored[n])
+                           for n in INPUTS)
+                if same:
+                    carried = gpu_measured(old)
+        x = {n: from_bits(stored[n], c["dtype"]) for n in INPUTS}
+        ref = run_case(c, x, F64)
+        line = name
+        if compare_dir:
+            cdir = os.path.join(compare_dir, name)
+            if os.path.exists(cdir):
+                worst = max(agree(ref[n], np.load(os.path.join(cdir, n + ".npy")), n, name)
+                            for n in OUTPUTS)
+                flips = sum(int(np.sum(ref[n].astype(F32).view(np.uint32)
+                                       != np.load(os.path.join(cdir, n + ".npy")).view(np.uint32)))
+                            for n in OUTPUTS)
+                line += "  agrees with %s (worst excess %.1e, %d rounding flips)" % (
+                    cdir, worst, flips)
+        peer = peer_figures(c, x, ref)
+        fin = np.isfinite(ref["lse"])
+        smax = float(np.abs(ref["lse"][fin]).max()) if fin.any() else 0.0
+        write_case(os.path.join(out_dir, name), c, stored, ref, peer, carried)
+        if not quiet:
+            print("%-20s max|lse| %-9.4g %s" % (name, smax, line[len(name):]))
+
+
+# ---------------------------------------------------------------------------
+# PyTorch: the float64 cross-check and the f16/bf16 peer
+# ---------------------------------------------------------------------------
+
+def torch_pass(cases_dir):
+    import torch
+    import torch.nn.functional as Fn
+
+    if not torch.cuda.is_available():
+        raise SystemExit("gen.py --torch: no CUDA device")
+    tdt = {"f16": torch.float16, "bf16": torch.bfloat16}
+
+    def sdpa(c, x, dtype, device):
+        """SDPA per sequence with the visibility mask and ALiBi as an additive
+        float mask; returns outputs in the stored shapes (float64)."""
+        hq, hkv, d = c["heads_q"], c["heads_kv"], c["head_dim"]
+        q = torch.tensor(x["q"].reshape(-1, hq, d), dtype=torch.float64)
+        do = torch.tensor(x["do"].reshape(-1, hq, d), dtype=torch.float64)
+        k = torch.tensor(x["k"].reshape(-1, hkv, d), dtype=torch.float64)
+        v = torch.tensor(x["v"].reshape(-1, hkv, d), dtype=torch.float64)
+        out = {n: torch.zeros_like(a) for n, a in (("o", q), ("dq", q), ("dk", k), ("dv", k))}
+        for sq, sk in sequences(c):
+            nq, nk = sq.stop - sq.start, sk.stop - sk.start
+            if nq == 0 or nk == 0:
+                continue
+            ok = torch.tensor(visible(nq, nk, c["causal"], c["window"]))
+            bias = torch.zeros(hq, nq, nk, dtype=torch.float64)
+            if c["alibi_slopes"] is not None:
+                diag = torch.arange(nq)[:, None] + nk - nq
+                dist = (diag - torch.arange(nk)[None, :]).abs().to(torch.float64)
+                bias = bias - torch.tensor(c["alibi_slopes"], dtype=torch.float64)[:, None,
+                                                                                   None] * dist
+            bias = bias.masked_fill(~ok, float("-inf"))
+            seen = ok.any(dim=1)
+            # Rows that see no key are the library's own rule; SDPA is held
+            # to the others (its value there is not part of the contract).
+            bias[:, ~seen, :] = 0
+            args = [a[s].transpose(0, 1).unsqueeze(0).to(device=device, dtype=dtype)
+                    .requires_grad_(True) for a, s in ((q, sq), (k, sk), (v, sk))]
+            # As a user would call it: no mask where every key is visible,
+            # is_causal where the causal mask is SDPA's own (square).
+            plain = c["alibi_slopes"] is None and list(c["window"]) == [-1, -1]
+            mask, is_causal = bias.to(device, dtype), False
+            if plain and not c["causal"]:
+                mask = None
+            elif plain and nq == nk:
+                mask, is_causal = None, True
+            o = Fn.scaled_dot_product_attention(*args, attn_mask=mask, is_causal=is_causal,
+                                                scale=c["scale"], enable_gqa=hq != hkv)
+            keep = seen.to(device)[None, None, :, None]
+            g = do[sq].transpose(0, 1).unsqueeze(0).to(device=device, dtype=dtype)
+            o.backward(g * keep)
+            out["o"][sq] = (o * keep).detach()[0].transpose(0, 1).double().cpu()
+            out["dq"][sq] = (args[0].grad * keep)[0].transpose(0, 1).double().cpu()
+            out["dk"][sk] = args[1].grad[0].transpose(0, 1).double().cpu()
+            out["dv"][sk] = args[2].grad[0].transpose(0, 1).double().cpu()
+        like = {"o": "q", "dq": "q", "dk": "k", "dv": "k"}
+        return {n: out[n].reshape(x[like[n]].shape).numpy() for n in out}
+
+    for name in sorted(os.listdir(cases_dir)):
+        folder = os.path.join(cases_dir, name)
+        path = os.path.join(folder, "case.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            meta = json.load(f)
+        x = {n: from_bits(np.load(os.path.join(folder, n + ".npy")), meta["dtype"]).astype(F64)
+             for n in INPUTS}
+        ref = {n: np.load(os.path.join(folder, n + ".npy")).astype(F64) for n in OUTPUTS}
+        line = name
+        if meta["softcap"] > 0:
+            meta["sdpa_fp64_max_diff"] = None
+            line += "  sdpa: no softcap"
+        else:
+            got = sdpa(meta, x, torch.float64, "cuda")
+            diff = 0.0
+            for n in ("o", "dq", "dk", "dv"):
+                big = max(1.0, float(np.abs(ref[n]).max()))
+                # The stored answer is rounded to float32: compare beyond that.
+                half = 0.5 * np.spacing(np.abs(ref[n].astype(F32))).astype(F64)
+                diff = max(diff, float(np.max(np.maximum(np.abs(got[n] - ref[n]) - half, 0)))
+                           / big)
+            meta["sdpa_fp64_max_diff"] = diff
+            line += "  sdpa float64 differs by %.3g beyond float32 rounding" % diff
+            if diff > 1e-9:
+                print(line + "  MISMATCH", file=sys.stderr)
+                raise SystemExit(1)
+        peer = meta.get("peer_max_err") or {}
+        if meta["dtype"] != "f32" and not str(peer.get("peer", "")).startswith("torch"):
+            if meta["softcap"] > 0:
+                line += "  (no torch peer: softcap)"
+            else:
+                got = sdpa(meta, x, tdt[meta["dtype"]], "cuda")
+                fig = {n: max_err(got[n], ref[n]) for n in ("o", "dq", "dk", "dv")}
+                fig["peer"] = "torch %s scaled_dot_product_attention in %s" % (
+                    torch.__version__, meta["dtype"])
+                meta["peer_max_err"] = fig
+                line += "  peer %s" % fig
+        with open(path, "w") as f:
+            json.dump(meta, f, indent=1)
+        print(line)
+
+
+# ---------------------------------------------------------------------------
+
+def same_tree(a, b):
+    """Names of files that differ between two case trees (missing counts)."""
+    bad = []
+    names = sorted(set(os.listdir(a)) | set(os.listdir(b)))
+    for n in names:
+        da, db = os.path.join(a, n), os.path.join(b, n)
+        if not (os.path.isdir(da) and os.path.isdir(db)):
+            bad.append(n)
+            continue
+        for f in sorted(set(os.listdir(da)) | set(os.listdir(db))):
+            fa, fb = os.path.join(da, f), os.path.join(db, f)
+            if not (os.path.isfile(fa) and os.path.isfile(fb)):
+                bad.append(n + "/" + f)
+                continue
+            with open(fa, "rb") as x, open(fb, "rb") as y:
+                if x.read() != y.read():
+                    bad.append(n + "/" + f)
+    return bad
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="regenerate into a temporary folder and compare with the committed cases")
+    ap.add_argument("--torch", action="store_true",
+                    help="after generating, cross-check with PyTorch on CUDA and measure the "
+                         "f16/bf16 peer")
+    ap.add_argument("--import-from", metavar="DIR",
+                    help="inputs of the imported cases from DIR, answers checked against DIR's")
+    ap.add_argument("--out", metavar="DIR", default=CASES_DIR, help="where to write the cases")
+    a = ap.parse_args()
+    if a.check:
+        with tempfile.TemporaryDirectory(prefix="attn-golden-") as tmp:
+            generate(tmp, CASES_DIR, quiet=True)
+            bad = same_tree(CASES_DIR, tmp)
+        if bad:
+            print("gen.py --check: %d file(s) differ from a regeneration:" % len(bad))
+            for b in bad:
+                print("  " + b)
+            return 1
+        print("gen.py --check: every case regenerates byte for byte")
+        return 0
+    source = a.import_from or a.out
+    if os.path.abspath(a.out) == os.path.abspath(source):
+        # Imported inputs are read before their folder is rewritten: stage
+        # through a temporary folder.
+        with tempfile.TemporaryDirectory(prefix="attn-golden-") as tmp:
+            generate(tmp, source)
+            for n in os.listdir(tmp):
+                shutil.rmtree(os.path.join(a.out, n), ignore_errors=True)
+                shutil.copytree(os.path.join(tmp, n), os.path.join(a.out, n))
+    else:
+        os.makedirs(a.out, exist_ok=True)
+        generate(a.out, source, compare_dir=a.import_from)
+    if a.torch:
+        torch_pass(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
