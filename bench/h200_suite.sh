@@ -55,8 +55,11 @@ fi
 
 if has torch && [ -f tests/golden/gen.py ]; then
   stamp torch
-  python3 tests/golden/gen.py --torch --out "$OUT/golden_torch" >"$OUT/torch.log" 2>&1
-  echo "gen.py --torch: exit $?"; tail -30 "$OUT/torch.log"
+  rm -rf /tmp/golden_torch
+  python3 tests/golden/gen.py --torch --import-from tests/golden/cases --out /tmp/golden_torch \
+    >"$OUT/torch.log" 2>&1
+  echo "gen.py --torch: exit $?"; tail -40 "$OUT/torch.log"
+  (cd /tmp/golden_torch && tar czf "$OUT/torch_cases.tgz" */case.json)
 fi
 
 if has ab && [ -x build-base/tools/attn ]; then
