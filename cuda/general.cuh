@@ -209,13 +209,21 @@ __device__ __forceinline__ void load_tile(float *sm, int ld, const gtensor &t, l
   }
 }
 
+/* scale * q.k rounded to float, never fused into a following add: every
+ * kernel, forward and backward, must see the same score, or the backward's
+ * exp(s - lse) is off by the product's rounding (half an ulp of s, as much
+ * as a float lse would cost at large logits; see lse.cuh). */
+__device__ __forceinline__ float scaled(const gparams &P, float acc) {
+  return __fmul_rn(acc, P.scale);
+}
+
 /* The final score: softcap, then ALiBi. *dcap receives d(softcapped)/d(raw),
  * 1 without softcap. Scores stay in natural units: converting s itself to
  * log2 units rounds a large logit once more, and the backward pass's
  * exp(s - lse) loses that many bits (the big_logits golden case). */
 __device__ __forceinline__ float score(const gparams &P, float acc, float slope, long long dist,
                                        float *dcap) {
-  float s = acc * P.scale;
+  float s = scaled(P, acc);
   *dcap = 1.f;
   if (P.softcap > 0.f) {
     float t = tanhf(s * P.inv_softcap);
@@ -349,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
         const long long j = k0 + tx + 16 * jj;
         float x, dcap;
         if (plain) {
-          x = s[ii][jj] * P.scale;
+          x = scaled(P, s[ii][jj]);
         } else {
           x = score(P, s[ii][jj], slope, diag - j, &dcap);
         }
@@ -552,11 +560,10 @@ __device__ __forceinline__ void bwd_p_ds(const gparams &P, const seqinfo &S, con
 #pragma unroll
     for (int jj = 0; jj < M; jj++) {
       const long long j = j0 + tx + 16 * jj;
-      /* s - lse in one rounding (fmaf) where there is no softcap or ALiBi,
-       * then lse's lo (lse.cuh). */
+      /* s - hi, exact near the row maximum, then lse's lo (lse.cuh). */
       float x, dcap = 1.f;
       if (plain) {
-        x = fmaf(s[ii][jj], P.scale, -lse) - lo_r;
+        x = (scaled(P, s[ii][jj]) - lse) - lo_r;
       } else {
         x = (score(P, s[ii][jj], slope, diag - j, &dcap) - lse) - lo_r;
       }
