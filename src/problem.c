@@ -95,8 +95,9 @@ static int check_tensor(attn_context *ctx, const char *name, const attn_tensor *
   size_t esize = attn_dtype_size(t->dtype);
   if ((uint64_t)last >= (uint64_t)(SIZE_MAX / esize) - 1 ||
       (uint64_t)last > (uint64_t)INT64_MAX / esize - 1)
-    return attn__error(ctx, ATTN_EOVERFLOW, "%s: its extent (%lld elements) overflows size_t", name,
-                       (long long)last + 1);
+    /* last is at most INT64_MAX here, so the count is one past it: unsigned. */
+    return attn__error(ctx, ATTN_EOVERFLOW, "%s: its extent (%llu elements) overflows size_t", name,
+                       (unsigned long long)last + 1);
   size_t bytes = ((size_t)last + 1) * esize;
   if (strides_overlap(t))
     return attn__error(
