@@ -455,22 +455,19 @@ static int build_program(attn_context *ctx, int dtype, int hd, int wide, int *re
            "-cl-std=CL1.2 -DDTYPE=%d -DHD=%d -DBR=%d -DBC=%d -DTM=%d -DDK=%d -DJK=%d -DBB=%d",
            dtype, hd, p.br, p.bc, p.tm, p.dk, p.jk, p.bb);
   const char *srcs[3] = {attn__cl_src_common, attn__cl_src_fwd, attn__cl_src_bwd};
-  int st = attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, 3, opts, &p.prog);
+  const char *names[4] = {"attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv", "attn_bwd_dq"};
+  cl_kernel ks[4];
+  int st = attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, 3, opts, names, 4, &p.prog, ks);
   if (st) return st;
   cl->clRetainContext(im->ctx);
   p.clctx = im->ctx;
-  const char *names[4] = {"attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv", "attn_bwd_dq"};
-  cl_kernel *ks[4] = {&p.fwd, &p.pre, &p.dkdv, &p.dq};
+  p.fwd = ks[0];
+  p.pre = ks[1];
+  p.dkdv = ks[2];
+  p.dq = ks[3];
   for (int i = 0; i < 4 && !st; ++i) {
-    cl_int err;
-    *ks[i] = cl->clCreateKernel(p.prog, names[i], &err);
-    if (!*ks[i] || err != CL_SUCCESS) {
-      *ks[i] = NULL;
-      st = cl_fail(ctx, "clCreateKernel", err);
-      break;
-    }
     size_t wg = 0;
-    cl->clGetKernelWorkGroupInfo(*ks[i], im->dev->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
+    cl->clGetKernelWorkGroupInfo(ks[i], im->dev->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
                                  NULL);
     const size_t need = i == 0 ? (size_t)(16 * (p.br / p.tm)) : i == 1 ? 64 : 128;
     if (wg < need && i == 0 && need > 128 && wide) {
@@ -515,11 +512,9 @@ static int cl_selftest(attn_context *ctx) {
   cl_mem m[3] = {NULL, NULL, NULL};
   cl_int err = CL_SUCCESS;
   const char *srcs[1] = {attn__cl_src_selftest};
-  int st = attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, 1, "-cl-std=CL1.2", &prog);
-  if (!st) {
-    k = cl->clCreateKernel(prog, "attn_selftest_add", &err);
-    if (err != CL_SUCCESS) st = cl_fail(ctx, "self-test: clCreateKernel", err);
-  }
+  const char *names[1] = {"attn_selftest_add"};
+  int st =
+      attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, 1, "-cl-std=CL1.2", names, 1, &prog, &k);
   for (int i = 0; i < 3 && !st; ++i)
     st = cl_buffer_alloc(ctx, N * sizeof(float), (void **)&m[i]);
   for (int i = 0; i < 2 && !st; ++i)
