@@ -296,7 +296,7 @@ static int cl_buffer_alloc(attn_context *ctx, size_t bytes, void **native) {
    * the limit named, whatever the driver would make of it. */
   if (im->dev->max_alloc && (uint64_t)bytes > im->dev->max_alloc)
     return attn__error(ctx, ATTN_ENOMEM,
-                       "bytes: %zu is more than the largest buffer the OpenCL device %s "
+                       "%zu bytes is more than the largest buffer the OpenCL device %s "
                        "allocates (CL_DEVICE_MAX_MEM_ALLOC_SIZE %llu bytes, of %llu in all)",
                        bytes, im->dev->info.name, (unsigned long long)im->dev->max_alloc,
                        (unsigned long long)im->dev->info.memory_bytes);

@@ -3,6 +3,7 @@
  * through a GPU backend's buffers when needed, and dispatch. */
 #include "attn_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 /* Enters ctx for one call, or says why not. A context whose creation failed
@@ -291,13 +292,18 @@ static void scatter(const attn_tensor *t, const char *img) {
   }
 }
 
-static int stage(attn_context *ctx, staging *st, const attn_tensor *t, attn__tensor *pt,
-                 int output) {
+static int stage(attn_context *ctx, staging *st, const attn_tensor *t, attn__tensor *pt, int output,
+                 const char *name) {
   if (!t || !t->data) return ATTN_OK;
   size_t bytes = tensor_bytes(t);
   void *native = NULL;
   int rc = ctx->backend->buffer_alloc(ctx, bytes, &native);
-  if (rc) return rc;
+  if (rc) {
+    /* The backend's sentence names its own argument; the caller's is the tensor. */
+    char why[sizeof ctx->errmsg];
+    memcpy(why, ctx->errmsg, sizeof why);
+    return attn__error(ctx, rc, "%s: staging it on the device failed: %s", name, why);
+  }
   st->native[st->n] = native;
   st->user[st->n] = t;
   st->output[st->n] = output;
@@ -327,11 +333,12 @@ static void unstage(attn_context *ctx, staging *st) {
 
 static int run(attn_context *ctx, attn__problem *pb, const attn_tensor *const *ts,
                attn__tensor *const *pts, const int *outputs, int nts, int backward) {
+  static const char *const names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};
   staging st = {0};
   int rc = ATTN_OK;
   if (!ctx->backend->host_memory) {
     for (int i = 0; i < nts && !rc; i++)
-      rc = stage(ctx, &st, ts[i], pts[i], outputs[i]);
+      rc = stage(ctx, &st, ts[i], pts[i], outputs[i], names[i]);
     if (st.n) pb->async = 0; /* staged results must be back before we return */
   }
   if (!rc) rc = backward ? ctx->backend->backward(ctx, pb) : ctx->backend->forward(ctx, pb);
@@ -349,6 +356,7 @@ static int forward(attn_context *ctx, const attn_params *p, const attn_tensor *q
   if (rc) return rc;
   rc = ctx->backend->supports(ctx, &pb, 0);
   if (rc) return rc;
+  /* In the order of run()'s names: forward's are the first five. */
   const attn_tensor *ts[] = {q, k, v, o, lse};
   attn__tensor *pts[] = {&pb.q, &pb.k, &pb.v, &pb.o, &pb.lse};
   const int outputs[] = {0, 0, 0, 1, 1};
