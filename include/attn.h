@@ -22,7 +22,12 @@
  * log on stderr. A call that fails validation leaves every output untouched.
  *
  * Thread safety: distinct contexts may be used from distinct threads at once;
- * one context must not be used from two threads at the same time.
+ * one context must not be used from two threads at the same time. A call that
+ * finds its context inside another thread's call does not wait and does not
+ * touch the context: it returns ATTN_EBUSY at once, leaving attn_errmsg() to
+ * the call that is running (the check is one atomic exchange per call; it
+ * catches the mistake, it is no lock). Creating and freeing contexts, and
+ * freeing a buffer, are not checked: free nothing another thread still uses.
  */
 #ifndef ATTN_H
 #define ATTN_H
@@ -79,7 +84,8 @@ extern "C" {
   X(EBUILD, 19, "a device kernel failed to compile")                            \
   X(EBUFFER, 20, "a buffer belongs to another context or is too small")         \
   X(EINVAL, 21, "invalid argument")                                             \
-  X(EINTERNAL, 22, "internal error")
+  X(EINTERNAL, 22, "internal error")                                            \
+  X(EBUSY, 23, "the context is in use by another call")
 
 typedef enum attn_status {
 #define ATTN__STATUS_ENUM(name, value, msg) ATTN_##name = value,
@@ -154,7 +160,8 @@ ATTN_API int attn_context_create(const char *spec, attn_context **out);
 ATTN_API void attn_context_free(attn_context *ctx);
 
 /* The sentence describing the last failure on this context, or "" after a
- * success. Valid until the next call on the context. */
+ * success. Valid until the next call on the context. A call refused with
+ * ATTN_EBUSY leaves it alone: it belongs to the call that was running. */
 ATTN_API const char *attn_errmsg(const attn_context *ctx);
 
 /* The backend and device the context got. */

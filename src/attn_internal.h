@@ -13,6 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#ifndef __cplusplus
+#include <stdatomic.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -176,6 +179,12 @@ struct attn_context {
   int device;
   void *impl; /* the backend's per-context state */
   char errmsg[2048];
+#ifndef __cplusplus
+  /* 1 while a call is inside (src/api.c), so that a second thread's call is
+   * refused with ATTN_EBUSY. Last, and left out of C++ (the CUDA files),
+   * which never touches it: C11 atomics are not C++'s. */
+  atomic_int busy;
+#endif
 };
 
 struct attn_buffer {
@@ -220,6 +229,10 @@ struct attn__backend {
   int (*buffer_write)(attn_context *ctx, void *native, size_t offset, const void *src,
                       size_t bytes);
   int (*buffer_read)(attn_context *ctx, void *native, size_t offset, void *dst, size_t bytes);
+  /* attn_buffer_wrap(): ATTN_EBUFFER with a sentence when native is not
+   * memory of the context's device holding `bytes` bytes. NULL where the
+   * backend cannot tell (a host pointer). */
+  int (*buffer_check)(attn_context *ctx, void *native, size_t bytes);
 
   int (*set_stream)(attn_context *ctx, void *stream); /* NULL restores the default */
   int (*synchronize)(attn_context *ctx);
