@@ -1,6 +1,7 @@
 /* Status names and messages, dtypes, and half-precision conversions. */
 #include "attn_internal.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -105,12 +106,16 @@ int attn__error(attn_context *ctx, int status, const char *fmt, ...) {
 }
 
 void attn__debug(const char *fmt, ...) {
-  static int enabled = -1;
-  if (enabled < 0) {
+  /* Atomic: contexts on distinct threads log at once. Two threads that both
+   * find it unset compute the same value, so a lost store is harmless. */
+  static atomic_int enabled = -1;
+  int on = atomic_load_explicit(&enabled, memory_order_relaxed);
+  if (on < 0) {
     const char *e = getenv("ATTN_DEBUG");
-    enabled = e && *e && strcmp(e, "0") != 0;
+    on = e && *e && strcmp(e, "0") != 0;
+    atomic_store_explicit(&enabled, on, memory_order_relaxed);
   }
-  if (!enabled) return;
+  if (!on) return;
   va_list ap;
   va_start(ap, fmt);
   fputs("attn: ", stderr);
