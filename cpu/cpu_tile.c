@@ -397,10 +397,12 @@ void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, in
 static inline float cpu_exp(float x) {
   float xc = x < -87.0f ? -87.0f : x;
   xc = xc > 88.0f ? 88.0f : xc;
-  /* Round to nearest by the 1.5 * 2^23 trick: no rintf call in the loop. */
-  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  /* Round to nearest by the 1.5 * 2^23 trick: no rintf call in the loop.
+   * t holds n in its low mantissa bits, which give 2^n below with no
+   * float-to-int conversion (undefined behaviour for NaN). */
+  const float t = xc * 1.44269504088896341f + 12582912.0f;
+  const float n = t - 12582912.0f;
   float r = xc - n * 0.693359375f;
-  n = n >= -126.0f ? n : -126.0f; /* NaN: any n in range; r keeps the NaN */
   r = r - n * -2.12194440e-4f;
   float y = 1.9875691500e-4f;
   y = y * r + 1.3981999507e-3f;
@@ -409,7 +411,9 @@ static inline float cpu_exp(float x) {
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * (r * r) + r + 1.0f;
-  int32_t bits = ((int32_t)n + 127) << 23;
+  uint32_t bits;
+  memcpy(&bits, &t, sizeof bits);
+  bits = (bits - 0x4b400000u + 127u) << 23;
   float scale;
   memcpy(&scale, &bits, sizeof scale);
   return x < -87.0f ? 0.0f : y * scale;
