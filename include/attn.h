@@ -22,7 +22,10 @@
  * log on stderr. A call that fails validation leaves every output untouched.
  *
  * Thread safety: distinct contexts may be used from distinct threads at once;
- * one context must not be used from two threads at the same time.
+ * one context must not be used from two threads at the same time. The CPU
+ * backend runs on omp_get_max_threads() OpenMP threads, or on as many as the
+ * system lets it create (under an address-space limit, say), never failing
+ * for want of threads.
  */
 #ifndef ATTN_H
 #define ATTN_H
