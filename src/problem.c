@@ -441,10 +441,11 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   pb->causal = (p->flags & ATTN_CAUSAL) != 0;
   pb->window_left = p->window_left;
   pb->window_right = p->window_right;
-  /* A bound at least as long as the sequences cuts nothing (row i sees keys
-   * from i + nk - nq - wl <= 0 to i + nk - nq + wr >= nk - 1): it becomes
-   * "no bound" here, once, so that no backend or the reference computes
-   * diag +- a bound near INT64_MAX. */
+  /* A bound at least as long as the sequences cuts nothing (every row has
+   * diag = i + nk - nq in [nk - nq, nk - 1], so diag - wl < 0 when wl >= nk
+   * and diag + wr >= nk - 1 when wr >= nq): it becomes "no bound" here,
+   * once, so that no backend and not the reference computes diag +- a
+   * bound near INT64_MAX. */
   if (pb->window_left >= nk) pb->window_left = -1;
   if (pb->window_right >= nq) pb->window_right = -1;
   if (pb->causal && (pb->window_right < 0 || pb->window_right > 0)) pb->window_right = 0;
