@@ -300,16 +300,21 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
     float l = 0.0f;
     for (int t = 0; t < TX; ++t)
       l += red[(ty * TM + i) * TX + t];
+    /* The mask says whether the row saw a key, not l: a NaN or inf among its
+     * scores leaves l NaN (or 0 when all are -inf), and the row must then
+     * come out NaN rather than as a row that saw nothing. */
+    const int dg = r + diag0;
+    const int seen = (wl < 0 || dg - wl < nk) && (wr < 0 || dg + wr >= 0) && nk > 0;
     if (r < nq) {
       for (int n = 0; n < TD; ++n) {
         const int c = OCOL(tx, n);
-        if (c < d) STORE(op, r * os.s1 + c * os.s3, l > 0.0f ? acc[i][n] / l : 0.0f);
+        if (c < d) STORE(op, r * os.s1 + c * os.s3, seen ? acc[i][n] / l : 0.0f);
       }
       if (lse && tx == 0) {
         /* ls.s3 > 0: the (hi, lo) form, lo that far past hi. */
         __global float *lp = lse + lo_ + b * ls.s0 + h * ls.s2 + (q0 + r) * ls.s1;
         float lo = 0.0f;
-        lp[0] = l > 0.0f ? lse_split(m_i[i], log(l), &lo) : -INFINITY;
+        lp[0] = !seen ? -INFINITY : l > 0.0f ? lse_split(m_i[i], log(l), &lo) : (lo = NAN);
         if (ls.s3) lp[ls.s3] = lo;
       }
     }

@@ -7,7 +7,9 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 static int cpu_device_count(char *why, size_t why_len) {
@@ -49,9 +51,46 @@ static int cpu_device_info(int index, attn_device_info *out) {
   return ATTN_OK;
 }
 
+/* The size of the OpenMP team the calling thread has started (libgomp keeps
+ * one pool of threads per thread that opens parallel regions). */
+static _Thread_local int cpu_team;
+
+static void *cpu_probe_thread(void *arg) {
+  return arg;
+}
+
+/* libgomp ends the process (gomp_fatal, then exit) when it cannot create a
+ * thread of a team, as happens under an address-space limit (RLIMIT_AS). So
+ * the threads are tried here first, all alive at once and with the default
+ * attributes as libgomp makes them, where a failure can be answered: the
+ * team shrinks to what succeeded. The team is then started, so that the
+ * passes reuse its threads rather than create them. The first call on a
+ * thread pays for this; later ones only read cpu_team. */
+int attn__cpu_threads(void) {
+  const int want = omp_get_max_threads();
+  if (want <= cpu_team) return want;
+  pthread_t *tid = malloc((size_t)want * sizeof *tid);
+  int made = 0;
+  while (tid && made < want - 1 && pthread_create(&tid[made], NULL, cpu_probe_thread, NULL) == 0)
+    made++;
+  for (int i = 0; i < made; i++)
+    pthread_join(tid[i], NULL);
+  free(tid);
+  const int n = made + 1;
+  if (n < want)
+    attn__debug("cpu: only %d of %d OpenMP threads could be created; using %d", n, want, n);
+#pragma omp parallel num_threads(n)
+  { (void)0; }
+  cpu_team = n;
+  return n;
+}
+
 static int cpu_open(attn_context *ctx, int index) {
-  /* Nothing per context: the passes allocate their tiles per call. */
+  /* Nothing per context: the passes allocate their tiles per call. The
+   * OpenMP team starts now, where a failure to create its threads can be
+   * survived (see attn__cpu_threads). */
   ctx->impl = NULL;
+  attn__cpu_threads();
   return ATTN_OK;
 }
 
@@ -103,7 +142,7 @@ static int cpu_selftest(attn_context *ctx) {
     b[i] = (float)(2 * i + 1);
   }
   /* Through the same OpenMP runtime the passes use. */
-#pragma omp parallel for
+#pragma omp parallel for num_threads(attn__cpu_threads())
   for (int i = 0; i < n; i++)
     c[i] = a[i] + b[i];
   int bad = -1;

@@ -309,7 +309,7 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb) {
   const int inplace = attn__cpu_inplace(pb, &pb->dq, 0, 0, 0, &unused) != NULL;
   sh.dq = inplace ? NULL : attn__cpu_alloc((size_t)(pb->heads_q * sh.total_q * d) * sizeof(float));
   sh.turn = malloc((size_t)(pb->heads_q * sh.qblocks + 1) * sizeof *sh.turn);
-  const int nthreads = omp_get_max_threads();
+  const int nthreads = attn__cpu_threads();
   const size_t per_thread = (cpu_bwd_floats(d) + 15) / 16 * 16;
   float *scratch = attn__cpu_alloc((size_t)nthreads * per_thread * sizeof(float));
   int rc = ATTN_OK;

@@ -102,12 +102,17 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
 
   for (int r = 0; r < br; r++) {
     float *orow = t->o + (size_t)r * d;
-    if (t->l[r] > 0.0f) {
+    /* The mask says whether the row saw a key, not l: a NaN or inf among its
+     * scores leaves l NaN (or 0, when they are all -inf), and such a row
+     * must come out NaN, not as a row that saw nothing. */
+    int64_t lo, hi;
+    attn__key_range(pb, i0 + r, nq, nk, &lo, &hi);
+    if (lo < hi) {
       const float l = t->l[r];
       for (int c = 0; c < d; c++)
         orow[c] /= l;
       /* In double: one rounding instead of two (log, then the sum). */
-      attn__lse_split((double)t->m[r] + log((double)l), &t->lse[r], &t->lo[r]);
+      attn__lse_split(l > 0.0f ? (double)t->m[r] + log((double)l) : NAN, &t->lse[r], &t->lo[r]);
     } else {
       /* A row with no visible key: o = 0, lse = -inf. */
       memset(orow, 0, (size_t)d * sizeof(float));
@@ -121,7 +126,7 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
 int attn__cpu_forward(attn_context *ctx, const attn__problem *pb) {
   const int64_t d = pb->head_dim, nb = ATTN__CPU_BR;
   int64_t *units = attn__cpu_units(pb, 0, pb->heads_q, nb);
-  const int nthreads = omp_get_max_threads();
+  const int nthreads = attn__cpu_threads();
   const size_t per_thread = (cpu_fwd_floats(d) + 15) / 16 * 16;
   float *scratch = attn__cpu_alloc((size_t)nthreads * per_thread * sizeof(float));
   if (!units || !scratch) {

@@ -122,6 +122,10 @@ void attn__cpu_query_range(const attn__problem *pb, int64_t j0, int64_t j1, int6
 int64_t *attn__cpu_units(const attn__problem *pb, int by_keys, int64_t heads, int64_t block);
 int64_t attn__cpu_unit_seq(const int64_t *units, int64_t batch, int64_t u);
 
+/* The OpenMP threads a pass may use on the calling thread: omp_get_max_threads(),
+ * or fewer when the system would not create that many (see cpu.c). */
+int attn__cpu_threads(void);
+
 int attn__cpu_forward(attn_context *ctx, const attn__problem *pb);
 int attn__cpu_backward(attn_context *ctx, const attn__problem *pb);
 

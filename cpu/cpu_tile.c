@@ -405,12 +405,17 @@ void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, in
  * ln2) (ln2 split in two parts so r is exact), exp(r) by a degree-6
  * polynomial on |r| <= ln2/2 (about 1 ulp), times 2^n built from the
  * exponent bits. Below -87 (and for -inf) the result is exactly 0: e^-87 is
- * already below FLT_MIN, and a masked score must weigh nothing. */
+ * already below FLT_MIN, and a masked score must weigh nothing. NaN gives
+ * NaN (a NaN score must reach the row's sum), without converting NaN to an
+ * int, which C leaves undefined. */
 static inline float cpu_exp(float x) {
   float xc = x < -87.0f ? -87.0f : x;
   xc = xc > 88.0f ? 88.0f : xc;
-  /* Round to nearest by the 1.5 * 2^23 trick: no rintf call in the loop. */
-  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  /* Round to nearest by the 1.5 * 2^23 trick: no rintf call in the loop.
+   * t holds n in its low mantissa bits, which give 2^n below with no
+   * float-to-int conversion (undefined behaviour for NaN). */
+  const float t = xc * 1.44269504088896341f + 12582912.0f;
+  const float n = t - 12582912.0f;
   float r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float y = 1.9875691500e-4f;
@@ -420,7 +425,9 @@ static inline float cpu_exp(float x) {
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * (r * r) + r + 1.0f;
-  int32_t bits = ((int32_t)n + 127) << 23;
+  uint32_t bits;
+  memcpy(&bits, &t, sizeof bits);
+  bits = (bits - 0x4b400000u + 127u) << 23;
   float scale;
   memcpy(&scale, &bits, sizeof scale);
   return x < -87.0f ? 0.0f : y * scale;
@@ -433,6 +440,8 @@ static CPU_SIMD_CLONES void cpu_softmax_cols_clones(float *st, int bc, int br, i
     mx[r] = m[r];
     sum[r] = 0.0f;
   }
+  /* The max skips NaN; a NaN score still reaches l through exp(NaN) = NaN,
+   * and the row's finalization (by its key range) turns that into NaN. */
   for (int c = 0; c < bc; c++) {
     const float *x = st + (size_t)c * ld;
     for (int r = 0; r < br; r++)

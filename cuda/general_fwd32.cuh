@@ -292,7 +292,13 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
       l += __shfl_xor_sync(0xffffffffu, l, off);
     const long long i = i0 + ty + NTY * ii;
     if (i >= S.nq) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    /* The mask says whether the row saw a key, not l: a NaN or inf among its
+     * scores leaves l NaN (or 0 when all are -inf), and the row must then
+     * come out NaN rather than as a row that saw nothing. */
+    long long klo, khi;
+    key_range(P, i, S.nq, S.nk, &klo, &khi);
+    const bool seen = klo < khi;
+    const float inv = seen ? 1.f / l : 0.f;
 #pragma unroll
     for (int g = 0; g < NG; g++) {
       const int c = tx * 2 + 32 * g;
@@ -300,7 +306,7 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
       if (c < P.d) elem<float>::st(op, obase + i * P.o.ss + c * P.o.sd, o[ii][g].x * inv);
       if (c + 1 < P.d) elem<float>::st(op, obase + i * P.o.ss + (c + 1) * P.o.sd, o[ii][g].y * inv);
     }
-    if (P.lse.p && tx == 0) lse_store(lse_row(P, S, b, h, i), P.lse.sd, m_i[ii], l);
+    if (P.lse.p && tx == 0) lse_store(lse_row(P, S, b, h, i), P.lse.sd, seen, m_i[ii], l);
   }
 }
 

@@ -16,10 +16,12 @@ __device__ __forceinline__ float lse_split(float m, float ll, float *lo) {
   return hi;
 }
 
-/* Writes lse = m + log(l) (-inf for a row with no key, l = 0) at lp, and lo
- * sd floats further when sd > 0. */
-__device__ __forceinline__ void lse_store(float *lp, long long sd, float m, float l) {
-  float lo = 0.f;
-  lp[0] = l > 0.f ? lse_split(m, logf(l), &lo) : -INFINITY;
+/* Writes lse = m + log(l) at lp, and lo sd floats further when sd > 0: -inf
+ * (lo 0) for a row that sees no key (seen, from the mask), NaN for one that
+ * sees keys but whose sum l is not positive (a NaN or inf among its scores). */
+__device__ __forceinline__ void lse_store(float *lp, long long sd, bool seen, float m, float l) {
+  float lo = 0.f, hi = -INFINITY;
+  if (seen) hi = l > 0.f ? lse_split(m, logf(l), &lo) : (lo = NAN);
+  lp[0] = hi;
   if (sd) lp[sd] = lo;
 }

@@ -349,8 +349,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
       float l = l_i[mt][r];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = l > 0.f ? 1.f / l : 0.f;
       const int i = m0 + w0 + mt * 16 + g + r * 8;
+      /* The mask says whether the row saw a key, not l: a NaN or inf among
+       * its scores leaves l NaN (or 0 when all are -inf), and the row must
+       * then come out NaN rather than as a row that saw nothing. */
+      const bool seen = max(0, key_lo(p, i, nq, nk)) < min(nk, key_hi(p, i, nq, nk));
+      const float inv = seen ? 1.f / l : 0.f;
       if (i < nq) {
         T *orow = go + (int64_t)i * p.o.ss;
 #pragma unroll
@@ -358,7 +362,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
           *(uint32_t *)(orow + n * 8 + 2 * t) =
               elem<T>::pack(acc_o[mt][n][2 * r] * inv, acc_o[mt][n][2 * r + 1] * inv);
         if (p.has_lse && t == 0)
-          lse_store(row_ptr<float>(p.lse, b, sq.q0 + i, h), p.lse.sd, m_i[mt][r] * kLn2, l);
+          lse_store(row_ptr<float>(p.lse, b, sq.q0 + i, h), p.lse.sd, seen, m_i[mt][r] * kLn2, l);
       }
     }
   }

@@ -28,6 +28,9 @@
  * the call that is running (the check is one atomic exchange per call; it
  * catches the mistake, it is no lock). Creating and freeing contexts, and
  * freeing a buffer, are not checked: free nothing another thread still uses.
+ * The CPU backend runs on omp_get_max_threads() OpenMP threads, or on as
+ * many as the system lets it create (under an address-space limit, say),
+ * never failing for want of threads.
  */
 #ifndef ATTN_H
 #define ATTN_H
@@ -72,7 +75,7 @@ extern "C" {
   X(EOVERFLOW, 7, "a size or offset overflows")                                 \
   X(ESEQLENS, 8, "cu_seqlens is malformed or disagrees with the tensors")       \
   X(EWINDOW, 9, "a window bound is below -1")                                   \
-  X(ESCALAR, 10, "scale or softcap is negative or not finite")                  \
+  X(ESCALAR, 10, "scale or softcap is negative, not finite or outside float32") \
   X(EDTYPE, 11, "dtypes disagree or are not supported")                         \
   X(EALIAS, 12, "an output shares memory with an input or another output")      \
   X(EALIBI, 13, "the ALiBi slopes are missing or of the wrong length")          \
@@ -246,7 +249,9 @@ ATTN_API size_t attn_dtype_size(attn_dtype dtype);
  *
  * The memory is either host memory (data, with buffer NULL) or a device
  * buffer of the context (buffer, with offset in bytes and data NULL). Host
- * memory given to a GPU backend is staged through the device for the call. */
+ * memory given to a GPU backend is staged through the device for the call.
+ * Either way the address of the first element must be a multiple of the
+ * element size (host data: ATTN_EINVAL; a buffer offset: ATTN_EBUFFER). */
 typedef struct attn_tensor {
   void *data;
   attn_buffer *buffer;
@@ -287,18 +292,24 @@ ATTN_API attn_tensor attn_tensor_on(attn_tensor t, attn_buffer *buffer, size_t o
 #define ATTN_ASYNC 0x10u           /* GPU: return once queued (device tensors only) */
 
 typedef struct attn_params {
-  /* Scores are scale * dot(q, k); 0 means 1/sqrt(head_dim). */
+  /* Scores are scale * dot(q, k); 0 means 1/sqrt(head_dim). Scale and
+   * softcap are used in float32: a value that rounds to inf there, or a
+   * positive one that rounds to 0, is ATTN_ESCALAR. */
   double scale;
   unsigned flags;
   /* Sliding window: key j is visible to row i when
    * diag - window_left <= j <= diag + window_right, diag = i + Nk - Nq.
-   * -1 means no bound. ATTN_CAUSAL is the same as window_right = 0. */
+   * -1 means no bound, and so does any bound at least as long as the
+   * sequences (window_left >= Nk, window_right >= Nq), up to INT64_MAX.
+   * ATTN_CAUSAL is the same as window_right = 0. */
   int64_t window_left;
   int64_t window_right;
   /* s = softcap * tanh(s / softcap) when softcap > 0. */
   double softcap;
   /* ALiBi: one slope per query head (host memory), or NULL for none;
-   * s -= slope[h] * |diag - j|. */
+   * s -= slope[h] * |diag - j|. A NaN or infinite slope is ATTN_EALIBI; any
+   * finite one is accepted, and one so large that scores overflow float32
+   * gives NaN rows, as NaN inputs do (see attn_forward). */
   const float *alibi_slopes;
   int64_t alibi_count;
   /* Variable-length batches (tensors of ndim 3): batch + 1 offsets each, in
@@ -317,14 +328,21 @@ ATTN_API void attn_params_init(attn_params *p);
 
 /* o = softmax(mask(q k^T * scale)) v, written in the dtype of q; lse (may be
  * NULL) receives the natural-log sum of exp of each row's final scores. A row
- * that sees no key gets o = 0 and lse = -inf. */
+ * that sees no key gets o = 0 and lse = -inf. Whether a row sees a key is
+ * decided by the mask alone (causal, window, sequence lengths), never by the
+ * values: a row that sees a key whose score is NaN or +-inf (a NaN or inf in
+ * q or k, or a score that overflows float32) gets o and lse NaN, on every
+ * backend. */
 ATTN_API int attn_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
                           const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
                           const attn_tensor *lse);
 
 /* Gradients of sum(o * dout) with respect to q, k and v, from the forward
  * pass's o and lse. dq, dk, dv are written in the dtype of q. With GQA, dk and
- * dv sum over the query heads sharing a key/value head. */
+ * dv sum over the query heads sharing a key/value head. A row whose o or lse
+ * is NaN gives NaN in its dq and in the dk and dv of the keys it sees; as the
+ * backends multiply whole tiles, gradients of other keys and rows of the same
+ * tile may be NaN too (0 * NaN). */
 ATTN_API int attn_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
                            const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
                            const attn_tensor *lse, const attn_tensor *dout, const attn_tensor *dq,

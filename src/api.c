@@ -194,7 +194,10 @@ static attn_tensor contiguous(void *data, attn_dtype dtype, int ndim, const int6
   for (int i = ndim - 1; i >= 0; i--) {
     t.shape[i] = shape[i];
     t.stride[i] = s;
-    s *= shape[i] > 0 ? shape[i] : 1;
+    /* An absurd shape saturates the strides rather than overflowing:
+     * validation then rejects the tensor with ATTN_EOVERFLOW. */
+    int64_t n = shape[i] > 0 ? shape[i] : 1;
+    s = s > INT64_MAX / n ? INT64_MAX : s * n;
   }
   return t;
 }

@@ -116,6 +116,12 @@ static int check_tensor(attn_context *ctx, const char *name, const attn_tensor *
                          "%s: needs %zu bytes at offset %zu, but its buffer holds %zu", name, bytes,
                          t->offset, t->buffer->bytes);
     if (ctx->backend && ctx->backend->host_memory) {
+      /* A wrapped host pointer may itself be misaligned. */
+      if (((uintptr_t)t->buffer->native + t->offset) % esize != 0)
+        return attn__error(ctx, ATTN_EBUFFER,
+                           "%s: the buffer's memory at offset %zu is not aligned to the %zu-byte "
+                           "element",
+                           name, t->offset, esize);
       r->space = NULL;
       r->lo = (uintptr_t)t->buffer->native + t->offset;
     } else {
@@ -123,6 +129,11 @@ static int check_tensor(attn_context *ctx, const char *name, const attn_tensor *
       r->lo = t->offset;
     }
   } else {
+    /* The CPU backend and the reference read host memory through typed
+     * pointers: a misaligned one is undefined behaviour there. */
+    if ((uintptr_t)t->data % esize != 0)
+      return attn__error(ctx, ATTN_EINVAL,
+                         "%s: data is not aligned to its element size (%zu bytes)", name, esize);
     if ((uintptr_t)t->data > UINTPTR_MAX - bytes)
       return attn__error(ctx, ATTN_EOVERFLOW, "%s: data + extent wraps the address space", name);
     r->space = NULL;
@@ -322,6 +333,17 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
                        "params.softcap is %g; it must be finite and >= 0 "
                        "(0 means off)",
                        p->softcap);
+  /* The backends compute in float32: a value that becomes inf there would
+   * turn every score into NaN, and one that becomes 0 would silently mean
+   * "1/sqrt(head_dim)" or "no softcap". */
+  const char *names[2] = {"scale", "softcap"};
+  const double values[2] = {p->scale, p->softcap};
+  for (int i = 0; i < 2; i++) {
+    float f = (float)values[i];
+    if (isinf(f) || (values[i] > 0 && f == 0.0f))
+      return attn__error(ctx, ATTN_ESCALAR, "params.%s is %g, which is %s in float32", names[i],
+                         values[i], f == 0.0f ? "0" : "inf");
+  }
   if (p->window_left < -1 || p->window_right < -1)
     return attn__error(ctx, ATTN_EWINDOW,
                        "params.window_%s is %lld; a bound is >= 0, or -1 for none",
@@ -424,6 +446,13 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   pb->causal = (p->flags & ATTN_CAUSAL) != 0;
   pb->window_left = p->window_left;
   pb->window_right = p->window_right;
+  /* A bound at least as long as the sequences cuts nothing (every row has
+   * diag = i + nk - nq in [nk - nq, nk - 1], so diag - wl < 0 when wl >= nk
+   * and diag + wr >= nk - 1 when wr >= nq): it becomes "no bound" here,
+   * once, so that no backend and not the reference computes diag +- a
+   * bound near INT64_MAX. */
+  if (pb->window_left >= nk) pb->window_left = -1;
+  if (pb->window_right >= nq) pb->window_right = -1;
   if (pb->causal && (pb->window_right < 0 || pb->window_right > 0)) pb->window_right = 0;
   pb->alibi = p->alibi_slopes;
   pb->deterministic = (p->flags & ATTN_DETERMINISTIC) != 0;

@@ -1,6 +1,7 @@
 /* Status names and messages, dtypes, and half-precision conversions. */
 #include "attn_internal.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -105,8 +106,8 @@ int attn__error(attn_context *ctx, int status, const char *fmt, ...) {
 }
 
 void attn__debug(const char *fmt, ...) {
-  /* Read once, lazily, by whichever thread logs first: atomic, since calls
-   * on distinct contexts run at once. */
+  /* Atomic: contexts on distinct threads log at once. Two threads that both
+   * find it unset compute the same value, so a lost store is harmless. */
   static atomic_int enabled = -1;
   int on = atomic_load_explicit(&enabled, memory_order_relaxed);
   if (on < 0) {

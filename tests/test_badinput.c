@@ -448,6 +448,60 @@ static void negative_or_non_finite_softcap_is_escalar(at_backend *b) {
   }
 }
 
+static void scale_or_softcap_outside_float32_is_escalar(at_backend *b) {
+  /* 1e39 is inf in float32, 1e-50 is 0: neither may pass for a usable value
+   * (or for "default scale" and "softcap off"). */
+  const double values[] = {1e39, 1e-50};
+  for (int i = 0; i < 2; i++)
+    for (int which = 0; which < 2; which++) {
+      bad *x = bad_new();
+      *(which ? &x->p.softcap : &x->p.scale) = values[i];
+      char what[32];
+      snprintf(what, sizeof what, "%s %g", which ? "softcap" : "scale", values[i]);
+      fwd_fails(b, x, what, ATTN_ESCALAR, which ? "softcap" : "scale");
+      bad_free(x);
+    }
+}
+
+static void misaligned_host_data_is_einval(at_backend *b) {
+  /* f32 at +1 and +2 bytes, f16 and bf16 at +1. */
+  const struct {
+    attn_dtype dt;
+    size_t shift;
+  } cases[] = {{ATTN_F32, 1}, {ATTN_F32, 2}, {ATTN_F16, 1}, {ATTN_BF16, 1}};
+  for (int i = 0; i < 4; i++) {
+    for (int which = 0; which < 2; which++) {
+      bad *x = bad_new();
+      attn_tensor *ts[] = {&x->q, &x->k, &x->v, &x->o};
+      for (int t = 0; t < 4; t++)
+        ts[t]->dtype = cases[i].dt;
+      attn_tensor *t = which ? &x->k : &x->q;
+      t->data = (char *)t->data + cases[i].shift;
+      char what[48];
+      snprintf(what, sizeof what, "%s %s at +%zu bytes", which ? "k" : "q",
+               attn_dtype_name(cases[i].dt), cases[i].shift);
+      fwd_fails(b, x, what, ATTN_EINVAL, which ? "k" : "q");
+      bad_free(x);
+    }
+  }
+  bad *x = bad_new();
+  x->lse.data = (char *)x->lse.data + 2;
+  fwd_fails(b, x, "lse at +2 bytes", ATTN_EINVAL, "lse");
+  bad_free(x);
+}
+
+static void misaligned_wrapped_host_memory_is_ebuffer(at_backend *b) {
+  if (b->kind != ATTN_BACKEND_CPU) at_skip("only the CPU wraps host pointers");
+  bad *x = bad_new();
+  attn_buffer *buf = NULL;
+  size_t bytes = sizeof(float) * B * N * H * D;
+  assert_int_equal(attn_buffer_wrap(b->ctx, (char *)slot(x, SPARE) + 1, bytes, &buf), ATTN_OK);
+  x->q = attn_tensor_on(x->q, buf, 0);
+  fwd_fails(b, x, "q in a wrapped host buffer at +1 byte", ATTN_EBUFFER, "q");
+  attn_buffer_free(buf);
+  bad_free(x);
+}
+
 static void disagreeing_dtypes_are_edtype(at_backend *b) {
   struct {
     const char *what, *names;
@@ -738,6 +792,9 @@ int main(int argc, char **argv) {
       AT_TEST(window_bounds_below_minus_one_are_ewindow),
       AT_TEST(negative_or_non_finite_scale_is_escalar),
       AT_TEST(negative_or_non_finite_softcap_is_escalar),
+      AT_TEST(scale_or_softcap_outside_float32_is_escalar),
+      AT_TEST(misaligned_host_data_is_einval),
+      AT_TEST(misaligned_wrapped_host_memory_is_ebuffer),
       AT_TEST(disagreeing_dtypes_are_edtype),
       AT_TEST(output_sharing_memory_with_an_input_is_ealias),
       AT_TEST(missing_alibi_slopes_are_ealibi),

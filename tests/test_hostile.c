@@ -1,0 +1,459 @@
+/*
+ * Hostile input that validation lets through, or must: window bounds near
+ * INT64_MAX, NaN and inf in the inputs, scores that overflow float32, absurd
+ * shapes in the tensor helpers, many threads at once, and a process whose
+ * address space is too small for the OpenMP threads. Each answer is compared
+ * with the reference, or with the same problem asked the ordinary way.
+ */
+#define _GNU_SOURCE /* RLIMIT_AS, getline */
+
+#include "testutil.h"
+
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+/* A small problem in contiguous f32 host memory: B 2, N 12, H 2, d 16, with
+ * inputs in [-1, 1), and its outputs. */
+enum { B = 2, N = 12, H = 2, D = 16 };
+#define QN (B * N * H * D)
+#define LN (B * H * N)
+
+typedef struct small {
+  attn_params p;
+  float q[QN], k[QN], v[QN], o[QN], lse[LN], dout[QN], dq[QN], dk[QN], dv[QN];
+  attn_tensor tq, tk, tv, to, tl, tdo, tdq, tdk, tdv;
+} small;
+
+static small *small_new(void) {
+  small *x = at_calloc(1, sizeof *x);
+  assert_non_null(x);
+  attn_params_init(&x->p);
+  uint64_t st = 0x9e3779b97f4a7c15ull;
+  float *in[] = {x->q, x->k, x->v, x->dout};
+  for (int t = 0; t < 4; t++)
+    for (int i = 0; i < QN; i++) {
+      st = st * 6364136223846793005ull + 1442695040888963407ull;
+      in[t][i] = (float)((st >> 40) / (double)(1 << 24)) * 2 - 1;
+    }
+  x->tq = attn_tensor_bshd(x->q, ATTN_F32, B, N, H, D);
+  x->tk = attn_tensor_bshd(x->k, ATTN_F32, B, N, H, D);
+  x->tv = attn_tensor_bshd(x->v, ATTN_F32, B, N, H, D);
+  x->to = attn_tensor_bshd(x->o, ATTN_F32, B, N, H, D);
+  x->tl = attn_tensor_lse(x->lse, B, H, N);
+  x->tdo = attn_tensor_bshd(x->dout, ATTN_F32, B, N, H, D);
+  x->tdq = attn_tensor_bshd(x->dq, ATTN_F32, B, N, H, D);
+  x->tdk = attn_tensor_bshd(x->dk, ATTN_F32, B, N, H, D);
+  x->tdv = attn_tensor_bshd(x->dv, ATTN_F32, B, N, H, D);
+  return x;
+}
+
+static int64_t at_elem(int64_t b, int64_t i, int64_t h, int64_t c) {
+  return ((b * N + i) * H + h) * D + c;
+}
+static int64_t at_lse(int64_t b, int64_t h, int64_t i) {
+  return (b * H + h) * N + i;
+}
+
+static void forward(at_backend *b, small *x) {
+  int rc = attn_forward(b->ctx, &x->p, &x->tq, &x->tk, &x->tv, &x->to, &x->tl);
+  if (rc != ATTN_OK) fail_msg("forward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+}
+
+static void backward(at_backend *b, small *x) {
+  int rc = attn_backward(b->ctx, &x->p, &x->tq, &x->tk, &x->tv, &x->to, &x->tl, &x->tdo, &x->tdq,
+                         &x->tdk, &x->tdv);
+  if (rc != ATTN_OK) fail_msg("backward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+}
+
+/* The reference's o and lse of x's problem. */
+static void reference(at_backend *b, small *x, double *o, double *lse) {
+  int rc = attn__reference_forward(b->ctx, &x->p, &x->tq, &x->tk, &x->tv, o, lse);
+  if (rc != ATTN_OK) fail_msg("reference: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+}
+
+/* Row i of head h of batch bb: every element of o NaN and lse NaN when nan
+ * is set, else every element finite and within tolerance of the reference. */
+static void check_row(const small *x, const double *ro, const double *rl, int64_t bb, int64_t i,
+                      int64_t h, int nan, const char *what) {
+  float l = x->lse[at_lse(bb, h, i)];
+  if (nan) {
+    if (!isnan(l))
+      fail_msg("%s: batch %lld row %lld head %lld: lse is %g, expected NaN", what, (long long)bb,
+               (long long)i, (long long)h, l);
+    if (!isnan(rl[at_lse(bb, h, i)]))
+      fail_msg("%s: the reference's lse of batch %lld row %lld head %lld is %g, expected NaN", what,
+               (long long)bb, (long long)i, (long long)h, rl[at_lse(bb, h, i)]);
+  } else if (!(fabs(l - rl[at_lse(bb, h, i)]) <= 1e-4 * (1 + fabs(rl[at_lse(bb, h, i)])))) {
+    fail_msg("%s: batch %lld row %lld head %lld: lse is %g, the reference's %g", what,
+             (long long)bb, (long long)i, (long long)h, l, rl[at_lse(bb, h, i)]);
+  }
+  for (int64_t c = 0; c < D; c++) {
+    int64_t e = at_elem(bb, i, h, c);
+    if (nan ? !isnan(x->o[e]) : !(fabs(x->o[e] - ro[e]) <= at_tol_o(ATTN_F32) * 2))
+      fail_msg("%s: batch %lld row %lld head %lld col %lld: o is %g, %s %g", what, (long long)bb,
+               (long long)i, (long long)h, (long long)c, x->o[e],
+               nan ? "expected NaN; the reference gives" : "the reference gives", ro[e]);
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Window bounds                                                            */
+/* ---------------------------------------------------------------------- */
+
+/* The same problem with a window bound of -1 and of w must give the same
+ * bits: validation turns a bound that cuts nothing into -1. */
+static void same_as_unbounded(at_backend *b, int causal, int left, int64_t w) {
+  small *x = small_new();
+  x->p.flags = causal ? ATTN_CAUSAL : 0;
+  forward(b, x);
+  float o1[QN], l1[LN];
+  memcpy(o1, x->o, sizeof o1);
+  memcpy(l1, x->lse, sizeof l1);
+  double *ro1 = at_malloc(sizeof(double) * QN), *rl1 = at_malloc(sizeof(double) * LN);
+  double *ro2 = at_malloc(sizeof(double) * QN), *rl2 = at_malloc(sizeof(double) * LN);
+  reference(b, x, ro1, rl1);
+  if (left)
+    x->p.window_left = w;
+  else
+    x->p.window_right = w;
+  memset(x->o, 0, sizeof x->o);
+  memset(x->lse, 0, sizeof x->lse);
+  forward(b, x);
+  reference(b, x, ro2, rl2);
+  char what[96];
+  snprintf(what, sizeof what, "%s window_%s %lld", causal ? "causal" : "full",
+           left ? "left" : "right", (long long)w);
+  if (memcmp(o1, x->o, sizeof o1) != 0 || memcmp(l1, x->lse, sizeof l1) != 0)
+    fail_msg("%s: o or lse differs from the unbounded window's", what);
+  if (memcmp(ro1, ro2, sizeof(double) * QN) != 0 || memcmp(rl1, rl2, sizeof(double) * LN) != 0)
+    fail_msg("%s: the reference differs from its unbounded window's", what);
+  for (int64_t i = 0; i < LN; i++)
+    if (!isfinite(x->lse[i])) fail_msg("%s: lse[%lld] is %g", what, (long long)i, x->lse[i]);
+  at_free(ro1);
+  at_free(rl1);
+  at_free(ro2);
+  at_free(rl2);
+  at_free(x);
+}
+
+static void window_bounds_near_int64_max_mean_no_bound(at_backend *b) {
+  const int64_t ws[] = {INT64_MAX, INT64_MAX - 1, (int64_t)1 << 62, N};
+  for (int causal = 0; causal < 2; causal++)
+    for (int left = 0; left < 2; left++)
+      for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        same_as_unbounded(b, causal, left, ws[i]);
+}
+
+/* ---------------------------------------------------------------------- */
+/* NaN and inf in, NaN out                                                  */
+/* ---------------------------------------------------------------------- */
+
+static void nan_in_one_q_element_makes_that_row_nan(at_backend *b) {
+  small *x = small_new();
+  x->q[at_elem(0, 5, 1, 3)] = NAN;
+  forward(b, x);
+  double *ro = at_malloc(sizeof(double) * QN), *rl = at_malloc(sizeof(double) * LN);
+  reference(b, x, ro, rl);
+  for (int64_t bb = 0; bb < B; bb++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < N; i++)
+        check_row(x, ro, rl, bb, i, h, bb == 0 && h == 1 && i == 5, "NaN in q");
+  at_free(ro);
+  at_free(rl);
+  at_free(x);
+}
+
+/* Key row j of batch 0, head 0 holds `bad` in one element; causal, so rows
+ * before j do not see it. */
+static void bad_key_row(at_backend *b, float bad, int64_t j, const char *what) {
+  small *x = small_new();
+  x->p.flags = ATTN_CAUSAL;
+  x->k[at_elem(0, j, 0, 0)] = bad;
+  forward(b, x);
+  double *ro = at_malloc(sizeof(double) * QN), *rl = at_malloc(sizeof(double) * LN);
+  reference(b, x, ro, rl);
+  for (int64_t bb = 0; bb < B; bb++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < N; i++) {
+        /* With inf, a row whose score is -inf just does not weigh the key:
+         * the reference says which rows are NaN. */
+        int nan = isnan(rl[at_lse(bb, h, i)]);
+        if (bb == 0 && h == 0 && i >= j && isnan(bad) && !nan)
+          fail_msg("%s: the reference's row %lld sees the NaN key but is not NaN", what,
+                   (long long)i);
+        if ((bb != 0 || h != 0 || i < j) && nan)
+          fail_msg("%s: the reference's row %lld does not see the key but is NaN", what,
+                   (long long)i);
+        check_row(x, ro, rl, bb, i, h, nan, what);
+      }
+  at_free(ro);
+  at_free(rl);
+  at_free(x);
+}
+
+static void nan_in_one_k_row_makes_the_rows_that_see_it_nan(at_backend *b) {
+  bad_key_row(b, NAN, 6, "NaN in k row 6");
+  bad_key_row(b, NAN, 0, "NaN in k row 0");
+}
+
+static void inf_in_q_or_k_gives_what_the_reference_gives(at_backend *b) {
+  bad_key_row(b, INFINITY, 4, "+inf in k row 4");
+  bad_key_row(b, -INFINITY, 7, "-inf in k row 7");
+  small *x = small_new();
+  x->q[at_elem(1, 2, 0, 0)] = -INFINITY;
+  forward(b, x);
+  double *ro = at_malloc(sizeof(double) * QN), *rl = at_malloc(sizeof(double) * LN);
+  reference(b, x, ro, rl);
+  for (int64_t bb = 0; bb < B; bb++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < N; i++)
+        check_row(x, ro, rl, bb, i, h, bb == 1 && h == 0 && i == 2, "-inf in q");
+  at_free(ro);
+  at_free(rl);
+  at_free(x);
+}
+
+/* Scores that overflow float32 (the reference, in double, does not
+ * overflow) give NaN rows, never rows that look as if they saw no key. */
+static void scores_that_overflow_float32_give_nan_rows(at_backend *b) {
+  for (int t = 0; t < 2; t++) {
+    small *x = small_new();
+    float slopes[H] = {-1e38f, -1e38f};
+    if (t == 0) {
+      for (int i = 0; i < QN; i++)
+        x->q[i] = x->k[i] = 1e30f;
+    } else {
+      /* Every row sees a key 4 or more positions away: s - slope * 4
+       * overflows. */
+      x->p.alibi_slopes = slopes;
+      x->p.alibi_count = H;
+    }
+    forward(b, x);
+    for (int64_t i = 0; i < LN; i++)
+      if (!isnan(x->lse[i]))
+        fail_msg("%s: lse[%lld] is %g, expected NaN", t ? "ALiBi slope -1e38" : "inputs 1e30",
+                 (long long)i, x->lse[i]);
+    for (int64_t i = 0; i < QN; i++)
+      if (!isnan(x->o[i]))
+        fail_msg("%s: o[%lld] is %g, expected NaN", t ? "ALiBi slope -1e38" : "inputs 1e30",
+                 (long long)i, x->o[i]);
+    at_free(x);
+  }
+}
+
+static int all_nan(const float *a, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (!isnan(a[i])) return 0;
+  return 1;
+}
+
+/* NaN in q row 5 of batch 0, head 1, which sees keys 3..5 (window 2, causal):
+ * its dq and the dk and dv of those keys are NaN; batch 1 is untouched. */
+static void nan_in_q_gives_nan_gradients_where_the_row_reaches(at_backend *b) {
+  small *x = small_new();
+  x->p.flags = ATTN_CAUSAL | ATTN_DETERMINISTIC;
+  x->p.window_left = 2;
+  x->q[at_elem(0, 5, 1, 3)] = NAN;
+  forward(b, x);
+  backward(b, x);
+  if (!all_nan(x->dq + at_elem(0, 5, 1, 0), D)) fail_msg("dq of the NaN row is not all NaN");
+  for (int64_t j = 3; j <= 5; j++) {
+    if (!all_nan(x->dk + at_elem(0, j, 1, 0), D))
+      fail_msg("dk of key %lld, which the NaN row sees, is not all NaN", (long long)j);
+    if (!all_nan(x->dv + at_elem(0, j, 1, 0), D))
+      fail_msg("dv of key %lld, which the NaN row sees, is not all NaN", (long long)j);
+  }
+  double *rdq = at_malloc(sizeof(double) * QN), *rdk = at_malloc(sizeof(double) * QN);
+  double *rdv = at_malloc(sizeof(double) * QN);
+  int rc = attn__reference_backward(b->ctx, &x->p, &x->tq, &x->tk, &x->tv, &x->tdo, rdq, rdk, rdv);
+  assert_int_equal(rc, ATTN_OK);
+  const float *got[3] = {x->dq, x->dk, x->dv};
+  const double *want[3] = {rdq, rdk, rdv};
+  const char *names[3] = {"dq", "dk", "dv"};
+  for (int g = 0; g < 3; g++) {
+    if (!isnan(want[g][at_elem(0, 5, 1, 0)]))
+      fail_msg("the reference's %s is not NaN where the row reaches", names[g]);
+    double mx = 0;
+    for (int64_t e = at_elem(1, 0, 0, 0); e < QN; e++)
+      mx = fmax(mx, fabs(want[g][e]));
+    for (int64_t e = at_elem(1, 0, 0, 0); e < QN; e++)
+      if (!(fabs(got[g][e] - want[g][e]) <= at_tol_grad(ATTN_F32) * (mx + 1e-3)))
+        fail_msg("%s[%lld] of batch 1 is %g, the reference's %g", names[g], (long long)e, got[g][e],
+                 want[g][e]);
+  }
+  at_free(rdq);
+  at_free(rdk);
+  at_free(rdv);
+  at_free(x);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Common: the tensor helpers, threads, the address-space limit             */
+/* ---------------------------------------------------------------------- */
+
+static void tensor_helpers_saturate_absurd_shapes(at_backend *b) {
+  float buf[16];
+  const int64_t big = (int64_t)1 << 40;
+  attn_tensor t = attn_tensor_bshd(buf, ATTN_F32, big, big, big, 16);
+  assert_int_equal(t.stride[3], 1);
+  assert_int_equal(t.stride[2], 16);
+  assert_int_equal(t.stride[1], 16 * big);
+  assert_true(t.stride[0] == INT64_MAX);
+  t = attn_tensor_varlen(buf, ATTN_F16, INT64_MAX, INT64_MAX, INT64_MAX);
+  assert_true(t.stride[1] == INT64_MAX && t.stride[0] == INT64_MAX);
+  t = attn_tensor_lse(buf, INT64_MAX, INT64_MAX, INT64_MAX);
+  assert_true(t.stride[0] == INT64_MAX && t.stride[1] == INT64_MAX && t.stride[2] == 1);
+  /* Validation then rejects them. */
+  attn_context *ctx = NULL;
+  assert_int_equal(attn_context_create("cpu", &ctx), ATTN_OK);
+  attn_params p;
+  attn_params_init(&p);
+  attn_tensor q = attn_tensor_bshd(buf, ATTN_F32, big, big, big, 16);
+  int rc = attn_forward(ctx, &p, &q, &q, &q, &q, NULL);
+  assert_int_equal(rc, ATTN_EOVERFLOW);
+  attn_context_free(ctx);
+}
+
+/* Contexts of their own on 8 threads at once, each failing validation (so
+ * that each logs through attn__debug, whose lazy flag was a data race that
+ * ThreadSanitizer reports) and then running a forward pass. */
+static void *one_thread(void *arg) {
+  int *ok = arg;
+  attn_context *ctx = NULL;
+  if (attn_context_create("cpu", &ctx) != ATTN_OK) return NULL;
+  small *x = calloc(1, sizeof *x);
+  if (x) {
+    attn_params_init(&x->p);
+    x->tq = attn_tensor_bshd(x->q, ATTN_F32, B, N, H, D);
+    x->to = attn_tensor_bshd(x->o, ATTN_F32, B, N, H, D);
+    x->p.window_left = -3;
+    int bad = attn_forward(ctx, &x->p, &x->tq, &x->tq, &x->tq, &x->to, NULL);
+    x->p.window_left = -1;
+    int good = attn_forward(ctx, &x->p, &x->tq, &x->tq, &x->tq, &x->to, NULL);
+    *ok = bad == ATTN_EWINDOW && good == ATTN_OK;
+    free(x);
+  }
+  attn_context_free(ctx);
+  return NULL;
+}
+
+static void contexts_on_eight_threads_at_once_work(at_backend *b) {
+  pthread_t t[8];
+  int ok[8] = {0};
+  for (int i = 0; i < 8; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, one_thread, &ok[i]), 0);
+  for (int i = 0; i < 8; i++)
+    pthread_join(t[i], NULL);
+  for (int i = 0; i < 8; i++)
+    if (!ok[i]) fail_msg("thread %d: a call gave the wrong status", i);
+}
+
+/* The child: one forward pass on one thread, so that OpenBLAS has its
+ * buffers (it retries forever when it cannot allocate them); then 8 OpenMP
+ * threads wanted, the address space limited to what the process has plus 2
+ * MiB (less than one thread stack), a new CPU context and a forward pass
+ * checked against the reference. libgomp, left alone, would end the process
+ * there ("Thread creation failed"). */
+static int child_rlimit(void) {
+  omp_set_num_threads(1);
+  attn_context *warm = NULL;
+  static small x0;
+  small *x = &x0;
+  attn_params_init(&x->p);
+  x->tq = attn_tensor_bshd(x->q, ATTN_F32, B, N, H, D);
+  x->to = attn_tensor_bshd(x->o, ATTN_F32, B, N, H, D);
+  for (int i = 0; i < QN; i++)
+    x->q[i] = (float)(i % 7) / 7;
+  if (attn_context_create("cpu", &warm) != ATTN_OK ||
+      attn_forward(warm, &x->p, &x->tq, &x->tq, &x->tq, &x->to, NULL) != ATTN_OK) {
+    printf("warm-up: %s\n", attn_errmsg(warm));
+    return 1;
+  }
+  attn_context_free(warm);
+  omp_set_num_threads(8);
+  long kb = -1;
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  while (f && fgets(line, sizeof line, f))
+    if (strncmp(line, "VmSize:", 7) == 0) kb = atol(line + 7);
+  if (f) fclose(f);
+  if (kb <= 0) {
+    printf("skip: no VmSize in /proc/self/status\n");
+    return 77;
+  }
+  struct rlimit rl = {.rlim_cur = (rlim_t)(kb + 2048) * 1024, .rlim_max = RLIM_INFINITY};
+  if (setrlimit(RLIMIT_AS, &rl) != 0) {
+    perror("setrlimit");
+    return 1;
+  }
+  attn_context *ctx = NULL;
+  int rc = attn_context_create("cpu", &ctx);
+  if (rc != ATTN_OK) {
+    printf("context: %s: %s\n", attn_status_name(rc), attn_errmsg(ctx));
+    return 1;
+  }
+  memset(x->o, 0, sizeof x->o);
+  rc = attn_forward(ctx, &x->p, &x->tq, &x->tq, &x->tq, &x->to, NULL);
+  if (rc != ATTN_OK) {
+    printf("forward: %s: %s\n", attn_status_name(rc), attn_errmsg(ctx));
+    return 1;
+  }
+  static double ro[QN];
+  rc = attn__reference_forward(ctx, &x->p, &x->tq, &x->tq, &x->tq, ro, NULL);
+  if (rc != ATTN_OK) {
+    printf("reference: %s: %s\n", attn_status_name(rc), attn_errmsg(ctx));
+    return 1;
+  }
+  for (int i = 0; i < QN; i++)
+    if (!(fabs(x->o[i] - ro[i]) <= 1e-5)) {
+      printf("o[%d] is %g, the reference's %g\n", i, x->o[i], ro[i]);
+      return 1;
+    }
+  attn_context_free(ctx);
+  printf("ok\n");
+  return 0;
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define AT_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define AT_SANITIZED 1
+#endif
+#endif
+
+static void too_little_address_space_for_threads_does_not_end_the_process(at_backend *b) {
+#ifdef AT_SANITIZED
+  at_skip("the sanitizers reserve terabytes of address space: RLIMIT_AS cannot be tried");
+#else
+  static char out[4096];
+  int rc = at_child("rlimit", NULL, out, sizeof out);
+  if (rc == 77) at_skip("%s", out);
+  if (rc != 0) fail_msg("the child under RLIMIT_AS exited with %d: %s", rc, out);
+#endif
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "--child") == 0 && strcmp(argv[2], "rlimit") == 0)
+    return child_rlimit();
+  const at_test tests[] = {
+      AT_TEST(window_bounds_near_int64_max_mean_no_bound),
+      AT_TEST(nan_in_one_q_element_makes_that_row_nan),
+      AT_TEST(nan_in_one_k_row_makes_the_rows_that_see_it_nan),
+      AT_TEST(inf_in_q_or_k_gives_what_the_reference_gives),
+      AT_TEST(scores_that_overflow_float32_give_nan_rows),
+      AT_TEST(nan_in_q_gives_nan_gradients_where_the_row_reaches),
+  };
+  const at_test common[] = {
+      AT_TEST(tensor_helpers_saturate_absurd_shapes),
+      AT_TEST(contexts_on_eight_threads_at_once_work),
+      AT_TEST(too_little_address_space_for_threads_does_not_end_the_process),
+  };
+  return at_main(argc, argv, "hostile", tests, sizeof tests / sizeof tests[0], common,
+                 sizeof common / sizeof common[0]);
+}
