@@ -7,11 +7,15 @@
 #   git archive --prefix=base/ BASE | tar -x -C .device    # here: the base tree
 #   bash bench/h200_suite.sh                  # there (carry: [".device"]); logs under $OUT
 #
-# STEPS picks what runs (default all): build ctest golden torch ab.
+# STEPS picks what runs (default all): build ctest envs golden torch ab. envs runs
+# the suites that depend on what is present with CUDA hidden (OpenCL only) and
+# with the OpenCL library hidden (CUDA only).
 set -u -o pipefail
 OUT=${OUT:-/tmp/attn-out}
-mkdir -p "$OUT"
-STEPS=${STEPS:-build ctest golden torch ab}
+# Logs go into one archive, $OUT/logs.tgz (the device tool brings back 8 files).
+LOG=/tmp/attn-logs
+mkdir -p "$OUT" "$LOG"
+STEPS=${STEPS:-build ctest envs golden torch ab}
 export PYTHONUNBUFFERED=1 ATTN_CL_CACHE_DIR=/tmp/attn-cl-cache
 t0=$(date +%s)
 has() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -26,30 +30,41 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=cs
 
 if has build; then
   stamp build
-  cfg . build-h200 >"$OUT/configure.log" 2>&1 && cmake --build build-h200 -j12 >"$OUT/build.log" 2>&1 &
+  cfg . build-h200 >"$LOG/configure.log" 2>&1 && cmake --build build-h200 -j12 >"$LOG/build.log" 2>&1 &
   pid=$!
   if [ -d .device/base ] && has ab; then
     (cfg .device/base build-base -DATTN_BUILD_TESTS=OFF && cmake --build build-base -j4 --target attn_cli) \
-      >"$OUT/build_base.log" 2>&1 || echo "base build FAILED"
+      >"$LOG/build_base.log" 2>&1 || echo "base build FAILED"
   fi
-  wait $pid && echo "build ok" || { echo "build FAILED"; grep -m20 -E "error" "$OUT/build.log"; }
+  wait $pid && echo "build ok" || { echo "build FAILED"; grep -m20 -E "error" "$LOG/build.log"; }
 fi
 build-h200/tools/attn info --selftest 2>&1 | tail -12
 
 if has ctest; then
   stamp ctest
-  ctest --test-dir build-h200 -j4 --output-on-failure >"$OUT/ctest.log" 2>&1
-  grep -E "tests passed|tests failed|\*\*\*Failed|Timeout|Not Run" "$OUT/ctest.log" | head -30
-  grep -E "Skipped" "$OUT/ctest.log" | head -20
+  ctest --test-dir build-h200 -j4 --output-on-failure >"$LOG/ctest.log" 2>&1
+  grep -E "tests passed|tests failed|\*\*\*Failed|Timeout|Not Run" "$LOG/ctest.log" | head -30
+  grep -E "Skipped" "$LOG/ctest.log" | head -20
+fi
+
+if has envs; then
+  stamp envs
+  sel="fallback|selection|opencl_without|cli|lse|faults|threads"
+  for env in "CUDA_VISIBLE_DEVICES=" "ATTN_CL_LIBRARY=/nonexistent/libOpenCL.so.1"; do
+    env "$env" build-h200/tools/attn info 2>&1 | grep selects
+    env "$env" ctest --test-dir build-h200 -j4 -R "$sel" >"$LOG/ctest_env.log" 2>&1
+    echo "$env: $(grep -E 'tests passed|tests failed' "$LOG/ctest_env.log")"
+    grep -E "\*\*\*Failed|Timeout" "$LOG/ctest_env.log" | head
+  done
 fi
 
 if has golden; then
   stamp golden
   for be in cuda opencl; do
-    ATTN_BACKEND=$be build-h200/tools/attn check >"$OUT/golden_$be.txt" 2>&1
-    echo "golden $be: $(tail -1 "$OUT/golden_$be.txt")"
-    grep -E "FAIL|cannot" "$OUT/golden_$be.txt" | head -10
-    grep -A4 -E "^logits" "$OUT/golden_$be.txt" | head -40
+    ATTN_BACKEND=$be build-h200/tools/attn check >"$LOG/golden_$be.txt" 2>&1
+    echo "golden $be: $(tail -1 "$LOG/golden_$be.txt")"
+    grep -E "FAIL|cannot" "$LOG/golden_$be.txt" | head -10
+    grep -A4 -E "^logits" "$LOG/golden_$be.txt" | head -40
   done
 fi
 
@@ -57,8 +72,8 @@ if has torch && [ -f tests/golden/gen.py ]; then
   stamp torch
   rm -rf /tmp/golden_torch
   python3 tests/golden/gen.py --torch --import-from tests/golden/cases --out /tmp/golden_torch \
-    >"$OUT/torch.log" 2>&1
-  echo "gen.py --torch: exit $?"; tail -40 "$OUT/torch.log"
+    >"$LOG/torch.log" 2>&1
+  echo "gen.py --torch: exit $?"; tail -40 "$LOG/torch.log"
   (cd /tmp/golden_torch && tar czf "$OUT/torch_cases.tgz" */case.json)
 fi
 
@@ -99,3 +114,4 @@ cpu f32 1024 64 none
 CONFIGS
 fi
 stamp done
+tar czf "$OUT/logs.tgz" -C "$LOG" .
