@@ -70,10 +70,13 @@ extern const char attn__cl_src_bwd[];
 extern const char attn__cl_src_selftest[];
 
 /* Builds a program for one device from sources concatenated in order, with
- * options, through the disk cache (ATTN_CL_CACHE_DIR, ATTN_CL_CACHE=0).
- * On failure reports on ctx (ATTN_EBUILD with the build log, or
- * ATTN_EDEVICE) and returns the status. */
+ * options, through the disk cache (ATTN_CL_CACHE_DIR, ATTN_CL_CACHE=0), and
+ * creates its kernels names[0..nk) into kernels. A cached binary that fails
+ * anywhere up to the kernels is rebuilt from source and replaced. On failure
+ * reports on ctx (ATTN_EBUILD with the build log, ATTN_EDEVICE or
+ * ATTN_ENOMEM) and returns the status, with nothing left to release. */
 int attn__cl_build(attn_context *ctx, const attn__cl_api *cl, cl_context clctx, cl_device_id dev,
-                   const char *const *srcs, int nsrc, const char *options, cl_program *out);
+                   const char *const *srcs, int nsrc, const char *options, const char *const *names,
+                   int nk, cl_program *out, cl_kernel *kernels);
 
 #endif /* ATTN_CL_H */

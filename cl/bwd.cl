@@ -45,7 +45,8 @@ inline void stage_rows(__local float *dst, __global const T *src, long ss, long 
 /* P and dS for query rows i0.. and keys j0.. of one sequence. */
 inline void tile_p_ds(__local const float4 *Qs4, __local const float4 *dOs4,
                       __local const float4 *Ks4, __local const float4 *Vs4,
-                      __local const float *lse_s, __local const float *del_s, __local float *Ps,
+                      __local const float *lse_s, __local const float *lo_s,
+                      __local const float *del_s, __local float *Ps,
                       __local float *dSs, int i0, int j0, int nq, int nk, int d, float scale,
                       float softcap, float slope, int wl, int wr, int lid) {
   const int j = lid % BB, ib = lid / BB;
@@ -83,7 +84,7 @@ inline void tile_p_ds(__local const float4 *Qs4, __local const float4 *dOs4,
       if (r < nq && kj < nk && key_visible(dg, kj, wl, wr) && li != -INFINITY) {
         float t;
         const float x = score_epilogue(sq[k], scale, softcap, slope, dg, kj, &t);
-        p = exp(x - li);
+        p = exp((x - li) - lo_s[i]); /* see lse_split */
         ds = p * (dp[k] - del_s[i]);
         if (softcap > 0.0f) ds *= 1.0f - t * t;
       }
@@ -113,14 +114,17 @@ __kernel void attn_bwd_pre(__global const T *o, long oo, long4 os, __global cons
   delta[h * (long)tq + q0 + r] = acc;
 }
 
-/* lse and D for rows i0.. of head h; -inf past the sequence's end, which
- * marks the row as passing no gradient. */
-inline void stage_row_stats(__local float *lse_s, __local float *del_s, __global const float *lse,
-                            long lo_, long4 ls, __global const float *delta, int b, int h, int q0,
-                            int dbase, int i0, int nq, int tq, int lid) {
+/* lse (hi, and lo where ls.s3 > 0) and D for rows i0.. of head h; -inf
+ * past the sequence's end, which marks the row as passing no gradient. */
+inline void stage_row_stats(__local float *lse_s, __local float *lo_s, __local float *del_s,
+                            __global const float *lse, long lo_, long4 ls,
+                            __global const float *delta, int b, int h, int q0, int dbase, int i0,
+                            int nq, int tq, int lid) {
   for (int i = lid; i < BB; i += NTB) {
     const int r = i0 + i;
-    lse_s[i] = r < nq ? lse[lo_ + b * ls.s0 + h * ls.s2 + (q0 + r) * ls.s1] : -INFINITY;
+    __global const float *lp = lse + lo_ + b * ls.s0 + h * ls.s2 + (q0 + r) * ls.s1;
+    lse_s[i] = r < nq ? lp[0] : -INFINITY;
+    lo_s[i] = r < nq && ls.s3 ? lp[ls.s3] : 0.0f;
     del_s[i] = r < nq ? delta[h * (long)tq + dbase + r] : 0.0f;
   }
 }
@@ -137,7 +141,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
   __local float4 Qs4[BB * DS / 4], dOs4[BB * DS / 4], Ks4[BB * DS / 4], Vs4[BB * DS / 4];
   __local float *Qs = (__local float *)Qs4, *dOs = (__local float *)dOs4;
   __local float *Ks = (__local float *)Ks4, *Vs = (__local float *)Vs4;
-  __local float Ps[BB * SS], dSs[BB * SS], lse_s[BB], del_s[BB];
+  __local float Ps[BB * SS], dSs[BB * SS], lse_s[BB], lo_s[BB], del_s[BB];
   const int lid = get_local_id(0);
   const int b = get_group_id(2), hk = get_group_id(1), j0 = get_group_id(0) * BB;
   int nq = nq_all, nk = nk_all, q0 = 0, k0 = 0;
@@ -176,9 +180,9 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
       barrier(CLK_LOCAL_MEM_FENCE); /* the last step's reads are done */
       stage_rows(Qs, qp, qs.s1, qs.s3, i0, nq, d, lid);
       stage_rows(dOs, gp, gs.s1, gs.s3, i0, nq, d, lid);
-      stage_row_stats(lse_s, del_s, lse, lo_, ls, delta, b, h, q0, dbase, i0, nq, tq, lid);
+      stage_row_stats(lse_s, lo_s, del_s, lse, lo_, ls, delta, b, h, q0, dbase, i0, nq, tq, lid);
       barrier(CLK_LOCAL_MEM_FENCE);
-      tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, del_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap,
+      tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, lo_s, del_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap,
                 slope, wl, wr, lid);
       barrier(CLK_LOCAL_MEM_FENCE);
 #if NTB % HD == 0
@@ -225,7 +229,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
   __local float4 Qs4[BB * DS / 4], dOs4[BB * DS / 4], Ks4[BB * DS / 4], Vs4[BB * DS / 4];
   __local float *Qs = (__local float *)Qs4, *dOs = (__local float *)dOs4;
   __local float *Ks = (__local float *)Ks4, *Vs = (__local float *)Vs4;
-  __local float Ps[BB * SS], dSs[BB * SS], lse_s[BB], del_s[BB];
+  __local float Ps[BB * SS], dSs[BB * SS], lse_s[BB], lo_s[BB], del_s[BB];
   const int lid = get_local_id(0);
   const int b = get_group_id(2), h = get_group_id(1), i0 = get_group_id(0) * BB;
   int nq = nq_all, nk = nk_all, q0 = 0, k0 = 0;
@@ -246,7 +250,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
   __global const T *vp = v + vo + b * vs.s0 + hk * vs.s2 + k0 * vs.s1;
   stage_rows(Qs, qp, qs.s1, qs.s3, i0, nq, d, lid);
   stage_rows(dOs, gp, gs.s1, gs.s3, i0, nq, d, lid);
-  stage_row_stats(lse_s, del_s, lse, lo_, ls, delta, b, h, q0, dbase, i0, nq, tq, lid);
+  stage_row_stats(lse_s, lo_s, del_s, lse, lo_, ls, delta, b, h, q0, dbase, i0, nq, tq, lid);
 
   const int diag0 = nk - nq, rl = min(i0 + BB, nq) - 1;
   const int lo = wl < 0 ? 0 : max(i0 + diag0 - wl, 0);
@@ -262,7 +266,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
     stage_rows(Ks, kp, ks.s1, ks.s3, j0, nk, d, lid);
     stage_rows(Vs, vp, vs.s1, vs.s3, j0, nk, d, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
-    tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, del_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap, slope,
+    tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, lo_s, del_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap, slope,
               wl, wr, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
 #if NTB % HD == 0

@@ -34,6 +34,17 @@ inline ushort bf16_from_float(float f) {
   return (ushort)(u >> 16);
 }
 
+/* lse = m + ll (ll = log l) as the float pair (hi, lo): hi rounded, lo what
+ * the rounding dropped (TwoSum, exact in float arithmetic). The backward
+ * takes exp((s - hi) - lo), in which s - hi is exact near the row maximum:
+ * a float lse alone would cost P up to half an ulp of lse (6e-4 at logits of
+ * 1e4). */
+inline float lse_split(float m, float ll, float *lo) {
+  const float hi = m + ll, mb = hi - ll;
+  *lo = (m - mb) + (ll - (hi - mb));
+  return hi;
+}
+
 /* Whether key j is visible to the query row whose diagonal is dg. A bound of
  * -1 is no bound; causal arrives as wr = 0. */
 inline int key_visible(int dg, int j, int wl, int wr) {

@@ -305,9 +305,13 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
         const int c = OCOL(tx, n);
         if (c < d) STORE(op, r * os.s1 + c * os.s3, l > 0.0f ? acc[i][n] / l : 0.0f);
       }
-      if (lse && tx == 0)
-        lse[lo_ + b * ls.s0 + h * ls.s2 + (q0 + r) * ls.s1] =
-            l > 0.0f ? m_i[i] + log(l) : -INFINITY;
+      if (lse && tx == 0) {
+        /* ls.s3 > 0: the (hi, lo) form, lo that far past hi. */
+        __global float *lp = lse + lo_ + b * ls.s0 + h * ls.s2 + (q0 + r) * ls.s1;
+        float lo = 0.0f;
+        lp[0] = l > 0.0f ? lse_split(m_i[i], log(l), &lo) : -INFINITY;
+        if (ls.s3) lp[ls.s3] = lo;
+      }
     }
   }
 }

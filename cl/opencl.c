@@ -33,6 +33,7 @@ typedef struct cl_dev {
   cl_device_id id;
   attn_device_info info;
   cl_ulong local_mem;
+  cl_ulong max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
   size_t max_wg;
 } cl_dev;
 
@@ -77,6 +78,8 @@ static void probe(void) {
       cl->clGetDeviceInfo(ids[i], CL_DEVICE_GLOBAL_MEM_SIZE, sizeof mem, &mem, NULL);
       cl->clGetDeviceInfo(ids[i], CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL);
       cl->clGetDeviceInfo(ids[i], CL_DEVICE_LOCAL_MEM_SIZE, sizeof d->local_mem, &d->local_mem,
+                          NULL);
+      cl->clGetDeviceInfo(ids[i], CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof d->max_alloc, &d->max_alloc,
                           NULL);
       cl->clGetDeviceInfo(ids[i], CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof d->max_wg, &d->max_wg,
                           NULL);
@@ -276,12 +279,50 @@ static int cl_synchronize(attn_context *ctx) {
 /* Buffers                                                                  */
 /* ---------------------------------------------------------------------- */
 
+/* Allocation failures are out-of-memory: CL_OUT_OF_RESOURCES too, which
+ * NVIDIA returns for a buffer the device cannot hold. (After a kernel it
+ * means a fault on NVIDIA, so cl_fail() keeps it an EDEVICE elsewhere.) */
+static int alloc_fail(attn_context *ctx, const char *what, cl_int err) {
+  if (err == CL_OUT_OF_RESOURCES || err == CL_OUT_OF_HOST_MEMORY ||
+      err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_INVALID_BUFFER_SIZE)
+    return attn__error(ctx, ATTN_ENOMEM, "%s failed: the device is out of memory (%s, %d)", what,
+                       attn__cl_errname(err), (int)err);
+  return cl_fail(ctx, what, err);
+}
+
 static int cl_buffer_alloc(attn_context *ctx, size_t bytes, void **native) {
   cl_impl *im = impl_of(ctx);
+  /* Asked first, so that a request no allocation can meet is ENOMEM with
+   * the limit named, whatever the driver would make of it. */
+  if (im->dev->max_alloc && (uint64_t)bytes > im->dev->max_alloc)
+    return attn__error(ctx, ATTN_ENOMEM,
+                       "%zu bytes is more than the largest buffer the OpenCL device %s "
+                       "allocates (CL_DEVICE_MAX_MEM_ALLOC_SIZE %llu bytes, of %llu in all)",
+                       bytes, im->dev->info.name, (unsigned long long)im->dev->max_alloc,
+                       (unsigned long long)im->dev->info.memory_bytes);
   cl_int err;
   cl_mem m = im->cl->clCreateBuffer(im->ctx, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &err);
-  if (!m || err != CL_SUCCESS) return cl_fail(ctx, "clCreateBuffer", err);
+  if (!m || err != CL_SUCCESS) return alloc_fail(ctx, "clCreateBuffer", err);
   *native = m;
+  return ATTN_OK;
+}
+
+static int cl_buffer_check(attn_context *ctx, void *native, size_t bytes) {
+  cl_impl *im = impl_of(ctx);
+  size_t size = 0;
+  cl_context c = NULL;
+  cl_int err = im->cl->clGetMemObjectInfo((cl_mem)native, CL_MEM_SIZE, sizeof size, &size, NULL);
+  if (err == CL_SUCCESS)
+    err = im->cl->clGetMemObjectInfo((cl_mem)native, CL_MEM_CONTEXT, sizeof c, &c, NULL);
+  if (err != CL_SUCCESS)
+    return attn__error(ctx, ATTN_EBUFFER, "native: not a valid cl_mem (%s)", attn__cl_errname(err));
+  if (bytes > size)
+    return attn__error(ctx, ATTN_EBUFFER,
+                       "bytes: %zu is more than the cl_mem holds (CL_MEM_SIZE %zu)", bytes, size);
+  if (c != im->ctx)
+    return attn__error(ctx, ATTN_EBUFFER,
+                       "native: the cl_mem belongs to another cl_context than the context's; "
+                       "pass a queue of that cl_context to attn_context_set_stream() first");
   return ATTN_OK;
 }
 
@@ -295,7 +336,8 @@ static int cl_buffer_write(attn_context *ctx, void *native, size_t offset, const
   if (!bytes) return ATTN_OK;
   cl_int err = im->cl->clEnqueueWriteBuffer(im->queue, (cl_mem)native, CL_TRUE, offset, bytes, src,
                                             0, NULL, NULL);
-  return err == CL_SUCCESS ? ATTN_OK : cl_fail(ctx, "clEnqueueWriteBuffer", err);
+  /* NVIDIA allocates a buffer at its first use: this is where it runs out. */
+  return err == CL_SUCCESS ? ATTN_OK : alloc_fail(ctx, "clEnqueueWriteBuffer", err);
 }
 
 static int cl_buffer_read(attn_context *ctx, void *native, size_t offset, void *dst, size_t bytes) {
@@ -303,7 +345,7 @@ static int cl_buffer_read(attn_context *ctx, void *native, size_t offset, void *
   if (!bytes) return ATTN_OK;
   cl_int err = im->cl->clEnqueueReadBuffer(im->queue, (cl_mem)native, CL_TRUE, offset, bytes, dst,
                                            0, NULL, NULL);
-  return err == CL_SUCCESS ? ATTN_OK : cl_fail(ctx, "clEnqueueReadBuffer", err);
+  return err == CL_SUCCESS ? ATTN_OK : alloc_fail(ctx, "clEnqueueReadBuffer", err);
 }
 
 /* A scratch buffer of at least `bytes`, holding `src` when given. The write
@@ -354,7 +396,8 @@ static int fwd_staging_fits(const attn_program *p) {
 }
 
 static size_t bwd_local_bytes(int hd, int bb) {
-  return 4u * (4u * (size_t)bb * (hd + 4) + 2u * (size_t)bb * (bb + 1) + 2u * (size_t)bb);
+  /* Q, dO, K, V tiles; P and dS; the rows' lse (hi, lo) and D. */
+  return 4u * (4u * (size_t)bb * (hd + 4) + 2u * (size_t)bb * (bb + 1) + 3u * (size_t)bb);
 }
 
 /* Tile sizes from what the device reports. Defaults: 256 work-items of
@@ -455,22 +498,19 @@ static int build_program(attn_context *ctx, int dtype, int hd, int wide, int *re
            "-cl-std=CL1.2 -DDTYPE=%d -DHD=%d -DBR=%d -DBC=%d -DTM=%d -DDK=%d -DJK=%d -DBB=%d",
            dtype, hd, p.br, p.bc, p.tm, p.dk, p.jk, p.bb);
   const char *srcs[3] = {attn__cl_src_common, attn__cl_src_fwd, attn__cl_src_bwd};
-  int st = attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, 3, opts, &p.prog);
+  const char *names[4] = {"attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv", "attn_bwd_dq"};
+  cl_kernel ks[4];
+  int st = attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, 3, opts, names, 4, &p.prog, ks);
   if (st) return st;
   cl->clRetainContext(im->ctx);
   p.clctx = im->ctx;
-  const char *names[4] = {"attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv", "attn_bwd_dq"};
-  cl_kernel *ks[4] = {&p.fwd, &p.pre, &p.dkdv, &p.dq};
+  p.fwd = ks[0];
+  p.pre = ks[1];
+  p.dkdv = ks[2];
+  p.dq = ks[3];
   for (int i = 0; i < 4 && !st; ++i) {
-    cl_int err;
-    *ks[i] = cl->clCreateKernel(p.prog, names[i], &err);
-    if (!*ks[i] || err != CL_SUCCESS) {
-      *ks[i] = NULL;
-      st = cl_fail(ctx, "clCreateKernel", err);
-      break;
-    }
     size_t wg = 0;
-    cl->clGetKernelWorkGroupInfo(*ks[i], im->dev->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
+    cl->clGetKernelWorkGroupInfo(ks[i], im->dev->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
                                  NULL);
     const size_t need = i == 0 ? (size_t)(16 * (p.br / p.tm)) : i == 1 ? 64 : 128;
     if (wg < need && i == 0 && need > 128 && wide) {
@@ -515,11 +555,9 @@ static int cl_selftest(attn_context *ctx) {
   cl_mem m[3] = {NULL, NULL, NULL};
   cl_int err = CL_SUCCESS;
   const char *srcs[1] = {attn__cl_src_selftest};
-  int st = attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, 1, "-cl-std=CL1.2", &prog);
-  if (!st) {
-    k = cl->clCreateKernel(prog, "attn_selftest_add", &err);
-    if (err != CL_SUCCESS) st = cl_fail(ctx, "self-test: clCreateKernel", err);
-  }
+  const char *names[1] = {"attn_selftest_add"};
+  int st =
+      attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, 1, "-cl-std=CL1.2", names, 1, &prog, &k);
   for (int i = 0; i < 3 && !st; ++i)
     st = cl_buffer_alloc(ctx, N * sizeof(float), (void **)&m[i]);
   for (int i = 0; i < 2 && !st; ++i)
@@ -801,21 +839,22 @@ static int cl_backward(attn_context *ctx, const attn__problem *pb) {
 }
 
 const attn__backend attn__backend_opencl = {
-    ATTN_BACKEND_OPENCL,
-    "opencl",
-    0,
-    ocl_device_count,
-    ocl_device_info,
-    cl_open,
-    cl_close,
-    cl_buffer_alloc,
-    cl_buffer_release,
-    cl_buffer_write,
-    cl_buffer_read,
-    cl_set_stream,
-    cl_synchronize,
-    cl_selftest,
-    cl_supports,
-    cl_forward,
-    cl_backward,
+    .kind = ATTN_BACKEND_OPENCL,
+    .name = "opencl",
+    .host_memory = 0,
+    .device_count = ocl_device_count,
+    .device_info = ocl_device_info,
+    .open = cl_open,
+    .close = cl_close,
+    .buffer_alloc = cl_buffer_alloc,
+    .buffer_release = cl_buffer_release,
+    .buffer_write = cl_buffer_write,
+    .buffer_read = cl_buffer_read,
+    .buffer_check = cl_buffer_check,
+    .set_stream = cl_set_stream,
+    .synchronize = cl_synchronize,
+    .selftest = cl_selftest,
+    .supports = cl_supports,
+    .forward = cl_forward,
+    .backward = cl_backward,
 };

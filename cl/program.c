@@ -5,21 +5,47 @@
  * all), so a built program's binary is kept in a folder: ATTN_CL_CACHE_DIR,
  * else $XDG_CACHE_HOME/attn, else ~/.cache/attn; ATTN_CL_CACHE=0 turns the
  * cache off. A file's name is a hash of everything that decides the binary:
- * platform, device, driver version, build options and source. Files are
- * written to a temporary name and renamed, so a reader never sees half a
- * file, and a cache that cannot be read or written is never an error: the
- * program is then built from source.
+ * platform, device, driver version, build options and source.
+ *
+ * The folder is not trusted: a file may be truncated, foreign, a FIFO, a
+ * folder or enormous, and a driver handed a damaged binary may crash or
+ * build a program that lacks the kernels. So a file carries a header that
+ * says what it is (below), only a regular file under CACHE_MAX_BYTES is read,
+ * and any failure from reading the file up to creating the kernels falls back
+ * to building from source and replacing the file. Files are written under a
+ * name unique to the call (mkstemp) and renamed, so a reader never sees half
+ * a file and two threads or processes never write the same temporary. A cache
+ * that cannot be read or written is never an error.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "attn_cl.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* FNV-1a, 64 bits: a cache key, not a security boundary. */
+/* The file: a header of CACHE_HEADER bytes, then the driver's binary.
+ *    0  magic "attnclb\n"
+ *    8  format version (CACHE_VERSION), 32 bits
+ *   12  zero, 32 bits
+ *   16  the cache key the file was made for (its name's hash), 64 bits
+ *   24  length of the binary, 64 bits
+ *   32  FNV-1a 64 of the binary, 64 bits
+ * Numbers are little-endian. */
+#define CACHE_HEADER 40
+#define CACHE_VERSION 1u
+static const char cache_magic[8] = {'a', 't', 't', 'n', 'c', 'l', 'b', '\n'};
+
+/* PoCL's attention program is 0.9 MB at head_dim 16, NVIDIA's a few MB:
+ * anything above this is not a binary the library wrote. */
+#define CACHE_MAX_BYTES ((size_t)64 << 20)
+
+/* FNV-1a, 64 bits: a cache key and a check against damage, not a security
+ * boundary. */
+#define FNV_OFFSET 14695981039346656037ull
 static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
   const unsigned char *p = (const unsigned char *)data;
   for (size_t i = 0; i < n; ++i) {
@@ -31,6 +57,18 @@ static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
 
 static uint64_t hash_str(uint64_t h, const char *s) {
   return fnv1a(h, s, strlen(s) + 1); /* the NUL separates fields */
+}
+
+static void put_le(unsigned char *p, uint64_t x, int n) {
+  for (int i = 0; i < n; ++i)
+    p[i] = (unsigned char)(x >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *p, int n) {
+  uint64_t x = 0;
+  for (int i = n - 1; i >= 0; --i)
+    x = x << 8 | p[i];
+  return x;
 }
 
 /* The cache folder, or 0 when caching is off. */
@@ -65,32 +103,86 @@ static void make_dirs(const char *dir) {
   mkdir(tmp, 0755);
 }
 
-static unsigned char *read_file(const char *path, size_t *size) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  unsigned char *buf = NULL;
-  long n = -1;
-  if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-  if (n > 0 && fseek(f, 0, SEEK_SET) == 0) {
-    buf = (unsigned char *)malloc((size_t)n);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-      free(buf);
-      buf = NULL;
-    }
+static int read_all(int fd, unsigned char *p, size_t n) {
+  while (n > 0) {
+    ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return 0;
+    p += r;
+    n -= (size_t)r;
   }
-  fclose(f);
-  *size = (size_t)n;
-  return buf;
+  return 1;
 }
 
-static void write_file_atomic(const char *path, const unsigned char *data, size_t n) {
+static int write_all(int fd, const unsigned char *p, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return 0;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 1;
+}
+
+/* The binary stored in path for key, or NULL. *why says what was wrong
+ * with a file that exists (NULL when there is none). O_NONBLOCK: opening a
+ * FIFO for reading would otherwise wait for a writer. */
+static unsigned char *read_cached(const char *path, uint64_t key, size_t *size, const char **why) {
+  *why = NULL;
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno != ENOENT) *why = "cannot be opened";
+    return NULL;
+  }
+  struct stat st;
+  unsigned char head[CACHE_HEADER], *bin = NULL;
+  size_t n = 0;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    *why = "is not a regular file";
+  else if (st.st_size < CACHE_HEADER || (uint64_t)st.st_size > CACHE_HEADER + CACHE_MAX_BYTES)
+    *why = "has a size no cached program has";
+  else if (!read_all(fd, head, CACHE_HEADER))
+    *why = "cannot be read";
+  else if (memcmp(head, cache_magic, 8) != 0 || get_le(head + 8, 4) != CACHE_VERSION)
+    *why = "is not in this library's format";
+  else if (get_le(head + 16, 8) != key)
+    *why = "was made for another program";
+  else if ((n = (size_t)get_le(head + 24, 8)) != (uint64_t)st.st_size - CACHE_HEADER || n == 0)
+    *why = "is truncated or too long";
+  else if (!(bin = (unsigned char *)malloc(n)))
+    *why = "does not fit in memory";
+  else if (!read_all(fd, bin, n) || fnv1a(FNV_OFFSET, bin, n) != get_le(head + 32, 8))
+    *why = "is damaged (its hash differs)";
+  close(fd);
+  if (*why) {
+    free(bin);
+    return NULL;
+  }
+  *size = n;
+  return bin;
+}
+
+static void write_cached(const char *path, uint64_t key, const unsigned char *bin, size_t n) {
   char tmp[1100];
-  snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-  FILE *f = fopen(tmp, "wb");
-  if (!f) return;
-  int ok = fwrite(data, 1, n, f) == n;
-  ok = (fclose(f) == 0) && ok;
-  if (!ok || rename(tmp, path) != 0) remove(tmp);
+  if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= (int)sizeof tmp) return;
+  int fd = mkstemp(tmp); /* a name no other thread or process is writing */
+  if (fd < 0) return;
+  unsigned char head[CACHE_HEADER] = {0};
+  memcpy(head, cache_magic, 8);
+  put_le(head + 8, CACHE_VERSION, 4);
+  put_le(head + 16, key, 8);
+  put_le(head + 24, n, 8);
+  put_le(head + 32, fnv1a(FNV_OFFSET, bin, n), 8);
+  int ok = fchmod(fd, 0644) == 0 && write_all(fd, head, CACHE_HEADER) && write_all(fd, bin, n);
+  ok = close(fd) == 0 && ok;
+  /* rename() replaces a file, a FIFO or a link; a folder of the same name
+   * stays, and so does the old file when this fails. */
+  if (!ok || rename(tmp, path) != 0) {
+    unlink(tmp);
+    return;
+  }
+  attn__debug("opencl: program cached in %s", path);
 }
 
 static void info_str(const attn__cl_api *cl, cl_device_id dev, cl_device_info what, char *buf,
@@ -120,52 +212,98 @@ static int build_error(attn_context *ctx, const attn__cl_api *cl, cl_program pro
                      attn__cl_errname(err), log[0] ? log : "(empty)");
 }
 
+static void release_kernels(const attn__cl_api *cl, cl_kernel *kernels, int nk) {
+  for (int i = 0; i < nk; ++i) {
+    if (kernels[i]) cl->clReleaseKernel(kernels[i]);
+    kernels[i] = NULL;
+  }
+}
+
+/* The kernels of a built program; on failure none, *bad the one that failed. */
+static cl_int create_kernels(const attn__cl_api *cl, cl_program prog, const char *const *names,
+                             int nk, cl_kernel *kernels, int *bad) {
+  cl_int err = CL_SUCCESS;
+  for (int i = 0; i < nk; ++i)
+    kernels[i] = NULL;
+  for (int i = 0; i < nk; ++i) {
+    kernels[i] = cl->clCreateKernel(prog, names[i], &err);
+    if (!kernels[i] || err != CL_SUCCESS) {
+      *bad = i;
+      release_kernels(cl, kernels, nk);
+      return err != CL_SUCCESS ? err : CL_INVALID_KERNEL;
+    }
+  }
+  return CL_SUCCESS;
+}
+
+/* The program and its kernels from a cached binary, or 0 with *why. */
+static int from_binary(const attn__cl_api *cl, cl_context clctx, cl_device_id dev,
+                       const unsigned char *bin, size_t size, const char *options,
+                       const char *const *names, int nk, cl_program *out, cl_kernel *kernels,
+                       const char **why) {
+  cl_int err = CL_SUCCESS, status = CL_SUCCESS;
+  int bad = 0;
+  cl_program prog = cl->clCreateProgramWithBinary(clctx, 1, &dev, &size, &bin, &status, &err);
+  if (!prog || err != CL_SUCCESS || status != CL_SUCCESS)
+    *why = "was refused by clCreateProgramWithBinary";
+  else if (cl->clBuildProgram(prog, 1, &dev, options, NULL, NULL) != CL_SUCCESS)
+    *why = "was refused by clBuildProgram";
+  else if (create_kernels(cl, prog, names, nk, kernels, &bad) != CL_SUCCESS)
+    *why = "lacks a kernel (clCreateKernel failed)";
+  else {
+    *out = prog;
+    return 1;
+  }
+  if (prog) cl->clReleaseProgram(prog);
+  return 0;
+}
+
 int attn__cl_build(attn_context *ctx, const attn__cl_api *cl, cl_context clctx, cl_device_id dev,
-                   const char *const *srcs, int nsrc, const char *options, cl_program *out) {
+                   const char *const *srcs, int nsrc, const char *options, const char *const *names,
+                   int nk, cl_program *out, cl_kernel *kernels) {
   cl_int err;
   *out = NULL;
+  for (int i = 0; i < nk; ++i)
+    kernels[i] = NULL;
 
   char dir[900], path[1024] = "";
+  uint64_t key = FNV_OFFSET;
   if (cache_dir(dir, sizeof dir)) {
     char s[512];
     cl_platform_id plat = NULL;
-    uint64_t h = 14695981039346656037ull;
     cl->clGetDeviceInfo(dev, CL_DEVICE_PLATFORM, sizeof plat, &plat, NULL);
     s[0] = 0;
     if (plat) cl->clGetPlatformInfo(plat, CL_PLATFORM_NAME, sizeof s - 1, s, NULL);
     s[sizeof s - 1] = 0;
-    h = hash_str(h, s);
+    key = hash_str(key, s);
     s[0] = 0;
     if (plat) cl->clGetPlatformInfo(plat, CL_PLATFORM_VERSION, sizeof s - 1, s, NULL);
-    h = hash_str(h, s);
+    key = hash_str(key, s);
     info_str(cl, dev, CL_DEVICE_NAME, s, sizeof s);
-    h = hash_str(h, s);
+    key = hash_str(key, s);
     info_str(cl, dev, CL_DRIVER_VERSION, s, sizeof s);
-    h = hash_str(h, s);
+    key = hash_str(key, s);
     info_str(cl, dev, CL_DEVICE_VERSION, s, sizeof s);
-    h = hash_str(h, s);
-    h = hash_str(h, options);
+    key = hash_str(key, s);
+    key = hash_str(key, options);
     for (int i = 0; i < nsrc; ++i)
-      h = hash_str(h, srcs[i]);
-    snprintf(path, sizeof path, "%s/cl-%016llx.bin", dir, (unsigned long long)h);
+      key = hash_str(key, srcs[i]);
+    for (int i = 0; i < nk; ++i)
+      key = hash_str(key, names[i]);
+    snprintf(path, sizeof path, "%s/cl-%016llx.bin", dir, (unsigned long long)key);
 
     size_t size = 0;
-    unsigned char *bin = read_file(path, &size);
+    const char *why = NULL;
+    unsigned char *bin = read_cached(path, key, &size, &why);
     if (bin) {
-      const unsigned char *bins[1] = {bin};
-      cl_int status = CL_SUCCESS;
-      cl_program prog = cl->clCreateProgramWithBinary(clctx, 1, &dev, &size, bins, &status, &err);
+      int ok = from_binary(cl, clctx, dev, bin, size, options, names, nk, out, kernels, &why);
       free(bin);
-      if (prog && err == CL_SUCCESS && status == CL_SUCCESS &&
-          cl->clBuildProgram(prog, 1, &dev, options, NULL, NULL) == CL_SUCCESS) {
+      if (ok) {
         attn__debug("opencl: program loaded from %s", path);
-        *out = prog;
         return ATTN_OK;
       }
-      /* A stale or foreign file: rebuild from source and overwrite it. */
-      if (prog) cl->clReleaseProgram(prog);
-      attn__debug("opencl: cached program %s unusable, rebuilding", path);
     }
+    if (why) attn__debug("opencl: cached program %s %s; rebuilding it", path, why);
   }
 
   size_t lens[8];
@@ -174,13 +312,22 @@ int attn__cl_build(attn_context *ctx, const attn__cl_api *cl, cl_context clctx, 
   cl_program prog =
       cl->clCreateProgramWithSource(clctx, (cl_uint)nsrc, (const char **)srcs, lens, &err);
   if (!prog || err != CL_SUCCESS)
-    return attn__error(ctx, ATTN_EDEVICE, "clCreateProgramWithSource failed (%s)",
-                       attn__cl_errname(err));
+    return attn__error(ctx, err == CL_OUT_OF_HOST_MEMORY ? ATTN_ENOMEM : ATTN_EDEVICE,
+                       "clCreateProgramWithSource failed (%s)", attn__cl_errname(err));
   err = cl->clBuildProgram(prog, 1, &dev, options, NULL, NULL);
   if (err != CL_SUCCESS) {
     int st = build_error(ctx, cl, prog, dev, err);
     cl->clReleaseProgram(prog);
     return st;
+  }
+  int bad = 0;
+  err = create_kernels(cl, prog, names, nk, kernels, &bad);
+  if (err != CL_SUCCESS) {
+    cl->clReleaseProgram(prog);
+    return attn__error(
+        ctx,
+        err == CL_OUT_OF_HOST_MEMORY || err == CL_OUT_OF_RESOURCES ? ATTN_ENOMEM : ATTN_EDEVICE,
+        "clCreateKernel(%s) failed (%s)", names[bad], attn__cl_errname(err));
   }
   attn__debug("opencl: program built from source (%s)", options);
 
@@ -188,13 +335,13 @@ int attn__cl_build(attn_context *ctx, const attn__cl_api *cl, cl_context clctx, 
     size_t size = 0;
     if (cl->clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL) ==
             CL_SUCCESS &&
-        size > 0) {
+        size > 0 && size <= CACHE_MAX_BYTES) {
       unsigned char *bin = (unsigned char *)malloc(size);
       unsigned char *bins[1] = {bin};
       if (bin &&
           cl->clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bins, bins, NULL) == CL_SUCCESS) {
         make_dirs(dir);
-        write_file_atomic(path, bin, size);
+        write_cached(path, key, bin, size);
       }
       free(bin);
     }

@@ -63,18 +63,18 @@
 #include <stdlib.h>
 
 typedef struct cpu_bwd_tiles {
-  float *q, *dout; /* Br x d, when gathered (attn__cpu_view) */
-  float *k, *v;    /* Bc x d, idem */
-  float *dk, *dv;  /* Bc x d */
-  float *s;        /* Bc x Br: S^T, then P^T */
-  float *dp;       /* Bc x Br: dP^T, then dS^T */
-  float *th;       /* Bc x Br: tanh(s / softcap), softcap only */
-  float *lse, *dd; /* Br: the rows' lse and D */
+  float *q, *dout;      /* Br x d, when gathered (attn__cpu_view) */
+  float *k, *v;         /* Bc x d, idem */
+  float *dk, *dv;       /* Bc x d */
+  float *s;             /* Bc x Br: S^T, then P^T */
+  float *dp;            /* Bc x Br: dP^T, then dS^T */
+  float *th;            /* Bc x Br: tanh(s / softcap), softcap only */
+  float *lse, *lo, *dd; /* Br: the rows' lse (hi, lo) and D */
 } cpu_bwd_tiles;
 
 static size_t cpu_bwd_floats(int64_t d) {
   return (size_t)ATTN__CPU_BR * d * 2 + (size_t)ATTN__CPU_BC * d * 4 +
-         (size_t)ATTN__CPU_BR * ATTN__CPU_BC * 3 + 2 * (size_t)ATTN__CPU_BR;
+         (size_t)ATTN__CPU_BR * ATTN__CPU_BC * 3 + 3 * (size_t)ATTN__CPU_BR;
 }
 
 static cpu_bwd_tiles cpu_bwd_carve(float *base, int64_t d) {
@@ -91,7 +91,8 @@ static cpu_bwd_tiles cpu_bwd_carve(float *base, int64_t d) {
   t.dp = t.s + ss;
   t.th = t.dp + ss;
   t.lse = t.th + ss;
-  t.dd = t.lse + ATTN__CPU_BR;
+  t.lo = t.lse + ATTN__CPU_BR;
+  t.dd = t.lo + ATTN__CPU_BR;
   return t;
 }
 
@@ -210,14 +211,14 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
       int ldq, lddo;
       const float *q = attn__cpu_view(pb, &pb->q, b, rq, br, h, t->q, &ldq);
       const float *dout = attn__cpu_view(pb, &pb->dout, b, rq, br, h, t->dout, &lddo);
-      attn__cpu_load_lse(pb, b, rq, br, h, t->lse);
+      attn__cpu_load_lse(pb, b, rq, br, h, t->lse, t->lo);
       memcpy(t->dd, sh->dd + g, (size_t)br * sizeof(float));
 
       /* S^T = scale K Q^T, the forward's call; P^T = exp(S^T - lse) */
       attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk, cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0),
                      ATTN__CPU_BR, 0.0f, t->s, ATTN__CPU_BR);
       attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->s, 1, ATTN__CPU_BR, capped ? t->th : NULL);
-      attn__cpu_exp_cols(t->s, bc, br, ATTN__CPU_BR, t->lse);
+      attn__cpu_exp_cols(t->s, bc, br, ATTN__CPU_BR, t->lse, t->lo);
       /* dV += P^T dO */
       attn__cpu_gemm(0, 0, bc, d, br, 1.0f, t->s, ATTN__CPU_BR, dout, lddo, 1.0f, t->dv, d);
       /* dP^T = V dO^T, dS^T = P^T (dP^T - D) */

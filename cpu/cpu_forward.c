@@ -33,11 +33,12 @@ typedef struct cpu_fwd_tiles {
   float *l;     /* Br: running row sum l_i */
   float *alpha; /* Br */
   float *lse;   /* Br */
+  float *lo;    /* Br: what rounding lse to float dropped (the (hi, lo) form) */
 } cpu_fwd_tiles;
 
 static size_t cpu_fwd_floats(int64_t d) {
   return (size_t)ATTN__CPU_BR * d * 2 + (size_t)ATTN__CPU_BC * d * 2 +
-         (size_t)ATTN__CPU_BR * ATTN__CPU_BC + 4 * (size_t)ATTN__CPU_BR;
+         (size_t)ATTN__CPU_BR * ATTN__CPU_BC + 5 * (size_t)ATTN__CPU_BR;
 }
 
 static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d) {
@@ -51,6 +52,7 @@ static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d) {
   t.l = t.m + ATTN__CPU_BR;
   t.alpha = t.l + ATTN__CPU_BR;
   t.lse = t.alpha + ATTN__CPU_BR;
+  t.lo = t.lse + ATTN__CPU_BR;
   return t;
 }
 
@@ -105,15 +107,15 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
       for (int c = 0; c < d; c++)
         orow[c] /= l;
       /* In double: one rounding instead of two (log, then the sum). */
-      t->lse[r] = (float)((double)t->m[r] + log((double)l));
+      attn__lse_split((double)t->m[r] + log((double)l), &t->lse[r], &t->lo[r]);
     } else {
       /* A row with no visible key: o = 0, lse = -inf. */
       memset(orow, 0, (size_t)d * sizeof(float));
-      t->lse[r] = -INFINITY;
+      attn__lse_split(-INFINITY, &t->lse[r], &t->lo[r]);
     }
   }
   attn__cpu_store(pb, &pb->o, b, rq, br, h, t->o, d);
-  if (pb->has_lse) attn__cpu_store_lse(pb, b, rq, br, h, t->lse);
+  if (pb->has_lse) attn__cpu_store_lse(pb, b, rq, br, h, t->lse, t->lo);
 }
 
 int attn__cpu_forward(attn_context *ctx, const attn__problem *pb) {

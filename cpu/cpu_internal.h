@@ -73,11 +73,13 @@ float *attn__cpu_inplace(const attn__problem *pb, const attn__tensor *t, int64_t
  * nearest even. */
 void attn__cpu_store(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
                      int64_t nr, int64_t h, const float *src, int64_t ld);
-/* lse (f32, no column) of rows [row, row + nr) of head h of sequence b. */
+/* lse (f32, no column) of rows [row, row + nr) of head h of sequence b, as
+ * (hi, lo) pairs: lo is 0 when the tensor has plain lse, and is not stored
+ * there. */
 void attn__cpu_load_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t nr, int64_t h,
-                        float *dst);
+                        float *hi, float *lo);
 void attn__cpu_store_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t nr, int64_t h,
-                         const float *src);
+                         const float *hi, const float *lo);
 
 /* Turns s = scale * q.k of the tile rows [i0, i0 + br) x keys [j0, j0 + bc)
  * of query head h into the final scores: softcap, ALiBi, and -inf outside
@@ -97,10 +99,10 @@ void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, in
  * that has seen no key keeps m = -inf, l = 0 and gets P = 0, alpha = 0. */
 void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *l, float *alpha);
 
-/* P^T = exp(S^T - lse) in place, for a transposed tile (rows of keys x
- * cols of queries, lse per column); queries with lse = -inf (no visible
- * key) get P = 0. */
-void attn__cpu_exp_cols(float *st, int rows, int cols, int ld, const float *lse);
+/* P^T = exp((S^T - hi) - lo) in place, for a transposed tile (rows of keys
+ * x cols of queries, lse = hi + lo per column); queries with lse = -inf (no
+ * visible key) get P = 0. */
+void attn__cpu_exp_cols(float *st, int rows, int cols, int ld, const float *hi, const float *lo);
 
 /* dS^T = P^T * (dP^T - D) in place of dP^T, on a transposed tile (D per
  * column), times 1 - th^2 when th is not NULL (softcap). */

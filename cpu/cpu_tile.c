@@ -93,7 +93,17 @@ void attn__cpu_gemm(int ta, int tb, int m, int n, int k, float alpha, const floa
  * in other files would not link to it. Elsewhere, or on compilers without the
  * attribute, the baseline alone. One machine always runs the same clone, so
  * results stay reproducible. */
-#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute)
+/* ThreadSanitizer instruments the ifunc's resolver, which the loader runs
+ * before TSan's runtime is up (a crash at load): a TSan build takes the
+ * baseline. */
+#if defined(__SANITIZE_THREAD__)
+#define CPU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CPU_TSAN 1
+#endif
+#endif
+#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute) && !defined(CPU_TSAN)
 #if __has_attribute(target_clones)
 #define CPU_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
@@ -291,19 +301,23 @@ void attn__cpu_store(const attn__problem *pb, const attn__tensor *t, int64_t b, 
 }
 
 void attn__cpu_load_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t nr, int64_t h,
-                        float *dst) {
+                        float *hi, float *lo) {
   const attn__tensor *t = &pb->lse;
   const float *x = (const float *)cpu_row(t, b, row, h);
-  for (int64_t r = 0; r < nr; r++)
-    dst[r] = x[r * t->ss];
+  for (int64_t r = 0; r < nr; r++) {
+    hi[r] = x[r * t->ss];
+    lo[r] = pb->lse_hilo ? x[r * t->ss + t->sd] : 0.0f;
+  }
 }
 
 void attn__cpu_store_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t nr, int64_t h,
-                         const float *src) {
+                         const float *hi, const float *lo) {
   const attn__tensor *t = &pb->lse;
   float *x = (float *)cpu_row(t, b, row, h);
-  for (int64_t r = 0; r < nr; r++)
-    x[r * t->ss] = src[r];
+  for (int64_t r = 0; r < nr; r++) {
+    x[r * t->ss] = hi[r];
+    if (pb->lse_hilo) x[r * t->ss + t->sd] = lo[r];
+  }
 }
 
 /* ---------------------------------------------------------------------- */
@@ -449,22 +463,24 @@ void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *
 }
 
 static CPU_SIMD_CLONES void cpu_exp_cols_clones(float *st, int rows, int cols, int ld,
-                                                const float *lse) {
+                                                const float *hi, const float *lo) {
   float sub[ATTN__CPU_BR], keep[ATTN__CPU_BR];
   for (int r = 0; r < cols; r++) {
     /* lse = -inf: a query that sees no key; its column becomes 0. */
-    keep[r] = lse[r] == -INFINITY ? 0.0f : 1.0f;
-    sub[r] = lse[r] == -INFINITY ? 0.0f : lse[r];
+    keep[r] = hi[r] == -INFINITY ? 0.0f : 1.0f;
+    sub[r] = hi[r] == -INFINITY ? 0.0f : hi[r];
   }
+  /* s - hi first: exact near the row maximum, so lo is not lost in a
+   * rounding of the large s - lse. */
   for (int c = 0; c < rows; c++) {
     float *x = st + (size_t)c * ld;
     for (int r = 0; r < cols; r++)
-      x[r] = cpu_exp(x[r] - sub[r]) * keep[r];
+      x[r] = cpu_exp((x[r] - sub[r]) - lo[r]) * keep[r];
   }
 }
 
-void attn__cpu_exp_cols(float *st, int rows, int cols, int ld, const float *lse) {
-  cpu_exp_cols_clones(st, rows, cols, ld, lse);
+void attn__cpu_exp_cols(float *st, int rows, int cols, int ld, const float *hi, const float *lo) {
+  cpu_exp_cols_clones(st, rows, cols, ld, hi, lo);
 }
 
 static CPU_SIMD_CLONES void cpu_dsoftmax_cols_clones(const float *p, float *dp, const float *th,

@@ -27,7 +27,8 @@ typedef struct cuda_impl {
   cudaStream_t stream; /* own, or the caller's (attn_context_set_stream) */
   int sm_count, cc_major, cc_minor;
   size_t smem_optin;
-  void *scratch; /* per-call copies of cu_seqlens and the ALiBi slopes */
+  size_t total_mem; /* the device's memory, from cudaMemGetInfo */
+  void *scratch;    /* per-call copies of cu_seqlens and the ALiBi slopes */
   size_t scratch_bytes;
   void *ws; /* the kernels' workspace, grown on demand, never shrunk */
   size_t ws_bytes;
@@ -123,6 +124,8 @@ static int cuda_open(attn_context *ctx, int index) {
     e = cudaDeviceGetAttribute(&I->cc_minor, cudaDevAttrComputeCapabilityMinor, index);
   if (e == cudaSuccess)
     e = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, index);
+  size_t free_mem = 0;
+  if (e == cudaSuccess) e = cudaMemGetInfo(&free_mem, &I->total_mem);
   if (e != cudaSuccess) {
     if (I->own) cudaStreamDestroy(I->own);
     free(I);
@@ -183,6 +186,12 @@ static int cuda_selftest(attn_context *ctx) {
 static int cuda_buffer_alloc(attn_context *ctx, size_t bytes, void **native) {
   cuda_impl *I = (cuda_impl *)ctx->impl;
   void *p = NULL;
+  /* A request above the device's whole memory is refused before asking,
+   * with the limit named. */
+  if (bytes > I->total_mem)
+    return attn__error(ctx, ATTN_ENOMEM,
+                       "%zu bytes is more than the %zu bytes of memory of cuda:%d", bytes,
+                       I->total_mem, I->device);
   CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
   cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
   if (e != cudaSuccess) {

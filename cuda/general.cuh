@@ -32,6 +32,7 @@
 #define ATTN_CUDA_GENERAL_CUH
 
 #include "attn_cuda.h"
+#include "lse.cuh"
 #include "order.cuh"
 
 #include <cuda_bf16.h>
@@ -87,6 +88,12 @@ __device__ __forceinline__ seqinfo get_seq(const gparams &P, int b) {
     s.wrow0 = (long long)b * P.nq;
   }
   return s;
+}
+
+/* Query row i's lse (hi, when the tensor holds (hi, lo) pairs). */
+__device__ __forceinline__ float *lse_row(const gparams &P, const seqinfo &S, int b, int h,
+                                          long long i) {
+  return (float *)P.lse.p + (long long)b * P.lse.sb + (S.row0q + i) * P.lse.ss + h * P.lse.sh;
 }
 
 /* The visible keys [lo, hi) of query row i (attn__key_range, on the device). */
@@ -202,13 +209,21 @@ __device__ __forceinline__ void load_tile(float *sm, int ld, const gtensor &t, l
   }
 }
 
+/* scale * q.k rounded to float, never fused into a following add: every
+ * kernel, forward and backward, must see the same score, or the backward's
+ * exp(s - lse) is off by the product's rounding (half an ulp of s, as much
+ * as a float lse would cost at large logits; see lse.cuh). */
+__device__ __forceinline__ float scaled(const gparams &P, float acc) {
+  return __fmul_rn(acc, P.scale);
+}
+
 /* The final score: softcap, then ALiBi. *dcap receives d(softcapped)/d(raw),
  * 1 without softcap. Scores stay in natural units: converting s itself to
  * log2 units rounds a large logit once more, and the backward pass's
  * exp(s - lse) loses that many bits (the big_logits golden case). */
 __device__ __forceinline__ float score(const gparams &P, float acc, float slope, long long dist,
                                        float *dcap) {
-  float s = acc * P.scale;
+  float s = scaled(P, acc);
   *dcap = 1.f;
   if (P.softcap > 0.f) {
     float t = tanhf(s * P.inv_softcap);
@@ -342,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
         const long long j = k0 + tx + 16 * jj;
         float x, dcap;
         if (plain) {
-          x = s[ii][jj] * P.scale;
+          x = scaled(P, s[ii][jj]);
         } else {
           x = score(P, s[ii][jj], slope, diag - j, &dcap);
         }
@@ -424,10 +439,7 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
       if (c < P.d) elem<T>::st(op, obase + i * P.o.ss + c * P.o.sd, o[ii][g].x * inv);
       if (c + 1 < P.d) elem<T>::st(op, obase + i * P.o.ss + (c + 1) * P.o.sd, o[ii][g].y * inv);
     }
-    if (P.lse.p && tx == 0) {
-      const float lse = l > 0.f ? m_i[ii] + logf(l) : -INFINITY;
-      ((float *)P.lse.p)[(long long)b * P.lse.sb + (S.row0q + i) * P.lse.ss + h * P.lse.sh] = lse;
-    }
+    if (P.lse.p && tx == 0) lse_store(lse_row(P, S, b, h, i), P.lse.sd, m_i[ii], l);
   }
 }
 
@@ -482,12 +494,12 @@ template <int DP, int M>
 struct bwd_cfg {
   static constexpr int Br = 16 * M, Bc = 16 * M;
   static constexpr int LD = DP + 4, LDP = Bc + 16;
-  /* dkdv: K, V, Q, dO tiles; P, dS; lse and D of the query block. */
+  /* dkdv: K, V, Q, dO tiles; P, dS; lse (hi, lo) and D of the query block. */
   static constexpr size_t smem_dkdv =
-      sizeof(float) * (4 * (size_t)Br * LD + 2 * (size_t)Br * LDP + 2 * (size_t)Br);
-  /* dq: Q, dO, K, V tiles; dS; lse and D. */
+      sizeof(float) * (4 * (size_t)Br * LD + 2 * (size_t)Br * LDP + 3 * (size_t)Br);
+  /* dq: Q, dO, K, V tiles; dS; lse (hi, lo) and D. */
   static constexpr size_t smem_dq =
-      sizeof(float) * (4 * (size_t)Br * LD + (size_t)Br * LDP + 2 * (size_t)Br);
+      sizeof(float) * (4 * (size_t)Br * LD + (size_t)Br * LDP + 3 * (size_t)Br);
 };
 
 /* The shared middle of both backward kernels, for one (query block, key
@@ -497,8 +509,9 @@ struct bwd_cfg {
 template <int DP, int M>
 __device__ __forceinline__ void bwd_p_ds(const gparams &P, const seqinfo &S, const float *Qs,
                                          const float *dOs, const float *Ks, const float *Vs,
-                                         const float *lses, const float *Ds, float *Ps, float *dSs,
-                                         long long i0, long long j0, float slope, bool plain) {
+                                         const float *lses, const float *los, const float *Ds,
+                                         float *Ps, float *dSs, long long i0, long long j0,
+                                         float slope, bool plain) {
   using C = bwd_cfg<DP, M>;
   constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP;
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -543,16 +556,16 @@ __device__ __forceinline__ void bwd_p_ds(const gparams &P, const seqinfo &S, con
     long long lo = 0, hi = 0;
     if (i < S.nq) key_range(P, i, S.nq, S.nk, &lo, &hi);
     const long long diag = i + S.nk - S.nq;
-    const float lse = lses[r], Dr = Ds[r];
+    const float lse = lses[r], lo_r = los[r], Dr = Ds[r];
 #pragma unroll
     for (int jj = 0; jj < M; jj++) {
       const long long j = j0 + tx + 16 * jj;
-      /* s - lse in one rounding (fmaf) where there is no softcap or ALiBi. */
+      /* s - hi, exact near the row maximum, then lse's lo (lse.cuh). */
       float x, dcap = 1.f;
       if (plain) {
-        x = fmaf(s[ii][jj], P.scale, -lse);
+        x = (scaled(P, s[ii][jj]) - lse) - lo_r;
       } else {
-        x = score(P, s[ii][jj], slope, diag - j, &dcap) - lse;
+        x = (score(P, s[ii][jj], slope, diag - j, &dcap) - lse) - lo_r;
       }
       float p = 0.f;
       if (j >= lo && j < hi && lse != -INFINITY) p = exp2f(x * kLog2e);
@@ -563,19 +576,21 @@ __device__ __forceinline__ void bwd_p_ds(const gparams &P, const seqinfo &S, con
   (void)Br;
 }
 
-/* lse and D of query rows i0 .. i0+Br-1 into shared memory. */
+/* lse (hi, lo) and D of query rows i0 .. i0+Br-1 into shared memory. */
 template <int Br>
 __device__ __forceinline__ void load_row_stats(const gparams &P, const seqinfo &S, int b, int h,
-                                               long long i0, float *lses, float *Ds) {
+                                               long long i0, float *lses, float *los, float *Ds) {
   for (int r = threadIdx.x; r < Br; r += kThreads) {
     const long long i = i0 + r;
-    float lse = -INFINITY, D = 0.f;
+    float lse = -INFINITY, lo = 0.f, D = 0.f;
     if (i < S.nq) {
-      lse = ((const float *)
-                 P.lse.p)[(long long)b * P.lse.sb + (S.row0q + i) * P.lse.ss + h * P.lse.sh];
+      const float *lp = lse_row(P, S, b, h, i);
+      lse = lp[0];
+      if (P.lse.sd) lo = lp[P.lse.sd];
       D = P.ws_D[(S.wrow0 + i) * P.hq + h];
     }
     lses[r] = lse;
+    los[r] = lo;
     Ds[r] = D;
   }
 }
@@ -593,6 +608,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
   float *dSs = Ps + Br * LDP;
   float *lses = dSs + Br * LDP;
   float *Ds = lses + Br;
+  float *los = Ds + Br;
 
   const int kb = gridDim.x - 1 - blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const seqinfo S = get_seq(P, b);
@@ -626,11 +642,11 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
       load_tile<T, DP, Br>(Qs, LD, P.q, qbase, i0, S.nq, P.d);
       load_tile<T, DP, Br>(dOs, LD, P.dout, dobase, i0, S.nq, P.d);
       cp_async_commit();
-      load_row_stats<Br>(P, S, b, h, i0, lses, Ds);
+      load_row_stats<Br>(P, S, b, h, i0, lses, los, Ds);
       cp_async_wait<0>();
       __syncthreads();
 
-      bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, lses, Ds, Ps, dSs, i0, j0, slope, plain);
+      bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, lses, los, Ds, Ps, dSs, i0, j0, slope, plain);
       __syncthreads();
 
       /* dV += P^T dO, dK += dS^T Q over the Br rows. */
@@ -753,6 +769,7 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
   float *dSs = Vs + Bc * LD;
   float *lses = dSs + Br * LDP;
   float *Ds = lses + Br;
+  float *los = Ds + Br;
 
   const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const seqinfo S = get_seq(P, b);
@@ -770,7 +787,7 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
                        (long long)b * P.dout.sb + S.row0q * P.dout.ss + h * P.dout.sh, i0, S.nq,
                        P.d);
   cp_async_commit();
-  load_row_stats<Br>(P, S, b, h, i0, lses, Ds);
+  load_row_stats<Br>(P, S, b, h, i0, lses, los, Ds);
 
   long long klo, khi, tmp;
   key_range(P, i0, S.nq, S.nk, &klo, &tmp);
@@ -791,7 +808,7 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, lses, Ds, nullptr, dSs, i0, j0, slope, plain);
+    bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, lses, los, Ds, nullptr, dSs, i0, j0, slope, plain);
     __syncthreads();
 #pragma unroll 2
     for (int j = 0; j < Bc; j += 4) {
@@ -854,8 +871,7 @@ static int launch_cfg(K kernel, size_t smem, dim3 grid, const attn__cuda_launch 
       cudaSuccess)
     return ATTN_EDEVICE;
   gparams Pl = P;
-  Pl.order =
-      forward ? attn_order_group(kernel, kThreads, smem, grid, L->sm_count, P.wl, P.wr) : 0;
+  Pl.order = forward ? attn_order_group(kernel, kThreads, smem, grid, L->sm_count, P.wl, P.wr) : 0;
   kernel<<<grid, kThreads, smem, L->stream>>>(Pl);
   return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }

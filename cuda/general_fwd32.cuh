@@ -13,8 +13,9 @@
  *     P V); P travels only inside a half warp;
  *   - softmax without softcap/ALiBi: the row max is taken on the raw dot
  *     products (rounding is monotone, so max(acc) * scale is the max of the
- *     scaled scores bit for bit) and p = ex2((fmaf(acc, scale, -m)) * log2 e):
- *     s - m rounded once, in natural units, as in the backward pass.
+ *     scaled scores bit for bit) and p = ex2((scaled(acc) - m) * log2 e):
+ *     the score rounded as every kernel rounds it (general.cuh's scaled()),
+ *     in natural units, as in the backward pass.
  *
  * The kernel computes 8 x 8 scores a thread (Br = Bc = 128, 256 threads):
  * a third fewer shared loads in Q K^T than 8 x 4, half the softmax
@@ -212,7 +213,7 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
       for (int off = 1; off < 16; off <<= 1)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
       /* fast: mx is a raw dot product; scale > 0 keeps it the max. */
-      if (fast) mx *= P.scale;
+      if (fast) mx = scaled(P, mx);
       const float m_new = fmaxf(m_i[ii], mx);
       /* A row that has seen no key yet keeps m = -inf; exponentiate against 0
        * then, so that -inf - -inf never makes a NaN. */
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
       float sum = 0.f;
 #pragma unroll
       for (int jj = 0; jj < MC; jj++) {
-        const float dx = fast ? fmaf(s[ii][jj], P.scale, -m_use) : s[ii][jj] - m_use;
+        const float dx = (fast ? scaled(P, s[ii][jj]) : s[ii][jj]) - m_use;
         const float p = ex2_ftz(dx * kLog2e);
         sum += p;
         Ps[(ty + NTY * ii) * LDP + tx + 16 * jj] = p;
@@ -299,10 +300,7 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
       if (c < P.d) elem<float>::st(op, obase + i * P.o.ss + c * P.o.sd, o[ii][g].x * inv);
       if (c + 1 < P.d) elem<float>::st(op, obase + i * P.o.ss + (c + 1) * P.o.sd, o[ii][g].y * inv);
     }
-    if (P.lse.p && tx == 0) {
-      const float lse = l > 0.f ? m_i[ii] + logf(l) : -INFINITY;
-      ((float *)P.lse.p)[(long long)b * P.lse.sb + (S.row0q + i) * P.lse.ss + h * P.lse.sh] = lse;
-    }
+    if (P.lse.p && tx == 0) lse_store(lse_row(P, S, b, h, i), P.lse.sd, m_i[ii], l);
   }
 }
 

@@ -60,6 +60,8 @@ __global__ void __launch_bounds__(256) prep_kernel(const params p) {
   for (int off = 16; off > 0; off >>= 1)
     acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0) {
+    /* hi alone of a (hi, lo) lse: P is rounded to 16 bits for the
+     * products, far above what lo corrects (lse.cuh). */
     const float lse = *row_ptr<float>(p.lse, b, first, h);
     p.dsum[w] = acc;
     p.lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;

@@ -22,6 +22,7 @@
 #define ATTN_MMA_COMMON_CUH
 
 #include "attn_cuda.h"
+#include "lse.cuh"
 #include "order.cuh"
 
 #include <cuda_bf16.h>
@@ -41,6 +42,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 struct tensor_ref {
   void *ptr;
   int64_t sb, ss, sh;
+  int64_t sd; /* lse only: hi to lo of the (hi, lo) form, 0 for a plain lse */
 };
 
 /* Everything the kernels read, by value. Lengths are ints: the launchers

@@ -31,6 +31,7 @@ static tensor_ref ref_of(const attn__tensor &t) {
   r.sb = t.sb;
   r.ss = t.ss;
   r.sh = t.sh;
+  r.sd = t.sd;
   return r;
 }
 
@@ -356,10 +357,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
         for (int n = 0; n < NO; ++n)
           *(uint32_t *)(orow + n * 8 + 2 * t) =
               elem<T>::pack(acc_o[mt][n][2 * r] * inv, acc_o[mt][n][2 * r + 1] * inv);
-        if (p.has_lse && t == 0) {
-          float *gl = row_ptr<float>(p.lse, b, sq.q0 + i, h);
-          *gl = l > 0.f ? m_i[mt][r] * kLn2 + logf(l) : -INFINITY;
-        }
+        if (p.has_lse && t == 0)
+          lse_store(row_ptr<float>(p.lse, b, sq.q0 + i, h), p.lse.sd, m_i[mt][r] * kLn2, l);
       }
     }
   }
@@ -379,8 +378,8 @@ static int launch_fwd(const params &p, const attn__cuda_launch *L) {
     return ATTN_EDEVICE;
   dim3 grid((unsigned)((p.seqlen_q + BR - 1) / BR), (unsigned)p.heads_q, (unsigned)p.batch);
   params pl = p;
-  pl.order = attn_order_group(kern, NW * 32, smem, grid, L->sm_count, p.window_left,
-                              p.window_right);
+  pl.order =
+      attn_order_group(kern, NW * 32, smem, grid, L->sm_count, p.window_left, p.window_right);
   kern<<<grid, NW * 32, smem, L->stream>>>(pl);
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }

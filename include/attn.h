@@ -22,7 +22,12 @@
  * log on stderr. A call that fails validation leaves every output untouched.
  *
  * Thread safety: distinct contexts may be used from distinct threads at once;
- * one context must not be used from two threads at the same time.
+ * one context must not be used from two threads at the same time. A call that
+ * finds its context inside another thread's call does not wait and does not
+ * touch the context: it returns ATTN_EBUSY at once, leaving attn_errmsg() to
+ * the call that is running (the check is one atomic exchange per call; it
+ * catches the mistake, it is no lock). Creating and freeing contexts, and
+ * freeing a buffer, are not checked: free nothing another thread still uses.
  */
 #ifndef ATTN_H
 #define ATTN_H
@@ -79,7 +84,8 @@ extern "C" {
   X(EBUILD, 19, "a device kernel failed to compile")                            \
   X(EBUFFER, 20, "a buffer belongs to another context or is too small")         \
   X(EINVAL, 21, "invalid argument")                                             \
-  X(EINTERNAL, 22, "internal error")
+  X(EINTERNAL, 22, "internal error")                                            \
+  X(EBUSY, 23, "the context is in use by another call")
 
 typedef enum attn_status {
 #define ATTN__STATUS_ENUM(name, value, msg) ATTN_##name = value,
@@ -154,7 +160,8 @@ ATTN_API int attn_context_create(const char *spec, attn_context **out);
 ATTN_API void attn_context_free(attn_context *ctx);
 
 /* The sentence describing the last failure on this context, or "" after a
- * success. Valid until the next call on the context. */
+ * success. Valid until the next call on the context. A call refused with
+ * ATTN_EBUSY leaves it alone: it belongs to the call that was running. */
 ATTN_API const char *attn_errmsg(const attn_context *ctx);
 
 /* The backend and device the context got. */
@@ -222,7 +229,16 @@ ATTN_API size_t attn_dtype_size(attn_dtype dtype);
  *   ndim 3, layout varlen: shape {total_rows, heads, head_dim}, the sequences
  *   given by cu_seqlens in attn_params.
  * lse: float32, ndim 3 {batch, heads_q, seqlen_q} for bshd, ndim 2
- *   {heads_q, total_q} for varlen.
+ *   {heads_q, total_q} for varlen; or, with one more dimension of size 2 at
+ *   the end ({batch, heads_q, seqlen_q, 2}, {heads_q, total_q, 2}), each row's
+ *   lse as two floats: [0] is the lse rounded to float32, [1] what the
+ *   rounding dropped (at most half an ulp of [0]). The backward pass computes
+ *   exp(s - lse) for every score, so the rounding of a float32 lse enters
+ *   every probability of the row: about 1e-4 relative at logits of 1e3 and
+ *   6e-4 at 1e4, where naive float32 attention is exact to about 1e-7. With
+ *   the second float, f32 gradients stay as exact as the naive ones at any
+ *   logit size (attn_tensor_lse_hilo). f16/bf16 backward kernels round P to
+ *   16 bits, which dwarfs the rounding of lse, and use [0] alone.
  *
  * stride[i] is in elements, for dimension i. Any strides are allowed as long
  * as no two elements share memory (so bhsd, or a slice of a fused qkv tensor,
@@ -250,6 +266,12 @@ ATTN_API attn_tensor attn_tensor_varlen(void *data, attn_dtype dtype, int64_t to
 /* Contiguous float32 lse: [batch, heads, seqlen] (varlen: batch 0 gives the
  * 2-d [heads, total_rows] form). */
 ATTN_API attn_tensor attn_tensor_lse(float *data, int64_t batch, int64_t heads, int64_t seqlen);
+/* The same with each row's lse as a float32 pair (hi, lo), 2 * batch * heads
+ * * seqlen floats: {batch, heads, seqlen, 2} (varlen: batch 0 gives
+ * {heads, total_rows, 2}). Gradients stay exact at large logits (see lse
+ * above); hi alone is the plain lse. */
+ATTN_API attn_tensor attn_tensor_lse_hilo(float *data, int64_t batch, int64_t heads,
+                                          int64_t seqlen);
 /* The same tensor moved to a device buffer at a byte offset. */
 ATTN_API attn_tensor attn_tensor_on(attn_tensor t, attn_buffer *buffer, size_t offset);
 

@@ -3,16 +3,34 @@
  * through a GPU backend's buffers when needed, and dispatch. */
 #include "attn_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
-/* Whether ctx can take calls. A context whose creation failed keeps its
- * message and answers ATTN_EUNAVAILABLE. */
-static int ready(attn_context *ctx) {
+/* Enters ctx for one call, or says why not. A context whose creation failed
+ * keeps its message and answers ATTN_EUNAVAILABLE. A context that another
+ * thread's call is inside answers ATTN_EBUSY without waiting and without
+ * writing anything, errmsg included: that is the other call's. Every call
+ * that enters leaves through leave(). */
+static int enter(attn_context *ctx) {
   if (!ctx) return ATTN_ENULL;
   if (!ctx->backend) return ATTN_EUNAVAILABLE;
+  if (atomic_exchange_explicit(&ctx->busy, 1, memory_order_acquire)) return ATTN_EBUSY;
   ctx->errmsg[0] = '\0';
   return ATTN_OK;
 }
+
+static int leave(attn_context *ctx, int rc) {
+  atomic_store_explicit(&ctx->busy, 0, memory_order_release);
+  return rc;
+}
+
+/* A public entry point: the call's body runs inside enter() and leave(). */
+#define ENTERED(ctx, body)         \
+  do {                             \
+    int entered_ = enter(ctx);     \
+    if (entered_) return entered_; \
+    return leave(ctx, (body));     \
+  } while (0)
 
 /* ---------------------------------------------------------------------- */
 /* Contexts                                                                 */
@@ -23,6 +41,7 @@ int attn_context_create(const char *spec, attn_context **out) {
   attn_context *ctx = calloc(1, sizeof *ctx);
   *out = ctx;
   if (!ctx) return ATTN_ENOMEM;
+  atomic_init(&ctx->busy, 0);
   return attn__backend_open(ctx, spec);
 }
 
@@ -52,21 +71,15 @@ int attn_context_device_info(const attn_context *ctx, attn_device_info *out) {
 }
 
 int attn_context_set_stream(attn_context *ctx, void *stream) {
-  int rc = ready(ctx);
-  if (rc) return rc;
-  return ctx->backend->set_stream(ctx, stream);
+  ENTERED(ctx, ctx->backend->set_stream(ctx, stream));
 }
 
 int attn_context_synchronize(attn_context *ctx) {
-  int rc = ready(ctx);
-  if (rc) return rc;
-  return ctx->backend->synchronize(ctx);
+  ENTERED(ctx, ctx->backend->synchronize(ctx));
 }
 
 int attn_selftest(attn_context *ctx) {
-  int rc = ready(ctx);
-  if (rc) return rc;
-  return ctx->backend->selftest(ctx);
+  ENTERED(ctx, ctx->backend->selftest(ctx));
 }
 
 /* ---------------------------------------------------------------------- */
@@ -87,26 +100,34 @@ static int new_buffer(attn_context *ctx, void *native, size_t bytes, int owned, 
   return ATTN_OK;
 }
 
-int attn_buffer_create(attn_context *ctx, size_t bytes, attn_buffer **out) {
-  int rc = ready(ctx);
-  if (rc) return rc;
+static int buffer_create(attn_context *ctx, size_t bytes, attn_buffer **out) {
   if (!out) return attn__error(ctx, ATTN_ENULL, "out is NULL");
   *out = NULL;
   if (bytes == 0) return attn__error(ctx, ATTN_ESIZE, "bytes is 0");
   void *native = NULL;
-  rc = ctx->backend->buffer_alloc(ctx, bytes, &native);
+  int rc = ctx->backend->buffer_alloc(ctx, bytes, &native);
   if (rc) return rc;
   return new_buffer(ctx, native, bytes, 1, out);
 }
 
-int attn_buffer_wrap(attn_context *ctx, void *native, size_t bytes, attn_buffer **out) {
-  int rc = ready(ctx);
-  if (rc) return rc;
+int attn_buffer_create(attn_context *ctx, size_t bytes, attn_buffer **out) {
+  ENTERED(ctx, buffer_create(ctx, bytes, out));
+}
+
+static int buffer_wrap(attn_context *ctx, void *native, size_t bytes, attn_buffer **out) {
   if (!out) return attn__error(ctx, ATTN_ENULL, "out is NULL");
   *out = NULL;
   if (!native) return attn__error(ctx, ATTN_ENULL, "native is NULL");
   if (bytes == 0) return attn__error(ctx, ATTN_ESIZE, "bytes is 0");
+  if (ctx->backend->buffer_check) {
+    int rc = ctx->backend->buffer_check(ctx, native, bytes);
+    if (rc) return rc;
+  }
   return new_buffer(ctx, native, bytes, 0, out);
+}
+
+int attn_buffer_wrap(attn_context *ctx, void *native, size_t bytes, attn_buffer **out) {
+  ENTERED(ctx, buffer_wrap(ctx, native, bytes, out));
 }
 
 static int check_range(attn_context *ctx, const attn_buffer *buf, const void *host, size_t offset,
@@ -120,22 +141,28 @@ static int check_range(attn_context *ctx, const attn_buffer *buf, const void *ho
   return ATTN_OK;
 }
 
+static int buffer_write(attn_context *ctx, attn_buffer *buf, size_t offset, const void *src,
+                        size_t bytes) {
+  int rc = check_range(ctx, buf, src, offset, bytes, "src");
+  if (rc || bytes == 0) return rc;
+  return ctx->backend->buffer_write(ctx, buf->native, offset, src, bytes);
+}
+
 int attn_buffer_write(attn_context *ctx, attn_buffer *buf, size_t offset, const void *src,
                       size_t bytes) {
-  int rc = ready(ctx);
-  if (rc) return rc;
-  if ((rc = check_range(ctx, buf, src, offset, bytes, "src"))) return rc;
-  if (bytes == 0) return ATTN_OK;
-  return ctx->backend->buffer_write(ctx, buf->native, offset, src, bytes);
+  ENTERED(ctx, buffer_write(ctx, buf, offset, src, bytes));
+}
+
+static int buffer_read(attn_context *ctx, const attn_buffer *buf, size_t offset, void *dst,
+                       size_t bytes) {
+  int rc = check_range(ctx, buf, dst, offset, bytes, "dst");
+  if (rc || bytes == 0) return rc;
+  return ctx->backend->buffer_read(ctx, buf->native, offset, dst, bytes);
 }
 
 int attn_buffer_read(attn_context *ctx, const attn_buffer *buf, size_t offset, void *dst,
                      size_t bytes) {
-  int rc = ready(ctx);
-  if (rc) return rc;
-  if ((rc = check_range(ctx, buf, dst, offset, bytes, "dst"))) return rc;
-  if (bytes == 0) return ATTN_OK;
-  return ctx->backend->buffer_read(ctx, buf->native, offset, dst, bytes);
+  ENTERED(ctx, buffer_read(ctx, buf, offset, dst, bytes));
 }
 
 void *attn_buffer_native(const attn_buffer *buf) {
@@ -191,6 +218,15 @@ attn_tensor attn_tensor_lse(float *data, int64_t batch, int64_t heads, int64_t s
   }
   int64_t shape[3] = {batch, heads, seqlen};
   return contiguous(data, ATTN_F32, 3, shape);
+}
+
+attn_tensor attn_tensor_lse_hilo(float *data, int64_t batch, int64_t heads, int64_t seqlen) {
+  if (batch == 0) {
+    int64_t shape[3] = {heads, seqlen, 2};
+    return contiguous(data, ATTN_F32, 3, shape);
+  }
+  int64_t shape[4] = {batch, heads, seqlen, 2};
+  return contiguous(data, ATTN_F32, 4, shape);
 }
 
 attn_tensor attn_tensor_on(attn_tensor t, attn_buffer *buffer, size_t offset) {
@@ -265,13 +301,18 @@ static void scatter(const attn_tensor *t, const char *img) {
   }
 }
 
-static int stage(attn_context *ctx, staging *st, const attn_tensor *t, attn__tensor *pt,
-                 int output) {
+static int stage(attn_context *ctx, staging *st, const attn_tensor *t, attn__tensor *pt, int output,
+                 const char *name) {
   if (!t || !t->data) return ATTN_OK;
   size_t bytes = tensor_bytes(t);
   void *native = NULL;
   int rc = ctx->backend->buffer_alloc(ctx, bytes, &native);
-  if (rc) return rc;
+  if (rc) {
+    /* The backend's sentence names its own argument; the caller's is the tensor. */
+    char why[sizeof ctx->errmsg];
+    memcpy(why, ctx->errmsg, sizeof why);
+    return attn__error(ctx, rc, "%s: staging it on the device failed: %s", name, why);
+  }
   st->native[st->n] = native;
   st->user[st->n] = t;
   st->output[st->n] = output;
@@ -301,11 +342,12 @@ static void unstage(attn_context *ctx, staging *st) {
 
 static int run(attn_context *ctx, attn__problem *pb, const attn_tensor *const *ts,
                attn__tensor *const *pts, const int *outputs, int nts, int backward) {
+  static const char *const names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};
   staging st = {0};
   int rc = ATTN_OK;
   if (!ctx->backend->host_memory) {
     for (int i = 0; i < nts && !rc; i++)
-      rc = stage(ctx, &st, ts[i], pts[i], outputs[i]);
+      rc = stage(ctx, &st, ts[i], pts[i], outputs[i], names[i]);
     if (st.n) pb->async = 0; /* staged results must be back before we return */
   }
   if (!rc) rc = backward ? ctx->backend->backward(ctx, pb) : ctx->backend->forward(ctx, pb);
@@ -315,30 +357,33 @@ static int run(attn_context *ctx, attn__problem *pb, const attn_tensor *const *t
   return rc;
 }
 
-int attn_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
-                 const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
-                 const attn_tensor *lse) {
-  int rc = ready(ctx);
-  if (rc) return rc;
+static int forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                   const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+                   const attn_tensor *lse) {
   attn__problem pb;
-  rc = attn__problem_build(ctx, ATTN__FORWARD, p, q, k, v, o, lse, NULL, NULL, NULL, NULL, &pb);
+  int rc = attn__problem_build(ctx, ATTN__FORWARD, p, q, k, v, o, lse, NULL, NULL, NULL, NULL, &pb);
   if (rc) return rc;
   rc = ctx->backend->supports(ctx, &pb, 0);
   if (rc) return rc;
+  /* In the order of run()'s names: forward's are the first five. */
   const attn_tensor *ts[] = {q, k, v, o, lse};
   attn__tensor *pts[] = {&pb.q, &pb.k, &pb.v, &pb.o, &pb.lse};
   const int outputs[] = {0, 0, 0, 1, 1};
   return run(ctx, &pb, ts, pts, outputs, 5, 0);
 }
 
-int attn_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
-                  const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
-                  const attn_tensor *lse, const attn_tensor *dout, const attn_tensor *dq,
-                  const attn_tensor *dk, const attn_tensor *dv) {
-  int rc = ready(ctx);
-  if (rc) return rc;
+int attn_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                 const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+                 const attn_tensor *lse) {
+  ENTERED(ctx, forward(ctx, p, q, k, v, o, lse));
+}
+
+static int backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                    const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+                    const attn_tensor *lse, const attn_tensor *dout, const attn_tensor *dq,
+                    const attn_tensor *dk, const attn_tensor *dv) {
   attn__problem pb;
-  rc = attn__problem_build(ctx, ATTN__BACKWARD, p, q, k, v, o, lse, dout, dq, dk, dv, &pb);
+  int rc = attn__problem_build(ctx, ATTN__BACKWARD, p, q, k, v, o, lse, dout, dq, dk, dv, &pb);
   if (rc) return rc;
   rc = ctx->backend->supports(ctx, &pb, 1);
   if (rc) return rc;
@@ -348,13 +393,23 @@ int attn_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
   return run(ctx, &pb, ts, pts, outputs, 9, 1);
 }
 
-int attn_supports(attn_context *ctx, const attn_params *p, const attn_tensor *q,
-                  const attn_tensor *k, const attn_tensor *v, int backward) {
-  int rc = ready(ctx);
-  if (rc) return rc;
+int attn_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                  const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+                  const attn_tensor *lse, const attn_tensor *dout, const attn_tensor *dq,
+                  const attn_tensor *dk, const attn_tensor *dv) {
+  ENTERED(ctx, backward(ctx, p, q, k, v, o, lse, dout, dq, dk, dv));
+}
+
+static int supports(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                    const attn_tensor *k, const attn_tensor *v, int backward_pass) {
   attn__problem pb;
-  rc =
+  int rc =
       attn__problem_build(ctx, ATTN__SUPPORTS, p, q, k, v, NULL, NULL, NULL, NULL, NULL, NULL, &pb);
   if (rc) return rc;
-  return ctx->backend->supports(ctx, &pb, backward);
+  return ctx->backend->supports(ctx, &pb, backward_pass);
+}
+
+int attn_supports(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                  const attn_tensor *k, const attn_tensor *v, int backward_pass) {
+  ENTERED(ctx, supports(ctx, p, q, k, v, backward_pass));
 }

@@ -13,6 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#ifndef __cplusplus
+#include <stdatomic.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,7 +40,8 @@ extern "C" {
  * where row0(b) is cu_seqlens[b] for varlen problems (and sb is then 0) and 0
  * for bshd. For lse, the same formula holds with c = 0 (lse has no column):
  * bshd lse [B, Hq, Nq] gives sb = Hq*Nq, sh = Nq, ss = 1; varlen lse
- * [Hq, total_q] gives sb = 0, sh = total_q, ss = 1. */
+ * [Hq, total_q] gives sb = 0, sh = total_q, ss = 1. A (hi, lo) lse keeps
+ * lo at sd past hi (see attn__problem.lse_hilo). */
 typedef struct attn__tensor {
   void *native;
   size_t offset;
@@ -69,6 +73,9 @@ typedef struct attn__problem {
   int allow_tf32;
   int async;
   int has_lse; /* forward: whether lse is wanted */
+  /* lse holds (hi, lo) pairs: lo at element + lse.sd (attn_tensor_lse_hilo);
+   * 0 for a plain float32 lse, whose sd is then 0. */
+  int lse_hilo;
   attn__tensor q, k, v, o, lse;
   attn__tensor dout, dq, dk, dv; /* backward only */
 } attn__problem;
@@ -98,6 +105,16 @@ static inline void attn__key_range(const attn__problem *pb, int64_t i, int64_t n
   if (z > nk) z = nk;
   *lo = a;
   *hi = z;
+}
+
+/* A row's lse = m + log(l) as the float pair the (hi, lo) form stores: hi
+ * rounded to float32, lo the rest. A row with no key has hi = -inf, lo = 0;
+ * NaN stays NaN in both. The backward pass then takes exp((s - hi) - lo):
+ * s - hi is exact near the row maximum, so P keeps float32 accuracy however
+ * large the logits. */
+static inline void attn__lse_split(double lse, float *hi, float *lo) {
+  *hi = (float)lse;
+  *lo = lse == -INFINITY ? 0.0f : (float)(lse - (double)*hi);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -162,6 +179,12 @@ struct attn_context {
   int device;
   void *impl; /* the backend's per-context state */
   char errmsg[2048];
+#ifndef __cplusplus
+  /* 1 while a call is inside (src/api.c), so that a second thread's call is
+   * refused with ATTN_EBUSY. Last, and left out of C++ (the CUDA files),
+   * which never touches it: C11 atomics are not C++'s. */
+  atomic_int busy;
+#endif
 };
 
 struct attn_buffer {
@@ -206,6 +229,10 @@ struct attn__backend {
   int (*buffer_write)(attn_context *ctx, void *native, size_t offset, const void *src,
                       size_t bytes);
   int (*buffer_read)(attn_context *ctx, void *native, size_t offset, void *dst, size_t bytes);
+  /* attn_buffer_wrap(): ATTN_EBUFFER with a sentence when native is not
+   * memory of the context's device holding `bytes` bytes. NULL where the
+   * backend cannot tell (a host pointer). */
+  int (*buffer_check)(attn_context *ctx, void *native, size_t bytes);
 
   int (*set_stream)(attn_context *ctx, void *stream); /* NULL restores the default */
   int (*synchronize)(attn_context *ctx);
@@ -256,6 +283,17 @@ int attn__reference_forward(attn_context *ctx, const attn_params *p, const attn_
 int attn__reference_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
                              const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout,
                              double *dq, double *dk, double *dv);
+/* The same, calling progress(user, done, total) after each query row (rows
+ * counted over batch and heads), so a program can show how far a slow
+ * reference has come; progress may be NULL. */
+typedef void (*attn__progress_fn)(void *user, int64_t done, int64_t total);
+int attn__reference_forward_progress(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                                     const attn_tensor *k, const attn_tensor *v, double *o,
+                                     double *lse, attn__progress_fn progress, void *user);
+int attn__reference_backward_progress(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                                      const attn_tensor *k, const attn_tensor *v,
+                                      const attn_tensor *dout, double *dq, double *dk, double *dv,
+                                      attn__progress_fn progress, void *user);
 
 #ifdef __cplusplus
 }

@@ -18,8 +18,8 @@ typedef struct region {
 
 static const char *const dims_bshd[4] = {"batch", "seqlen", "heads", "head_dim"};
 static const char *const dims_varlen[3] = {"rows", "heads", "head_dim"};
-static const char *const dims_lse_bshd[3] = {"batch", "heads", "seqlen"};
-static const char *const dims_lse_varlen[2] = {"heads", "rows"};
+static const char *const dims_lse_bshd[4] = {"batch", "heads", "seqlen", "hilo"};
+static const char *const dims_lse_varlen[3] = {"heads", "rows", "hilo"};
 
 static int mul_overflows(int64_t a, int64_t b, int64_t *out) {
   if (a != 0 && b > INT64_MAX / a) return 1;
@@ -95,8 +95,9 @@ static int check_tensor(attn_context *ctx, const char *name, const attn_tensor *
   size_t esize = attn_dtype_size(t->dtype);
   if ((uint64_t)last >= (uint64_t)(SIZE_MAX / esize) - 1 ||
       (uint64_t)last > (uint64_t)INT64_MAX / esize - 1)
-    return attn__error(ctx, ATTN_EOVERFLOW, "%s: its extent (%lld elements) overflows size_t", name,
-                       (long long)last + 1);
+    /* last is at most INT64_MAX here, so the count is one past it: unsigned. */
+    return attn__error(ctx, ATTN_EOVERFLOW, "%s: its extent (%llu elements) overflows size_t", name,
+                       (unsigned long long)last + 1);
   size_t bytes = ((size_t)last + 1) * esize;
   if (strides_overlap(t))
     return attn__error(
@@ -354,9 +355,13 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
     rc = check_tensor(ctx, "o", o, dt, nd, dims, want, &ro);
     if (rc) return rc;
   }
+  int lse_hilo = 0;
   if (has_lse) {
-    int64_t want_bshd[3] = {batch, hq, nq}, want_var[2] = {hq, total_q};
-    rc = check_tensor(ctx, "lse", lse, ATTN_F32, varlen ? 2 : 3,
+    /* One more dimension of 2 at the end: the (hi, lo) form. */
+    int64_t want_bshd[4] = {batch, hq, nq, 2}, want_var[3] = {hq, total_q, 2};
+    int lse_nd = varlen ? 2 : 3;
+    lse_hilo = lse->ndim == lse_nd + 1;
+    rc = check_tensor(ctx, "lse", lse, ATTN_F32, lse_nd + lse_hilo,
                       varlen ? dims_lse_varlen : dims_lse_bshd, varlen ? want_var : want_bshd, &rl);
     if (rc) return rc;
   }
@@ -431,6 +436,8 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   if (has_lse) {
     fill_tensor(ctx, lse, varlen, 1, &pb->lse);
     pb->has_lse = 1;
+    pb->lse_hilo = lse_hilo;
+    if (lse_hilo) pb->lse.sd = lse->stride[lse->ndim - 1];
   }
   if (op == ATTN__BACKWARD) {
     fill_tensor(ctx, dout, varlen, 0, &pb->dout);

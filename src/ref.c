@@ -54,6 +54,12 @@ static double softmax(double *s, int64_t n) {
 
 int attn__reference_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
                             const attn_tensor *k, const attn_tensor *v, double *o, double *lse) {
+  return attn__reference_forward_progress(ctx, p, q, k, v, o, lse, NULL, NULL);
+}
+
+int attn__reference_forward_progress(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                                     const attn_tensor *k, const attn_tensor *v, double *o,
+                                     double *lse, attn__progress_fn progress, void *user) {
   attn__problem pb;
   int rc = attn__problem_build(ctx, ATTN__REFERENCE, p, q, k, v, NULL, NULL, NULL, NULL, NULL, NULL,
                                &pb);
@@ -61,6 +67,7 @@ int attn__reference_forward(attn_context *ctx, const attn_params *p, const attn_
   double *s = malloc(sizeof(double) * (size_t)(pb.seqlen_k > 0 ? pb.seqlen_k : 1));
   if (!s) return attn__error(ctx, ATTN_ENOMEM, "reference: out of memory for a row of scores");
   int64_t d = pb.head_dim, hq = pb.heads_q, group = pb.heads_q / pb.heads_kv;
+  int64_t done = 0, rows = pb.total_q * hq;
   for (int64_t b = 0; b < pb.batch; b++) {
     int64_t nq = attn__seq_q(&pb, b), nk = attn__seq_k(&pb, b);
     int64_t rq0 = attn__row0_q(&pb, b), rk0 = attn__row0_k(&pb, b);
@@ -82,6 +89,7 @@ int attn__reference_forward(attn_context *ctx, const attn_params *p, const attn_
                 orow[c] += s[j - lo] * load(&pb.v, at(&pb.v, b, rk0 + j, h / group, c));
         }
         if (lse) lse[pb.cu_q ? h * pb.total_q + row : (b * hq + h) * nq + i] = l;
+        if (progress) progress(user, ++done, rows);
       }
   }
   free(s);
@@ -91,6 +99,13 @@ int attn__reference_forward(attn_context *ctx, const attn_params *p, const attn_
 int attn__reference_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
                              const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout,
                              double *dq, double *dk, double *dv) {
+  return attn__reference_backward_progress(ctx, p, q, k, v, dout, dq, dk, dv, NULL, NULL);
+}
+
+int attn__reference_backward_progress(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                                      const attn_tensor *k, const attn_tensor *v,
+                                      const attn_tensor *dout, double *dq, double *dk, double *dv,
+                                      attn__progress_fn progress, void *user) {
   attn__problem pb;
   int rc = attn__problem_build(ctx, ATTN__REFERENCE, p, q, k, v, NULL, NULL, NULL, NULL, NULL, NULL,
                                &pb);
@@ -119,6 +134,7 @@ int attn__reference_backward(attn_context *ctx, const attn_params *p, const attn
   }
 
   int64_t d = pb.head_dim, hq = pb.heads_q, hkv = pb.heads_kv, group = hq / hkv;
+  int64_t done = 0, rows = pb.total_q * hq;
   size_t nk_max = (size_t)(pb.seqlen_k > 0 ? pb.seqlen_k : 1);
   double *s = malloc(sizeof(double) * nk_max * 3);
   if (!s) return attn__error(ctx, ATTN_ENOMEM, "reference: out of memory for a row of scores");
@@ -135,6 +151,7 @@ int attn__reference_backward(attn_context *ctx, const attn_params *p, const attn
       for (int64_t i = 0; i < nq; i++) {
         int64_t lo, hi;
         attn__key_range(&pb, i, nq, nk, &lo, &hi);
+        if (progress) progress(user, ++done, rows);
         if (lo >= hi) continue; /* a row that sees no key passes no gradient */
         row_scores(&pb, b, h, i, lo, hi, s, g);
         softmax(s, hi - lo);

@@ -105,12 +105,16 @@ int attn__error(attn_context *ctx, int status, const char *fmt, ...) {
 }
 
 void attn__debug(const char *fmt, ...) {
-  static int enabled = -1;
-  if (enabled < 0) {
+  /* Read once, lazily, by whichever thread logs first: atomic, since calls
+   * on distinct contexts run at once. */
+  static atomic_int enabled = -1;
+  int on = atomic_load_explicit(&enabled, memory_order_relaxed);
+  if (on < 0) {
     const char *e = getenv("ATTN_DEBUG");
-    enabled = e && *e && strcmp(e, "0") != 0;
+    on = e && *e && strcmp(e, "0") != 0;
+    atomic_store_explicit(&enabled, on, memory_order_relaxed);
   }
-  if (!enabled) return;
+  if (!on) return;
   va_list ap;
   va_start(ap, fmt);
   fputs("attn: ", stderr);

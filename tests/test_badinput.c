@@ -331,6 +331,16 @@ static void sizes_whose_product_overflows_are_eoverflow(at_backend *b) {
   bad_free(x);
 }
 
+/* Found by fuzz_api: an extent of exactly INT64_MAX elements overflowed
+ * while the message counted them (UBSan: signed overflow). */
+static void extent_of_int64_max_elements_is_eoverflow(at_backend *b) {
+  bad *x = bad_new();
+  /* The other dimensions reach (N-1)*H*D + (H-1)*D + D-1 = 255 elements. */
+  x->q.stride[0] = INT64_MAX - ((N - 1) * H * D + (H - 1) * D + D - 1);
+  fwd_fails(b, x, "q extent of INT64_MAX elements", ATTN_EOVERFLOW, "q");
+  bad_free(x);
+}
+
 /* ---------------------------------------------------------------------- */
 /* cu_seqlens                                                               */
 /* ---------------------------------------------------------------------- */
@@ -718,6 +728,7 @@ int main(int argc, char **argv) {
       AT_TEST(overlapping_strides_are_estride),
       AT_TEST(negative_strides_are_estride),
       AT_TEST(sizes_whose_product_overflows_are_eoverflow),
+      AT_TEST(extent_of_int64_max_elements_is_eoverflow),
       AT_TEST(valid_varlen_problem_is_accepted),
       AT_TEST(cu_seqlens_not_starting_at_zero_is_eseqlens),
       AT_TEST(decreasing_cu_seqlens_is_eseqlens),

@@ -7,8 +7,8 @@
  * forward without a window, N = 20480 (1.6 GiB of scores), covers an
  * implementation that allocates only what a window lets it skip.
  *
- * RLIMIT_AS cannot be used under AddressSanitizer (its shadow memory is a
- * huge reservation), nor on GPU backends (drivers map large address ranges):
+ * RLIMIT_AS cannot be used under AddressSanitizer or ThreadSanitizer (their
+ * shadow memory is a huge reservation), nor on GPU backends (drivers map large address ranges):
  * those skip, with the reason.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -22,10 +22,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define UNDER_ASAN 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 #define UNDER_ASAN 1
 #endif
 #endif
@@ -181,7 +181,7 @@ static int child(const char *mode) {
 /* ---------------------------------------------------------------------- */
 
 static void only_where_rlimit_works(at_backend *b) {
-  if (UNDER_ASAN) at_skip("RLIMIT_AS does not work under AddressSanitizer");
+  if (UNDER_ASAN) at_skip("RLIMIT_AS does not work under AddressSanitizer or ThreadSanitizer");
   if (b->kind != ATTN_BACKEND_CPU)
     at_skip("the %s driver maps large address ranges; RLIMIT_AS checks the CPU backend", b->name);
 }

@@ -5,14 +5,40 @@
 #include "attn_internal.h"
 #include "golden.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 static const char *prog = "attn";
+
+/* Exit statuses: 1 when something failed while running (a device, memory, a
+ * case outside its tolerance), 2 when what was asked for is wrong (usage, a
+ * value, a damaged input file) and running again unchanged cannot help. */
+enum { EXIT_FAILED = 1, EXIT_USAGE = 2 };
+
+/* Prints "attn: <message>" on one line of stderr, whatever the message holds
+ * (a path or a driver's log may carry newlines or escapes), and returns
+ * EXIT_USAGE. */
+static int complain(const char *fmt, ...) {
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  for (char *c = msg; *c; c++)
+    if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+  fprintf(stderr, "%s: %s\n", prog, msg);
+  return EXIT_USAGE;
+}
 
 static int usage_main(FILE *f) {
   fprintf(f,
@@ -25,13 +51,27 @@ static int usage_main(FILE *f) {
           "  check    run golden case folders and compare with the tolerance rule\n"
           "\n"
           "Each command takes --help. The backend comes from --backend SPEC or ATTN_BACKEND\n"
-          "(auto, cpu, opencl, cuda, optionally :N for a device index).\n");
-  return f == stdout ? 0 : 2;
+          "(auto, cpu, opencl, cuda, optionally :N for a device index).\n"
+          "Exit status: 0 done, 1 a failure while running (device, memory, a case out of\n"
+          "tolerance), 2 a wrong command, option, value or input file.\n");
+  return f == stdout ? 0 : EXIT_USAGE;
 }
 
+/* A library failure: statuses about what was asked for (a shape, a value, a
+ * backend name or one that is absent, an unsupported combination) are usage
+ * errors; the rest happened while running. */
 static int fail_ctx(attn_context *ctx, int rc, const char *what) {
-  fprintf(stderr, "%s: %s: %s (%s)\n", prog, what, attn_errmsg(ctx), attn_status_name(rc));
-  return 1;
+  complain("%s: %s (%s)", what, attn_errmsg(ctx), attn_status_name(rc));
+  switch (rc) {
+    case ATTN_ENOMEM:
+    case ATTN_EDEVICE:
+    case ATTN_EBUILD:
+    case ATTN_EBUFFER:
+    case ATTN_EINTERNAL:
+      return EXIT_FAILED;
+    default:
+      return EXIT_USAGE;
+  }
 }
 
 /* ---------------------------------------------------------------------- */
@@ -62,8 +102,7 @@ static int cmd_info(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--selftest")) {
       selftest = 1;
     } else {
-      fprintf(stderr, "%s info: unknown option %s (see --help)\n", prog, argv[i]);
-      return 2;
+      return complain("unknown option \"%s\" (see attn info --help)", argv[i]);
     }
   }
   int status = 0;
@@ -111,8 +150,7 @@ static int cmd_info(int argc, char **argv) {
     printf("%s:%d (%s)\n", attn_backend_name(d.backend), d.index, d.name);
   } else {
     printf("nothing\n");
-    fprintf(stderr, "%s: %s (%s)\n", prog, attn_errmsg(ctx), attn_status_name(rc));
-    status = 1;
+    status = fail_ctx(ctx, rc, "no backend selected");
   }
   attn_context_free(ctx);
   return status;
@@ -129,9 +167,10 @@ typedef struct run_opts {
   attn_params params;
   int alibi;
   int backward;
-  int repeat;
+  int64_t repeat;
   int check; /* -1 auto, 0 no, 1 yes */
-  unsigned seed;
+  uint64_t seed;
+  char sizes[256]; /* the size options given, for messages: "--seqlen 99999999999" */
 } run_opts;
 
 static uint64_t rng_state;
@@ -191,6 +230,125 @@ static void compare(const void *x, attn_dtype dt, const double *ref, size_t n, d
   }
 }
 
+/* ---------------------------------------------------------------------- */
+/* Sizes                                                                    */
+/* ---------------------------------------------------------------------- */
+
+/* Bytes this process may still allocate: the kernel's estimate of available
+ * memory (MemAvailable), else the physical memory, capped by an address-space
+ * limit. Only a bound for refusing absurd problems before allocating. */
+static double memory_available(void) {
+  double avail = INFINITY;
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (f) {
+    char line[256];
+    unsigned long long kb;
+    while (fgets(line, sizeof line, f))
+      if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = (double)kb * 1024.0;
+    fclose(f);
+  }
+  if (isinf(avail)) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) avail = (double)pages * (double)page;
+  }
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (double)rl.rlim_cur < avail)
+    avail = (double)rl.rlim_cur;
+  return avail;
+}
+
+static const char *human_bytes(double bytes, char *buf, size_t len) {
+  static const char *const unit[] = {"bytes", "kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"};
+  int u = 0;
+  while (bytes >= 1000 && u < 8) {
+    bytes /= 1000;
+    u++;
+  }
+  snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
+  return buf;
+}
+
+/* Elements of each tensor, in double so that no product can overflow. */
+typedef struct run_sizes {
+  double eq, ek, el; /* q-shaped, k-shaped, lse */
+  double tensors;    /* bytes of every tensor the run uses (one copy) */
+  double reference;  /* bytes of the reference's double outputs */
+} run_sizes;
+
+static run_sizes sizes_of(const run_opts *o) {
+  run_sizes z;
+  double es = (double)attn_dtype_size(o->dtype);
+  z.eq = (double)o->batch * (double)o->nq * (double)o->hq * (double)o->d;
+  z.ek = (double)o->batch * (double)o->nk * (double)o->hkv * (double)o->d;
+  z.el = (double)o->batch * (double)o->hq * (double)o->nq;
+  int copies = o->backward ? 2 : 1; /* q, o (k, v) and do, dq (dk, dv) */
+  z.tensors = copies * (2 * z.eq + 2 * z.ek) * es + 4 * z.el;
+  z.reference = 8 * (z.eq + z.el) + (o->backward ? 8 * (z.eq + 2 * z.ek) : 0);
+  return z;
+}
+
+/* Refuses, with the sentence the user needs, a problem whose memory is more
+ * than there is; what names the memory ("the tensors", "the tensors and the
+ * reference"). */
+static int too_big(const run_opts *o, const char *what, double need, double have,
+                   const char *where) {
+  char a[32], b[32];
+  return complain("%s: %s would need %s, more than the %s of %s available",
+                  o->sizes[0] ? o->sizes : "the problem", what, human_bytes(need, a, sizeof a),
+                  human_bytes(have, b, sizeof b), where);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Progress of the reference                                                */
+/* ---------------------------------------------------------------------- */
+
+/* The reference is plain double-precision loops and can take minutes on a
+ * large problem: after a second, say how far it has come. On a terminal one
+ * line is rewritten in place; in a log a line every few seconds. */
+typedef struct progress {
+  double t0, next;
+  int tty, shown;
+  const char *pass; /* "forward", "backward" */
+} progress;
+
+static void progress_start(progress *pg) {
+  pg->t0 = now_s();
+  pg->next = pg->t0 + 1.0;
+  pg->tty = isatty(STDERR_FILENO);
+  pg->shown = 0;
+  pg->pass = "forward";
+}
+
+static void progress_show(void *user, int64_t done, int64_t total) {
+  progress *pg = user;
+  double t = now_s();
+  if (t < pg->next) return;
+  int pct = (int)(100.0 * (double)done / (double)(total > 0 ? total : 1));
+  if (pg->tty) {
+    fprintf(stderr, "\r%s: reference %s: %3d%% (%lld/%lld rows)", prog, pg->pass, pct,
+            (long long)done, (long long)total);
+    pg->next = t + 0.2;
+  } else {
+    fprintf(stderr, "%s: reference %s: %d%% (%lld/%lld rows, %.0f s)\n", prog, pg->pass, pct,
+            (long long)done, (long long)total, t - pg->t0);
+    pg->next = t + 5.0;
+  }
+  fflush(stderr);
+  pg->shown = 1;
+}
+
+static void progress_end(progress *pg) {
+  if (!pg->shown) return;
+  if (pg->tty)
+    fputs("\r\033[K", stderr); /* the results follow on stdout; leave no stale line */
+  else
+    fprintf(stderr, "%s: reference done in %.1f s\n", prog, now_s() - pg->t0);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Running                                                                  */
+/* ---------------------------------------------------------------------- */
+
 typedef struct device_tensor {
   attn_buffer *buf;
   attn_tensor t;
@@ -198,6 +356,7 @@ typedef struct device_tensor {
   size_t bytes;
 } device_tensor;
 
+/* Sizes were checked against memory before: the products cannot overflow. */
 static int make_tensor(attn_context *ctx, device_tensor *dt, attn_tensor shape, int random) {
   size_t count = 1;
   for (int i = 0; i < shape.ndim; i++)
@@ -212,7 +371,90 @@ static int make_tensor(attn_context *ctx, device_tensor *dt, attn_tensor shape, 
   return attn_buffer_write(ctx, dt->buf, 0, dt->host, dt->bytes);
 }
 
+static int out_of_host_memory(void) {
+  fprintf(stderr, "%s: out of host memory\n", prog);
+  return EXIT_FAILED;
+}
+
+/* The error against the double reference, printed; returns the exit status. */
+static int check_against_reference(attn_context *ctx, const run_opts *o, const attn_params *p,
+                                   device_tensor *q, device_tensor *k, device_tensor *v,
+                                   device_tensor *out, device_tensor *lse, device_tensor *dout,
+                                   device_tensor *dq, device_tensor *dk, device_tensor *dv) {
+  attn_tensor hq_ = attn_tensor_bshd(q->host, o->dtype, o->batch, o->nq, o->hq, o->d);
+  attn_tensor hk_ = attn_tensor_bshd(k->host, o->dtype, o->batch, o->nk, o->hkv, o->d);
+  attn_tensor hv_ = attn_tensor_bshd(v->host, o->dtype, o->batch, o->nk, o->hkv, o->d);
+  size_t nqe = (size_t)(o->batch * o->nq * o->hq * o->d),
+         nke = (size_t)(o->batch * o->nk * o->hkv * o->d);
+  size_t nl = (size_t)(o->batch * o->hq * o->nq);
+  int status = 0;
+  double *ro = malloc(sizeof(double) * nqe), *rl = malloc(sizeof(double) * nl);
+  double *rdq = NULL, *rdk = NULL, *rdv = NULL;
+  if (o->backward) {
+    rdq = malloc(sizeof(double) * nqe);
+    rdk = malloc(sizeof(double) * nke);
+    rdv = malloc(sizeof(double) * nke);
+  }
+  if (!ro || !rl || (o->backward && (!rdq || !rdk || !rdv))) {
+    status = out_of_host_memory();
+    goto done;
+  }
+  progress pg;
+  progress_start(&pg);
+  int rc = attn__reference_forward_progress(ctx, p, &hq_, &hk_, &hv_, ro, rl, progress_show, &pg);
+  attn_tensor hdo = attn_tensor_bshd(dout->host, o->dtype, o->batch, o->nq, o->hq, o->d);
+  pg.pass = "backward";
+  if (!rc && o->backward)
+    rc = attn__reference_backward_progress(ctx, p, &hq_, &hk_, &hv_, &hdo, rdq, rdk, rdv,
+                                           progress_show, &pg);
+  progress_end(&pg);
+  if (rc) {
+    status = fail_ctx(ctx, rc, "reference");
+    goto done;
+  }
+  rc = attn_buffer_read(ctx, out->buf, 0, out->host, out->bytes);
+  if (!rc) rc = attn_buffer_read(ctx, lse->buf, 0, lse->host, lse->bytes);
+  if (!rc && o->backward) {
+    rc = attn_buffer_read(ctx, dq->buf, 0, dq->host, dq->bytes);
+    if (!rc) rc = attn_buffer_read(ctx, dk->buf, 0, dk->host, dk->bytes);
+    if (!rc) rc = attn_buffer_read(ctx, dv->buf, 0, dv->host, dv->bytes);
+  }
+  if (rc) {
+    status = fail_ctx(ctx, rc, "reading the results");
+    goto done;
+  }
+  double e, m, el = 0;
+  compare(out->host, o->dtype, ro, nqe, &e, &m);
+  for (size_t i = 0; i < nl; i++) {
+    double a = ((float *)lse->host)[i];
+    double diff = isinf(rl[i]) ? (a == rl[i] ? 0 : INFINITY) : fabs(a - rl[i]);
+    if (isnan(a)) diff = INFINITY;
+    if (diff > el) el = diff;
+  }
+  printf("  error     o max|err| %.3g (max|ref| %.3g), lse max|err| %.3g\n", e, m, el);
+  if (o->backward) {
+    double eg[3], mg[3];
+    compare(dq->host, o->dtype, rdq, nqe, &eg[0], &mg[0]);
+    compare(dk->host, o->dtype, rdk, nke, &eg[1], &mg[1]);
+    compare(dv->host, o->dtype, rdv, nke, &eg[2], &mg[2]);
+    printf("  error     dq %.3g (max|ref| %.3g), dk %.3g (%.3g), dv %.3g (%.3g)\n", eg[0], mg[0],
+           eg[1], mg[1], eg[2], mg[2]);
+  }
+done:
+  free(ro);
+  free(rl);
+  free(rdq);
+  free(rdk);
+  free(rdv);
+  return status;
+}
+
 static int run_problem(const run_opts *o, const char *title) {
+  /* One copy of every tensor lives in host memory whatever the backend. */
+  run_sizes z = sizes_of(o);
+  double avail = memory_available();
+  if (z.tensors > avail) return too_big(o, "the tensors", z.tensors, avail, "memory");
+
   attn_context *ctx = NULL;
   int rc = attn_context_create(o->backend, &ctx);
   if (rc) {
@@ -222,20 +464,46 @@ static int run_problem(const run_opts *o, const char *title) {
   }
   attn_device_info info;
   attn_context_device_info(ctx, &info);
+
+  /* Error against the double reference when it finishes in seconds. */
+  double work = (double)o->batch * (double)o->hq * visible_pairs(o) * (double)o->d;
+  int check = o->check < 0 ? work <= 3e8 : o->check;
+  /* On a CPU device the buffers are host memory too. */
+  double host = z.tensors * (info.is_gpu ? 1 : 2) + (check ? z.reference : 0);
+  int status = 0;
+  if (host > avail) {
+    status =
+        too_big(o, check ? "the tensors and the reference" : "the tensors", host, avail, "memory");
+  } else if (info.is_gpu && info.memory_bytes && z.tensors > (double)info.memory_bytes) {
+    status = too_big(o, "the tensors", z.tensors, (double)info.memory_bytes, "device memory");
+  }
+  if (status) {
+    attn_context_free(ctx);
+    return status;
+  }
   rng_state = 0x9E3779B97F4A7C15ull ^ o->seed;
 
   attn_params p = o->params;
   float *slopes = NULL;
+  device_tensor q = {0}, k = {0}, v = {0}, out = {0}, lse = {0}, dout = {0}, dq = {0}, dk = {0},
+                dv = {0};
+  size_t repeat = (size_t)o->repeat;
+  double *tf = calloc(repeat, sizeof(double)), *tb = calloc(repeat, sizeof(double));
+  if (!tf || !tb) {
+    status = out_of_host_memory();
+    goto done;
+  }
   if (o->alibi) {
     slopes = malloc(sizeof(float) * (size_t)o->hq);
-    if (!slopes) return 1;
+    if (!slopes) {
+      status = out_of_host_memory();
+      goto done;
+    }
     for (int64_t h = 0; h < o->hq; h++)
       slopes[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)o->hq);
     p.alibi_slopes = slopes;
     p.alibi_count = o->hq;
   }
-  device_tensor q = {0}, k = {0}, v = {0}, out = {0}, lse = {0}, dout = {0}, dq = {0}, dk = {0},
-                dv = {0};
   attn_tensor sq = attn_tensor_bshd(NULL, o->dtype, o->batch, o->nq, o->hq, o->d);
   attn_tensor sk = attn_tensor_bshd(NULL, o->dtype, o->batch, o->nk, o->hkv, o->d);
   attn_tensor sl = attn_tensor_lse(NULL, o->batch, o->hq, o->nq);
@@ -245,26 +513,22 @@ static int run_problem(const run_opts *o, const char *title) {
       (o->backward &&
        ((rc = make_tensor(ctx, &dout, sq, 1)) || (rc = make_tensor(ctx, &dq, sq, 0)) ||
         (rc = make_tensor(ctx, &dk, sk, 0)) || (rc = make_tensor(ctx, &dv, sk, 0))))) {
-    int r = rc == ATTN_ENOMEM && !attn_errmsg(ctx)[0]
-                ? (fprintf(stderr, "%s: out of host memory\n", prog), 1)
-                : fail_ctx(ctx, rc, "cannot allocate the tensors");
-    attn_context_free(ctx);
-    return r;
+    status = rc == ATTN_ENOMEM && !attn_errmsg(ctx)[0]
+                 ? out_of_host_memory()
+                 : fail_ctx(ctx, rc, "cannot allocate the tensors");
+    goto done;
   }
 
-  int repeat = o->repeat > 0 ? o->repeat : 1;
-  double *tf = calloc((size_t)repeat, sizeof(double)), *tb = calloc((size_t)repeat, sizeof(double));
-  int status = 0;
   /* One untimed call first: kernel compilation and first-touch stay out. */
   rc = attn_forward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t);
-  for (int r = 0; r < repeat && !rc; r++) {
+  for (size_t r = 0; r < repeat && !rc; r++) {
     double t0 = now_s();
     rc = attn_forward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t);
     tf[r] = now_s() - t0;
   }
   if (!rc && o->backward) {
     rc = attn_backward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t, &dout.t, &dq.t, &dk.t, &dv.t);
-    for (int r = 0; r < repeat && !rc; r++) {
+    for (size_t r = 0; r < repeat && !rc; r++) {
       double t0 = now_s();
       rc = attn_backward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t, &dout.t, &dq.t, &dk.t, &dv.t);
       tb[r] = now_s() - t0;
@@ -274,8 +538,8 @@ static int run_problem(const run_opts *o, const char *title) {
     status = fail_ctx(ctx, rc, o->backward ? "attention failed" : "forward failed");
     goto done;
   }
-  qsort(tf, (size_t)repeat, sizeof(double), cmp_double);
-  qsort(tb, (size_t)repeat, sizeof(double), cmp_double);
+  qsort(tf, repeat, sizeof(double), cmp_double);
+  qsort(tb, repeat, sizeof(double), cmp_double);
   double flops = 4.0 * (double)o->batch * (double)o->hq * visible_pairs(o) * (double)o->d;
   printf("%s\n", title);
   printf("  backend   %s:%d (%s)\n", attn_backend_name(info.backend), info.index, info.name);
@@ -286,67 +550,18 @@ static int run_problem(const run_opts *o, const char *title) {
       (long long)o->d, attn_dtype_name(o->dtype), (p.flags & ATTN_CAUSAL) ? ", causal" : "",
       p.softcap > 0 ? ", softcap" : "", o->alibi ? ", alibi" : "");
   double mf = tf[repeat / 2];
-  printf("  forward   %.3f ms median of %d, %.1f GFLOP/s\n", mf * 1e3, repeat, flops / mf * 1e-9);
+  printf("  forward   %.3f ms median of %zu, %.1f GFLOP/s\n", mf * 1e3, repeat, flops / mf * 1e-9);
   if (o->backward) {
     double mb = tb[repeat / 2];
-    printf("  backward  %.3f ms median of %d, %.1f GFLOP/s (2.5x the forward's FLOPs)\n", mb * 1e3,
+    printf("  backward  %.3f ms median of %zu, %.1f GFLOP/s (2.5x the forward's FLOPs)\n", mb * 1e3,
            repeat, 2.5 * flops / mb * 1e-9);
   }
-
-  /* Error against the double reference, when it finishes in seconds. */
-  double work = (double)o->batch * (double)o->hq * visible_pairs(o) * (double)o->d;
-  int check = o->check < 0 ? work <= 3e8 : o->check;
   if (!check) {
     printf("  error     not checked (problem too large for the reference; --check forces it)\n");
     goto done;
   }
-  attn_tensor hq_ = attn_tensor_bshd(q.host, o->dtype, o->batch, o->nq, o->hq, o->d);
-  attn_tensor hk_ = attn_tensor_bshd(k.host, o->dtype, o->batch, o->nk, o->hkv, o->d);
-  attn_tensor hv_ = attn_tensor_bshd(v.host, o->dtype, o->batch, o->nk, o->hkv, o->d);
-  size_t nqe = (size_t)(o->batch * o->nq * o->hq * o->d),
-         nke = (size_t)(o->batch * o->nk * o->hkv * o->d);
-  size_t nl = (size_t)(o->batch * o->hq * o->nq);
-  double *ro = malloc(sizeof(double) * nqe), *rl = malloc(sizeof(double) * nl);
-  rc = attn__reference_forward(ctx, &p, &hq_, &hk_, &hv_, ro, rl);
-  if (!rc) rc = attn_buffer_read(ctx, out.buf, 0, out.host, out.bytes);
-  if (!rc) rc = attn_buffer_read(ctx, lse.buf, 0, lse.host, lse.bytes);
-  if (rc) {
-    status = fail_ctx(ctx, rc, "reference");
-  } else {
-    double e, m, el = 0;
-    compare(out.host, o->dtype, ro, nqe, &e, &m);
-    for (size_t i = 0; i < nl; i++) {
-      double a = ((float *)lse.host)[i];
-      double diff = isinf(rl[i]) ? (a == rl[i] ? 0 : INFINITY) : fabs(a - rl[i]);
-      if (isnan(a)) diff = INFINITY;
-      if (diff > el) el = diff;
-    }
-    printf("  error     o max|err| %.3g (max|ref| %.3g), lse max|err| %.3g\n", e, m, el);
-  }
-  if (!rc && o->backward) {
-    attn_tensor hdo = attn_tensor_bshd(dout.host, o->dtype, o->batch, o->nq, o->hq, o->d);
-    double *rdq = malloc(sizeof(double) * nqe), *rdk = malloc(sizeof(double) * nke),
-           *rdv = malloc(sizeof(double) * nke);
-    rc = attn__reference_backward(ctx, &p, &hq_, &hk_, &hv_, &hdo, rdq, rdk, rdv);
-    if (!rc) rc = attn_buffer_read(ctx, dq.buf, 0, dq.host, dq.bytes);
-    if (!rc) rc = attn_buffer_read(ctx, dk.buf, 0, dk.host, dk.bytes);
-    if (!rc) rc = attn_buffer_read(ctx, dv.buf, 0, dv.host, dv.bytes);
-    if (rc) {
-      status = fail_ctx(ctx, rc, "reference backward");
-    } else {
-      double e[3], m[3];
-      compare(dq.host, o->dtype, rdq, nqe, &e[0], &m[0]);
-      compare(dk.host, o->dtype, rdk, nke, &e[1], &m[1]);
-      compare(dv.host, o->dtype, rdv, nke, &e[2], &m[2]);
-      printf("  error     dq %.3g (max|ref| %.3g), dk %.3g (%.3g), dv %.3g (%.3g)\n", e[0], m[0],
-             e[1], m[1], e[2], m[2]);
-    }
-    free(rdq);
-    free(rdk);
-    free(rdv);
-  }
-  free(ro);
-  free(rl);
+  fflush(stdout); /* the results so far come before the reference's progress */
+  status = check_against_reference(ctx, o, &p, &q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv);
 done:
   free(tf);
   free(tb);
@@ -360,43 +575,102 @@ done:
   return status;
 }
 
-static int parse_int(const char *opt, const char *s, int64_t lo, int64_t *out) {
-  char *end;
+/* ---------------------------------------------------------------------- */
+/* Options                                                                  */
+/* ---------------------------------------------------------------------- */
+
+/* Whether s is an integer as written by a person: an optional sign (when
+ * sign is set), then decimal digits and nothing else. strtoll and strtoull
+ * alone would skip leading blanks, stop quietly at "12abc", and strtoull
+ * would turn "-1" into 2^64 - 1. */
+static int integer_syntax(const char *s, int sign) {
+  if (sign && (*s == '-' || *s == '+')) s++;
+  if (!*s) return 0;
+  for (; *s; s++)
+    if (!isdigit((unsigned char)*s)) return 0;
+  return 1;
+}
+
+/* The number parser of every integer option: the whole of s, base 10, within
+ * [lo, hi]; otherwise a sentence naming the option and the value. */
+static int parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+  if (!s) return complain("%s needs a value", opt), -1;
+  if (!integer_syntax(s, 1)) return complain("%s \"%s\" is not an integer", opt, s), -1;
   errno = 0;
-  long long v = strtoll(s ? s : "", &end, 10);
-  if (!s || !*s || *end || errno || v < lo) {
-    fprintf(stderr, "%s: %s needs an integer >= %lld, got \"%s\"\n", prog, opt, (long long)lo,
-            s ? s : "");
+  long long v = strtoll(s, NULL, 10);
+  if (errno == ERANGE || v < lo || v > hi) {
+    if (hi == INT64_MAX)
+      complain("%s %s is out of range: it must be at least %lld%s", opt, s, (long long)lo,
+               errno == ERANGE && v > 0 ? " and fit in 64 bits" : "");
+    else
+      complain("%s %s is out of range: it must be %lld to %lld", opt, s, (long long)lo,
+               (long long)hi);
     return -1;
   }
   *out = v;
   return 0;
 }
 
-static int parse_double(const char *opt, const char *s, double *out) {
-  char *end;
+/* --seed: any 64-bit value, all of which give different inputs. */
+static int parse_u64(const char *opt, const char *s, uint64_t *out) {
+  if (!s) return complain("%s needs a value", opt), -1;
+  if (!integer_syntax(s, 0))
+    return complain("%s \"%s\" is not an integer from 0 to %llu", opt, s,
+                    (unsigned long long)UINT64_MAX),
+           -1;
   errno = 0;
-  double v = strtod(s ? s : "", &end);
-  if (!s || !*s || *end || errno || !isfinite(v)) {
-    fprintf(stderr, "%s: %s needs a number, got \"%s\"\n", prog, opt, s ? s : "");
-    return -1;
-  }
+  unsigned long long v = strtoull(s, NULL, 10);
+  if (errno == ERANGE)
+    return complain("%s %s is out of range: it must be 0 to %llu", opt, s,
+                    (unsigned long long)UINT64_MAX),
+           -1;
   *out = v;
   return 0;
+}
+
+/* A scale or softcap: finite, not negative, and a float32 once given to the
+ * kernels, so neither above FLT_MAX nor so small that it rounds to 0. */
+static int parse_scalar(const char *opt, const char *s, double *out) {
+  if (!s) return complain("%s needs a value", opt), -1;
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (!*s || isspace((unsigned char)*s) || *end || !isfinite(v))
+    return complain("%s \"%s\" is not a finite number", opt, s), -1;
+  if (v < 0 || v > FLT_MAX || (v > 0 && (float)v == 0.0f))
+    return complain("%s %s is out of range: it must be 0 or from %g to %g (a float32)", opt, s,
+                    (double)FLT_TRUE_MIN, (double)FLT_MAX),
+           -1;
+  *out = v;
+  return 0;
+}
+
+/* "--window L,R": two integers, each -1 (unbounded) or more. */
+static int parse_window(const char *opt, const char *s, int64_t *l, int64_t *r) {
+  if (!s) return complain("%s needs a value L,R (e.g. 128,0; -1 = unbounded)", opt), -1;
+  const char *comma = strchr(s, ',');
+  char left[64];
+  if (!comma || (size_t)(comma - s) >= sizeof left)
+    return complain("%s \"%s\" is not L,R (e.g. 128,0; -1 = unbounded)", opt, s), -1;
+  memcpy(left, s, (size_t)(comma - s));
+  left[comma - s] = 0;
+  if (parse_int("--window L", left, -1, INT64_MAX, l)) return -1;
+  return parse_int("--window R", comma + 1, -1, INT64_MAX, r);
 }
 
 static const char run_help[] =
     "usage: attn run [options]\n"
     "A random problem on the selected backend: median time of --repeat calls, GFLOP/s\n"
     "(4 * batch * heads * visible query-key pairs * head_dim; backward 2.5x that), and the\n"
-    "error against the double-precision reference when the problem is small enough.\n"
+    "error against the double-precision reference when the problem is small enough (its\n"
+    "progress goes to stderr when it takes more than a second).\n"
     "  --backend SPEC      auto, cpu, opencl, cuda[:N] (default: ATTN_BACKEND, else auto)\n"
     "  --batch B           sequences (1)\n"
     "  --seqlen N          query and key length (1024)\n"
     "  --seqlen-q N, --seqlen-k N   separate lengths\n"
     "  --heads H           query heads (12)\n"
-    "  --heads-kv H        key/value heads (= heads; fewer for GQA/MQA)\n"
-    "  --dim D             head dimension (64)\n"
+    "  --heads-kv H        key/value heads, dividing H (= heads; fewer for GQA/MQA)\n"
+    "  --dim D             head dimension, 1 to 256 (64)\n"
     "  --dtype T           f32, f16 or bf16 (f32)\n"
     "  --causal            bottom-right-aligned causal mask\n"
     "  --window L,R        sliding window (-1 = unbounded)\n"
@@ -404,27 +678,37 @@ static const char run_help[] =
     "  --alibi             ALiBi with the standard geometric slopes\n"
     "  --scale S           score scale (default 1/sqrt(D))\n"
     "  --backward          also time the backward pass\n"
-    "  --repeat R          timed calls (10)\n"
+    "  --repeat R          timed calls, 1 to 1000000 (10)\n"
     "  --check / --no-check   force or skip the reference comparison\n"
-    "  --seed S            random seed (1)\n";
+    "  --seed S            random seed, 0 to 2^64-1 (1)\n"
+    "Exit status: 0 done, 1 a failure while running, 2 a wrong option or value.\n";
 
-/* Parses the options shared by run and vit; returns 1 for --help, -1 on error. */
+/* A million timed calls is already hours at the smallest problem worth timing;
+ * the bound keeps the per-call timing arrays small. */
+#define RUN_MAX_REPEAT 1000000
+
+/* Notes a size option for the messages about memory. */
+static void note_size(run_opts *o, const char *opt, const char *val) {
+  size_t len = strlen(o->sizes);
+  snprintf(o->sizes + len, sizeof o->sizes - len, "%s%s %.40s", len ? " " : "", opt, val);
+}
+
+/* Parses the options shared by run and vit; returns 1 for --help, -1 on error
+ * (said on stderr). */
 static int parse_run(int argc, char **argv, run_opts *o, int vit) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-    int64_t n;
-    double x;
+    int64_t *size = NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
     if (!strcmp(a, "--backend")) {
-      if (!val) return fprintf(stderr, "%s: --backend needs a value\n", prog), -1;
+      if (!val || !*val)
+        return complain("--backend needs a value (auto, cpu, opencl, cuda[:N])"), -1;
       o->backend = val;
       i++;
     } else if (!strcmp(a, "--batch")) {
-      if (parse_int(a, val, 1, &o->batch)) return -1;
-      i++;
+      size = &o->batch;
     } else if (!strcmp(a, "--repeat")) {
-      if (parse_int(a, val, 1, &n)) return -1;
-      o->repeat = (int)n;
+      if (parse_int(a, val, 1, RUN_MAX_REPEAT, &o->repeat)) return -1;
       i++;
     } else if (!strcmp(a, "--dtype")) {
       if (val && !strcmp(val, "f32")) {
@@ -433,8 +717,10 @@ static int parse_run(int argc, char **argv, run_opts *o, int vit) {
         o->dtype = ATTN_F16;
       } else if (val && !strcmp(val, "bf16")) {
         o->dtype = ATTN_BF16;
+      } else if (!val) {
+        return complain("--dtype needs a value (f32, f16 or bf16)"), -1;
       } else {
-        return fprintf(stderr, "%s: --dtype takes f32, f16 or bf16\n", prog), -1;
+        return complain("--dtype \"%s\" is not f32, f16 or bf16", val), -1;
       }
       i++;
     } else if (!strcmp(a, "--backward")) {
@@ -444,56 +730,59 @@ static int parse_run(int argc, char **argv, run_opts *o, int vit) {
     } else if (!strcmp(a, "--no-check")) {
       o->check = 0;
     } else if (!strcmp(a, "--seed")) {
-      if (parse_int(a, val, 0, &n)) return -1;
-      o->seed = (unsigned)n;
+      if (parse_u64(a, val, &o->seed)) return -1;
       i++;
     } else if (vit) {
-      fprintf(stderr, "%s vit: unknown option %s (see --help)\n", prog, a);
-      return -1;
+      return complain("unknown option \"%s\" (see attn vit --help)", a), -1;
     } else if (!strcmp(a, "--seqlen")) {
-      if (parse_int(a, val, 1, &o->nq)) return -1;
+      if (parse_int(a, val, 1, INT64_MAX, &o->nq)) return -1;
       o->nk = o->nq;
+      note_size(o, a, val);
       i++;
     } else if (!strcmp(a, "--seqlen-q")) {
-      if (parse_int(a, val, 1, &o->nq)) return -1;
-      i++;
+      size = &o->nq;
     } else if (!strcmp(a, "--seqlen-k")) {
-      if (parse_int(a, val, 1, &o->nk)) return -1;
-      i++;
+      size = &o->nk;
     } else if (!strcmp(a, "--heads")) {
-      if (parse_int(a, val, 1, &o->hq)) return -1;
-      i++;
+      size = &o->hq;
     } else if (!strcmp(a, "--heads-kv")) {
-      if (parse_int(a, val, 1, &o->hkv)) return -1;
-      i++;
+      size = &o->hkv;
     } else if (!strcmp(a, "--dim")) {
-      if (parse_int(a, val, 1, &o->d)) return -1;
+      if (parse_int(a, val, 1, ATTN_MAX_HEAD_DIM, &o->d)) return -1;
+      note_size(o, a, val);
       i++;
     } else if (!strcmp(a, "--causal")) {
       o->params.flags |= ATTN_CAUSAL;
     } else if (!strcmp(a, "--alibi")) {
       o->alibi = 1;
     } else if (!strcmp(a, "--window")) {
-      long long l, r;
-      char extra;
-      if (!val || sscanf(val, "%lld,%lld%c", &l, &r, &extra) != 2)
-        return fprintf(stderr, "%s: --window takes L,R (e.g. 128,0; -1 = unbounded)\n", prog), -1;
-      o->params.window_left = l;
-      o->params.window_right = r;
+      if (parse_window(a, val, &o->params.window_left, &o->params.window_right)) return -1;
       i++;
     } else if (!strcmp(a, "--softcap")) {
-      if (parse_double(a, val, &x)) return -1;
-      o->params.softcap = x;
+      if (parse_scalar(a, val, &o->params.softcap)) return -1;
       i++;
     } else if (!strcmp(a, "--scale")) {
-      if (parse_double(a, val, &x)) return -1;
-      o->params.scale = x;
+      if (parse_scalar(a, val, &o->params.scale)) return -1;
       i++;
     } else {
-      fprintf(stderr, "%s run: unknown option %s (see --help)\n", prog, a);
-      return -1;
+      return complain("unknown option \"%s\" (see attn run --help)", a), -1;
+    }
+    if (size) {
+      if (parse_int(a, val, 1, INT64_MAX, size)) return -1;
+      note_size(o, a, val);
+      i++;
     }
   }
+  if (!o->hkv) o->hkv = o->hq;
+  if (o->hkv > o->hq || o->hq % o->hkv)
+    return complain("--heads %lld is not a multiple of --heads-kv %lld", (long long)o->hq,
+                    (long long)o->hkv),
+           -1;
+  /* A window wider than both sequences sees every key: the same problem
+   * with bounds that cannot overflow the key-range arithmetic. */
+  int64_t span = o->nq > o->nk ? o->nq : o->nk;
+  if (o->params.window_left > span) o->params.window_left = span;
+  if (o->params.window_right > span) o->params.window_right = span;
   return 0;
 }
 
@@ -515,8 +804,7 @@ static int cmd_run(int argc, char **argv) {
   run_defaults(&o);
   int rc = parse_run(argc, argv, &o, 0);
   if (rc > 0) return fputs(run_help, stdout), 0;
-  if (rc < 0) return 2;
-  if (!o.hkv) o.hkv = o.hq;
+  if (rc < 0) return EXIT_USAGE;
   return run_problem(&o, "attn run");
 }
 
@@ -540,7 +828,7 @@ static int cmd_vit(int argc, char **argv) {
         "GFLOP/s and the error against the reference.\n");
     return 0;
   }
-  if (rc < 0) return 2;
+  if (rc < 0) return EXIT_USAGE;
   return run_problem(&o, "attn vit: ViT-B/16 self-attention, 224x224 images");
 }
 
@@ -548,75 +836,104 @@ static int cmd_vit(int argc, char **argv) {
 /* check                                                                    */
 /* ---------------------------------------------------------------------- */
 
+/* The case folders of every argument, listed before anything runs so that a
+ * missing folder is said at once. */
+typedef struct case_list {
+  char **dirs;
+  int n;
+} case_list;
+
+/* Prints a case that cannot be loaded on one line of stderr: which case and why. */
+static void cannot_load(const char *dir, const char *why) {
+  if (!strncmp(why, dir, strlen(dir)))
+    complain("%s", why); /* the reader's sentence starts with the path already */
+  else
+    complain("%s: %s", dir, why);
+}
+
 static int cmd_check(int argc, char **argv) {
-  int forward_only = 0, ndirs = 0;
+  int forward_only = 0, nargs = 0;
   const char *backend = NULL;
+  const char **roots = calloc((size_t)argc + 1, sizeof *roots);
+  if (!roots) return out_of_host_memory();
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf(
           "usage: attn check [--forward-only] [--backend SPEC] [DIR...]\n"
           "Runs each golden case (a folder with case.json and .npy files, or a folder of such\n"
           "folders) on the selected backend and prints each output's error beside the bound of\n"
-          "the golden README's tolerance rule. Exits non-zero if any case fails or cannot run.\n"
-          "Without DIR, the cases of the source tree: %s\n",
+          "the golden README's tolerance rule. A case that cannot be read is named on stderr and\n"
+          "the others still run. Without DIR, the repository's cases:\n"
+          "  %s\n"
+          "Exit status: 0 every case passed, 1 a case failed or could not run, 2 a wrong option,\n"
+          "a missing folder or a case that cannot be read.\n",
           ATTN_DEFAULT_GOLDEN_DIR);
+      free(roots);
       return 0;
     } else if (!strcmp(argv[i], "--forward-only")) {
       forward_only = 1;
     } else if (!strcmp(argv[i], "--backend")) {
-      if (i + 1 >= argc) return fprintf(stderr, "%s: --backend needs a value\n", prog), 2;
+      if (i + 1 >= argc || !*argv[i + 1]) {
+        free(roots);
+        return complain("--backend needs a value (auto, cpu, opencl, cuda[:N])");
+      }
       backend = argv[++i];
     } else if (argv[i][0] == '-') {
-      fprintf(stderr, "%s check: unknown option %s (see --help)\n", prog, argv[i]);
-      return 2;
+      free(roots);
+      return complain("unknown option \"%s\" (see attn check --help)", argv[i]);
     } else {
-      ndirs++;
+      roots[nargs++] = argv[i];
     }
   }
-  char *fallback[] = {argv[0], ATTN_DEFAULT_GOLDEN_DIR};
-  if (!ndirs) {
-    /* Options are already read: the loop below needs only the folder. */
-    argc = 2;
-    argv = fallback;
+  if (!nargs) roots[nargs++] = ATTN_DEFAULT_GOLDEN_DIR;
+
+  int bad = 0, ncases = 0;
+  case_list *lists = calloc((size_t)nargs, sizeof *lists);
+  if (!lists) {
+    free(roots);
+    return out_of_host_memory();
   }
-  attn_context *ctx = NULL;
-  int rc = attn_context_create(backend, &ctx);
-  if (rc) {
-    int r = fail_ctx(ctx, rc, "cannot create a context");
-    attn_context_free(ctx);
-    return r;
-  }
-  attn_device_info info;
-  attn_context_device_info(ctx, &info);
-  printf("backend %s:%d (%s)\n", attn_backend_name(info.backend), info.index, info.name);
-  printf("%-16s %-4s %-5s %12s %12s %8s  %s\n", "case", "type", "out", "max|err|", "bound",
-         "err/peer", "result");
-  int cases = 0, failed = 0;
-  for (int i = 1; i < argc; i++) {
-    if (argv[i][0] == '-') {
-      if (!strcmp(argv[i], "--backend")) i++;
-      continue;
-    }
+  for (int i = 0; i < nargs; i++) {
     char err[512];
-    char **dirs = NULL;
-    int n = attn_golden_list(argv[i], &dirs, err, sizeof err);
-    if (n < 0) {
-      fprintf(stderr, "%s check: %s\n", prog, err);
-      failed++;
-      continue;
+    lists[i].n = attn_golden_list(roots[i], &lists[i].dirs, err, sizeof err);
+    if (lists[i].n < 0) {
+      complain("%s", err);
+      lists[i].n = 0;
+      bad++;
+    } else if (lists[i].n == 0) {
+      complain("%s holds no case folder (a folder with case.json, or a folder of them)", roots[i]);
+      bad++;
     }
-    if (n == 0) {
-      fprintf(stderr, "%s check: %s holds no case folder\n", prog, argv[i]);
-      failed++;
-    }
-    for (int c = 0; c < n; c++) {
+    ncases += lists[i].n;
+  }
+
+  attn_context *ctx = NULL;
+  int status = 0, cases = 0, failed = 0, header = 0;
+  if (ncases) {
+    int rc = attn_context_create(backend, &ctx);
+    if (rc) status = fail_ctx(ctx, rc, "cannot create a context");
+  }
+  for (int i = 0; i < nargs && ncases && !status; i++)
+    for (int c = 0; c < lists[i].n; c++) {
+      const char *dir = lists[i].dirs[c];
+      char err[512];
       attn_golden g;
-      cases++;
-      if (attn_golden_load(dirs[c], &g, err, sizeof err) != 0) {
-        printf("%-16s cannot load: %s\n", dirs[c], err);
-        failed++;
+      if (attn_golden_load(dir, &g, err, sizeof err) != 0) {
+        cannot_load(dir, err);
+        bad++;
         continue;
       }
+      /* The table starts with the first case that loads: a run where none
+       * does prints nothing that looks like a result. */
+      if (!header) {
+        attn_device_info info;
+        attn_context_device_info(ctx, &info);
+        printf("backend %s:%d (%s)\n", attn_backend_name(info.backend), info.index, info.name);
+        printf("%-16s %-4s %-5s %12s %12s %8s  %s\n", "case", "type", "out", "max|err|", "bound",
+               "err/peer", "result");
+        header = 1;
+      }
+      cases++;
       attn_golden_report rep;
       attn_golden_run(ctx, &g, forward_only, &rep);
       if (rep.status != ATTN_OK) {
@@ -639,24 +956,37 @@ static int cmd_check(int argc, char **argv) {
       if (!rep.pass) failed++;
       attn_golden_free(&g);
     }
-    attn_golden_list_free(dirs, n);
+  if (header) {
+    printf("%d case%s, %d failed", cases, cases == 1 ? "" : "s", failed);
+    if (bad) printf(", %d could not be read", bad);
+    printf(" (%s)\n", forward_only ? "forward" : "forward and backward");
   }
-  printf("%d case%s, %d failed (%s)\n", cases, cases == 1 ? "" : "s", failed,
-         forward_only ? "forward" : "forward and backward");
+  for (int i = 0; i < nargs; i++)
+    attn_golden_list_free(lists[i].dirs, lists[i].n);
+  free(lists);
+  free(roots);
   attn_context_free(ctx);
-  return failed ? 1 : 0;
+  if (status) return status;
+  return bad ? EXIT_USAGE : failed ? EXIT_FAILED : 0;
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2) return usage_main(stderr);
+  if (argc < 2) return complain("give a command: info, run, vit or check (see attn --help)");
   const char *cmd = argv[1];
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help"))
     return usage_main(stdout);
   if (!strcmp(cmd, "--version")) return printf("attn %s\n", ATTN_VERSION_STRING), 0;
-  if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
-  if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
-  if (!strcmp(cmd, "vit")) return cmd_vit(argc - 1, argv + 1);
-  if (!strcmp(cmd, "check")) return cmd_check(argc - 1, argv + 1);
-  fprintf(stderr, "%s: unknown command \"%s\"\n", prog, cmd);
-  return usage_main(stderr);
+  static const struct {
+    const char *name, *prog;
+    int (*fn)(int, char **);
+  } cmds[] = {{"info", "attn info", cmd_info},
+              {"run", "attn run", cmd_run},
+              {"vit", "attn vit", cmd_vit},
+              {"check", "attn check", cmd_check}};
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+    if (!strcmp(cmd, cmds[i].name)) {
+      prog = cmds[i].prog;
+      return cmds[i].fn(argc - 1, argv + 1);
+    }
+  return complain("unknown command \"%s\" (commands: info, run, vit, check; see attn --help)", cmd);
 }

@@ -12,12 +12,14 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* The inputs are produced by attn's own tooling, but a hand-edited or
  * truncated file must give a message, not undefined behaviour: every size is
@@ -338,11 +340,31 @@ static int jint(const jval *v, int64_t lo, int64_t hi, int64_t *out) {
 /* Files                                                                    */
 /* ---------------------------------------------------------------------- */
 
+/* Why read_file failed, from its errno. */
+static const char *unreadable(int e) {
+  if (e == EFBIG) return "file much larger than its expected shape";
+  if (e == EINVAL) return "not a regular file";
+  return strerror(e);
+}
+
 /* Reads a whole file; NULL with errno set on failure. A missing file leaves
  * errno == ENOENT so optional files can be told apart from broken ones. */
 static unsigned char *read_file(const char *path, size_t max, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
+  /* Opened without blocking and checked before reading: a FIFO under a case
+   * file's name would otherwise hang the open, and a directory fail late. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return NULL;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    errno = EINVAL; /* told apart by unreadable() */
+    return NULL;
+  }
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    close(fd);
+    return NULL;
+  }
   unsigned char *buf = NULL;
   size_t n = 0, cap = 0;
   for (;;) {
@@ -433,8 +455,7 @@ static int npy_load(const char *dir, const char *name, int optional, npy_want wa
   unsigned char *buf = read_file(path, (size_t)count * 8 + 65536 + 16, &len);
   if (!buf) {
     if (errno == ENOENT && optional) return 0;
-    seterr(err, errlen, "%s: %s", path,
-           errno == EFBIG ? "file much larger than its expected shape" : strerror(errno));
+    seterr(err, errlen, "%s: %s", path, unreadable(errno));
     return -1;
   }
   int rc = -1;
@@ -663,7 +684,7 @@ int attn_golden_load(const char *dir, attn_golden *g, char *err, size_t errlen) 
   size_t len = 0;
   char *text = (char *)read_file(path, GOLDEN_MAX_JSON_BYTES, &len);
   if (!text) {
-    seterr(err, errlen, "%s: %s", path, strerror(errno));
+    seterr(err, errlen, "%s: %s", path, unreadable(errno));
     return -1;
   }
   char jerr[256] = "";
@@ -1025,29 +1046,32 @@ int attn_golden_run(attn_context *ctx, const attn_golden *g, int forward_only,
 
   attn_tensor q, k, v, o, lse, dout, dq, dk, dv;
   void *obuf = malloc((size_t)nq * es + 1), *dqb = NULL, *dkb = NULL, *dvb = NULL;
-  float *lbuf = malloc((size_t)nl * sizeof(float) + 1);
+  /* lse in the (hi, lo) form, which keeps f32 gradients exact at large
+   * logits; hi is compared as the lse. */
+  float *lbuf = malloc((size_t)nl * 2 * sizeof(float) + 1);
+  float *lhi = malloc((size_t)nl * sizeof(float) + 1);
   unsigned char *empty_o = malloc((size_t)nq + 1), *empty_l = malloc((size_t)nl + 1);
-  if (!obuf || !lbuf || !empty_o || !empty_l) {
+  if (!obuf || !lbuf || !lhi || !empty_o || !empty_l) {
     fail_report(rep, ATTN_ENOMEM, "", "out of memory allocating the outputs");
     goto done;
   }
   /* All-ones bytes are NaN in every dtype: an element the library never
    * writes cannot pass. */
   memset(obuf, 0xff, (size_t)nq * es);
-  memset(lbuf, 0xff, (size_t)nl * sizeof(float));
+  memset(lbuf, 0xff, (size_t)nl * 2 * sizeof(float));
 
   if (g->varlen) {
     q = attn_tensor_varlen(g->q, dt, g->total_q, Hq, d);
     k = attn_tensor_varlen(g->k, dt, g->total_k, Hkv, d);
     v = attn_tensor_varlen(g->v, dt, g->total_k, Hkv, d);
     o = attn_tensor_varlen(obuf, dt, g->total_q, Hq, d);
-    lse = attn_tensor_lse(lbuf, 0, Hq, g->total_q);
+    lse = attn_tensor_lse_hilo(lbuf, 0, Hq, g->total_q);
   } else {
     q = attn_tensor_bshd(g->q, dt, g->batch, g->seqlen_q, Hq, d);
     k = attn_tensor_bshd(g->k, dt, g->batch, g->seqlen_k, Hkv, d);
     v = attn_tensor_bshd(g->v, dt, g->batch, g->seqlen_k, Hkv, d);
     o = attn_tensor_bshd(obuf, dt, g->batch, g->seqlen_q, Hq, d);
-    lse = attn_tensor_lse(lbuf, g->batch, Hq, g->seqlen_q);
+    lse = attn_tensor_lse_hilo(lbuf, g->batch, Hq, g->seqlen_q);
   }
 
   /* Which (row, head) pairs see no key, from the reference lse; the o and dq
@@ -1067,7 +1091,9 @@ int attn_golden_run(attn_context *ctx, const attn_golden *g, int forward_only,
     goto done;
   }
   compare(&rep->r[0], "o", obuf, dt, g->o, nq, empty_o, dt, g->peer_o);
-  compare(&rep->r[1], "lse", lbuf, ATTN_F32, g->lse, nl, NULL, dt, g->peer_lse);
+  for (int64_t i = 0; i < nl; i++)
+    lhi[i] = lbuf[2 * i];
+  compare(&rep->r[1], "lse", lhi, ATTN_F32, g->lse, nl, NULL, dt, g->peer_lse);
   rep->n = 2;
 
   if (!forward_only && g->dout) {
@@ -1111,6 +1137,7 @@ int attn_golden_run(attn_context *ctx, const attn_golden *g, int forward_only,
 done:
   free(obuf);
   free(lbuf);
+  free(lhi);
   free(empty_o);
   free(empty_l);
   free(dqb);
