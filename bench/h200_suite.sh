@@ -71,7 +71,7 @@ fi
 if has torch && [ -f tests/golden/gen.py ]; then
   stamp torch
   rm -rf /tmp/golden_torch
-  python3 tests/golden/gen.py --torch --import-from tests/golden/cases --out /tmp/golden_torch \
+  python3 tests/golden/gen.py --torch --out /tmp/golden_torch \
     >"$LOG/torch.log" 2>&1
   echo "gen.py --torch: exit $?"; tail -40 "$LOG/torch.log"
   (cd /tmp/golden_torch && tar czf "$OUT/torch_cases.tgz" */case.json)
