@@ -50,11 +50,13 @@ fi
 if has envs; then
   stamp envs
   sel="fallback|selection|opencl_without|cli|lse|faults|threads"
+  n=0
   for env in "CUDA_VISIBLE_DEVICES=" "ATTN_CL_LIBRARY=/nonexistent/libOpenCL.so.1"; do
+    n=$((n + 1))
     env "$env" build-h200/tools/attn info 2>&1 | grep selects
-    env "$env" ctest --test-dir build-h200 -j4 -R "$sel" >"$LOG/ctest_env.log" 2>&1
-    echo "$env: $(grep -E 'tests passed|tests failed' "$LOG/ctest_env.log")"
-    grep -E "\*\*\*Failed|Timeout" "$LOG/ctest_env.log" | head
+    env "$env" ctest --test-dir build-h200 -j4 -R "$sel" >"$LOG/ctest_env$n.log" 2>&1
+    echo "$env: $(grep -E 'tests passed|tests failed' "$LOG/ctest_env$n.log")"
+    grep -E "\*\*\*Failed|Timeout" "$LOG/ctest_env$n.log" | head
   done
 fi
 

@@ -68,7 +68,7 @@ static int child_forward(attn_context *ctx) {
 static int child(const char *mode) {
   alarm(300); /* a hang (a FIFO opened for reading) fails the test, not ctest's timeout */
   attn_context *ctx = NULL;
-  int rc = attn_context_create("opencl", &ctx);
+  int rc = attn_context_create(NULL, &ctx); /* ATTN_BACKEND: the parent's device */
   if (rc) {
     printf("attn_context_create: %s: %s\n", attn_status_name(rc), attn_errmsg(ctx));
     attn_context_free(ctx);
@@ -106,11 +106,13 @@ static const char *logged_path(const char *log, const char *what, char *path, si
 
 /* Runs a child on the cache folder dir (NULL: the environment's own cache)
  * and returns its exit status; the log is in c->log. */
+static char g_device[64]; /* ATTN_BACKEND=opencl:N, the device under test */
+
 static int run_child(cache *c, const char *mode, const char *dir) {
   char dirvar[300];
   snprintf(dirvar, sizeof dirvar, "ATTN_CL_CACHE_DIR=%s", dir ? dir : "");
-  const char *own[] = {"ATTN_DEBUG=1", NULL};
-  const char *in_dir[] = {"ATTN_DEBUG=1", dirvar, "ATTN_CL_CACHE", NULL};
+  const char *own[] = {"ATTN_DEBUG=1", g_device, NULL};
+  const char *in_dir[] = {"ATTN_DEBUG=1", g_device, dirvar, "ATTN_CL_CACHE", NULL};
   return at_child(mode, dir ? in_dir : own, c->log, sizeof c->log);
 }
 
@@ -223,6 +225,8 @@ static void copy_forward_program(cache *c, char *copy, size_t n) {
 
 static void skip_unless_opencl(at_backend *b) {
   if (b->kind != ATTN_BACKEND_OPENCL) at_skip("the program cache is the OpenCL backend's");
+  /* The children use this device, not whatever plain "opencl" finds then. */
+  snprintf(g_device, sizeof g_device, "ATTN_BACKEND=opencl:%d", attn_context_device(b->ctx));
 }
 
 static void truncated_cache_file_is_rebuilt_and_replaced(at_backend *b) {
