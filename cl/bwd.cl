@@ -46,9 +46,9 @@ inline void stage_rows(__local float *dst, __global const T *src, long ss, long 
 inline void tile_p_ds(__local const float4 *Qs4, __local const float4 *dOs4,
                       __local const float4 *Ks4, __local const float4 *Vs4,
                       __local const float *lse_s, __local const float *lo_s,
-                      __local const float *del_s, __local float *Ps,
-                      __local float *dSs, int i0, int j0, int nq, int nk, int d, float scale,
-                      float softcap, float slope, int wl, int wr, int lid) {
+                      __local const float *del_s, __local float *Ps, __local float *dSs, int i0,
+                      int j0, int nq, int nk, int d, float scale, float softcap, float slope,
+                      int wl, int wr, int lid) {
   const int j = lid % BB, ib = lid / BB;
   float sq[PP], dp[PP];
 #pragma unroll
@@ -266,8 +266,8 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
     stage_rows(Ks, kp, ks.s1, ks.s3, j0, nk, d, lid);
     stage_rows(Vs, vp, vs.s1, vs.s3, j0, nk, d, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
-    tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, lo_s, del_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap, slope,
-              wl, wr, lid);
+    tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, lo_s, del_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap,
+              slope, wl, wr, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
 #if NTB % HD == 0
     for (int j = 0; j < BB; ++j) {

@@ -37,7 +37,7 @@
 #define QSTR (BR + 4) /* +4 keeps float4 alignment and halves store conflicts */
 #define KSTR (DK + 4) /* K rows: float4-aligned, 16 of them in distinct bank groups */
 #define PSTR (BR + 4)
-#define VV (TD % 4 == 0) /* V read as float4 */
+#define VV (TD % 4 == 0)                  /* V read as float4 */
 #define QK4 ((DK * QSTR + BC * KSTR) / 4) /* float4s of the Q and K chunks */
 #define PV4 ((BC * PSTR + JK * HD) / 4)   /* of P and the V chunk */
 #define MAX4(a, b) ((a) > (b) ? (a) : (b))
@@ -191,7 +191,10 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
           for (int i = 0; i < TM; ++i)
 #pragma unroll
             for (int n = 0; n < TN; ++n) {
-              const float kv = cc == 0 ? k4[n].s0 : cc == 1 ? k4[n].s1 : cc == 2 ? k4[n].s2 : k4[n].s3;
+              const float kv = cc == 0   ? k4[n].s0
+                               : cc == 1 ? k4[n].s1
+                               : cc == 2 ? k4[n].s2
+                                         : k4[n].s3;
               s[i][n] = fma(a[i], kv, s[i][n]);
             }
         }
