@@ -371,8 +371,11 @@ static int scratch_put(attn_context *ctx, scratch *s, size_t bytes, const void *
 
 /* The head dimension the kernels are built for: 16, 32, 64, then multiples
  * of 32, so that few programs cover every d and padding wastes little. */
+/* The padded head dim a program is built for. 32 is the smallest: PoCL 5.0
+ * (the H200 machine's CPU driver) aborts the process in its own compiler
+ * (Kernel.cc:129, region_entry_barrier) on the HD = 16 forward, and a head
+ * dim of 16 or less costs little padded to 32. */
 static int hd_bucket(int64_t d) {
-  if (d <= 16) return 16;
   if (d <= 32) return 32;
   if (d <= 64) return 64;
   return (int)((d + 31) / 32 * 32);
