@@ -1,5 +1,5 @@
 /*
- * fuzz_golden: the golden-case reader of tools/golden.c, its JSON parser and
+ * fuzz_golden: the golden-case reader of testkit/golden.c, its JSON parser and
  * its .npy parser, through attn_golden_load on a case folder written from
  * the input.
  *

@@ -1,5 +1,5 @@
 /*
- * The golden-case reader (tools/golden.c) itself: it loads what the golden
+ * The golden-case reader (testkit/golden.c) itself: it loads what the golden
  * README describes, and refuses anything else with a sentence, never a
  * crash: every truncation of case.json and of a .npy file, and random byte
  * changes, are tried. Backend-independent ("common" tests only).

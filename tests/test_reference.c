@@ -1,5 +1,5 @@
 /*
- * Random problems against the reference (src/ref.c: the definition, in
+ * Random problems against the reference (testkit/ref.c: the definition, in
  * double): every mask kind, softcap, ALiBi, GQA/MQA, varlen with empty
  * sequences, strided inputs, f32/f16/bf16, forward and backward, host tensors
  * and device buffers. f16/bf16 are compared with the reference computed on

@@ -1,5 +1,5 @@
 /*
- * The reference backward (src/ref.c) against finite differences of the
+ * The reference backward (testkit/ref.c) against finite differences of the
  * reference forward, on tiny problems: the gradients that every backend is
  * measured against are themselves checked against the definition
  *     dL/dx ~ (L(x + h) - L(x - h)) / 2h,   L = sum(o * do),

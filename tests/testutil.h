@@ -26,6 +26,7 @@
 
 #include "attn.h"
 #include "attn_internal.h"
+#include "ref.h"
 
 typedef struct at_backend {
   attn_backend kind;

@@ -4,6 +4,7 @@
 #include "attn.h"
 #include "attn_internal.h"
 #include "golden.h"
+#include "ref.h"
 
 #include <ctype.h>
 #include <errno.h>

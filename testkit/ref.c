@@ -3,7 +3,7 @@
  * and simple on purpose: the tests and `attn check`/`attn run` measure the
  * backends against it. Memory is O(Nk) per row, so it also runs on long
  * sequences, only slowly. */
-#include "attn_internal.h"
+#include "ref.h"
 
 #include <stdlib.h>
 
