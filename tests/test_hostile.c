@@ -153,19 +153,26 @@ static void window_bounds_near_int64_max_mean_no_bound(at_backend *b) {
 /* NaN and inf in, NaN out                                                  */
 /* ---------------------------------------------------------------------- */
 
-static void nan_in_one_q_element_makes_that_row_nan(at_backend *b) {
-  small *x = small_new();
-  x->q[at_elem(0, 5, 1, 3)] = NAN;
+/* Runs x, whose q row i0 of head h0 in batch b0 holds a bad value: that
+ * row alone must come out NaN, every other as the reference gives it. */
+static void only_row_is_nan(at_backend *b, small *x, int64_t b0, int64_t h0, int64_t i0,
+                            const char *what) {
   forward(b, x);
   double *ro = at_malloc(sizeof(double) * QN), *rl = at_malloc(sizeof(double) * LN);
   reference(b, x, ro, rl);
   for (int64_t bb = 0; bb < B; bb++)
     for (int64_t h = 0; h < H; h++)
       for (int64_t i = 0; i < N; i++)
-        check_row(x, ro, rl, bb, i, h, bb == 0 && h == 1 && i == 5, "NaN in q");
+        check_row(x, ro, rl, bb, i, h, bb == b0 && h == h0 && i == i0, what);
   at_free(ro);
   at_free(rl);
   at_free(x);
+}
+
+static void nan_in_one_q_element_makes_that_row_nan(at_backend *b) {
+  small *x = small_new();
+  x->q[at_elem(0, 5, 1, 3)] = NAN;
+  only_row_is_nan(b, x, 0, 1, 5, "NaN in q");
 }
 
 /* Key row j of batch 0, head 0 holds `bad` in one element; causal, so rows
@@ -206,16 +213,7 @@ static void inf_in_q_or_k_gives_what_the_reference_gives(at_backend *b) {
   bad_key_row(b, -INFINITY, 7, "-inf in k row 7");
   small *x = small_new();
   x->q[at_elem(1, 2, 0, 0)] = -INFINITY;
-  forward(b, x);
-  double *ro = at_malloc(sizeof(double) * QN), *rl = at_malloc(sizeof(double) * LN);
-  reference(b, x, ro, rl);
-  for (int64_t bb = 0; bb < B; bb++)
-    for (int64_t h = 0; h < H; h++)
-      for (int64_t i = 0; i < N; i++)
-        check_row(x, ro, rl, bb, i, h, bb == 1 && h == 0 && i == 2, "-inf in q");
-  at_free(ro);
-  at_free(rl);
-  at_free(x);
+  only_row_is_nan(b, x, 1, 0, 2, "-inf in q");
 }
 
 /* Scores that overflow float32 (the reference, in double, does not
