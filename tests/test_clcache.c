@@ -191,27 +191,6 @@ static void survives(cache *c, const char *mode, const char *file, const char *r
     fail_msg("%s: the next process did not load the rewritten %s:\n%s", what, file, c->log);
 }
 
-static void write_bytes(const char *path, const void *data, size_t n) {
-  FILE *f = fopen(path, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(data, 1, n, f), n);
-  assert_int_equal(fclose(f), 0);
-}
-
-static unsigned char *read_bytes(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  assert_int_equal(fseek(f, 0, SEEK_END), 0);
-  long len = ftell(f);
-  assert_true(len > 0);
-  rewind(f);
-  unsigned char *b = at_malloc((size_t)len);
-  assert_int_equal(fread(b, 1, (size_t)len, f), (size_t)len);
-  fclose(f);
-  *n = (size_t)len;
-  return b;
-}
-
 /* The attention program's file for a small f32 forward, copied into c's
  * folder from the environment's cache (or built there when it has none). */
 static void copy_forward_program(cache *c, char *copy, size_t n) {
@@ -228,8 +207,9 @@ static void copy_forward_program(cache *c, char *copy, size_t n) {
   snprintf(copy, n, "%s/%s", c->dir, base ? base + 1 : path);
   if (strcmp(copy, path) == 0) return;
   size_t len;
-  unsigned char *b = read_bytes(path, &len);
-  write_bytes(copy, b, len);
+  unsigned char *b = at_read_file(path, &len);
+  assert_non_null(b);
+  at_write_file(copy, b, len);
   at_free(b);
 }
 
@@ -261,7 +241,7 @@ static void cache_file_of_64_random_bytes_is_rebuilt_and_replaced(at_backend *b)
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     junk[i] = (unsigned char)(s >> 56);
   }
-  write_bytes(c->self, junk, sizeof junk);
+  at_write_file(c->self, junk, sizeof junk);
   survives(c, "selftest", c->self, "is not in this library's format", 1, "64 random bytes");
   cache_free(c);
 }
@@ -272,8 +252,9 @@ static void another_programs_cache_file_under_this_name_is_rebuilt(at_backend *b
   char fwd[512];
   copy_forward_program(c, fwd, sizeof fwd);
   size_t n;
-  unsigned char *other = read_bytes(fwd, &n);
-  write_bytes(c->self, other, n);
+  unsigned char *other = at_read_file(fwd, &n);
+  assert_non_null(other);
+  at_write_file(c->self, other, n);
   at_free(other);
   survives(c, "selftest", c->self, "was made for another program", 1,
            "the attention program's file under the self-test's name");
@@ -300,14 +281,15 @@ static void another_programs_binary_with_this_programs_key_is_rebuilt(at_backend
   char fwd[512];
   copy_forward_program(c, fwd, sizeof fwd);
   size_t nf, ns;
-  unsigned char *f = read_bytes(fwd, &nf), *s = read_bytes(c->self, &ns);
+  unsigned char *f = at_read_file(fwd, &nf), *s = at_read_file(c->self, &ns);
+  assert_true(f && s);
   assert_true(nf > HEADER && ns > HEADER);
   assert_memory_equal(f, "attnclb\n", 8);
   memcpy(f + 16, s + 16, 8); /* the self-test's key */
   uint64_t h = fnv1a(f + HEADER, nf - HEADER);
   for (int i = 0; i < 8; i++)
     f[32 + i] = (unsigned char)(h >> (8 * i));
-  write_bytes(c->self, f, nf);
+  at_write_file(c->self, f, nf);
   at_free(f);
   at_free(s);
   survives(c, "selftest", c->self, "lacks a kernel (clCreateKernel failed)", 1,

@@ -266,27 +266,6 @@ static void unknown_commands_and_flags_are_refused(at_backend *b) {
 /* Damaged golden folders                                                   */
 /* ---------------------------------------------------------------------- */
 
-static unsigned char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *buf = at_malloc((size_t)n + 1);
-  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  buf[n] = 0;
-  *len = (size_t)n;
-  return buf;
-}
-
-static void spit(const char *path, const void *data, size_t len) {
-  FILE *f = fopen(path, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(data, 1, len, f), len);
-  fclose(f);
-}
-
 /* Copies every file of case folder src into a new folder dst (writable,
  * whatever the source's permissions). */
 static void copy_folder(const char *src, const char *dst) {
@@ -300,9 +279,9 @@ static void copy_folder(const char *src, const char *dst) {
     snprintf(from, sizeof from, "%s/%s", src, e->d_name);
     snprintf(to, sizeof to, "%s/%s", dst, e->d_name);
     size_t len;
-    unsigned char *data = slurp(from, &len);
+    unsigned char *data = at_read_file(from, &len);
     assert_non_null(data);
-    spit(to, data, len);
+    at_write_file(to, data, len);
     at_free(data);
   }
   closedir(d);
@@ -327,7 +306,7 @@ static void source_case(char *out, size_t len) {
 /* The same .npy with its first shape entry one larger, data unchanged. */
 static void grow_first_dim(const char *path) {
   size_t len;
-  unsigned char *buf = slurp(path, &len);
+  unsigned char *buf = at_read_file(path, &len);
   assert_true(len > 10 && buf[6] == 1);
   size_t hlen = (size_t)buf[8] | (size_t)buf[9] << 8;
   char header[4096];
@@ -354,16 +333,16 @@ static void grow_first_dim(const char *path) {
   out[9] = (unsigned char)(n >> 8);
   memcpy(out + 10, rebuilt, (size_t)n);
   memcpy(out + 10 + n, buf + 10 + hlen, len - 10 - hlen);
-  spit(path, out, 10 + (size_t)n + (len - 10 - hlen));
+  at_write_file(path, out, 10 + (size_t)n + (len - 10 - hlen));
   at_free(out);
   at_free(buf);
 }
 
 static void truncate_file(const char *path, size_t keep) {
   size_t len;
-  unsigned char *buf = slurp(path, &len);
+  unsigned char *buf = at_read_file(path, &len);
   assert_true(keep < len);
-  spit(path, buf, keep);
+  at_write_file(path, buf, keep);
   at_free(buf);
 }
 
@@ -407,17 +386,17 @@ static void make_damaged(char *root, size_t len) {
     size_t n;
     switch (d) {
       case D_JSON_CUT:
-        at_free(slurp(path, &n));
+        at_free(at_read_file(path, &n));
         truncate_file(path, n / 2);
         break;
       case D_JSON_GARBAGE:
-        spit(path, "{\"layout\": \"bshd\", \x01\x02 ]]", 25);
+        at_write_file(path, "{\"layout\": \"bshd\", \x01\x02 ]]", 25);
         break;
       case D_NPY_HEADER_CUT:
         truncate_file(path, 40);
         break;
       case D_NPY_DATA_CUT:
-        at_free(slurp(path, &n));
+        at_free(at_read_file(path, &n));
         truncate_file(path, n - 4);
         break;
       case D_NPY_SHAPE:

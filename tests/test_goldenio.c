@@ -19,30 +19,6 @@ static const char *const files[] = {"case.json", "q.npy",   "k.npy",  "v.npy",  
                                     "o.npy",     "lse.npy", "dq.npy", "dk.npy", "dv.npy"};
 enum { NFILES = sizeof files / sizeof files[0] };
 
-static unsigned char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *buf = malloc((size_t)n + 1);
-  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-    free(buf);
-    buf = NULL;
-  }
-  fclose(f);
-  if (buf) buf[n] = 0; /* case.json is searched as a string */
-  *len = (size_t)n;
-  return buf;
-}
-
-static void spit(const char *path, const void *data, size_t len) {
-  FILE *f = fopen(path, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(data, 1, len, f), len);
-  fclose(f);
-}
-
 /* A writable copy of a golden case, to break. */
 typedef struct copy {
   char dir[256];
@@ -56,17 +32,17 @@ static void copy_case(copy *c, const char *name) {
   assert_non_null(mkdtemp(c->dir));
   for (int i = 0; i < NFILES; i++) {
     snprintf(src, sizeof src, "%s/%s/%s", at_golden_dir(), name, files[i]);
-    c->orig[i] = slurp(src, &c->len[i]);
+    c->orig[i] = at_read_file(src, &c->len[i]);
     if (!c->orig[i]) at_skip("no golden case %s/%s", at_golden_dir(), name);
     snprintf(path, sizeof path, "%s/%s", c->dir, files[i]);
-    spit(path, c->orig[i], c->len[i]);
+    at_write_file(path, c->orig[i], c->len[i]);
   }
 }
 
 static void restore(copy *c, int i) {
   char path[512];
   snprintf(path, sizeof path, "%s/%s", c->dir, files[i]);
-  spit(path, c->orig[i], c->len[i]);
+  at_write_file(path, c->orig[i], c->len[i]);
 }
 
 static void remove_copy(copy *c) {
@@ -74,7 +50,7 @@ static void remove_copy(copy *c) {
   for (int i = 0; i < NFILES; i++) {
     snprintf(path, sizeof path, "%s/%s", c->dir, files[i]);
     unlink(path);
-    free(c->orig[i]);
+    at_free(c->orig[i]);
   }
   rmdir(c->dir);
 }
@@ -178,7 +154,7 @@ static void every_truncated_case_json_is_refused(at_backend *b) {
   assert_non_null(close);
   size_t last = (size_t)(close - c.orig[0]);
   for (size_t len = 0; len <= last; len++) {
-    spit(path, c.orig[0], len);
+    at_write_file(path, c.orig[0], len);
     if (load(&c) == 0) fail_msg("case.json cut to %zu bytes was accepted", len);
   }
   restore(&c, 0);
@@ -194,7 +170,7 @@ static void every_truncated_npy_is_refused(at_backend *b) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", c.dir, files[f]);
     for (size_t len = 0; len < c.len[f]; len++) {
-      spit(path, c.orig[f], len);
+      at_write_file(path, c.orig[f], len);
       if (load(&c) == 0) fail_msg("%s cut to %zu bytes was accepted", files[f], len);
     }
     restore(&c, f);
@@ -221,7 +197,7 @@ static void random_byte_changes_never_crash(at_backend *b) {
     }
     char path[512];
     snprintf(path, sizeof path, "%s/%s", c.dir, files[f]);
-    spit(path, buf, c.len[f]);
+    at_write_file(path, buf, c.len[f]);
     load(&c); /* accepted or refused with a message; never a crash */
     free(buf);
     restore(&c, f);
@@ -255,7 +231,7 @@ static void wrong_npy_shape_dtype_and_order_are_refused(at_backend *b) {
     memcpy(hit, edits[i].to, strlen(edits[i].to));
     char path[512], err[512] = "";
     snprintf(path, sizeof path, "%s/%s", c.dir, files[f]);
-    spit(path, buf, c.len[f]);
+    at_write_file(path, buf, c.len[f]);
     attn_golden g;
     if (attn_golden_load(c.dir, &g, err, sizeof err) == 0)
       fail_msg("%s with %s accepted", edits[i].file, edits[i].to);
@@ -311,7 +287,7 @@ static void bad_json_values_are_refused_with_the_key(at_backend *b) {
     memcpy(buf + pre + tl, hit + fl, c.len[0] - pre - fl);
     char path[512], err[512] = "";
     snprintf(path, sizeof path, "%s/case.json", c.dir);
-    spit(path, buf, n);
+    at_write_file(path, buf, n);
     attn_golden g;
     if (attn_golden_load(c.dir, &g, err, sizeof err) == 0) fail_msg("%s accepted", edits[i].to);
     if (!strstr(err, edits[i].key)) fail_msg("the message should name %s: %s", edits[i].key, err);
