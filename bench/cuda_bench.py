@@ -30,7 +30,7 @@ ATTN_F32, ATTN_F16, ATTN_BF16 = 0, 1, 2
 VARIANT_ENV = "ATTN_CUDA_GENERAL_VARIANT"
 F32_VARIANTS = ["base"]
 F32_VARIANT_DIMS = (64, 128)
-CAUSAL, DETERMINISTIC, NONDETERMINISTIC, ALLOW_TF32, ASYNC = 0x1, 0x2, 0x4, 0x8, 0x10
+CAUSAL, DETERMINISTIC, ASYNC = 0x1, 0x2, 0x10
 DT = {torch.float32: ATTN_F32, torch.float16: ATTN_F16, torch.bfloat16: ATTN_BF16}
 
 
@@ -41,7 +41,7 @@ class Tensor(C.Structure):
 
 
 class Params(C.Structure):
-    _fields_ = [("scale", C.c_double), ("flags", C.c_uint), ("window_left", C.c_int64),
+    _fields_ = [("size", C.c_size_t), ("scale", C.c_double), ("flags", C.c_uint), ("window_left", C.c_int64),
                 ("window_right", C.c_int64), ("softcap", C.c_double),
                 ("alibi_slopes", C.POINTER(C.c_float)), ("alibi_count", C.c_int64),
                 ("cu_seqlens_q", C.POINTER(C.c_int32)), ("cu_seqlens_k", C.POINTER(C.c_int32)),
@@ -96,6 +96,7 @@ class Attn:
     @staticmethod
     def params(scale=0.0, flags=0, window=(-1, -1), softcap=0.0, alibi=None, cu_q=None, cu_k=None):
         p = Params()
+        p.size = C.sizeof(Params)
         p.scale = scale
         p.flags = flags
         p.window_left, p.window_right = window

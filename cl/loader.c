@@ -19,7 +19,7 @@ static char g_why[512];
 static once_flag g_once = ONCE_FLAG_INIT;
 
 static void load_once(void) {
-  const char *names[3] = {getenv("ATTN_CL_LIBRARY"), "libOpenCL.so.1", "libOpenCL.so"};
+  const char *names[3] = {attn__settings_process()->cl_library, "libOpenCL.so.1", "libOpenCL.so"};
   void *lib = NULL;
   int first = names[0] && names[0][0] ? 0 : 1;
   for (int i = first; i < 3 && !lib; ++i) {

@@ -13,8 +13,8 @@
  * head-dim bucket) on first use and kept for the context's life.
  *
  * Backward is always deterministic here: dQ and dK/dV come from separate
- * kernels that each own their outputs (bwd.cl), whatever ATTN_DETERMINISTIC
- * or ATTN_NONDETERMINISTIC say.
+ * kernels that each own their outputs (bwd.cl), with or without
+ * ATTN_DETERMINISTIC.
  */
 #include "attn_cl.h"
 
@@ -422,7 +422,8 @@ static size_t bwd_local_bytes(int hd, int bb) {
  * ATTN_CL_TILES=BR,TM,BC,DK,JK replaces the forward defaults, for tuning on
  * a new device (bench/opencl_h200.sh sweeps it); a value the kernel cannot
  * take is ignored. */
-static int choose_tiles(const cl_dev *dev, int hd, int wide, attn_program *p) {
+static int choose_tiles(const cl_dev *dev, const char *tiles_override, int hd, int wide,
+                        attn_program *p) {
   size_t lmem = (size_t)dev->local_mem;
   wide = wide && hd <= 128 && dev->max_wg >= 256 && dev->info.is_gpu;
   p->tm = hd > 128 ? 4 : 8;
@@ -430,7 +431,7 @@ static int choose_tiles(const cl_dev *dev, int hd, int wide, attn_program *p) {
   p->bc = 64;
   p->dk = 16;
   p->jk = wide ? 8 : 16;
-  const char *env = getenv("ATTN_CL_TILES");
+  const char *env = tiles_override;
   int br, tm, bc, dk, jk;
   if (env && sscanf(env, "%d,%d,%d,%d,%d", &br, &tm, &bc, &dk, &jk) == 5 && tm > 0 && tm % 4 == 0 &&
       br % tm == 0 && br / tm >= 1 && 16 * (br / tm) <= 1024 && bc % 16 == 0 && bc > 0 && dk > 0 &&
@@ -490,7 +491,7 @@ static int build_program(attn_context *ctx, int dtype, int hd, int wide, int *re
   p.dtype = dtype;
   p.hd = hd;
   *retry = 0;
-  if (!choose_tiles(im->dev, hd, wide, &p))
+  if (!choose_tiles(im->dev, ctx->settings.cl_tiles, hd, wide, &p))
     return attn__error(ctx, ATTN_EUNSUPPORTED,
                        "the OpenCL device %s has too little local memory (%llu bytes) or too "
                        "small work-groups (%zu) for head_dim bucket %d",
@@ -665,7 +666,7 @@ static int check_tensor(attn_context *ctx, const char *name, const attn__tensor 
   return ATTN_OK;
 }
 
-/* The native handles are checked only by forward and backward: supports()
+/* The native handles are checked only by forward and backward: plan()
  * also sees problems whose host tensors are not staged yet. */
 static int check_tensors(attn_context *ctx, const attn__problem *pb, int backward) {
   const size_t es = esize_of(pb->dtype);
@@ -684,7 +685,7 @@ static int check_tensors(attn_context *ctx, const attn__problem *pb, int backwar
   return ATTN_OK;
 }
 
-static int cl_supports(attn_context *ctx, const attn__problem *pb, int backward) {
+static int cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out) {
   cl_impl *im = impl_of(ctx);
   const int64_t big = INT_MAX / 4;
   if (pb->seqlen_q > big || pb->seqlen_k > big || pb->total_q > big || pb->total_k > big)
@@ -694,11 +695,14 @@ static int cl_supports(attn_context *ctx, const attn__problem *pb, int backward)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
                        "the OpenCL backend takes at most 65535 sequences and heads");
   attn_program p;
-  if (!choose_tiles(im->dev, hd_bucket(pb->head_dim), 0, &p))
+  if (!choose_tiles(im->dev, ctx->settings.cl_tiles, hd_bucket(pb->head_dim), 0, &p))
     return attn__error(ctx, ATTN_EUNSUPPORTED,
                        "the OpenCL device %s has too little local memory or too small "
                        "work-groups for head_dim %lld",
                        im->dev->info.name, (long long)pb->head_dim);
+  memset(out, 0, sizeof *out);
+  out->backward = backward;
+  out->name = backward ? "opencl attn_bwd" : "opencl attn_fwd";
   return ATTN_OK;
 }
 
@@ -763,10 +767,9 @@ static void arg_common(args *a, const attn__problem *pb, cl_mem cu_q, cl_mem cu_
   arg_int(a, window_arg(pb->window_right, pb));
 }
 
-static int cl_forward(attn_context *ctx, const attn__problem *pb) {
+static int cl_forward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
   cl_impl *im = impl_of(ctx);
-  int st = cl_supports(ctx, pb, 0);
-  if (!st) st = check_tensors(ctx, pb, 0);
+  int st = check_tensors(ctx, pb, 0);
   attn_program *p = NULL;
   if (!st) st = get_program(ctx, (int)pb->dtype, hd_bucket(pb->head_dim), &p);
   cl_mem cu_q, cu_k, alibi;
@@ -788,10 +791,9 @@ static int cl_forward(attn_context *ctx, const attn__problem *pb) {
   return st ? st : finish(ctx, pb);
 }
 
-static int cl_backward(attn_context *ctx, const attn__problem *pb) {
+static int cl_backward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
   cl_impl *im = impl_of(ctx);
-  int st = cl_supports(ctx, pb, 1);
-  if (!st) st = check_tensors(ctx, pb, 1);
+  int st = check_tensors(ctx, pb, 1);
   attn_program *p = NULL;
   if (!st) st = get_program(ctx, (int)pb->dtype, hd_bucket(pb->head_dim), &p);
   cl_mem cu_q, cu_k, alibi;
@@ -857,7 +859,7 @@ const attn__backend attn__backend_opencl = {
     .set_stream = cl_set_stream,
     .synchronize = cl_synchronize,
     .selftest = cl_selftest,
-    .supports = cl_supports,
+    .plan = cl_plan,
     .forward = cl_forward,
     .backward = cl_backward,
 };

@@ -71,28 +71,9 @@ static uint64_t get_le(const unsigned char *p, int n) {
   return x;
 }
 
-/* The cache folder, or 0 when caching is off. */
-static int cache_dir(char *dir, size_t n) {
-  const char *off = getenv("ATTN_CL_CACHE");
-  if (off && strcmp(off, "0") == 0) return 0;
-  const char *d = getenv("ATTN_CL_CACHE_DIR");
-  const char *xdg = getenv("XDG_CACHE_HOME");
-  const char *home = getenv("HOME");
-  int w;
-  if (d && d[0])
-    w = snprintf(dir, n, "%s", d);
-  else if (xdg && xdg[0])
-    w = snprintf(dir, n, "%s/attn", xdg);
-  else if (home && home[0])
-    w = snprintf(dir, n, "%s/.cache/attn", home);
-  else
-    return 0;
-  return w > 0 && (size_t)w < n;
-}
-
 /* mkdir -p; failures surface later as a failed write, which is ignored. */
 static void make_dirs(const char *dir) {
-  char tmp[1024];
+  char tmp[sizeof((attn__settings *)0)->cl_cache_dir];
   snprintf(tmp, sizeof tmp, "%s", dir);
   for (char *p = tmp + 1; *p; ++p) {
     if (*p != '/') continue;
@@ -266,9 +247,9 @@ int attn__cl_build(attn_context *ctx, const attn__cl_api *cl, cl_context clctx, 
   for (int i = 0; i < nk; ++i)
     kernels[i] = NULL;
 
-  char dir[900], path[1024] = "";
+  char path[sizeof ctx->settings.cl_cache_dir + 32] = "";
   uint64_t key = FNV_OFFSET;
-  if (cache_dir(dir, sizeof dir)) {
+  if (ctx->settings.cl_cache) {
     char s[512];
     cl_platform_id plat = NULL;
     cl->clGetDeviceInfo(dev, CL_DEVICE_PLATFORM, sizeof plat, &plat, NULL);
@@ -290,7 +271,8 @@ int attn__cl_build(attn_context *ctx, const attn__cl_api *cl, cl_context clctx, 
       key = hash_str(key, srcs[i]);
     for (int i = 0; i < nk; ++i)
       key = hash_str(key, names[i]);
-    snprintf(path, sizeof path, "%s/cl-%016llx.bin", dir, (unsigned long long)key);
+    snprintf(path, sizeof path, "%s/cl-%016llx.bin", ctx->settings.cl_cache_dir,
+             (unsigned long long)key);
 
     size_t size = 0;
     const char *why = NULL;
@@ -340,7 +322,7 @@ int attn__cl_build(attn_context *ctx, const attn__cl_api *cl, cl_context clctx, 
       unsigned char *bins[1] = {bin};
       if (bin &&
           cl->clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bins, bins, NULL) == CL_SUCCESS) {
-        make_dirs(dir);
+        make_dirs(ctx->settings.cl_cache_dir);
         write_cached(path, key, bin, size);
       }
       free(bin);

@@ -154,17 +154,20 @@ static int cpu_selftest(attn_context *ctx) {
   return ATTN_OK;
 }
 
-static int cpu_supports(attn_context *ctx, const attn__problem *pb, int backward) {
+static int cpu_plan(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out) {
   /* The CPU is the backend of last resort: every valid problem, any dtype,
    * stride, window, softcap, ALiBi, GQA or varlen layout. */
+  memset(out, 0, sizeof *out);
+  out->backward = backward;
+  out->name = backward ? "cpu blockwise backward" : "cpu blockwise forward";
   return ATTN_OK;
 }
 
-static int cpu_forward(attn_context *ctx, const attn__problem *pb) {
+static int cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
   return attn__cpu_forward(ctx, pb);
 }
 
-static int cpu_backward(attn_context *ctx, const attn__problem *pb) {
+static int cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
   return attn__cpu_backward(ctx, pb);
 }
 
@@ -183,7 +186,7 @@ const attn__backend attn__backend_cpu = {
     .set_stream = cpu_set_stream,
     .synchronize = cpu_synchronize,
     .selftest = cpu_selftest,
-    .supports = cpu_supports,
+    .plan = cpu_plan,
     .forward = cpu_forward,
     .backward = cpu_backward,
 };

@@ -3,8 +3,8 @@
  * cuda/host.cu) and its kernel families:
  *   - the general kernels (any head dim 1..256, every dtype, f32 in true
  *     fp32 on the CUDA cores), which cover every problem;
- *   - the tensor-core kernels (mma.sync + ldmatrix, f16/bf16, and TF32 for
- *     f32 when ATTN_ALLOW_TF32 is set), which cover the common head dims
+ *   - the tensor-core kernels (mma.sync + ldmatrix, f16/bf16), which cover
+ *     the common head dims
  *     fast and decline the rest.
  * The host tries the tensor-core family first and falls back on
  * ATTN_EUNSUPPORTED.

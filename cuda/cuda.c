@@ -258,8 +258,7 @@ static int grow(attn_context *ctx, void **p, size_t *have, size_t need, const ch
 /* Attention                                                                */
 /* ---------------------------------------------------------------------- */
 
-static int cuda_supports(attn_context *ctx, const attn__problem *pb, int backward) {
-  (void)backward;
+static int cuda_plan(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out) {
   /* Grid y and z carry the heads and the sequences. */
   if (pb->heads_q > 65535)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
@@ -271,14 +270,16 @@ static int cuda_supports(attn_context *ctx, const attn__problem *pb, int backwar
   if (pb->seqlen_q > INT32_MAX || pb->seqlen_k > INT32_MAX)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
                        "cuda: sequences longer than 2^31-1 rows are not supported");
+  memset(out, 0, sizeof *out);
+  out->backward = backward;
+  out->name = "cuda";
   return ATTN_OK;
 }
 
 static int cuda_run(attn_context *ctx, const attn__problem *pb, int backward) {
   cuda_impl *I = (cuda_impl *)ctx->impl;
   const char *pass = backward ? "backward" : "forward";
-  int st = cuda_supports(ctx, pb, backward);
-  if (st != ATTN_OK) return st;
+  int st;
   CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
 
   attn__cuda_launch L;
@@ -355,11 +356,11 @@ static int cuda_run(attn_context *ctx, const attn__problem *pb, int backward) {
   return ATTN_OK;
 }
 
-static int cuda_forward(attn_context *ctx, const attn__problem *pb) {
+static int cuda_forward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
   return cuda_run(ctx, pb, 0);
 }
 
-static int cuda_backward(attn_context *ctx, const attn__problem *pb) {
+static int cuda_backward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
   return cuda_run(ctx, pb, 1);
 }
 
@@ -378,7 +379,7 @@ const attn__backend attn__backend_cuda = {
     .set_stream = cuda_set_stream,
     .synchronize = cuda_synchronize,
     .selftest = cuda_selftest,
-    .supports = cuda_supports,
+    .plan = cuda_plan,
     .forward = cuda_forward,
     .backward = cuda_backward,
 };

@@ -287,11 +287,16 @@ ATTN_API attn_tensor attn_tensor_on(attn_tensor t, attn_buffer *buffer, size_t o
 /* attn_params.flags */
 #define ATTN_CAUSAL 0x1u           /* keys after the bottom-right-aligned diagonal are hidden */
 #define ATTN_DETERMINISTIC 0x2u    /* backward: bit-identical gradients run to run */
-#define ATTN_NONDETERMINISTIC 0x4u /* backward: allow atomics (GPU default) */
-#define ATTN_ALLOW_TF32 0x8u       /* CUDA f32: allow TF32 tensor cores */
 #define ATTN_ASYNC 0x10u           /* GPU: return once queued (device tensors only) */
+/* Bits 0x4 and 0x8 are retired; any bit not named here is ATTN_EINVAL. */
 
 typedef struct attn_params {
+  /* sizeof(attn_params) as the caller's attn.h has it, set by
+   * attn_params_init(). Fields added to the end in later versions take their
+   * defaults for a caller built before them; a caller built against a later
+   * version runs here as long as the fields this version lacks keep their
+   * defaults (zero). Any other size is ATTN_EINVAL. */
+  size_t size;
   /* Scores are scale * dot(q, k); 0 means 1/sqrt(head_dim). Scale and
    * softcap are used in float32: a value that rounds to inf there, or a
    * positive one that rounds to 0, is ATTN_ESCALAR. */
@@ -319,7 +324,8 @@ typedef struct attn_params {
   int64_t batch;
 } attn_params;
 
-/* Defaults: scale 0 (1/sqrt(d)), no flags, no window, no softcap, no ALiBi. */
+/* Defaults: size set, scale 0 (1/sqrt(d)), no flags, no window, no softcap,
+ * no ALiBi. Every attn_params starts here. */
 ATTN_API void attn_params_init(attn_params *p);
 
 /* ------------------------------------------------------------------------ */

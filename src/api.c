@@ -42,6 +42,7 @@ int attn_context_create(const char *spec, attn_context **out) {
   *out = ctx;
   if (!ctx) return ATTN_ENOMEM;
   atomic_init(&ctx->busy, 0);
+  attn__settings_read(&ctx->settings);
   return attn__backend_open(ctx, spec);
 }
 
@@ -242,6 +243,7 @@ attn_tensor attn_tensor_on(attn_tensor t, attn_buffer *buffer, size_t offset) {
 void attn_params_init(attn_params *p) {
   if (!p) return;
   memset(p, 0, sizeof *p);
+  p->size = sizeof *p;
   p->window_left = -1;
   p->window_right = -1;
 }
@@ -343,8 +345,9 @@ static void unstage(attn_context *ctx, staging *st) {
   st->n = 0;
 }
 
-static int run(attn_context *ctx, attn__problem *pb, const attn_tensor *const *ts,
-               attn__tensor *const *pts, const int *outputs, int nts, int backward) {
+static int run(attn_context *ctx, attn__problem *pb, const attn__plan *plan,
+               const attn_tensor *const *ts, attn__tensor *const *pts, const int *outputs,
+               int nts) {
   static const char *const names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};
   staging st = {0};
   int rc = ATTN_OK;
@@ -353,7 +356,12 @@ static int run(attn_context *ctx, attn__problem *pb, const attn_tensor *const *t
       rc = stage(ctx, &st, ts[i], pts[i], outputs[i], names[i]);
     if (st.n) pb->async = 0; /* staged results must be back before we return */
   }
-  if (!rc) rc = backward ? ctx->backend->backward(ctx, pb) : ctx->backend->forward(ctx, pb);
+  if (!rc) {
+    attn__debug("%s:%d: %s: %s, %zu bytes of workspace", ctx->backend->name, ctx->device,
+                plan->backward ? "backward" : "forward", plan->name, plan->workspace);
+    rc = plan->backward ? ctx->backend->backward(ctx, pb, plan)
+                        : ctx->backend->forward(ctx, pb, plan);
+  }
   for (int i = 0; i < st.n && !rc; i++)
     if (st.output[i]) rc = unstage_output(ctx, st.native[i], st.user[i]);
   unstage(ctx, &st);
@@ -366,13 +374,14 @@ static int forward(attn_context *ctx, const attn_params *p, const attn_tensor *q
   attn__problem pb;
   int rc = attn__problem_build(ctx, ATTN__FORWARD, p, q, k, v, o, lse, NULL, NULL, NULL, NULL, &pb);
   if (rc) return rc;
-  rc = ctx->backend->supports(ctx, &pb, 0);
+  attn__plan plan;
+  rc = ctx->backend->plan(ctx, &pb, 0, &plan);
   if (rc) return rc;
   /* In the order of run()'s names: forward's are the first five. */
   const attn_tensor *ts[] = {q, k, v, o, lse};
   attn__tensor *pts[] = {&pb.q, &pb.k, &pb.v, &pb.o, &pb.lse};
   const int outputs[] = {0, 0, 0, 1, 1};
-  return run(ctx, &pb, ts, pts, outputs, 5, 0);
+  return run(ctx, &pb, &plan, ts, pts, outputs, 5);
 }
 
 int attn_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
@@ -388,12 +397,13 @@ static int backward(attn_context *ctx, const attn_params *p, const attn_tensor *
   attn__problem pb;
   int rc = attn__problem_build(ctx, ATTN__BACKWARD, p, q, k, v, o, lse, dout, dq, dk, dv, &pb);
   if (rc) return rc;
-  rc = ctx->backend->supports(ctx, &pb, 1);
+  attn__plan plan;
+  rc = ctx->backend->plan(ctx, &pb, 1, &plan);
   if (rc) return rc;
   const attn_tensor *ts[] = {q, k, v, o, lse, dout, dq, dk, dv};
   attn__tensor *pts[] = {&pb.q, &pb.k, &pb.v, &pb.o, &pb.lse, &pb.dout, &pb.dq, &pb.dk, &pb.dv};
   const int outputs[] = {0, 0, 0, 0, 0, 0, 1, 1, 1};
-  return run(ctx, &pb, ts, pts, outputs, 9, 1);
+  return run(ctx, &pb, &plan, ts, pts, outputs, 9);
 }
 
 int attn_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
@@ -409,7 +419,8 @@ static int supports(attn_context *ctx, const attn_params *p, const attn_tensor *
   int rc =
       attn__problem_build(ctx, ATTN__SUPPORTS, p, q, k, v, NULL, NULL, NULL, NULL, NULL, NULL, &pb);
   if (rc) return rc;
-  return ctx->backend->supports(ctx, &pb, backward_pass);
+  attn__plan plan;
+  return ctx->backend->plan(ctx, &pb, backward_pass != 0, &plan);
 }
 
 int attn_supports(attn_context *ctx, const attn_params *p, const attn_tensor *q,

@@ -70,7 +70,6 @@ typedef struct attn__problem {
   int causal;         /* informational; the window already says it */
   const float *alibi; /* host memory, heads_q slopes; NULL = none */
   int deterministic;  /* backward: 1 = no atomics, fixed reduction order */
-  int allow_tf32;
   int async;
   int has_lse; /* forward: whether lse is wanted */
   /* lse holds (hi, lo) pairs: lo at element + lse.sd (attn_tensor_lse_hilo);
@@ -174,10 +173,28 @@ static inline void attn__store(void *base, attn_dtype dt, int64_t i, float x) {
 
 typedef struct attn__backend attn__backend;
 
+/* What the environment asks for (src/env.c, the library's one reader of
+ * it). Strings are empty when the variable is unset. */
+typedef struct attn__settings {
+  int debug;               /* ATTN_DEBUG set and not "0": log to stderr */
+  char backend[128];       /* ATTN_BACKEND: the backend when none is named */
+  char cl_library[1024];   /* ATTN_CL_LIBRARY: the OpenCL library to load */
+  char cl_tiles[64];       /* ATTN_CL_TILES: OpenCL forward tiles, for tuning */
+  int cl_cache;            /* 0 when ATTN_CL_CACHE=0 or there is no folder */
+  char cl_cache_dir[1024]; /* ATTN_CL_CACHE_DIR, $XDG_CACHE_HOME/attn or
+                            * $HOME/.cache/attn */
+} attn__settings;
+
+/* Reads them now; and the process's copy, read once, for what is needed
+ * before a context exists (the debug log, the OpenCL loader). */
+void attn__settings_read(attn__settings *out);
+const attn__settings *attn__settings_process(void);
+
 struct attn_context {
   const attn__backend *backend; /* NULL for a context whose creation failed */
   int device;
-  void *impl; /* the backend's per-context state */
+  void *impl;              /* the backend's per-context state */
+  attn__settings settings; /* read at creation */
   char errmsg[2048];
 #ifndef __cplusplus
   /* 1 while a call is inside (src/api.c), so that a second thread's call is
@@ -203,9 +220,21 @@ void attn__debug(const char *fmt, ...) ATTN__PRINTF(1, 2);
 /* The backend interface                                                    */
 /* ---------------------------------------------------------------------- */
 
+/* What a backend decided to run for one problem. kernel is the backend's
+ * own enum of kernel families and config a row of its tuning table (a
+ * traits struct, static or cached per device, so the pointer outlives the
+ * call); the core reads only name and workspace. */
+typedef struct attn__plan {
+  int backward;
+  int kernel;
+  const void *config;
+  const char *name; /* the family and tiles in words, for ATTN_DEBUG */
+  size_t workspace; /* device scratch bytes beyond the operands */
+} attn__plan;
+
 /* A backend is this table plus the state it hangs on ctx->impl. Functions
  * report failures through attn__error(ctx, ...) and return its status. The
- * core validates every argument before calling forward/backward/supports, so
+ * core validates every argument before calling plan/forward/backward, so
  * a backend sees only well-formed problems. */
 struct attn__backend {
   attn_backend kind;
@@ -238,10 +267,15 @@ struct attn__backend {
   int (*synchronize)(attn_context *ctx);
   int (*selftest)(attn_context *ctx);
 
-  /* ATTN_OK, or ATTN_EUNSUPPORTED with a sentence. */
-  int (*supports)(attn_context *ctx, const attn__problem *pb, int backward);
-  int (*forward)(attn_context *ctx, const attn__problem *pb);
-  int (*backward)(attn_context *ctx, const attn__problem *pb);
+  /* The one decision of what runs (ggml's "best kernel"): ATTN_OK with *out
+   * filled, or ATTN_EUNSUPPORTED with a sentence. attn_supports() is this
+   * call; attn_forward() and attn_backward() make it once and hand *out to
+   * forward/backward, which run exactly that plan and never answer
+   * ATTN_EUNSUPPORTED. Looks at the problem's shape, never at its memory:
+   * host tensors are not staged yet. */
+  int (*plan)(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out);
+  int (*forward)(attn_context *ctx, const attn__problem *pb, const attn__plan *plan);
+  int (*backward)(attn_context *ctx, const attn__problem *pb, const attn__plan *plan);
 };
 
 /* Each backend folder defines one of these; the registry in src/backend.c

@@ -133,7 +133,7 @@ static int parse_spec(attn_context *ctx, const char *spec, const char *source, a
 int attn__backend_open(attn_context *ctx, const char *spec) {
   const char *source = "backend";
   if (!spec || !*spec) {
-    spec = getenv("ATTN_BACKEND");
+    spec = ctx->settings.backend;
     source = "ATTN_BACKEND";
     if (!spec || !*spec) {
       spec = "auto";

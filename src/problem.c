@@ -230,12 +230,46 @@ static int check_cu(attn_context *ctx, const char *name, const int32_t *cu, int6
   return ATTN_OK;
 }
 
-int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *p,
+#define KNOWN_FLAGS (ATTN_CAUSAL | ATTN_DETERMINISTIC | ATTN_ASYNC)
+
+/* The size of the first attn_params, which had every field up to alibi and
+ * varlen. A later version that appends fields keeps this constant and reads
+ * the new ones only when p->size covers them. */
+#define PARAMS_SIZE_V1 sizeof(attn_params)
+/* A size this large is not an attn_params of any version: uninitialized. */
+#define PARAMS_SIZE_MAX 4096
+
+/* The caller's attn_params as this version knows it, in *out: the fields its
+ * size covers over the defaults. Bytes past this version's fields must be
+ * zero, the defaults of fields this version does not know. */
+static int read_params(attn_context *ctx, const attn_params *p, attn_params *out) {
+  if (p->size < PARAMS_SIZE_V1 || p->size > PARAMS_SIZE_MAX)
+    return attn__error(ctx, ATTN_EINVAL,
+                       "params.size is %zu; it is set by attn_params_init() (%zu in this "
+                       "version): initialize params with it",
+                       p->size, sizeof(attn_params));
+  const unsigned char *extra = (const unsigned char *)p + sizeof(attn_params);
+  for (size_t i = 0; i + sizeof(attn_params) < p->size; i++)
+    if (extra[i])
+      return attn__error(ctx, ATTN_EINVAL,
+                         "params: byte %zu is set, but this version of attn knows only the first "
+                         "%zu bytes of attn_params; the caller's later fields cannot be honoured",
+                         sizeof(attn_params) + i, sizeof(attn_params));
+  memcpy(out, p, sizeof *out);
+  out->size = sizeof *out;
+  return ATTN_OK;
+}
+
+int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *caller,
                         const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                         const attn_tensor *o, const attn_tensor *lse, const attn_tensor *dout,
                         const attn_tensor *dq, const attn_tensor *dk, const attn_tensor *dv,
                         attn__problem *pb) {
-  if (!p) return attn__error(ctx, ATTN_ENULL, "params is NULL");
+  if (!caller) return attn__error(ctx, ATTN_ENULL, "params is NULL");
+  attn_params params;
+  int rc = read_params(ctx, caller, &params);
+  if (rc) return rc;
+  const attn_params *p = &params;
   if (!q) return attn__error(ctx, ATTN_ENULL, "q is NULL");
   if (!k) return attn__error(ctx, ATTN_ENULL, "k is NULL");
   if (!v) return attn__error(ctx, ATTN_ENULL, "v is NULL");
@@ -269,7 +303,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
     return attn__error(ctx, ATTN_EHEADDIM, "q: head_dim %lld is above the maximum %d", (long long)d,
                        ATTN_MAX_HEAD_DIM);
   region rq, rk, rv;
-  int rc = check_tensor(ctx, "q", q, dt, nd, dims, NULL, &rq);
+  rc = check_tensor(ctx, "q", q, dt, nd, dims, NULL, &rq);
   if (rc) return rc;
   int64_t hq = q->shape[nd - 2];
   /* k: same batch and head_dim as q; its own sequence length and heads. */
@@ -362,9 +396,11 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
         return attn__error(ctx, ATTN_EALIBI, "params.alibi_slopes[%lld] is not finite",
                            (long long)h);
   }
-  if ((p->flags & ATTN_DETERMINISTIC) && (p->flags & ATTN_NONDETERMINISTIC))
+  if (p->flags & ~KNOWN_FLAGS)
     return attn__error(ctx, ATTN_EINVAL,
-                       "params.flags: ATTN_DETERMINISTIC and ATTN_NONDETERMINISTIC are both set");
+                       "params.flags has bits 0x%x that name no flag (known: ATTN_CAUSAL, "
+                       "ATTN_DETERMINISTIC, ATTN_ASYNC)",
+                       p->flags & ~KNOWN_FLAGS);
 
   /* Outputs and the backward's extra inputs. */
   region ro = {0}, rl = {0}, rdo = {0}, rdq = {0}, rdk = {0}, rdv = {0};
@@ -456,7 +492,6 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   if (pb->causal && (pb->window_right < 0 || pb->window_right > 0)) pb->window_right = 0;
   pb->alibi = p->alibi_slopes;
   pb->deterministic = (p->flags & ATTN_DETERMINISTIC) != 0;
-  pb->allow_tf32 = (p->flags & ATTN_ALLOW_TF32) != 0;
   pb->async = (p->flags & ATTN_ASYNC) != 0;
   fill_tensor(ctx, q, varlen, 0, &pb->q);
   fill_tensor(ctx, k, varlen, 0, &pb->k);

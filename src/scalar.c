@@ -106,16 +106,7 @@ int attn__error(attn_context *ctx, int status, const char *fmt, ...) {
 }
 
 void attn__debug(const char *fmt, ...) {
-  /* Atomic: contexts on distinct threads log at once. Two threads that both
-   * find it unset compute the same value, so a lost store is harmless. */
-  static atomic_int enabled = -1;
-  int on = atomic_load_explicit(&enabled, memory_order_relaxed);
-  if (on < 0) {
-    const char *e = getenv("ATTN_DEBUG");
-    on = e && *e && strcmp(e, "0") != 0;
-    atomic_store_explicit(&enabled, on, memory_order_relaxed);
-  }
-  if (!on) return;
+  if (!attn__settings_process()->debug) return;
   va_list ap;
   va_start(ap, fmt);
   fputs("attn: ", stderr);

@@ -589,10 +589,41 @@ static void non_finite_alibi_slope_is_ealibi(at_backend *b) {
   bad_free(x);
 }
 
-static void both_determinism_flags_are_einval(at_backend *b) {
+static void unknown_flag_bits_are_einval(at_backend *b) {
   bad *x = bad_new();
-  x->p.flags = ATTN_DETERMINISTIC | ATTN_NONDETERMINISTIC;
-  bwd_fails(b, x, "both determinism flags", ATTN_EINVAL, "flags|ATTN_DETERMINISTIC");
+  x->p.flags = ATTN_CAUSAL | 0x8u;
+  fwd_fails(b, x, "a retired flag bit", ATTN_EINVAL, "flags");
+  x->p.flags = 0x80000000u;
+  bwd_fails(b, x, "an unknown flag bit", ATTN_EINVAL, "flags");
+  bad_free(x);
+}
+
+static void params_without_init_are_einval(at_backend *b) {
+  bad *x = bad_new();
+  x->p.size = 0;
+  fwd_fails(b, x, "params.size 0", ATTN_EINVAL, "params.size");
+  x->p.size = sizeof(attn_params) - 8;
+  fwd_fails(b, x, "params.size too small", ATTN_EINVAL, "params.size");
+  bad_free(x);
+}
+
+/* A caller built against a later attn.h, whose attn_params has grown. */
+static void params_of_a_later_version_run_when_new_fields_are_defaults(at_backend *b) {
+  bad *x = bad_new();
+  struct {
+    attn_params p;
+    int64_t later[2];
+  } grown;
+  memset(&grown, 0, sizeof grown);
+  attn_params_init(&grown.p);
+  grown.p.size = sizeof grown;
+  int rc = attn_forward(b->ctx, &grown.p, &x->q, &x->k, &x->v, &x->o, &x->lse);
+  if (rc != ATTN_OK)
+    fail_msg("zero later fields: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+  grown.later[1] = 1;
+  memcpy(x->snapshot, x->arena, sizeof(float) * SLOT * NSLOTS);
+  rc = attn_forward(b->ctx, &grown.p, &x->q, &x->k, &x->v, &x->o, &x->lse);
+  check_failure(b, x, "attn_forward", "a later field set", rc, ATTN_EINVAL, "params");
   bad_free(x);
 }
 
@@ -800,7 +831,9 @@ int main(int argc, char **argv) {
       AT_TEST(missing_alibi_slopes_are_ealibi),
       AT_TEST(alibi_slopes_of_the_wrong_length_are_ealibi),
       AT_TEST(non_finite_alibi_slope_is_ealibi),
-      AT_TEST(both_determinism_flags_are_einval),
+      AT_TEST(unknown_flag_bits_are_einval),
+      AT_TEST(params_without_init_are_einval),
+      AT_TEST(params_of_a_later_version_run_when_new_fields_are_defaults),
       AT_TEST(unknown_backend_name_is_ebackend),
       AT_TEST(buffer_of_another_context_is_ebuffer),
       AT_TEST(buffer_too_small_is_ebuffer),

@@ -1,0 +1,58 @@
+/* The library's one reader of the environment. Every variable attn looks at
+ * is read here, into an attn__settings: once per process for what the
+ * process shares (the debug log, the OpenCL library to load, both needed
+ * before any context exists), and once per context, at
+ * attn_context_create(), for the rest, so that a call never reads the
+ * environment and a context keeps the settings it was created with. */
+#include "attn_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <threads.h>
+
+static void copy_var(char *dst, size_t n, const char *name) {
+  const char *v = getenv(name);
+  snprintf(dst, n, "%s", v ? v : "");
+}
+
+void attn__settings_read(attn__settings *out) {
+  memset(out, 0, sizeof *out);
+  char debug[16];
+  copy_var(debug, sizeof debug, "ATTN_DEBUG");
+  out->debug = debug[0] && strcmp(debug, "0") != 0;
+  copy_var(out->backend, sizeof out->backend, "ATTN_BACKEND");
+  copy_var(out->cl_library, sizeof out->cl_library, "ATTN_CL_LIBRARY");
+  copy_var(out->cl_tiles, sizeof out->cl_tiles, "ATTN_CL_TILES");
+
+  char cache[16];
+  copy_var(cache, sizeof cache, "ATTN_CL_CACHE");
+  out->cl_cache = strcmp(cache, "0") != 0;
+  /* ATTN_CL_CACHE_DIR, else the XDG cache folder, else ~/.cache. */
+  const char *d = getenv("ATTN_CL_CACHE_DIR");
+  const char *xdg = getenv("XDG_CACHE_HOME");
+  const char *home = getenv("HOME");
+  int w = 0;
+  if (d && d[0])
+    w = snprintf(out->cl_cache_dir, sizeof out->cl_cache_dir, "%s", d);
+  else if (xdg && xdg[0])
+    w = snprintf(out->cl_cache_dir, sizeof out->cl_cache_dir, "%s/attn", xdg);
+  else if (home && home[0])
+    w = snprintf(out->cl_cache_dir, sizeof out->cl_cache_dir, "%s/.cache/attn", home);
+  /* No folder, or one too long to hold: no cache rather than another one. */
+  if (w <= 0 || (size_t)w >= sizeof out->cl_cache_dir) {
+    out->cl_cache_dir[0] = '\0';
+    out->cl_cache = 0;
+  }
+}
+
+static attn__settings process_settings;
+static once_flag process_once = ONCE_FLAG_INIT;
+
+static void read_process_settings(void) {
+  attn__settings_read(&process_settings);
+}
+
+const attn__settings *attn__settings_process(void) {
+  call_once(&process_once, read_process_settings);
+  return &process_settings;
+}
