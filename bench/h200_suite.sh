@@ -106,13 +106,18 @@ cuda f32 4096 64 none
 cuda f32 4096 64 causal
 cuda f32 4096 128 none
 cuda f32 4096 128 causal
+cuda bf16 8192 64 none
 cuda bf16 8192 64 causal
 cuda bf16 8192 128 none
 cuda bf16 8192 128 causal
 cuda f16 8192 128 causal
+cuda bf16 4096 256 none
+cuda f16 4096 96 causal
 opencl f32 4096 64 none
 opencl f32 4096 128 causal
+opencl f16 4096 64 causal
 cpu f32 1024 64 none
+cpu bf16 1024 128 causal
 CONFIGS
 fi
 stamp done
