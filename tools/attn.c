@@ -402,11 +402,11 @@ static int check_against_reference(attn_context *ctx, const run_opts *o, const a
   }
   progress pg;
   progress_start(&pg);
-  int rc = attn__reference_forward_progress(ctx, p, &hq_, &hk_, &hv_, ro, rl, progress_show, &pg);
+  int rc = at_ref_forward_progress(ctx, p, &hq_, &hk_, &hv_, ro, rl, progress_show, &pg);
   attn_tensor hdo = attn_tensor_bshd(dout->host, o->dtype, o->batch, o->nq, o->hq, o->d);
   pg.pass = "backward";
   if (!rc && o->backward)
-    rc = attn__reference_backward_progress(ctx, p, &hq_, &hk_, &hv_, &hdo, rdq, rdk, rdv,
+    rc = at_ref_backward_progress(ctx, p, &hq_, &hk_, &hv_, &hdo, rdq, rdk, rdv,
                                            progress_show, &pg);
   progress_end(&pg);
   if (rc) {
@@ -896,7 +896,7 @@ static int cmd_check(int argc, char **argv) {
   }
   for (int i = 0; i < nargs; i++) {
     char err[512];
-    lists[i].n = attn_golden_list(roots[i], &lists[i].dirs, err, sizeof err);
+    lists[i].n = at_golden_list(roots[i], &lists[i].dirs, err, sizeof err);
     if (lists[i].n < 0) {
       complain("%s", err);
       lists[i].n = 0;
@@ -918,8 +918,8 @@ static int cmd_check(int argc, char **argv) {
     for (int c = 0; c < lists[i].n; c++) {
       const char *dir = lists[i].dirs[c];
       char err[512];
-      attn_golden g;
-      if (attn_golden_load(dir, &g, err, sizeof err) != 0) {
+      at_golden g;
+      if (at_golden_load(dir, &g, err, sizeof err) != 0) {
         cannot_load(dir, err);
         bad++;
         continue;
@@ -935,14 +935,14 @@ static int cmd_check(int argc, char **argv) {
         header = 1;
       }
       cases++;
-      attn_golden_report rep;
-      attn_golden_run(ctx, &g, forward_only, &rep);
+      at_golden_report rep;
+      at_golden_run(ctx, &g, forward_only, &rep);
       if (rep.status != ATTN_OK) {
         printf("%-16s %-4s cannot run: %s (%s)  FAIL\n", g.name, attn_dtype_name(g.dtype),
                rep.message, attn_status_name(rep.status));
       }
       for (int r = 0; r < rep.n; r++) {
-        const attn_golden_result *x = &rep.r[r];
+        const at_golden_result *x = &rep.r[r];
         double peer = !strcmp(x->output, "o")     ? g.peer_o
                       : !strcmp(x->output, "lse") ? g.peer_lse
                       : !strcmp(x->output, "dq")  ? g.peer_dq
@@ -955,7 +955,7 @@ static int cmd_check(int argc, char **argv) {
                x->pass ? "ok" : "FAIL");
       }
       if (!rep.pass) failed++;
-      attn_golden_free(&g);
+      at_golden_free(&g);
     }
   if (header) {
     printf("%d case%s, %d failed", cases, cases == 1 ? "" : "s", failed);
@@ -963,7 +963,7 @@ static int cmd_check(int argc, char **argv) {
     printf(" (%s)\n", forward_only ? "forward" : "forward and backward");
   }
   for (int i = 0; i < nargs; i++)
-    attn_golden_list_free(lists[i].dirs, lists[i].n);
+    at_golden_list_free(lists[i].dirs, lists[i].n);
   free(lists);
   free(roots);
   attn_context_free(ctx);
