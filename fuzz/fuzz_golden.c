@@ -1,7 +1,7 @@
 /*
- * fuzz_golden: the golden-case reader of testkit/golden.c, its JSON parser and
- * its .npy parser, through attn_golden_load on a case folder written from
- * the input.
+ * fuzz_golden: the test kit's golden-case reader (testkit/golden.c) with its
+ * JSON and .npy readers (json.c, npy.c), through at_golden_load on a case
+ * folder written from the input.
  *
  * The input is the folder's files joined by the separator "@@@@\n", in the
  * order of FILES below: case.json, then q.npy, k.npy and so on. A file past
@@ -9,12 +9,12 @@
  * empty file. The seeds in fuzz/corpus/fuzz_golden are real small cases in
  * this form, and fuzz/golden.dict gives the fuzzer the formats' words.
  *
- * Going through files rather than calling the parsers on memory keeps the
- * parsers file-local and tests what `attn check` runs: the cross-checks of
- * case.json against every .npy header included. The folder lives in
+ * Going through files rather than calling the readers on memory tests what
+ * `attn check` runs: the file reading, and the cross-checks of case.json
+ * against every .npy header. The folder lives in
  * /dev/shm where there is one, so it costs no disk writes.
  *
- * Invariants: attn_golden_load returns 0, or -1 with a sentence; never a
+ * Invariants: at_golden_load returns 0, or -1 with a sentence; never a
  * crash, a sanitizer report, a hang or a large allocation (libFuzzer's
  * -rss_limit_mb and -malloc_limit_mb catch those). A case that loads has
  * every array it promises.
@@ -86,11 +86,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     unlink(path);
   }
 
-  attn_golden g;
+  at_golden g;
   char err[512] = "";
-  int rc = attn_golden_load(dir, &g, err, sizeof err);
+  int rc = at_golden_load(dir, &g, err, sizeof err);
   if (rc != 0 && rc != -1) {
-    fprintf(stderr, "fuzz_golden: attn_golden_load returned %d\n", rc);
+    fprintf(stderr, "fuzz_golden: at_golden_load returned %d\n", rc);
     abort();
   }
   if (rc == -1 && err[0] == '\0') {
@@ -102,7 +102,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       fprintf(stderr, "fuzz_golden: a loaded case lacks an input or a reference\n");
       abort();
     }
-    attn_golden_free(&g);
+    at_golden_free(&g);
   }
   return 0;
 }

@@ -1,10 +1,12 @@
 /*
- * Golden cases: loading a case folder (case.json + .npy files, see the golden
- * README) and checking the library against it with the README's tolerance
- * rule. Shared by `attn check` and the test suites; not part of the library.
+ * Golden cases, the test kit's public header for them: loading a case folder
+ * (case.json + .npy files, see the golden README; testkit/golden.c) and
+ * checking the library against it with the README's tolerance rule
+ * (testkit/check.c). Shared by `attn check`, the test suites and the fuzz
+ * targets; not part of the library.
  */
-#ifndef ATTN_GOLDEN_H
-#define ATTN_GOLDEN_H
+#ifndef AT_GOLDEN_H
+#define AT_GOLDEN_H
 
 #include "attn.h"
 
@@ -15,7 +17,7 @@
 extern "C" {
 #endif
 
-typedef struct attn_golden {
+typedef struct at_golden {
   char name[128]; /* folder base name */
   char dir[1024];
   attn_dtype dtype;                                               /* case.json dtype */
@@ -30,32 +32,32 @@ typedef struct attn_golden {
   /* private: owned allocations */
   float *alibi_;
   int32_t *cu_q_, *cu_k_;
-} attn_golden;
+} at_golden;
 
 /* Loads one case folder; 0 on success, else -1 with a sentence in err. */
-int attn_golden_load(const char *dir, attn_golden *g, char *err, size_t errlen);
-void attn_golden_free(attn_golden *g);
+int at_golden_load(const char *dir, at_golden *g, char *err, size_t errlen);
+void at_golden_free(at_golden *g);
 /* Case folders (holding case.json) directly under root, or root itself if it holds case.json;
    sorted by name. Returns the count (>= 0) and a malloc'd array of malloc'd paths, or -1 with a
    sentence in err. */
-int attn_golden_list(const char *root, char ***dirs, char *err, size_t errlen);
-void attn_golden_list_free(char **dirs, int n);
+int at_golden_list(const char *root, char ***dirs, char *err, size_t errlen);
+void at_golden_list_free(char **dirs, int n);
 
-typedef struct attn_golden_result {
+typedef struct at_golden_result {
   const char *output; /* "o", "lse", "dq", "dk", "dv" */
   double max_err; /* max |X - ref| over finite-ref elements; INFINITY if a NaN or a wrong -inf */
   double bound;   /* the README's tolerance for this output */
   double ratio;   /* max_err / (F * peer) — the README's F achieved; NAN when no peer figure */
   int pass;
-} attn_golden_result;
+} at_golden_result;
 
-typedef struct attn_golden_report {
+typedef struct at_golden_report {
   int status;        /* attn_status of the library call (ATTN_OK when it ran) */
   char message[512]; /* attn_errmsg when status != OK */
   int n;             /* results filled: 2 forward, 5 with backward */
-  attn_golden_result r[5];
+  at_golden_result r[5];
   int pass; /* status OK and every result passes */
-} attn_golden_report;
+} at_golden_report;
 
 /* Runs the case on ctx (host tensors; forward, then backward unless forward_only), compares every
    output with the tolerance rule of the golden README (rows whose reference lse is -inf must give
@@ -63,10 +65,9 @@ typedef struct attn_golden_report {
    Outputs converted from the input dtype to float for comparison. Elements the library leaves
    unwritten count as NaN. Returns rep->status: ATTN_OK when the library ran (pass or fail is
    rep->pass), else the failing call's status (rep->n is then 0, or 2 when only backward failed). */
-int attn_golden_run(attn_context *ctx, const attn_golden *g, int forward_only,
-                    attn_golden_report *rep);
+int at_golden_run(attn_context *ctx, const at_golden *g, int forward_only, at_golden_report *rep);
 
 #ifdef __cplusplus
 }
 #endif
-#endif /* ATTN_GOLDEN_H */
+#endif /* AT_GOLDEN_H */

@@ -52,14 +52,14 @@ static double softmax(double *s, int64_t n) {
   return m + log(l);
 }
 
-int attn__reference_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
-                            const attn_tensor *k, const attn_tensor *v, double *o, double *lse) {
-  return attn__reference_forward_progress(ctx, p, q, k, v, o, lse, NULL, NULL);
+int at_ref_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                   const attn_tensor *k, const attn_tensor *v, double *o, double *lse) {
+  return at_ref_forward_progress(ctx, p, q, k, v, o, lse, NULL, NULL);
 }
 
-int attn__reference_forward_progress(attn_context *ctx, const attn_params *p, const attn_tensor *q,
-                                     const attn_tensor *k, const attn_tensor *v, double *o,
-                                     double *lse, attn__progress_fn progress, void *user) {
+int at_ref_forward_progress(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                            const attn_tensor *k, const attn_tensor *v, double *o, double *lse,
+                            at_progress_fn progress, void *user) {
   attn__problem pb;
   int rc = attn__problem_build(ctx, ATTN__REFERENCE, p, q, k, v, NULL, NULL, NULL, NULL, NULL, NULL,
                                &pb);
@@ -96,16 +96,16 @@ int attn__reference_forward_progress(attn_context *ctx, const attn_params *p, co
   return ATTN_OK;
 }
 
-int attn__reference_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
-                             const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout,
-                             double *dq, double *dk, double *dv) {
-  return attn__reference_backward_progress(ctx, p, q, k, v, dout, dq, dk, dv, NULL, NULL);
+int at_ref_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                    const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout, double *dq,
+                    double *dk, double *dv) {
+  return at_ref_backward_progress(ctx, p, q, k, v, dout, dq, dk, dv, NULL, NULL);
 }
 
-int attn__reference_backward_progress(attn_context *ctx, const attn_params *p, const attn_tensor *q,
-                                      const attn_tensor *k, const attn_tensor *v,
-                                      const attn_tensor *dout, double *dq, double *dk, double *dv,
-                                      attn__progress_fn progress, void *user) {
+int at_ref_backward_progress(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                             const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout,
+                             double *dq, double *dk, double *dv, at_progress_fn progress,
+                             void *user) {
   attn__problem pb;
   int rc = attn__problem_build(ctx, ATTN__REFERENCE, p, q, k, v, NULL, NULL, NULL, NULL, NULL, NULL,
                                &pb);

@@ -21,23 +21,23 @@ extern "C" {
  * the layout), lse as [B, Hq, Nq] (bshd) or [Hq, total_q] (varlen); either
  * may be NULL. Validation errors are reported on ctx, which may be any
  * context (it is used for messages only). */
-int attn__reference_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
-                            const attn_tensor *k, const attn_tensor *v, double *o, double *lse);
+int at_ref_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                   const attn_tensor *k, const attn_tensor *v, double *o, double *lse);
 /* Gradients of sum(o * dout), dq contiguous like q, dk and dv like k. */
-int attn__reference_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
-                             const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout,
-                             double *dq, double *dk, double *dv);
+int at_ref_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                    const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout, double *dq,
+                    double *dk, double *dv);
 /* The same, calling progress(user, done, total) after each query row (rows
  * counted over batch and heads), so a program can show how far a slow
  * reference has come; progress may be NULL. */
-typedef void (*attn__progress_fn)(void *user, int64_t done, int64_t total);
-int attn__reference_forward_progress(attn_context *ctx, const attn_params *p, const attn_tensor *q,
-                                     const attn_tensor *k, const attn_tensor *v, double *o,
-                                     double *lse, attn__progress_fn progress, void *user);
-int attn__reference_backward_progress(attn_context *ctx, const attn_params *p, const attn_tensor *q,
-                                      const attn_tensor *k, const attn_tensor *v,
-                                      const attn_tensor *dout, double *dq, double *dk, double *dv,
-                                      attn__progress_fn progress, void *user);
+typedef void (*at_progress_fn)(void *user, int64_t done, int64_t total);
+int at_ref_forward_progress(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                            const attn_tensor *k, const attn_tensor *v, double *o, double *lse,
+                            at_progress_fn progress, void *user);
+int at_ref_backward_progress(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                             const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout,
+                             double *dq, double *dk, double *dv, at_progress_fn progress,
+                             void *user);
 
 #ifdef __cplusplus
 }

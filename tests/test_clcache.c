@@ -52,7 +52,7 @@ static int child_forward(attn_context *ctx) {
     printf("attn_forward: %s: %s\n", attn_status_name(rc), attn_errmsg(ctx));
     return 1;
   }
-  rc = attn__reference_forward(ctx, &p, &tq, &tk, &tv, ref, NULL);
+  rc = at_ref_forward(ctx, &p, &tq, &tk, &tv, ref, NULL);
   if (rc) {
     printf("reference: %s: %s\n", attn_status_name(rc), attn_errmsg(ctx));
     return 1;

@@ -294,13 +294,13 @@ static void source_case(char *out, size_t len) {
   snprintf(probe, sizeof probe, "%s/case.json", out);
   if (access(probe, R_OK) == 0) return;
   char err[512], **dirs = NULL;
-  int n = attn_golden_list(at_golden_dir(), &dirs, err, sizeof err);
+  int n = at_golden_list(at_golden_dir(), &dirs, err, sizeof err);
   if (n <= 0) {
-    attn_golden_list_free(dirs, n > 0 ? n : 0);
+    at_golden_list_free(dirs, n > 0 ? n : 0);
     at_skip("no golden case in %s", at_golden_dir());
   }
   snprintf(out, len, "%s", dirs[0]);
-  attn_golden_list_free(dirs, n);
+  at_golden_list_free(dirs, n);
 }
 
 /* The same .npy with its first shape entry one larger, data unchanged. */

@@ -17,9 +17,9 @@ typedef struct golden_case {
   int backward;
 } golden_case;
 
-static void print_report(const attn_golden *g, const attn_golden_report *rep, int from, int to) {
+static void print_report(const at_golden *g, const at_golden_report *rep, int from, int to) {
   for (int i = from; i < to && i < rep->n; i++) {
-    const attn_golden_result *r = &rep->r[i];
+    const at_golden_result *r = &rep->r[i];
     /* The README's F achieved: max_err / peer (NaN where no peer figure). */
     double F = r->ratio * (r->output[0] == 'd' ? 3.0 : 2.0);
     print_message("  %-14s %-3s max_err %.3g bound %.3g F %.2f %s\n", g->name, r->output,
@@ -30,23 +30,23 @@ static void print_report(const attn_golden *g, const attn_golden_report *rep, in
 /* Runs one case; forward checks o and lse, backward dq, dk and dv. */
 static void golden_case_matches_within_tolerance(at_backend *b) {
   const golden_case *c = at_arg();
-  attn_golden g;
+  at_golden g;
   char err[1024];
-  if (attn_golden_load(c->dir, &g, err, sizeof err) != 0) fail_msg("%s", err);
+  if (at_golden_load(c->dir, &g, err, sizeof err) != 0) fail_msg("%s", err);
   if (c->backward && !g.dq) {
-    attn_golden_free(&g);
+    at_golden_free(&g);
     at_skip("%s has no dq/dk/dv references", c->dir);
   }
-  attn_golden_report rep;
-  int st = attn_golden_run(b->ctx, &g, !c->backward, &rep);
+  at_golden_report rep;
+  int st = at_golden_run(b->ctx, &g, !c->backward, &rep);
   if (st == ATTN_EUNSUPPORTED) {
-    attn_golden_free(&g);
+    at_golden_free(&g);
     /* A backend may refuse a combination, with a reason; never compute it wrong. */
     assert_true(rep.message[0] != '\0');
     at_skip("%s refuses %s: %s", b->name, c->dir, rep.message);
   }
   if (st != ATTN_OK) {
-    attn_golden_free(&g);
+    at_golden_free(&g);
     fail_msg("%s: %s: %s", c->dir, attn_status_name(st), rep.message);
   }
   int from = c->backward ? 2 : 0, to = c->backward ? rep.n : 2;
@@ -57,10 +57,10 @@ static void golden_case_matches_within_tolerance(at_backend *b) {
       char msg[512];
       snprintf(msg, sizeof msg, "%s: %s max error %.3g exceeds the bound %.3g", g.name,
                rep.r[i].output, rep.r[i].max_err, rep.r[i].bound);
-      attn_golden_free(&g);
+      at_golden_free(&g);
       fail_msg("%s", msg);
     }
-  attn_golden_free(&g);
+  at_golden_free(&g);
 }
 
 static char g_dir_error[1100];
@@ -73,7 +73,7 @@ static void golden_folder_holds_cases(at_backend *b) {
 int main(int argc, char **argv) {
   char err[1024];
   char **dirs = NULL;
-  int n = attn_golden_list(at_golden_dir(), &dirs, err, sizeof err);
+  int n = at_golden_list(at_golden_dir(), &dirs, err, sizeof err);
   if (n <= 0) {
     snprintf(g_dir_error, sizeof g_dir_error, "no golden cases in %s: %s", at_golden_dir(),
              n < 0 ? err : "no folder with a case.json");
@@ -105,6 +105,6 @@ int main(int argc, char **argv) {
   free(names);
   free(tests);
   free(cases);
-  attn_golden_list_free(dirs, n);
+  at_golden_list_free(dirs, n);
   return rc;
 }

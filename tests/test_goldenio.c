@@ -1,8 +1,8 @@
 /*
- * The golden-case reader (testkit/golden.c) itself: it loads what the golden
- * README describes, and refuses anything else with a sentence, never a
- * crash: every truncation of case.json and of a .npy file, and random byte
- * changes, are tried. Backend-independent ("common" tests only).
+ * The golden-case reader (testkit/golden.c, json.c, npy.c) itself: it loads
+ * what the golden README describes, and refuses anything else with a
+ * sentence, never a crash: every truncation of case.json and of a .npy file,
+ * and random byte changes, are tried. Backend-independent ("common" tests only).
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 
@@ -57,11 +57,11 @@ static void remove_copy(copy *c) {
 
 /* Loads c's folder; returns 0 or -1, and checks that -1 comes with a message. */
 static int load(copy *c) {
-  attn_golden g;
+  at_golden g;
   char err[512] = "";
-  int rc = attn_golden_load(c->dir, &g, err, sizeof err);
+  int rc = at_golden_load(c->dir, &g, err, sizeof err);
   if (rc != 0 && !err[0]) fail_msg("a refused case gives no message");
-  if (rc == 0) attn_golden_free(&g);
+  if (rc == 0) at_golden_free(&g);
   return rc;
 }
 
@@ -69,9 +69,9 @@ static void tiny_case_loads_as_described(at_backend *b) {
   (void)b;
   char dir[2048], err[512];
   snprintf(dir, sizeof dir, "%s/tiny", at_golden_dir());
-  attn_golden g;
+  at_golden g;
   if (access(dir, F_OK) != 0) at_skip("no golden case %s", dir);
-  if (attn_golden_load(dir, &g, err, sizeof err) != 0) fail_msg("%s", err);
+  if (at_golden_load(dir, &g, err, sizeof err) != 0) fail_msg("%s", err);
   assert_string_equal(g.name, "tiny");
   assert_int_equal(g.dtype, ATTN_F32);
   assert_int_equal(g.varlen, 0);
@@ -92,16 +92,16 @@ static void tiny_case_loads_as_described(at_backend *b) {
   assert_non_null(g.q);
   assert_non_null(g.dq);
   assert_true(isfinite(g.peer_o) && isfinite(g.peer_dv));
-  attn_golden_free(&g);
+  at_golden_free(&g);
 }
 
 static void varlen_case_loads_its_sequences(at_backend *b) {
   (void)b;
   char dir[2048], err[512];
   snprintf(dir, sizeof dir, "%s/varlen_causal", at_golden_dir());
-  attn_golden g;
+  at_golden g;
   if (access(dir, F_OK) != 0) at_skip("no golden case %s", dir);
-  if (attn_golden_load(dir, &g, err, sizeof err) != 0) fail_msg("%s", err);
+  if (at_golden_load(dir, &g, err, sizeof err) != 0) fail_msg("%s", err);
   assert_int_equal(g.varlen, 1);
   assert_int_equal(g.seqlen_q, 0);
   assert_int_equal(g.total_q, 74);
@@ -109,37 +109,37 @@ static void varlen_case_loads_its_sequences(at_backend *b) {
   assert_int_equal(g.params.cu_seqlens_q[1], 5);
   assert_int_equal(g.params.cu_seqlens_k[3], 74);
   assert_true(g.params.flags & ATTN_CAUSAL);
-  attn_golden_free(&g);
+  at_golden_free(&g);
 }
 
 static void half_precision_case_has_no_lse_peer(at_backend *b) {
   (void)b;
   char dir[2048], err[512];
   snprintf(dir, sizeof dir, "%s/bf16_mha", at_golden_dir());
-  attn_golden g;
+  at_golden g;
   if (access(dir, F_OK) != 0) at_skip("no golden case %s", dir);
-  if (attn_golden_load(dir, &g, err, sizeof err) != 0) fail_msg("%s", err);
+  if (at_golden_load(dir, &g, err, sizeof err) != 0) fail_msg("%s", err);
   assert_int_equal(g.dtype, ATTN_BF16);
   assert_true(isnan(g.peer_lse));
   assert_true(isfinite(g.peer_o));
-  attn_golden_free(&g);
+  at_golden_free(&g);
 }
 
 static void list_is_sorted_and_accepts_a_case_folder(at_backend *b) {
   (void)b;
   char **dirs = NULL, err[512];
-  int n = attn_golden_list(at_golden_dir(), &dirs, err, sizeof err);
+  int n = at_golden_list(at_golden_dir(), &dirs, err, sizeof err);
   if (n < 0) fail_msg("%s", err);
   if (n == 0) at_skip("no golden cases in %s", at_golden_dir());
   for (int i = 1; i < n; i++)
     assert_true(strcmp(dirs[i - 1], dirs[i]) < 0);
   char one[2048];
   snprintf(one, sizeof one, "%s", dirs[0]);
-  attn_golden_list_free(dirs, n);
-  assert_int_equal(attn_golden_list(one, &dirs, err, sizeof err), 1);
+  at_golden_list_free(dirs, n);
+  assert_int_equal(at_golden_list(one, &dirs, err, sizeof err), 1);
   assert_string_equal(dirs[0], one);
-  attn_golden_list_free(dirs, 1);
-  assert_int_equal(attn_golden_list("/nonexistent/attn", &dirs, err, sizeof err), -1);
+  at_golden_list_free(dirs, 1);
+  assert_int_equal(at_golden_list("/nonexistent/attn", &dirs, err, sizeof err), -1);
   assert_true(err[0] != '\0');
 }
 
@@ -232,8 +232,8 @@ static void wrong_npy_shape_dtype_and_order_are_refused(at_backend *b) {
     char path[512], err[512] = "";
     snprintf(path, sizeof path, "%s/%s", c.dir, files[f]);
     at_write_file(path, buf, c.len[f]);
-    attn_golden g;
-    if (attn_golden_load(c.dir, &g, err, sizeof err) == 0)
+    at_golden g;
+    if (at_golden_load(c.dir, &g, err, sizeof err) == 0)
       fail_msg("%s with %s accepted", edits[i].file, edits[i].to);
     if (!strstr(err, edits[i].file)) fail_msg("the message should name %s: %s", edits[i].file, err);
     free(buf);
@@ -249,14 +249,14 @@ static void missing_gradient_files_leave_backward_out(at_backend *b) {
   char path[512], err[512];
   snprintf(path, sizeof path, "%s/dk.npy", c.dir);
   unlink(path);
-  attn_golden g;
-  if (attn_golden_load(c.dir, &g, err, sizeof err) != 0) fail_msg("%s", err);
+  at_golden g;
+  if (at_golden_load(c.dir, &g, err, sizeof err) != 0) fail_msg("%s", err);
   assert_null(g.dq);
   assert_null(g.dk);
   assert_null(g.dv);
   assert_null(g.dout);
   assert_non_null(g.o);
-  attn_golden_free(&g);
+  at_golden_free(&g);
   remove_copy(&c);
 }
 
@@ -288,8 +288,8 @@ static void bad_json_values_are_refused_with_the_key(at_backend *b) {
     char path[512], err[512] = "";
     snprintf(path, sizeof path, "%s/case.json", c.dir);
     at_write_file(path, buf, n);
-    attn_golden g;
-    if (attn_golden_load(c.dir, &g, err, sizeof err) == 0) fail_msg("%s accepted", edits[i].to);
+    at_golden g;
+    if (at_golden_load(c.dir, &g, err, sizeof err) == 0) fail_msg("%s accepted", edits[i].to);
     if (!strstr(err, edits[i].key)) fail_msg("the message should name %s: %s", edits[i].key, err);
     free(buf);
   }

@@ -74,7 +74,7 @@ static void backward(at_backend *b, small *x) {
 
 /* The reference's o and lse of x's problem. */
 static void reference(at_backend *b, small *x, double *o, double *lse) {
-  int rc = attn__reference_forward(b->ctx, &x->p, &x->tq, &x->tk, &x->tv, o, lse);
+  int rc = at_ref_forward(b->ctx, &x->p, &x->tq, &x->tk, &x->tv, o, lse);
   if (rc != ATTN_OK) fail_msg("reference: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
 }
 
@@ -270,7 +270,7 @@ static void nan_in_q_gives_nan_gradients_where_the_row_reaches(at_backend *b) {
   }
   double *rdq = at_malloc(sizeof(double) * QN), *rdk = at_malloc(sizeof(double) * QN);
   double *rdv = at_malloc(sizeof(double) * QN);
-  int rc = attn__reference_backward(b->ctx, &x->p, &x->tq, &x->tk, &x->tv, &x->tdo, rdq, rdk, rdv);
+  int rc = at_ref_backward(b->ctx, &x->p, &x->tq, &x->tk, &x->tv, &x->tdo, rdq, rdk, rdv);
   assert_int_equal(rc, ATTN_OK);
   const float *got[3] = {x->dq, x->dk, x->dv};
   const double *want[3] = {rdq, rdk, rdv};
@@ -408,7 +408,7 @@ static int child_rlimit(void) {
     return 1;
   }
   static double ro[QN];
-  rc = attn__reference_forward(ctx, &x->p, &x->tq, &x->tq, &x->tq, ro, NULL);
+  rc = at_ref_forward(ctx, &x->p, &x->tq, &x->tq, &x->tq, ro, NULL);
   if (rc != ATTN_OK) {
     printf("reference: %s: %s\n", attn_status_name(rc), attn_errmsg(ctx));
     return 1;

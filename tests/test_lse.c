@@ -162,7 +162,7 @@ static void backward_takes_either_form(at_backend *b) {
          *rdk = at_malloc((size_t)nk * sizeof(double)),
          *rdv = at_malloc((size_t)nk * sizeof(double));
   attn_tensor q = qlike(&c, c.bq), k = klike(&c, c.bk), v = klike(&c, c.bv), g = qlike(&c, c.bdo);
-  assert_int_equal(attn__reference_backward(b->ctx, &c.p, &q, &k, &v, &g, rdq, rdk, rdv), ATTN_OK);
+  assert_int_equal(at_ref_backward(b->ctx, &c.p, &q, &k, &v, &g, rdq, rdk, rdv), ATTN_OK);
   attn_tensor tp = lse_plain(&c, plain), th = lse_hilo(&c, pair);
   const float *grads[3] = {c.dq, c.dk, c.dv};
   const double *refs[3] = {rdq, rdk, rdv};

@@ -81,7 +81,7 @@ static void setup(const fd_case *c, fd_problem *fp) {
 }
 
 static double loss(attn_context *ctx, fd_problem *fp) {
-  int rc = attn__reference_forward(ctx, &fp->p, &fp->q, &fp->k, &fp->v, fp->o, NULL);
+  int rc = at_ref_forward(ctx, &fp->p, &fp->q, &fp->k, &fp->v, fp->o, NULL);
   if (rc) fail_msg("reference forward: %s", attn_errmsg(ctx));
   double l = 0;
   for (size_t i = 0; i < fp->nq_el; i++)
@@ -119,7 +119,7 @@ static void run_case(const fd_case *c) {
   setup(c, &fp);
   double *dq = at_malloc(sizeof(double) * fp.nq_el), *dk = at_malloc(sizeof(double) * fp.nk_el),
          *dv = at_malloc(sizeof(double) * fp.nk_el);
-  rc = attn__reference_backward(ctx, &fp.p, &fp.q, &fp.k, &fp.v, &fp.dout, dq, dk, dv);
+  rc = at_ref_backward(ctx, &fp.p, &fp.q, &fp.k, &fp.v, &fp.dout, dq, dk, dv);
   if (rc) fail_msg("reference backward: %s", attn_errmsg(ctx));
   double worst = 0, gmax = 0;
   for (size_t i = 0; i < fp.nq_el; i++)

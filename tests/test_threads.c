@@ -77,7 +77,7 @@ static void job_init(job *j, at_backend *b, attn_context *shared, int calls, uin
   }
   attn_tensor q, k, v;
   tensors(j, &q, &k, &v, NULL);
-  assert_int_equal(attn__reference_forward(b->ctx, &j->p, &q, &k, &v, j->ref, NULL), ATTN_OK);
+  assert_int_equal(at_ref_forward(b->ctx, &j->p, &q, &k, &v, j->ref, NULL), ATTN_OK);
 }
 
 static void report(job *j, const char *fmt, ...) ATTN__PRINTF(2, 3);

@@ -6,6 +6,8 @@
 
 #include "testutil.h"
 
+#include "file.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -56,13 +58,19 @@ static void trampoline(void **state) {
 }
 
 enum { MAX_LIVE = 4096 };
+/* Larger than any file a suite reads (golden arrays, OpenCL program caches). */
+#define AT_MAX_FILE_BYTES ((size_t)1 << 30)
 static void *g_live[MAX_LIVE];
 static int g_nlive;
+
+static void track(void *p) {
+  if (g_nlive < MAX_LIVE) g_live[g_nlive++] = p; /* beyond: untracked, still freed by at_free */
+}
 
 void *at_malloc(size_t bytes) {
   void *p = malloc(bytes ? bytes : 1);
   assert_non_null(p);
-  if (g_nlive < MAX_LIVE) g_live[g_nlive++] = p; /* beyond: untracked, still freed by at_free */
+  track(p);
   return p;
 }
 
@@ -83,17 +91,10 @@ void at_free(void *p) {
 }
 
 unsigned char *at_read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  assert_int_equal(fseek(f, 0, SEEK_END), 0);
-  long n = ftell(f);
-  assert_true(n >= 0);
-  rewind(f);
-  unsigned char *buf = at_malloc((size_t)n + 1);
-  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  buf[n] = 0;
-  *len = (size_t)n;
+  unsigned char *buf = at_file_read(path, AT_MAX_FILE_BYTES, len);
+  if (!buf && (errno == EFBIG || errno == ENOMEM || errno == EIO))
+    fail_msg("%s: %s", path, at_file_error(errno));
+  if (buf) track(buf);
   return buf;
 }
 
@@ -747,7 +748,7 @@ static int forward_and_check(at_backend *b, at_prob *P) {
   double *ro = at_malloc((size_t)no * sizeof *ro), *rl = at_malloc((size_t)nl * sizeof *rl);
   assert_non_null(ro);
   assert_non_null(rl);
-  rc = attn__reference_forward(b->ctx, &P->p, &P->rq, &P->rk, &P->rv, ro, rl);
+  rc = at_ref_forward(b->ctx, &P->p, &P->rq, &P->rk, &P->rv, ro, rl);
   if (rc != ATTN_OK)
     fail_msg("%s: the reference failed: %s: %s", label, attn_status_name(rc), attn_errmsg(b->ctx));
 
@@ -834,11 +835,11 @@ int at_check_backward(at_backend *b, const at_shape *s) {
          *rdv = at_malloc((size_t)nk * sizeof(double)),
          *rl = at_malloc((size_t)nl * sizeof(double));
   assert_true(rdq && rdk && rdv && rl);
-  rc = attn__reference_backward(b->ctx, &P.p, &P.rq, &P.rk, &P.rv, &P.rdo, rdq, rdk, rdv);
+  rc = at_ref_backward(b->ctx, &P.p, &P.rq, &P.rk, &P.rv, &P.rdo, rdq, rdk, rdv);
   if (rc != ATTN_OK)
     fail_msg("%s: the reference backward failed: %s: %s", label, attn_status_name(rc),
              attn_errmsg(b->ctx));
-  rc = attn__reference_forward(b->ctx, &P.p, &P.rq, &P.rk, &P.rv, NULL, rl);
+  rc = at_ref_forward(b->ctx, &P.p, &P.rq, &P.rk, &P.rv, NULL, rl);
   assert_int_equal(rc, ATTN_OK);
   /* Rows that see no key pass no gradient: dq exactly 0. */
   for (int64_t li = 0; li < nl; li++) {

@@ -66,8 +66,10 @@ void at_note_skip(const char *fmt, ...);
  * failed or skipped halfway (cmocka leaves by longjmp), the runner frees, so
  * that LeakSanitizer reports only real leaks. */
 void *at_malloc(size_t bytes);
-/* A whole file, with a NUL after its bytes (text can be searched as a
- * string); *len excludes the NUL. NULL when it cannot be opened. at_free it. */
+/* A whole file, read by the test kit's reader, with a NUL after its bytes
+ * (text can be searched as a string); *len excludes the NUL. NULL when it
+ * cannot be opened or is not a regular file; a failed read fails the test.
+ * at_free it. */
 unsigned char *at_read_file(const char *path, size_t *len);
 /* Writes len bytes to path, replacing the file; fails the test if it cannot. */
 void at_write_file(const char *path, const void *data, size_t len);

@@ -1,0 +1,146 @@
+/*
+ * attn check: run golden case folders (the test kit's reader and checker) on
+ * the selected backend and print each output's error beside its bound.
+ */
+#include "cli.h"
+#include "golden.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The case folders of every argument, listed before anything runs so that a
+ * missing folder is said at once. */
+typedef struct case_list {
+  char **dirs;
+  int n;
+} case_list;
+
+/* Prints a case that cannot be loaded on one line of stderr: which case and why. */
+static void cannot_load(const char *dir, const char *why) {
+  if (!strncmp(why, dir, strlen(dir)))
+    cli_complain("%s", why); /* the reader's sentence starts with the path already */
+  else
+    cli_complain("%s: %s", dir, why);
+}
+
+int cmd_check(int argc, char **argv) {
+  int forward_only = 0, nargs = 0;
+  const char *backend = NULL;
+  const char **roots = calloc((size_t)argc + 1, sizeof *roots);
+  if (!roots) return cli_out_of_host_memory();
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      printf(
+          "usage: attn check [--forward-only] [--backend SPEC] [DIR...]\n"
+          "Runs each golden case (a folder with case.json and .npy files, or a folder of such\n"
+          "folders) on the selected backend and prints each output's error beside the bound of\n"
+          "the golden README's tolerance rule. A case that cannot be read is named on stderr and\n"
+          "the others still run. Without DIR, the repository's cases:\n"
+          "  %s\n"
+          "Exit status: 0 every case passed, 1 a case failed or could not run, 2 a wrong option,\n"
+          "a missing folder or a case that cannot be read.\n",
+          ATTN_DEFAULT_GOLDEN_DIR);
+      free(roots);
+      return 0;
+    } else if (!strcmp(argv[i], "--forward-only")) {
+      forward_only = 1;
+    } else if (!strcmp(argv[i], "--backend")) {
+      if (i + 1 >= argc || !*argv[i + 1]) {
+        free(roots);
+        return cli_complain("--backend needs a value (auto, cpu, opencl, cuda[:N])");
+      }
+      backend = argv[++i];
+    } else if (argv[i][0] == '-') {
+      free(roots);
+      return cli_complain("unknown option \"%s\" (see attn check --help)", argv[i]);
+    } else {
+      roots[nargs++] = argv[i];
+    }
+  }
+  if (!nargs) roots[nargs++] = ATTN_DEFAULT_GOLDEN_DIR;
+
+  int bad = 0, ncases = 0;
+  case_list *lists = calloc((size_t)nargs, sizeof *lists);
+  if (!lists) {
+    free(roots);
+    return cli_out_of_host_memory();
+  }
+  for (int i = 0; i < nargs; i++) {
+    char err[512];
+    lists[i].n = at_golden_list(roots[i], &lists[i].dirs, err, sizeof err);
+    if (lists[i].n < 0) {
+      cli_complain("%s", err);
+      lists[i].n = 0;
+      bad++;
+    } else if (lists[i].n == 0) {
+      cli_complain("%s holds no case folder (a folder with case.json, or a folder of them)",
+                   roots[i]);
+      bad++;
+    }
+    ncases += lists[i].n;
+  }
+
+  attn_context *ctx = NULL;
+  int status = 0, cases = 0, failed = 0, header = 0;
+  if (ncases) {
+    int rc = attn_context_create(backend, &ctx);
+    if (rc) status = cli_fail_ctx(ctx, rc, "cannot create a context");
+  }
+  for (int i = 0; i < nargs && ncases && !status; i++)
+    for (int c = 0; c < lists[i].n; c++) {
+      const char *dir = lists[i].dirs[c];
+      char err[512];
+      at_golden g;
+      if (at_golden_load(dir, &g, err, sizeof err) != 0) {
+        cannot_load(dir, err);
+        bad++;
+        continue;
+      }
+      /* The table starts with the first case that loads: a run where none
+       * does prints nothing that looks like a result. */
+      if (!header) {
+        attn_device_info info;
+        attn_context_device_info(ctx, &info);
+        printf("backend %s:%d (%s)\n", attn_backend_name(info.backend), info.index, info.name);
+        printf("%-16s %-4s %-5s %12s %12s %8s  %s\n", "case", "type", "out", "max|err|", "bound",
+               "err/peer", "result");
+        header = 1;
+      }
+      cases++;
+      at_golden_report rep;
+      at_golden_run(ctx, &g, forward_only, &rep);
+      if (rep.status != ATTN_OK) {
+        printf("%-16s %-4s cannot run: %s (%s)  FAIL\n", g.name, attn_dtype_name(g.dtype),
+               rep.message, attn_status_name(rep.status));
+      }
+      for (int r = 0; r < rep.n; r++) {
+        const at_golden_result *x = &rep.r[r];
+        double peer = !strcmp(x->output, "o")     ? g.peer_o
+                      : !strcmp(x->output, "lse") ? g.peer_lse
+                      : !strcmp(x->output, "dq")  ? g.peer_dq
+                      : !strcmp(x->output, "dk")  ? g.peer_dk
+                                                  : g.peer_dv;
+        char ratio[32] = "-";
+        if (isfinite(peer) && peer > 0) snprintf(ratio, sizeof ratio, "%.2f", x->max_err / peer);
+        printf("%-16s %-4s %-5s %12.4g %12.4g %8s  %s\n", r == 0 ? g.name : "",
+               r == 0 ? attn_dtype_name(g.dtype) : "", x->output, x->max_err, x->bound, ratio,
+               x->pass ? "ok" : "FAIL");
+      }
+      if (!rep.pass) failed++;
+      at_golden_free(&g);
+    }
+  if (header) {
+    printf("%d case%s, %d failed", cases, cases == 1 ? "" : "s", failed);
+    if (bad) printf(", %d could not be read", bad);
+    printf(" (%s)\n", forward_only ? "forward" : "forward and backward");
+  }
+  for (int i = 0; i < nargs; i++)
+    at_golden_list_free(lists[i].dirs, lists[i].n);
+  free(lists);
+  free(roots);
+  attn_context_free(ctx);
+  if (status) return status;
+  return bad ? EXIT_USAGE : failed ? EXIT_FAILED : 0;
+}

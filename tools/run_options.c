@@ -1,0 +1,233 @@
+/*
+ * The options of attn run and attn vit: every value parsed whole, range
+ * checked, and refused with a sentence naming the option.
+ */
+#include "run.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Whether s is an integer as written by a person: an optional sign (when
+ * sign is set), then decimal digits and nothing else. strtoll and strtoull
+ * alone would skip leading blanks, stop quietly at "12abc", and strtoull
+ * would turn "-1" into 2^64 - 1. */
+static int integer_syntax(const char *s, int sign) {
+  if (sign && (*s == '-' || *s == '+')) s++;
+  if (!*s) return 0;
+  for (; *s; s++)
+    if (!isdigit((unsigned char)*s)) return 0;
+  return 1;
+}
+
+/* The number parser of every integer option: the whole of s, base 10, within
+ * [lo, hi]; otherwise a sentence naming the option and the value. */
+static int parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+  if (!s) return cli_complain("%s needs a value", opt), -1;
+  if (!integer_syntax(s, 1)) return cli_complain("%s \"%s\" is not an integer", opt, s), -1;
+  errno = 0;
+  long long v = strtoll(s, NULL, 10);
+  if (errno == ERANGE || v < lo || v > hi) {
+    if (hi == INT64_MAX)
+      cli_complain("%s %s is out of range: it must be at least %lld%s", opt, s, (long long)lo,
+                   errno == ERANGE && v > 0 ? " and fit in 64 bits" : "");
+    else
+      cli_complain("%s %s is out of range: it must be %lld to %lld", opt, s, (long long)lo,
+                   (long long)hi);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+/* --seed: any 64-bit value, all of which give different inputs. */
+static int parse_u64(const char *opt, const char *s, uint64_t *out) {
+  if (!s) return cli_complain("%s needs a value", opt), -1;
+  if (!integer_syntax(s, 0))
+    return cli_complain("%s \"%s\" is not an integer from 0 to %llu", opt, s,
+                        (unsigned long long)UINT64_MAX),
+           -1;
+  errno = 0;
+  unsigned long long v = strtoull(s, NULL, 10);
+  if (errno == ERANGE)
+    return cli_complain("%s %s is out of range: it must be 0 to %llu", opt, s,
+                        (unsigned long long)UINT64_MAX),
+           -1;
+  *out = v;
+  return 0;
+}
+
+/* A scale or softcap: finite, not negative, and a float32 once given to the
+ * kernels, so neither above FLT_MAX nor so small that it rounds to 0. */
+static int parse_scalar(const char *opt, const char *s, double *out) {
+  if (!s) return cli_complain("%s needs a value", opt), -1;
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (!*s || isspace((unsigned char)*s) || *end || !isfinite(v))
+    return cli_complain("%s \"%s\" is not a finite number", opt, s), -1;
+  if (v < 0 || v > FLT_MAX || (v > 0 && (float)v == 0.0f))
+    return cli_complain("%s %s is out of range: it must be 0 or from %g to %g (a float32)", opt, s,
+                        (double)FLT_TRUE_MIN, (double)FLT_MAX),
+           -1;
+  *out = v;
+  return 0;
+}
+
+/* "--window L,R": two integers, each -1 (unbounded) or more. */
+static int parse_window(const char *opt, const char *s, int64_t *l, int64_t *r) {
+  if (!s) return cli_complain("%s needs a value L,R (e.g. 128,0; -1 = unbounded)", opt), -1;
+  const char *comma = strchr(s, ',');
+  char left[64];
+  if (!comma || (size_t)(comma - s) >= sizeof left)
+    return cli_complain("%s \"%s\" is not L,R (e.g. 128,0; -1 = unbounded)", opt, s), -1;
+  memcpy(left, s, (size_t)(comma - s));
+  left[comma - s] = 0;
+  if (parse_int("--window L", left, -1, INT64_MAX, l)) return -1;
+  return parse_int("--window R", comma + 1, -1, INT64_MAX, r);
+}
+
+const char run_help[] =
+    "usage: attn run [options]\n"
+    "A random problem on the selected backend: median time of --repeat calls, GFLOP/s\n"
+    "(4 * batch * heads * visible query-key pairs * head_dim; backward 2.5x that), and the\n"
+    "error against the double-precision reference when the problem is small enough (its\n"
+    "progress goes to stderr when it takes more than a second).\n"
+    "  --backend SPEC      auto, cpu, opencl, cuda[:N] (default: ATTN_BACKEND, else auto)\n"
+    "  --batch B           sequences (1)\n"
+    "  --seqlen N          query and key length (1024)\n"
+    "  --seqlen-q N, --seqlen-k N   separate lengths\n"
+    "  --heads H           query heads (12)\n"
+    "  --heads-kv H        key/value heads, dividing H (= heads; fewer for GQA/MQA)\n"
+    "  --dim D             head dimension, 1 to 256 (64)\n"
+    "  --dtype T           f32, f16 or bf16 (f32)\n"
+    "  --causal            bottom-right-aligned causal mask\n"
+    "  --window L,R        sliding window (-1 = unbounded)\n"
+    "  --softcap C         soft-capping of the scores\n"
+    "  --alibi             ALiBi with the standard geometric slopes\n"
+    "  --scale S           score scale (default 1/sqrt(D))\n"
+    "  --backward          also time the backward pass\n"
+    "  --repeat R          timed calls, 1 to 1000000 (10)\n"
+    "  --check / --no-check   force or skip the reference comparison\n"
+    "  --seed S            random seed, 0 to 2^64-1 (1)\n"
+    "Exit status: 0 done, 1 a failure while running, 2 a wrong option or value.\n";
+
+/* A million timed calls is already hours at the smallest problem worth timing;
+ * the bound keeps the per-call timing arrays small. */
+#define RUN_MAX_REPEAT 1000000
+
+/* Notes a size option for the messages about memory. */
+static void note_size(run_opts *o, const char *opt, const char *val) {
+  size_t len = strlen(o->sizes);
+  snprintf(o->sizes + len, sizeof o->sizes - len, "%s%s %.40s", len ? " " : "", opt, val);
+}
+
+/* Parses the options shared by run and vit; returns 1 for --help, -1 on error
+ * (said on stderr). */
+int run_parse(int argc, char **argv, run_opts *o, int vit) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+    int64_t *size = NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+    if (!strcmp(a, "--backend")) {
+      if (!val || !*val)
+        return cli_complain("--backend needs a value (auto, cpu, opencl, cuda[:N])"), -1;
+      o->backend = val;
+      i++;
+    } else if (!strcmp(a, "--batch")) {
+      size = &o->batch;
+    } else if (!strcmp(a, "--repeat")) {
+      if (parse_int(a, val, 1, RUN_MAX_REPEAT, &o->repeat)) return -1;
+      i++;
+    } else if (!strcmp(a, "--dtype")) {
+      if (val && !strcmp(val, "f32")) {
+        o->dtype = ATTN_F32;
+      } else if (val && !strcmp(val, "f16")) {
+        o->dtype = ATTN_F16;
+      } else if (val && !strcmp(val, "bf16")) {
+        o->dtype = ATTN_BF16;
+      } else if (!val) {
+        return cli_complain("--dtype needs a value (f32, f16 or bf16)"), -1;
+      } else {
+        return cli_complain("--dtype \"%s\" is not f32, f16 or bf16", val), -1;
+      }
+      i++;
+    } else if (!strcmp(a, "--backward")) {
+      o->backward = 1;
+    } else if (!strcmp(a, "--check")) {
+      o->check = 1;
+    } else if (!strcmp(a, "--no-check")) {
+      o->check = 0;
+    } else if (!strcmp(a, "--seed")) {
+      if (parse_u64(a, val, &o->seed)) return -1;
+      i++;
+    } else if (vit) {
+      return cli_complain("unknown option \"%s\" (see attn vit --help)", a), -1;
+    } else if (!strcmp(a, "--seqlen")) {
+      if (parse_int(a, val, 1, INT64_MAX, &o->nq)) return -1;
+      o->nk = o->nq;
+      note_size(o, a, val);
+      i++;
+    } else if (!strcmp(a, "--seqlen-q")) {
+      size = &o->nq;
+    } else if (!strcmp(a, "--seqlen-k")) {
+      size = &o->nk;
+    } else if (!strcmp(a, "--heads")) {
+      size = &o->hq;
+    } else if (!strcmp(a, "--heads-kv")) {
+      size = &o->hkv;
+    } else if (!strcmp(a, "--dim")) {
+      if (parse_int(a, val, 1, ATTN_MAX_HEAD_DIM, &o->d)) return -1;
+      note_size(o, a, val);
+      i++;
+    } else if (!strcmp(a, "--causal")) {
+      o->params.flags |= ATTN_CAUSAL;
+    } else if (!strcmp(a, "--alibi")) {
+      o->alibi = 1;
+    } else if (!strcmp(a, "--window")) {
+      if (parse_window(a, val, &o->params.window_left, &o->params.window_right)) return -1;
+      i++;
+    } else if (!strcmp(a, "--softcap")) {
+      if (parse_scalar(a, val, &o->params.softcap)) return -1;
+      i++;
+    } else if (!strcmp(a, "--scale")) {
+      if (parse_scalar(a, val, &o->params.scale)) return -1;
+      i++;
+    } else {
+      return cli_complain("unknown option \"%s\" (see attn run --help)", a), -1;
+    }
+    if (size) {
+      if (parse_int(a, val, 1, INT64_MAX, size)) return -1;
+      note_size(o, a, val);
+      i++;
+    }
+  }
+  if (!o->hkv) o->hkv = o->hq;
+  if (o->hkv > o->hq || o->hq % o->hkv)
+    return cli_complain("--heads %lld is not a multiple of --heads-kv %lld", (long long)o->hq,
+                        (long long)o->hkv),
+           -1;
+  /* A window wider than both sequences sees every key: the same problem
+   * with bounds that cannot overflow the key-range arithmetic. */
+  int64_t span = o->nq > o->nk ? o->nq : o->nk;
+  if (o->params.window_left > span) o->params.window_left = span;
+  if (o->params.window_right > span) o->params.window_right = span;
+  return 0;
+}
+
+void run_defaults(run_opts *o) {
+  memset(o, 0, sizeof *o);
+  attn_params_init(&o->params);
+  o->dtype = ATTN_F32;
+  o->batch = 1;
+  o->nq = o->nk = 1024;
+  o->hq = 12;
+  o->d = 64;
+  o->repeat = 10;
+  o->check = -1;
+  o->seed = 1;
+}
