@@ -5,6 +5,7 @@
 #include "attn_internal.h"
 #include "golden.h"
 #include "ref.h"
+#include "rules.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -212,7 +213,7 @@ static double visible_pairs(const run_opts *o) {
   double pairs = 0;
   for (int64_t i = 0; i < o->nq; i++) {
     int64_t lo, hi;
-    attn__key_range(&pb, i, o->nq, o->nk, &lo, &hi);
+    attn__problem_key_range(&pb, i, o->nq, o->nk, &lo, &hi);
     if (hi > lo) pairs += (double)(hi - lo);
   }
   return pairs;
