@@ -72,14 +72,15 @@ typedef struct cpu_bwd_tiles {
   float *lse, *lo, *dd; /* Br: the rows' lse (hi, lo) and D */
 } cpu_bwd_tiles;
 
-static size_t cpu_bwd_floats(int64_t d) {
-  return (size_t)ATTN__CPU_BR * d * 2 + (size_t)ATTN__CPU_BC * d * 4 +
-         (size_t)ATTN__CPU_BR * ATTN__CPU_BC * 3 + 3 * (size_t)ATTN__CPU_BR;
+size_t attn__cpu_backward_scratch(const attn__problem *pb, const attn__cpu_config *cfg) {
+  const size_t d = (size_t)pb->head_dim, br = (size_t)cfg->br, bc = (size_t)cfg->bc;
+  const size_t floats = br * d * 2 + bc * d * 4 + br * bc * 3 + 3 * br;
+  return (floats + 15) / 16 * 16 * sizeof(float);
 }
 
-static cpu_bwd_tiles cpu_bwd_carve(float *base, int64_t d) {
-  const size_t qd = (size_t)ATTN__CPU_BR * d, kd = (size_t)ATTN__CPU_BC * d;
-  const size_t ss = (size_t)ATTN__CPU_BR * ATTN__CPU_BC;
+static cpu_bwd_tiles cpu_bwd_carve(float *base, int64_t d, const attn__cpu_config *cfg) {
+  const size_t qd = (size_t)cfg->br * d, kd = (size_t)cfg->bc * d;
+  const size_t ss = (size_t)cfg->br * cfg->bc;
   cpu_bwd_tiles t;
   t.q = base;
   t.dout = t.q + qd;
@@ -91,14 +92,16 @@ static cpu_bwd_tiles cpu_bwd_carve(float *base, int64_t d) {
   t.dp = t.s + ss;
   t.th = t.dp + ss;
   t.lse = t.th + ss;
-  t.lo = t.lse + ATTN__CPU_BR;
-  t.dd = t.lo + ATTN__CPU_BR;
+  t.lo = t.lse + cfg->br;
+  t.dd = t.lo + cfg->br;
   return t;
 }
 
 /* Scratch shared by the threads. Query rows are numbered globally,
  * g = qrow(b) + i, over all sequences. */
 typedef struct cpu_bwd_shared {
+  int br, bc;       /* Br, Bc of the plan; Br is also the row stride of every
+                     * Bc x Br tile and of the Q^T and dO^T blocks */
   int64_t total_q;  /* rows of q over all sequences */
   int64_t *qblock0; /* first query block of sequence b (Br-aligned per sequence) */
   int64_t qblocks;  /* query blocks over all sequences, per head */
@@ -127,8 +130,8 @@ static float *cpu_bwd_acc(const attn__problem *pb, const cpu_bwd_shared *sh, int
  * of query head h of sequence b. */
 static float *cpu_bwd_block_t(const attn__problem *pb, const cpu_bwd_shared *sh, float *base,
                               int64_t b, int64_t h, int64_t i0) {
-  return base + (size_t)(h * sh->qblocks + sh->qblock0[b] + i0 / ATTN__CPU_BR) *
-                    (size_t)pb->head_dim * ATTN__CPU_BR;
+  return base + (size_t)(h * sh->qblocks + sh->qblock0[b] + i0 / sh->br) * (size_t)pb->head_dim *
+                    (size_t)sh->br;
 }
 
 /* Sweep 0: D for rows [i0, i0 + br) of head h of sequence b; their dQ
@@ -153,21 +156,20 @@ static void cpu_bwd_delta(const attn__problem *pb, const cpu_bwd_tiles *t, const
   float *acc = cpu_bwd_acc(pb, sh, b, h, i0, &ld);
   for (int r = 0; r < br; r++)
     memset(acc + (size_t)r * ld, 0, (size_t)d * sizeof(float));
-  attn__cpu_load_t(pb, &pb->q, b, rq, br, h, cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0),
-                   ATTN__CPU_BR);
+  attn__cpu_load_t(pb, &pb->q, b, rq, br, h, cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0), sh->br);
   attn__cpu_load_t(pb, &pb->dout, b, rq, br, h, cpu_bwd_block_t(pb, sh, sh->doutt, b, h, i0),
-                   ATTN__CPU_BR);
+                   sh->br);
 }
 
 /* Whether key block kb (keys [kb Bc, ...)) is seen by some row of query
  * block [i0, i0 + Br): the same test sweep 1 uses to pick the query blocks
  * of a key block, so the turn order below matches the visits exactly. */
-static int cpu_bwd_touches(const attn__problem *pb, int64_t kb, int64_t i0, int64_t nq,
-                           int64_t nk) {
-  int64_t j0 = kb * ATTN__CPU_BC, j1 = j0 + ATTN__CPU_BC, ilo, ihi;
+static int cpu_bwd_touches(const attn__problem *pb, const cpu_bwd_shared *sh, int64_t kb,
+                           int64_t i0, int64_t nq, int64_t nk) {
+  int64_t j0 = kb * sh->bc, j1 = j0 + sh->bc, ilo, ihi;
   if (j1 > nk) j1 = nk;
-  attn__cpu_query_range(pb, j0, j1, nq, nk, &ilo, &ihi);
-  return ilo < ihi && ilo < i0 + ATTN__CPU_BR && ihi > i0;
+  attn__problem_query_block_range(pb, j0, j1, nq, nk, &ilo, &ihi);
+  return ilo < ihi && ilo < i0 + sh->br && ihi > i0;
 }
 
 static void cpu_bwd_wait(atomic_int *turn, int want) {
@@ -189,10 +191,11 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
   const int d = (int)pb->head_dim;
   const int capped = pb->softcap > 0.0f;
   const int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
-  const int64_t j0 = kb * ATTN__CPU_BC, rk = attn__row0_k(pb, b) + j0;
+  const int Br = sh->br, ld = sh->br;
+  const int64_t j0 = kb * sh->bc, rk = attn__row0_k(pb, b) + j0;
   const int64_t group = pb->heads_q / pb->heads_kv;
   int64_t ilo, ihi;
-  attn__cpu_query_range(pb, j0, j0 + bc, nq, nk, &ilo, &ihi);
+  attn__problem_query_block_range(pb, j0, j0 + bc, nq, nk, &ilo, &ihi);
 
   int ldk, ldv;
   const float *k = attn__cpu_view(pb, &pb->k, b, rk, bc, hk, t->k, &ldk);
@@ -205,8 +208,8 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
   for (int64_t h = hk * group; h < h_end; h++) {
     /* Query blocks aligned to Br within the sequence, as in the forward, so
      * that every key block adds to the same dQ blocks. */
-    for (int64_t i0 = ilo / ATTN__CPU_BR * ATTN__CPU_BR; i0 < ihi; i0 += ATTN__CPU_BR) {
-      const int br = (int)(nq - i0 < ATTN__CPU_BR ? nq - i0 : ATTN__CPU_BR);
+    for (int64_t i0 = ilo / Br * Br; i0 < ihi; i0 += Br) {
+      const int br = (int)(nq - i0 < Br ? nq - i0 : Br);
       const int64_t rq = attn__row0_q(pb, b) + i0, g = h * sh->total_q + cpu_qrow(pb, b) + i0;
       int ldq, lddo;
       const float *q = attn__cpu_view(pb, &pb->q, b, rq, br, h, t->q, &ldq);
@@ -216,27 +219,27 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
 
       /* S^T = scale K Q^T, the forward's call; P^T = exp(S^T - lse) */
       attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk, cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0),
-                     ATTN__CPU_BR, 0.0f, t->s, ATTN__CPU_BR);
-      attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->s, 1, ATTN__CPU_BR, capped ? t->th : NULL);
-      attn__cpu_exp_cols(t->s, bc, br, ATTN__CPU_BR, t->lse, t->lo);
+                     ld, 0.0f, t->s, ld);
+      attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->s, ld, capped ? t->th : NULL);
+      attn__cpu_exp_cols(t->s, bc, br, ld, t->lse, t->lo);
       /* dV += P^T dO */
-      attn__cpu_gemm(0, 0, bc, d, br, 1.0f, t->s, ATTN__CPU_BR, dout, lddo, 1.0f, t->dv, d);
+      attn__cpu_gemm(0, 0, bc, d, br, 1.0f, t->s, ld, dout, lddo, 1.0f, t->dv, d);
       /* dP^T = V dO^T, dS^T = P^T (dP^T - D) */
       attn__cpu_gemm(0, 0, bc, br, d, 1.0f, v, ldv, cpu_bwd_block_t(pb, sh, sh->doutt, b, h, i0),
-                     ATTN__CPU_BR, 0.0f, t->dp, ATTN__CPU_BR);
-      attn__cpu_dsoftmax_cols(t->s, t->dp, capped ? t->th : NULL, bc, br, ATTN__CPU_BR, t->dd);
+                     ld, 0.0f, t->dp, ld);
+      attn__cpu_dsoftmax_cols(t->s, t->dp, capped ? t->th : NULL, pb->softcap, bc, br, ld, t->dd);
       /* dK += dS^T Q */
-      attn__cpu_gemm(0, 0, bc, d, br, 1.0f, t->dp, ATTN__CPU_BR, q, ldq, 1.0f, t->dk, d);
+      attn__cpu_gemm(0, 0, bc, d, br, 1.0f, t->dp, ld, q, ldq, 1.0f, t->dk, d);
       /* dQ += dS K, after the previous key block that sees these rows:
        * kb - 1 or none, as the key blocks a query block sees are
        * consecutive (the rows that see any key are consecutive, and each
        * one's range starts at most one key after the previous one's). */
-      const int64_t prev = kb > 0 && cpu_bwd_touches(pb, kb - 1, i0, nq, nk) ? kb - 1 : -1;
-      atomic_int *turn = sh->turn + h * sh->qblocks + sh->qblock0[b] + i0 / ATTN__CPU_BR;
+      const int64_t prev = kb > 0 && cpu_bwd_touches(pb, sh, kb - 1, i0, nq, nk) ? kb - 1 : -1;
+      atomic_int *turn = sh->turn + h * sh->qblocks + sh->qblock0[b] + i0 / Br;
       cpu_bwd_wait(turn, (int)prev);
       int ldacc;
       float *acc = cpu_bwd_acc(pb, sh, b, h, i0, &ldacc);
-      attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->dp, ATTN__CPU_BR, k, ldk, 1.0f, acc, ldacc);
+      attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->dp, ld, k, ldk, 1.0f, acc, ldacc);
       atomic_store_explicit(turn, (int)kb, memory_order_release);
     }
   }
@@ -258,50 +261,48 @@ static void cpu_bwd_dq(const attn__problem *pb, const cpu_bwd_shared *sh, int64_
   if (sh->dq) attn__cpu_store(pb, &pb->dq, b, attn__row0_q(pb, b) + i0, br, h, acc, d);
 }
 
-static void cpu_bwd_run(const attn__problem *pb, const cpu_bwd_shared *sh, const int64_t *qunits,
-                        const int64_t *kunits, float *scratch, int nthreads, size_t per_thread) {
-  const int64_t d = pb->head_dim, br = ATTN__CPU_BR, bc = ATTN__CPU_BC;
+static void cpu_bwd_run(const attn__problem *pb, const cpu_bwd_shared *sh,
+                        const attn__cpu_config *cfg, const int64_t *qunits, const int64_t *kunits,
+                        float *scratch, int nthreads, size_t per_thread) {
   const int64_t nqu = qunits[pb->batch], nku = kunits[pb->batch];
 
 #pragma omp parallel num_threads(nthreads)
   {
-    const cpu_bwd_tiles t = cpu_bwd_carve(scratch + (size_t)omp_get_thread_num() * per_thread, d);
+    const cpu_bwd_tiles t =
+        cpu_bwd_carve(scratch + (size_t)omp_get_thread_num() * per_thread, pb->head_dim, cfg);
+    int64_t b, h, i0;
     /* The implicit barrier after each loop orders the sweeps. */
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < nqu; u++) {
-      const int64_t b = attn__cpu_unit_seq(qunits, pb->batch, u);
-      const int64_t nq = attn__seq_q(pb, b), blocks = (nq + br - 1) / br;
-      const int64_t rest = u - qunits[b], h = rest / blocks, i0 = (rest % blocks) * br;
-      cpu_bwd_delta(pb, &t, sh, b, h, i0, (int)(nq - i0 < br ? nq - i0 : br));
+      const int br = attn__cpu_unit(pb, qunits, 0, cfg->br, u, &b, &h, &i0);
+      cpu_bwd_delta(pb, &t, sh, b, h, i0, br);
     }
     /* Units in ascending order, key blocks innermost: see the top. */
 #pragma omp for schedule(monotonic : dynamic, 1)
     for (int64_t u = 0; u < nku; u++) {
-      const int64_t b = attn__cpu_unit_seq(kunits, pb->batch, u);
-      const int64_t nk = attn__seq_k(pb, b), blocks = (nk + bc - 1) / bc;
-      const int64_t rest = u - kunits[b], hk = rest / blocks, kb = rest % blocks;
-      cpu_bwd_kv(pb, &t, sh, b, hk, kb, (int)(nk - kb * bc < bc ? nk - kb * bc : bc));
+      const int bc = attn__cpu_unit(pb, kunits, 1, cfg->bc, u, &b, &h, &i0);
+      cpu_bwd_kv(pb, &t, sh, b, h, i0 / cfg->bc, bc);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < nqu; u++) {
-      const int64_t b = attn__cpu_unit_seq(qunits, pb->batch, u);
-      const int64_t nq = attn__seq_q(pb, b), blocks = (nq + br - 1) / br;
-      const int64_t rest = u - qunits[b], h = rest / blocks, i0 = (rest % blocks) * br;
-      cpu_bwd_dq(pb, sh, b, h, i0, (int)(nq - i0 < br ? nq - i0 : br));
+      const int br = attn__cpu_unit(pb, qunits, 0, cfg->br, u, &b, &h, &i0);
+      cpu_bwd_dq(pb, sh, b, h, i0, br);
     }
   }
 }
 
-int attn__cpu_backward(attn_context *ctx, const attn__problem *pb) {
-  const int64_t d = pb->head_dim, br = ATTN__CPU_BR, bc = ATTN__CPU_BC;
+int attn__cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__cpu_config *cfg) {
+  const int64_t d = pb->head_dim, br = cfg->br, bc = cfg->bc;
   cpu_bwd_shared sh;
+  sh.br = cfg->br;
+  sh.bc = cfg->bc;
   sh.total_q = cpu_qrow(pb, pb->batch);
   int64_t *qunits = attn__cpu_units(pb, 0, pb->heads_q, br);
   int64_t *kunits = attn__cpu_units(pb, 1, pb->heads_kv, bc);
   sh.qblock0 = malloc((size_t)(pb->batch + 1) * sizeof *sh.qblock0);
   sh.qblocks = qunits ? qunits[pb->batch] / pb->heads_q : 0;
   sh.dd = attn__cpu_alloc((size_t)(pb->heads_q * sh.total_q) * sizeof(float));
-  const size_t tsize = (size_t)(pb->heads_q * sh.qblocks) * (size_t)d * ATTN__CPU_BR;
+  const size_t tsize = (size_t)(pb->heads_q * sh.qblocks) * (size_t)d * (size_t)br;
   sh.qt = attn__cpu_alloc(tsize * sizeof(float));
   sh.doutt = attn__cpu_alloc(tsize * sizeof(float));
   /* An f32 dq whose rows sgemm can address accumulates in place. */
@@ -310,7 +311,7 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb) {
   sh.dq = inplace ? NULL : attn__cpu_alloc((size_t)(pb->heads_q * sh.total_q * d) * sizeof(float));
   sh.turn = malloc((size_t)(pb->heads_q * sh.qblocks + 1) * sizeof *sh.turn);
   const int nthreads = attn__cpu_threads();
-  const size_t per_thread = (cpu_bwd_floats(d) + 15) / 16 * 16;
+  const size_t per_thread = attn__cpu_backward_scratch(pb, cfg) / sizeof(float);
   float *scratch = attn__cpu_alloc((size_t)nthreads * per_thread * sizeof(float));
   int rc = ATTN_OK;
   if (!qunits || !kunits || !sh.qblock0 || !sh.dd || !sh.qt || !sh.doutt || (!inplace && !sh.dq) ||
@@ -332,7 +333,7 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb) {
     attn__debug("cpu backward: %lld key units, %lld query blocks on %d threads, dQ %s",
                 (long long)kunits[pb->batch], (long long)qunits[pb->batch], nthreads,
                 inplace ? "accumulated in place" : "in an f32 scratch");
-    cpu_bwd_run(pb, &sh, qunits, kunits, scratch, nthreads, per_thread);
+    cpu_bwd_run(pb, &sh, cfg, qunits, kunits, scratch, nthreads, per_thread);
   }
 
   free(qunits);

@@ -22,8 +22,9 @@
 #include <omp.h>
 #include <stdlib.h>
 
-/* Per-thread scratch, in floats. */
+/* Per-thread scratch, in floats, and the tiles' sizes. */
 typedef struct cpu_fwd_tiles {
+  int br, bc;   /* Br, Bc of the plan; Br is also the row stride of qt and st */
   float *qt;    /* d x Br: Q transposed */
   float *k;     /* Bc x d, when the rows must be gathered (attn__cpu_view) */
   float *v;     /* Bc x d, idem */
@@ -36,42 +37,44 @@ typedef struct cpu_fwd_tiles {
   float *lo;    /* Br: what rounding lse to float dropped (the (hi, lo) form) */
 } cpu_fwd_tiles;
 
-static size_t cpu_fwd_floats(int64_t d) {
-  return (size_t)ATTN__CPU_BR * d * 2 + (size_t)ATTN__CPU_BC * d * 2 +
-         (size_t)ATTN__CPU_BR * ATTN__CPU_BC + 5 * (size_t)ATTN__CPU_BR;
+size_t attn__cpu_forward_scratch(const attn__problem *pb, const attn__cpu_config *cfg) {
+  const size_t d = (size_t)pb->head_dim, br = (size_t)cfg->br, bc = (size_t)cfg->bc;
+  const size_t floats = br * d * 2 + bc * d * 2 + br * bc + 5 * br;
+  return (floats + 15) / 16 * 16 * sizeof(float);
 }
 
-static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d) {
+static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d, const attn__cpu_config *cfg) {
+  const size_t br = (size_t)cfg->br, bc = (size_t)cfg->bc;
   cpu_fwd_tiles t;
+  t.br = cfg->br;
+  t.bc = cfg->bc;
   t.qt = base;
-  t.o = t.qt + (size_t)ATTN__CPU_BR * d;
-  t.k = t.o + (size_t)ATTN__CPU_BR * d;
-  t.v = t.k + (size_t)ATTN__CPU_BC * d;
-  t.st = t.v + (size_t)ATTN__CPU_BC * d;
-  t.m = t.st + (size_t)ATTN__CPU_BR * ATTN__CPU_BC;
-  t.l = t.m + ATTN__CPU_BR;
-  t.alpha = t.l + ATTN__CPU_BR;
-  t.lse = t.alpha + ATTN__CPU_BR;
-  t.lo = t.lse + ATTN__CPU_BR;
+  t.o = t.qt + br * d;
+  t.k = t.o + br * d;
+  t.v = t.k + bc * d;
+  t.st = t.v + bc * d;
+  t.m = t.st + br * bc;
+  t.l = t.m + br;
+  t.alpha = t.l + br;
+  t.lse = t.alpha + br;
+  t.lo = t.lse + br;
   return t;
 }
 
 /* One unit: rows [i0, i0 + br) of query head h of sequence b. */
 static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64_t b, int64_t h,
                           int64_t i0, int br) {
-  const int d = (int)pb->head_dim;
+  const int d = (int)pb->head_dim, ld = t->br, Bc = t->bc;
   const int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
   const int64_t rq = attn__row0_q(pb, b) + i0, rk = attn__row0_k(pb, b);
   const int64_t hk = h / (pb->heads_q / pb->heads_kv);
 
-  /* Both ends of a row's key range grow with the row, so the block sees at
-   * most keys [lo of its first row, hi of its last row): key blocks outside
-   * are never touched (causal skips the upper triangle this way). */
-  int64_t jlo, jhi, unused;
-  attn__key_range(pb, i0, nq, nk, &jlo, &unused);
-  attn__key_range(pb, i0 + br - 1, nq, nk, &unused, &jhi);
+  /* Key blocks outside the keys the block's rows see are never touched
+   * (causal skips the upper triangle this way). */
+  int64_t jlo, jhi;
+  attn__problem_key_block_range(pb, i0, i0 + br, nq, nk, &jlo, &jhi);
 
-  attn__cpu_load_t(pb, &pb->q, b, rq, br, h, t->qt, ATTN__CPU_BR);
+  attn__cpu_load_t(pb, &pb->q, b, rq, br, h, t->qt, ld);
   memset(t->o, 0, (size_t)br * d * sizeof(float));
   for (int r = 0; r < br; r++) {
     t->m[r] = -INFINITY;
@@ -80,16 +83,15 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
 
   /* Key blocks aligned to Bc, as the backward's: it recomputes each score
    * tile with this very sgemm call (see cpu_backward.c). */
-  for (int64_t j0 = jlo / ATTN__CPU_BC * ATTN__CPU_BC; j0 < jhi; j0 += ATTN__CPU_BC) {
-    const int bc = (int)(nk - j0 < ATTN__CPU_BC ? nk - j0 : ATTN__CPU_BC);
+  for (int64_t j0 = jlo / Bc * Bc; j0 < jhi; j0 += Bc) {
+    const int bc = (int)(nk - j0 < Bc ? nk - j0 : Bc);
     int ldk, ldv;
     const float *k = attn__cpu_view(pb, &pb->k, b, rk + j0, bc, hk, t->k, &ldk);
     const float *v = attn__cpu_view(pb, &pb->v, b, rk + j0, bc, hk, t->v, &ldv);
 
-    attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk, t->qt, ATTN__CPU_BR, 0.0f, t->st,
-                   ATTN__CPU_BR);
-    attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->st, 1, ATTN__CPU_BR, NULL);
-    attn__cpu_softmax_cols(t->st, bc, br, ATTN__CPU_BR, t->m, t->l, t->alpha);
+    attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk, t->qt, ld, 0.0f, t->st, ld);
+    attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->st, ld, NULL);
+    attn__cpu_softmax_cols(t->st, bc, br, ld, t->m, t->l, t->alpha);
     for (int r = 0; r < br; r++) {
       if (t->alpha[r] == 1.0f) continue;
       float *orow = t->o + (size_t)r * d;
@@ -97,7 +99,7 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
       for (int c = 0; c < d; c++)
         orow[c] *= alpha;
     }
-    attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->st, ATTN__CPU_BR, v, ldv, 1.0f, t->o, d);
+    attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->st, ld, v, ldv, 1.0f, t->o, d);
   }
 
   for (int r = 0; r < br; r++) {
@@ -106,7 +108,7 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
      * scores leaves l NaN (or 0, when they are all -inf), and such a row
      * must come out NaN, not as a row that saw nothing. */
     int64_t lo, hi;
-    attn__key_range(pb, i0 + r, nq, nk, &lo, &hi);
+    attn__problem_key_range(pb, i0 + r, nq, nk, &lo, &hi);
     if (lo < hi) {
       const float l = t->l[r];
       for (int c = 0; c < d; c++)
@@ -123,11 +125,10 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
   if (pb->has_lse) attn__cpu_store_lse(pb, b, rq, br, h, t->lse, t->lo);
 }
 
-int attn__cpu_forward(attn_context *ctx, const attn__problem *pb) {
-  const int64_t d = pb->head_dim, nb = ATTN__CPU_BR;
-  int64_t *units = attn__cpu_units(pb, 0, pb->heads_q, nb);
+int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cpu_config *cfg) {
+  int64_t *units = attn__cpu_units(pb, 0, pb->heads_q, cfg->br);
   const int nthreads = attn__cpu_threads();
-  const size_t per_thread = (cpu_fwd_floats(d) + 15) / 16 * 16;
+  const size_t per_thread = attn__cpu_forward_scratch(pb, cfg) / sizeof(float);
   float *scratch = attn__cpu_alloc((size_t)nthreads * per_thread * sizeof(float));
   if (!units || !scratch) {
     free(units);
@@ -137,17 +138,17 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb) {
   }
   const int64_t total = units[pb->batch];
   attn__debug("cpu forward: %lld units of up to %d query rows on %d threads", (long long)total,
-              ATTN__CPU_BR, nthreads);
+              cfg->br, nthreads);
 
 #pragma omp parallel num_threads(nthreads)
   {
-    const cpu_fwd_tiles t = cpu_fwd_carve(scratch + (size_t)omp_get_thread_num() * per_thread, d);
+    const cpu_fwd_tiles t =
+        cpu_fwd_carve(scratch + (size_t)omp_get_thread_num() * per_thread, pb->head_dim, cfg);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < total; u++) {
-      const int64_t b = attn__cpu_unit_seq(units, pb->batch, u);
-      const int64_t nq = attn__seq_q(pb, b), blocks = (nq + nb - 1) / nb;
-      const int64_t rest = u - units[b], h = rest / blocks, i0 = (rest % blocks) * nb;
-      cpu_fwd_block(pb, &t, b, h, i0, (int)(nq - i0 < nb ? nq - i0 : nb));
+      int64_t b, h, i0;
+      const int br = attn__cpu_unit(pb, units, 0, cfg->br, u, &b, &h, &i0);
+      cpu_fwd_block(pb, &t, b, h, i0, br);
     }
   }
 

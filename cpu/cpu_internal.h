@@ -12,25 +12,23 @@
 #ifndef ATTN_CPU_INTERNAL_H
 #define ATTN_CPU_INTERNAL_H
 
-#include "attn_internal.h"
+#include "rules.h"
 
-/* Tile sizes. With Br = Bc = 64 and d = 64 the working set of the forward
- * inner loop (Q^T, K, V, S^T and the O accumulator: 5 x 16 KiB) sits in
- * the 1-2 MiB L2 of current x86 cores with room to spare, and each tile
- * product is at most m*n*k = 64*64*64, the largest OpenBLAS still runs on
- * the calling thread (see attn__cpu_gemm); bigger head dimensions are cut
- * into 64-wide pieces. Measured on the 2-core AMD EPYC (Zen 4) build host,
- * one thread, B=1 H=12 N=1024, d = 64 and 128, every (Br, Bc) in
- * {32, 64, 128}^2: 64 x 64 came first or within noise of first in all four
- * columns (78/82 GFLOP/s forward, 83/88 backward; the others 71-82 and
- * 74-84), and it keeps units small enough to spread short sequences (ViT's
- * 197 tokens) over the threads. */
-#ifndef ATTN__CPU_BR /* -D overrides, for tuning */
-#define ATTN__CPU_BR 64
-#endif
-#ifndef ATTN__CPU_BC
-#define ATTN__CPU_BC 64
-#endif
+/* The kernels of the plan (attn__plan.kernel) and a row of the tile
+ * table in cpu.c (attn__plan.config). */
+enum attn__cpu_kernel { ATTN__CPU_BLOCKWISE_FORWARD, ATTN__CPU_BLOCKWISE_BACKWARD };
+
+typedef struct attn__cpu_config {
+  attn_dtype dtype;
+  int max_head_dim; /* the row serves head dimensions up to this one */
+  int br;           /* Br: query rows per tile, at most ATTN__CPU_TILE_MAX */
+  int bc;           /* Bc: key rows per tile, idem */
+  const char *forward_name, *backward_name; /* for attn__plan.name */
+} attn__cpu_config;
+
+/* The largest Br or Bc of the table: small per-row arrays of the tile
+ * functions live on the stack with this size. */
+#define ATTN__CPU_TILE_MAX 64
 
 /* Aligned host memory for tiles and buffers (64 bytes: one cache line, one
  * AVX-512 register). NULL on failure; free with attn__cpu_free. */
@@ -81,16 +79,15 @@ void attn__cpu_load_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t
 void attn__cpu_store_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t nr, int64_t h,
                          const float *hi, const float *lo);
 
-/* Turns s = scale * q.k of the tile rows [i0, i0 + br) x keys [j0, j0 + bc)
- * of query head h into the final scores: softcap, ALiBi, and -inf outside
- * each row's window. Element (r, c) is s[r * rs + c * cs]: rs = ld, cs = 1
- * for a tile of query rows, rs = 1, cs = ld for a transposed one (rows of
- * keys). Forward and backward both call this, so the backward recomputes
- * the forward's scores the same way. When tanh_out is not NULL (backward
- * with softcap), it receives tanh(s / softcap), laid out like s, for the
- * softcap derivative. nq, nk are the sequence's lengths. */
+/* Turns s = scale * q.k of a transposed tile (keys [j0, j0 + bc) down,
+ * query rows [i0, i0 + br) of query head h across, element (r, c) at st[c *
+ * ld + r]) into the final scores: attn__score_scaled where the key is
+ * visible, -inf where not. Forward and backward both call this, so the
+ * backward recomputes the forward's scores the same way. When tanh_out is
+ * not NULL (backward with softcap), it receives tanh(s / softcap), laid out
+ * like st, for attn__score_grad. nq, nk are the sequence's lengths. */
 void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, int64_t j0, int bc,
-                      int64_t nq, int64_t nk, float *s, int rs, int cs, float *tanh_out);
+                      int64_t nq, int64_t nk, float *st, int ld, float *tanh_out);
 
 /* One step of the online softmax on a transposed score tile st (bc rows of
  * keys x br columns of queries, row stride ld): with m, l the running row
@@ -105,28 +102,30 @@ void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *
 void attn__cpu_exp_cols(float *st, int rows, int cols, int ld, const float *hi, const float *lo);
 
 /* dS^T = P^T * (dP^T - D) in place of dP^T, on a transposed tile (D per
- * column), times 1 - th^2 when th is not NULL (softcap). */
-void attn__cpu_dsoftmax_cols(const float *p, float *dp, const float *th, int rows, int cols, int ld,
-                             const float *dd);
+ * column), through attn__score_grad with th (tanh from attn__cpu_scores)
+ * when th is not NULL (softcap). */
+void attn__cpu_dsoftmax_cols(const float *p, float *dp, const float *th, float softcap, int rows,
+                             int cols, int ld, const float *dd);
 
-/* The query rows [*lo, *hi) of a sequence (lengths nq, nk) that see at least
- * one key of [j0, j1), j0 < j1: exactly those, as both ends of a row's key
- * range are nondecreasing in the row and clamped to [0, nk]. Empty when
- * *lo >= *hi. */
-void attn__cpu_query_range(const attn__problem *pb, int64_t j0, int64_t j1, int64_t nq, int64_t nk,
-                           int64_t *lo, int64_t *hi);
-
-/* Work is split into units (sequence, head, block of rows). units[b] is the
- * first unit of sequence b for a given block size and head count; the array
- * has batch + 1 entries. attn__cpu_unit_seq finds b for a unit index. */
+/* Work is split into units (sequence, head, block of rows, or of keys when
+ * by_keys). units[b] is the first unit of sequence b for a given block size
+ * and head count; the array has batch + 1 entries. attn__cpu_unit finds unit
+ * u's sequence *b, head *h and first row *i0 of its block, and returns the
+ * block's length. */
 int64_t *attn__cpu_units(const attn__problem *pb, int by_keys, int64_t heads, int64_t block);
-int64_t attn__cpu_unit_seq(const int64_t *units, int64_t batch, int64_t u);
+int attn__cpu_unit(const attn__problem *pb, const int64_t *units, int by_keys, int64_t block,
+                   int64_t u, int64_t *b, int64_t *h, int64_t *i0);
 
 /* The OpenMP threads a pass may use on the calling thread: omp_get_max_threads(),
  * or fewer when the system would not create that many (see cpu.c). */
 int attn__cpu_threads(void);
 
-int attn__cpu_forward(attn_context *ctx, const attn__problem *pb);
-int attn__cpu_backward(attn_context *ctx, const attn__problem *pb);
+/* The passes, with the tiles of a row of the table, and the scratch each
+ * thread of them allocates (bytes, a multiple of 64: the plan's workspace
+ * is this times attn__cpu_threads()). */
+int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cpu_config *cfg);
+int attn__cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__cpu_config *cfg);
+size_t attn__cpu_forward_scratch(const attn__problem *pb, const attn__cpu_config *cfg);
+size_t attn__cpu_backward_scratch(const attn__problem *pb, const attn__cpu_config *cfg);
 
 #endif /* ATTN_CPU_INTERNAL_H */

@@ -325,16 +325,14 @@ void attn__cpu_store_lse(const attn__problem *pb, int64_t b, int64_t row, int64_
 /* ---------------------------------------------------------------------- */
 
 void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, int64_t j0, int bc,
-                      int64_t nq, int64_t nk, float *s, int rs, int cs, float *tanh_out) {
-  const float cap = pb->softcap;
-  const float slope = pb->alibi ? pb->alibi[h] : 0.0f;
+                      int64_t nq, int64_t nk, float *st, int ld, float *tanh_out) {
+  const float cap = pb->softcap, slope = attn__problem_slope(pb, h);
   /* Each row's visible columns [c0, c1) within the tile. */
-  int c0[ATTN__CPU_BR > ATTN__CPU_BC ? ATTN__CPU_BR : ATTN__CPU_BC];
-  int c1[ATTN__CPU_BR > ATTN__CPU_BC ? ATTN__CPU_BR : ATTN__CPU_BC];
+  int c0[ATTN__CPU_TILE_MAX], c1[ATTN__CPU_TILE_MAX];
   int full = 1;
   for (int r = 0; r < br; r++) {
     int64_t lo, hi;
-    attn__key_range(pb, i0 + r, nq, nk, &lo, &hi);
+    attn__problem_key_range(pb, i0 + r, nq, nk, &lo, &hi);
     lo -= j0;
     hi -= j0;
     lo = lo < 0 ? 0 : lo > bc ? bc : lo;
@@ -346,53 +344,16 @@ void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, in
   /* Most tiles of a long sequence: every key visible, nothing to add. */
   if (full && cap <= 0.0f && slope == 0.0f) return;
 
-  const int64_t diag0 = i0 + nk - nq - j0; /* diag - j of element (0, 0) */
-  if (cs == 1) {
-    /* Rows contiguous: one row at a time. */
+  const int64_t dist0 = attn__diag(i0, nq, nk) - j0; /* dg - j of element (0, 0) */
+  for (int c = 0; c < bc; c++) {
+    float *scol = st + (size_t)c * ld;
+    float *tcol = tanh_out ? tanh_out + (size_t)c * ld : NULL;
     for (int r = 0; r < br; r++) {
-      float *srow = s + (size_t)r * rs;
-      float *trow = tanh_out ? tanh_out + (size_t)r * rs : NULL;
-      for (int c = c0[r]; c < c1[r]; c++) {
-        float x = srow[c];
-        if (cap > 0.0f) {
-          float t = tanhf(x / cap);
-          x = cap * t;
-          if (trow) trow[c] = t;
-        }
-        int64_t dist = diag0 + r - c;
-        srow[c] = x - slope * (float)(dist < 0 ? -dist : dist);
-      }
-      for (int c = 0; c < c0[r]; c++)
-        srow[c] = -INFINITY;
-      for (int c = c1[r]; c < bc; c++)
-        srow[c] = -INFINITY;
-      if (trow) {
-        for (int c = 0; c < c0[r]; c++)
-          trow[c] = 0.0f;
-        for (int c = c1[r]; c < bc; c++)
-          trow[c] = 0.0f;
-      }
-    }
-  } else {
-    /* Transposed tile (rows of keys): visibility per element. */
-    for (int c = 0; c < bc; c++) {
-      float *scol = s + (size_t)c * cs;
-      float *tcol = tanh_out ? tanh_out + (size_t)c * cs : NULL;
-      for (int r = 0; r < br; r++) {
-        float *x = scol + (size_t)r * rs;
-        if (c < c0[r] || c >= c1[r]) {
-          *x = -INFINITY;
-          if (tcol) tcol[(size_t)r * rs] = 0.0f;
-          continue;
-        }
-        if (cap > 0.0f) {
-          float t = tanhf(*x / cap);
-          *x = cap * t;
-          if (tcol) tcol[(size_t)r * rs] = t;
-        }
-        int64_t dist = diag0 + r - c;
-        *x -= slope * (float)(dist < 0 ? -dist : dist);
-      }
+      const int visible = c >= c0[r] && c < c1[r];
+      scol[r] = visible
+                    ? attn__score_scaled(scol[r], cap, slope, dist0 + r - c, tcol ? &tcol[r] : NULL)
+                    : -INFINITY;
+      if (tcol && !visible) tcol[r] = 0.0f;
     }
   }
 }
@@ -435,7 +396,7 @@ static inline float cpu_exp(float x) {
 
 static CPU_SIMD_CLONES void cpu_softmax_cols_clones(float *st, int bc, int br, int ld, float *m,
                                                     float *l, float *alpha) {
-  float mx[ATTN__CPU_BR], sub[ATTN__CPU_BR], sum[ATTN__CPU_BR];
+  float mx[ATTN__CPU_TILE_MAX], sub[ATTN__CPU_TILE_MAX], sum[ATTN__CPU_TILE_MAX];
   for (int r = 0; r < br; r++) {
     mx[r] = m[r];
     sum[r] = 0.0f;
@@ -473,7 +434,7 @@ void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *
 
 static CPU_SIMD_CLONES void cpu_exp_cols_clones(float *st, int rows, int cols, int ld,
                                                 const float *hi, const float *lo) {
-  float sub[ATTN__CPU_BR], keep[ATTN__CPU_BR];
+  float sub[ATTN__CPU_TILE_MAX], keep[ATTN__CPU_TILE_MAX];
   for (int r = 0; r < cols; r++) {
     /* lse = -inf: a query that sees no key; its column becomes 0. */
     keep[r] = hi[r] == -INFINITY ? 0.0f : 1.0f;
@@ -493,14 +454,15 @@ void attn__cpu_exp_cols(float *st, int rows, int cols, int ld, const float *hi, 
 }
 
 static CPU_SIMD_CLONES void cpu_dsoftmax_cols_clones(const float *p, float *dp, const float *th,
-                                                     int rows, int cols, int ld, const float *dd) {
+                                                     float softcap, int rows, int cols, int ld,
+                                                     const float *dd) {
   for (int a = 0; a < rows; a++) {
     const float *pr = p + (size_t)a * ld;
     float *dr = dp + (size_t)a * ld;
     if (th) {
       const float *tr = th + (size_t)a * ld;
       for (int c = 0; c < cols; c++)
-        dr[c] = pr[c] * (dr[c] - dd[c]) * (1.0f - tr[c] * tr[c]);
+        dr[c] = attn__score_grad(pr[c] * (dr[c] - dd[c]), tr[c], softcap);
     } else {
       for (int c = 0; c < cols; c++)
         dr[c] = pr[c] * (dr[c] - dd[c]);
@@ -508,28 +470,14 @@ static CPU_SIMD_CLONES void cpu_dsoftmax_cols_clones(const float *p, float *dp, 
   }
 }
 
-void attn__cpu_dsoftmax_cols(const float *p, float *dp, const float *th, int rows, int cols, int ld,
-                             const float *dd) {
-  cpu_dsoftmax_cols_clones(p, dp, th, rows, cols, ld, dd);
+void attn__cpu_dsoftmax_cols(const float *p, float *dp, const float *th, float softcap, int rows,
+                             int cols, int ld, const float *dd) {
+  cpu_dsoftmax_cols_clones(p, dp, th, softcap, rows, cols, ld, dd);
 }
 
 /* ---------------------------------------------------------------------- */
 /* Work division                                                            */
 /* ---------------------------------------------------------------------- */
-
-void attn__cpu_query_range(const attn__problem *pb, int64_t j0, int64_t j1, int64_t nq, int64_t nk,
-                           int64_t *lo, int64_t *hi) {
-  /* Row i sees keys [diag - wl, diag + wr] with diag = i + nk - nq, both
-   * ends nondecreasing in i: the rows touching [j0, j1) are those whose
-   * right end reaches j0 and whose left end is before j1. */
-  int64_t a = 0, z = nq;
-  if (pb->window_right >= 0) a = j0 - nk + nq - pb->window_right;
-  if (pb->window_left >= 0) z = j1 - nk + nq + pb->window_left;
-  if (a < 0) a = 0;
-  if (z > nq) z = nq;
-  *lo = a;
-  *hi = z;
-}
 
 int64_t *attn__cpu_units(const attn__problem *pb, int by_keys, int64_t heads, int64_t block) {
   int64_t *units = malloc((size_t)(pb->batch + 1) * sizeof *units);
@@ -542,9 +490,9 @@ int64_t *attn__cpu_units(const attn__problem *pb, int by_keys, int64_t heads, in
   return units;
 }
 
-int64_t attn__cpu_unit_seq(const int64_t *units, int64_t batch, int64_t u) {
-  /* The last b with units[b] <= u; empty sequences share their start with
-   * the next one, and the search skips past them. */
+/* The last b with units[b] <= u; empty sequences share their start with the
+ * next one, and the search skips past them. */
+static int64_t cpu_unit_seq(const int64_t *units, int64_t batch, int64_t u) {
   int64_t lo = 0, hi = batch;
   while (hi - lo > 1) {
     int64_t mid = lo + (hi - lo) / 2;
@@ -554,4 +502,14 @@ int64_t attn__cpu_unit_seq(const int64_t *units, int64_t batch, int64_t u) {
       hi = mid;
   }
   return lo;
+}
+
+int attn__cpu_unit(const attn__problem *pb, const int64_t *units, int by_keys, int64_t block,
+                   int64_t u, int64_t *b, int64_t *h, int64_t *i0) {
+  *b = cpu_unit_seq(units, pb->batch, u);
+  const int64_t n = by_keys ? attn__seq_k(pb, *b) : attn__seq_q(pb, *b);
+  const int64_t blocks = (n + block - 1) / block, rest = u - units[*b];
+  *h = rest / blocks;
+  *i0 = rest % blocks * block;
+  return (int)(n - *i0 < block ? n - *i0 : block);
 }

@@ -79,42 +79,8 @@ typedef struct attn__problem {
   attn__tensor dout, dq, dk, dv; /* backward only */
 } attn__problem;
 
-/* Sequence b's query and key lengths and first rows. */
-static inline int64_t attn__seq_q(const attn__problem *pb, int64_t b) {
-  return pb->cu_q ? (int64_t)pb->cu_q[b + 1] - pb->cu_q[b] : pb->seqlen_q;
-}
-static inline int64_t attn__seq_k(const attn__problem *pb, int64_t b) {
-  return pb->cu_k ? (int64_t)pb->cu_k[b + 1] - pb->cu_k[b] : pb->seqlen_k;
-}
-static inline int64_t attn__row0_q(const attn__problem *pb, int64_t b) {
-  return pb->cu_q ? pb->cu_q[b] : 0;
-}
-static inline int64_t attn__row0_k(const attn__problem *pb, int64_t b) {
-  return pb->cu_k ? pb->cu_k[b] : 0;
-}
-
-/* The visible key range [*lo, *hi) of query row i in a sequence of lengths
- * nq, nk; empty when *lo >= *hi. Causal is already in window_right. */
-static inline void attn__key_range(const attn__problem *pb, int64_t i, int64_t nq, int64_t nk,
-                                   int64_t *lo, int64_t *hi) {
-  int64_t diag = i + nk - nq;
-  int64_t a = pb->window_left < 0 ? 0 : diag - pb->window_left;
-  int64_t z = pb->window_right < 0 ? nk : diag + pb->window_right + 1;
-  if (a < 0) a = 0;
-  if (z > nk) z = nk;
-  *lo = a;
-  *hi = z;
-}
-
-/* A row's lse = m + log(l) as the float pair the (hi, lo) form stores: hi
- * rounded to float32, lo the rest. A row with no key has hi = -inf, lo = 0;
- * NaN stays NaN in both. The backward pass then takes exp((s - hi) - lo):
- * s - hi is exact near the row maximum, so P keeps float32 accuracy however
- * large the logits. */
-static inline void attn__lse_split(double lse, float *hi, float *lo) {
-  *hi = (float)lse;
-  *lo = lse == -INFINITY ? 0.0f : (float)(lse - (double)*hi);
-}
+/* The rules over these (sequence lengths, visibility, scores) are in
+ * rules.h. */
 
 /* ---------------------------------------------------------------------- */
 /* Scalars                                                                  */

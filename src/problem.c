@@ -180,6 +180,17 @@ static int regions_share(const region *a, const region *b) {
   return elements_meet(&s, s.ndim - 1, delta, (int64_t)a->esize);
 }
 
+/* k or v, whose head_dim must be q's (want[nd - 1]): named as such before
+ * check_tensor's general shape message. */
+static int check_kv(attn_context *ctx, const char *name, const attn_tensor *t, attn_dtype dtype,
+                    int nd, const char *const *dims, const int64_t *want, region *out) {
+  const int64_t d = want[nd - 1];
+  if (t->ndim == nd && t->shape[nd - 1] != d && t->shape[nd - 1] > 0)
+    return attn__error(ctx, ATTN_ESHAPE, "%s: head_dim %lld differs from q's %lld", name,
+                       (long long)t->shape[nd - 1], (long long)d);
+  return check_tensor(ctx, name, t, dtype, nd, dims, want, out);
+}
+
 static void fill_tensor(attn_context *ctx, const attn_tensor *t, int varlen, int is_lse,
                         attn__tensor *out) {
   if (t->buffer) {
@@ -307,21 +318,15 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   if (rc) return rc;
   int64_t hq = q->shape[nd - 2];
   /* k: same batch and head_dim as q; its own sequence length and heads. */
-  if (k->ndim == nd && k->shape[nd - 1] != d && k->shape[nd - 1] > 0)
-    return attn__error(ctx, ATTN_ESHAPE, "k: head_dim %lld differs from q's %lld",
-                       (long long)k->shape[nd - 1], (long long)d);
   int64_t want_k[4] = {varlen ? -1 : q->shape[0], -1, -1, -1};
   want_k[nd - 1] = d;
-  rc = check_tensor(ctx, "k", k, dt, nd, dims, want_k, &rk);
+  rc = check_kv(ctx, "k", k, dt, nd, dims, want_k, &rk);
   if (rc) return rc;
   int64_t hkv = k->shape[nd - 2];
-  if (v->ndim == nd && v->shape[nd - 1] != d && v->shape[nd - 1] > 0)
-    return attn__error(ctx, ATTN_ESHAPE, "v: head_dim %lld differs from q's %lld",
-                       (long long)v->shape[nd - 1], (long long)d);
   int64_t want_v[4];
   for (int i = 0; i < nd; i++)
     want_v[i] = k->shape[i];
-  rc = check_tensor(ctx, "v", v, dt, nd, dims, want_v, &rv);
+  rc = check_kv(ctx, "v", v, dt, nd, dims, want_v, &rv);
   if (rc) return rc;
   if (hq % hkv != 0)
     return attn__error(

@@ -4,6 +4,7 @@
  * backends against it. Memory is O(Nk) per row, so it also runs on long
  * sequences, only slowly. */
 #include "ref.h"
+#include "rules.h"
 
 #include <stdlib.h>
 
@@ -22,21 +23,17 @@ static void row_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i,
   int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
   int64_t hk = h / (pb->heads_q / pb->heads_kv);
   int64_t rq = attn__row0_q(pb, b) + i, rk0 = attn__row0_k(pb, b);
-  int64_t diag = i + nk - nq;
+  int64_t diag = attn__diag(i, nq, nk);
+  double slope = attn__problem_slope(pb, h);
   for (int64_t j = lo; j < hi; j++) {
     double u = 0;
     for (int64_t c = 0; c < pb->head_dim; c++)
       u += load(&pb->q, at(&pb->q, b, rq, h, c)) * load(&pb->k, at(&pb->k, b, rk0 + j, hk, c));
-    u *= pb->scale;
-    double x = u, g = 1;
-    if (pb->softcap > 0) {
-      double t = tanh(u / pb->softcap);
-      x = pb->softcap * t;
-      g = 1 - t * t;
-    }
-    if (pb->alibi) x -= pb->alibi[h] * fabs((double)(diag - j));
-    s[j - lo] = x;
-    if (dsdu) dsdu[j - lo] = g;
+    /* The rules' score in double (the backends' is float): the reference's
+     * precision, with the same steps. t = 0 without softcap gives ds/du = 1. */
+    double t;
+    s[j - lo] = attn__score_scaled_f64(u * pb->scale, pb->softcap, slope, diag - j, &t);
+    if (dsdu) dsdu[j - lo] = 1 - t * t;
   }
 }
 
@@ -74,7 +71,7 @@ int at_ref_forward_progress(attn_context *ctx, const attn_params *p, const attn_
     for (int64_t h = 0; h < hq; h++)
       for (int64_t i = 0; i < nq; i++) {
         int64_t lo, hi, row = pb.cu_q ? rq0 + i : b * nq + i;
-        attn__key_range(&pb, i, nq, nk, &lo, &hi);
+        attn__problem_key_range(&pb, i, nq, nk, &lo, &hi);
         double *orow = o ? o + (row * hq + h) * d : NULL;
         double l = -INFINITY;
         if (orow)
@@ -150,7 +147,7 @@ int at_ref_backward_progress(attn_context *ctx, const attn_params *p, const attn
       int64_t hk = h / group;
       for (int64_t i = 0; i < nq; i++) {
         int64_t lo, hi;
-        attn__key_range(&pb, i, nq, nk, &lo, &hi);
+        attn__problem_key_range(&pb, i, nq, nk, &lo, &hi);
         if (progress) progress(user, ++done, rows);
         if (lo >= hi) continue; /* a row that sees no key passes no gradient */
         row_scores(&pb, b, h, i, lo, hi, s, g);

@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
 #include "run.h"
+#include "rules.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -57,7 +58,7 @@ static double visible_pairs(const run_opts *o) {
   double pairs = 0;
   for (int64_t i = 0; i < o->nq; i++) {
     int64_t lo, hi;
-    attn__key_range(&pb, i, o->nq, o->nk, &lo, &hi);
+    attn__problem_key_range(&pb, i, o->nq, o->nk, &lo, &hi);
     if (hi > lo) pairs += (double)(hi - lo);
   }
   return pairs;
