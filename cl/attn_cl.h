@@ -84,7 +84,7 @@ int attn__cl_build(attn_context *ctx, const attn__cl_api *cl, cl_context clctx, 
                    int nk, cl_program *out, cl_kernel *kernels);
 
 /* ---------------------------------------------------------------------- */
-/* Devices and contexts (device.c)                                         */
+/* A context's state, shared by device.c, plan.c and launch.c             */
 /* ---------------------------------------------------------------------- */
 
 typedef struct attn__cl_device {
@@ -104,6 +104,12 @@ typedef struct attn__cl_tiles {
   int bb;     /* backward: Br = Bc = BB */
 } attn__cl_tiles;
 
+/* attn__plan.kernel: the kernel family that runs. */
+enum attn__cl_kernel {
+  ATTN__CL_FWD, /* attn_fwd */
+  ATTN__CL_BWD  /* attn_bwd_pre, then attn_bwd_dkdv and attn_bwd_dq */
+};
+
 /* What plan() decided for one (dtype, head-dim bucket) on a context's
  * device: a row of the tuning table fitted to the device. Kept in the
  * context for its life, so attn__plan.config may point at it. */
@@ -112,14 +118,8 @@ typedef struct attn__cl_config {
   int dtype, hd;
   int narrow; /* the device's 128-work-item row rather than its GPU row */
   attn__cl_tiles t;
-  char name[96];
+  char name[2][96]; /* by kernel family, for attn__plan.name */
 } attn__cl_config;
-
-/* attn__plan.kernel: the kernel family that runs. */
-enum attn__cl_kernel {
-  ATTN__CL_FWD, /* attn_fwd */
-  ATTN__CL_BWD  /* attn_bwd_pre, then attn_bwd_dkdv and attn_bwd_dq */
-};
 
 /* The head-dim buckets a context plans for: 32, 64, 96, .. */
 #define ATTN__CL_BUCKETS (ATTN_MAX_HEAD_DIM / 32)

@@ -137,8 +137,9 @@ static int choose(attn_context *ctx, int cls, int dtype, int hd, attn__cl_config
   c->hd = hd;
   c->narrow = cls != CLASS_GPU;
   c->t = t;
-  snprintf(c->name, sizeof c->name, "opencl HD=%d Br=%d Bc=%d TM=%d DK=%d JK=%d BB=%d", hd, t.br,
-           t.bc, t.tm, t.dk, t.jk, t.bb);
+  snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
+           "opencl attn_fwd HD=%d Br=%d Bc=%d TM=%d DK=%d JK=%d", hd, t.br, t.bc, t.tm, t.dk, t.jk);
+  snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd HD=%d BB=%d", hd, t.bb);
   return 1;
 }
 
@@ -194,7 +195,7 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
   out->backward = backward;
   out->kernel = backward ? ATTN__CL_BWD : ATTN__CL_FWD;
   out->config = c;
-  out->name = c->name;
+  out->name = c->name[out->kernel];
   out->workspace = 2 * ws.cu + ws.alibi + ws.delta;
   return ATTN_OK;
 }
