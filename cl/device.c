@@ -361,6 +361,11 @@ static int cl_selftest(attn_context *ctx) {
   return st;
 }
 
+/* ---------------------------------------------------------------------- */
+/* The backend                                                              */
+/* ---------------------------------------------------------------------- */
+
+/* plan, forward and backward are plan.c's and launch.c's. */
 const attn__backend attn__backend_opencl = {
     .kind = ATTN_BACKEND_OPENCL,
     .name = "opencl",
