@@ -5,8 +5,12 @@
  *              libOpenCL, so it loads on a machine without one);
  *   program.c  builds programs from the embedded sources, through an on-disk
  *              cache of device binaries;
- *   opencl.c   devices, contexts, buffers, queues, self-test, and the
- *              forward/backward launches: the attn__backend table.
+ *   device.c   devices, contexts, queues, buffers and the self-test, and the
+ *              attn__backend table;
+ *   plan.c     the one decision of what runs: the tuning table, fitted to
+ *              the device, and the workspace a call needs;
+ *   launch.c   the attention programs, kernel arguments and the forward
+ *              and backward launches.
  */
 #ifndef ATTN_CL_H
 #define ATTN_CL_H
@@ -78,5 +82,112 @@ extern const char attn__cl_src_selftest[];
 int attn__cl_build(attn_context *ctx, const attn__cl_api *cl, cl_context clctx, cl_device_id dev,
                    const char *const *srcs, int nsrc, const char *options, const char *const *names,
                    int nk, cl_program *out, cl_kernel *kernels);
+
+/* ---------------------------------------------------------------------- */
+/* A context's state, shared by device.c, plan.c and launch.c             */
+/* ---------------------------------------------------------------------- */
+
+typedef struct attn__cl_device {
+  cl_device_id id;
+  attn_device_info info;
+  cl_ulong local_mem;
+  cl_ulong max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
+  size_t max_wg;
+} attn__cl_device;
+
+/* The tiles one program is built with (fwd.cl's and bwd.cl's -D
+ * parameters). */
+typedef struct attn__cl_tiles {
+  int br, bc; /* forward: Br query rows per work-group, Bc keys per tile */
+  int tm;     /* forward: query rows per work-item (16 * Br / TM work-items) */
+  int dk, jk; /* forward: Q/K columns and V rows per staging step */
+  int bb;     /* backward: Br = Bc = BB */
+} attn__cl_tiles;
+
+/* attn__plan.kernel: the kernel family that runs. */
+enum attn__cl_kernel {
+  ATTN__CL_FWD, /* attn_fwd */
+  ATTN__CL_BWD  /* attn_bwd_pre, then attn_bwd_dkdv and attn_bwd_dq */
+};
+
+/* What plan() decided for one (dtype, head-dim bucket) on a context's
+ * device: a row of the tuning table fitted to the device. Kept in the
+ * context for its life, so attn__plan.config may point at it. */
+typedef struct attn__cl_config {
+  int valid;
+  int dtype, hd;
+  int narrow; /* the device's 128-work-item row rather than its GPU row */
+  attn__cl_tiles t;
+  char name[2][96]; /* by kernel family, for attn__plan.name */
+} attn__cl_config;
+
+/* The head-dim buckets a context plans for: 32, 64, 96, .. */
+#define ATTN__CL_BUCKETS (ATTN_MAX_HEAD_DIM / 32)
+#define ATTN__CL_MAX_PROGRAMS 64
+
+typedef struct attn__cl_program {
+  cl_context clctx;
+  const attn__cl_config *config;
+  cl_program prog;
+  cl_kernel fwd, pre, dkdv, dq;
+} attn__cl_program;
+
+typedef struct attn__cl_scratch {
+  cl_mem mem;
+  size_t bytes;
+} attn__cl_scratch;
+
+typedef struct attn__cl_impl {
+  const attn__cl_api *cl;
+  const attn__cl_device *dev;
+  cl_context own_ctx;
+  cl_command_queue own_queue;
+  cl_context ctx;                               /* the one kernels and buffers use now */
+  cl_command_queue queue;                       /* own_queue, or the caller's (retained) */
+  attn__cl_config configs[3][ATTN__CL_BUCKETS]; /* by dtype and bucket */
+  attn__cl_program progs[ATTN__CL_MAX_PROGRAMS];
+  int nprog;
+  attn__cl_scratch cu_q, cu_k, alibi, delta;
+} attn__cl_impl;
+
+static inline attn__cl_impl *attn__cl_impl_of(attn_context *ctx) {
+  return (attn__cl_impl *)ctx->impl;
+}
+
+/* Reports a failed OpenCL call on ctx: ATTN_ENOMEM for the out-of-memory
+ * codes, else ATTN_EDEVICE. */
+int attn__cl_fail(attn_context *ctx, const char *what, cl_int err);
+int attn__cl_buffer_alloc(attn_context *ctx, size_t bytes, void **native);
+int attn__cl_buffer_write(attn_context *ctx, void *native, size_t offset, const void *src,
+                          size_t bytes);
+/* A scratch buffer of at least bytes, holding src when given. */
+int attn__cl_scratch_put(attn_context *ctx, attn__cl_scratch *s, size_t bytes, const void *src);
+
+/* ---------------------------------------------------------------------- */
+/* The plan (plan.c) and the launches (launch.c)                            */
+/* ---------------------------------------------------------------------- */
+
+/* Device scratch a call takes beyond its operands. */
+typedef struct attn__cl_workspace {
+  size_t cu;    /* each of cu_seqlens_q and _k, uploaded */
+  size_t alibi; /* the slopes, uploaded */
+  int64_t tq;   /* rows of delta per head: every query row of every sequence */
+  size_t delta; /* backward: delta = rowsum(dO * O) of every row and head */
+} attn__cl_workspace;
+
+void attn__cl_workspace_of(const attn__problem *pb, int backward, attn__cl_workspace *ws);
+
+/* The backend's plan(): the config for the problem's dtype and head-dim
+ * bucket, chosen once per context. */
+int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out);
+
+/* Replaces a GPU config by the device's 128-work-item row, where the
+ * compiled forward kernel cannot run the GPU row's work-group: the plan's
+ * config pointer then names what runs. 0 when no narrower row fits. */
+int attn__cl_config_narrow(attn_context *ctx, attn__cl_config *config);
+
+int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan);
+int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan);
+void attn__cl_release_programs(attn__cl_impl *im);
 
 #endif /* ATTN_CL_H */

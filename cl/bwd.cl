@@ -1,10 +1,10 @@
 /*
  * Backward pass after FlashAttention-2, in three kernels:
- *   attn_bwd_pre   D_i = rowsum(dO_i * O_i)
+ *   attn_bwd_pre   delta_i = rowsum(dO_i * O_i) (the paper's D_i)
  *   attn_bwd_dkdv  one work-group per block of BB keys of one key/value head:
  *                  for each query head sharing it and each block of BB query
  *                  rows that can see the keys, recompute P = exp(S - lse) and
- *                  dS = P (dP - D) with dP = dO V^T, then
+ *                  dS = P (dP - delta) with dP = dO V^T, then
  *                  dV += P^T dO, dK += dS^T Q (scaled at the end)
  *   attn_bwd_dq    one work-group per block of BB query rows: the same P and
  *                  dS for each key block, dQ += dS K
@@ -15,7 +15,8 @@
  * All four operand tiles of a step (Q, dO, K, V: BB x HD) sit in local memory
  * with a row stride of HD + 4: rows stay float4-aligned, and the float4s that
  * neighbouring work-items read from neighbouring rows fall in distinct banks.
- * BB is a -D parameter that the host sizes to the device's local memory.
+ * The tiles are square, Br = Bc = BB, a -D parameter that the host sizes
+ * to the device's local memory (cl/plan.c).
  *
  * Work-items keep one operand row in registers across several products:
  * in P/dS an item owns key j and rows i, i + NTB/BB, ... so each K and V
@@ -23,6 +24,13 @@
  * NTB) an item owns one column c of several rows, so each dO, Q or K word is
  * read once for EB outputs.
  */
+#ifndef HD
+#define HD 64 /* the head dimension rounded up: 32, 64, then a multiple of 32 */
+#endif
+#ifndef BB
+#define BB 32 /* Br = Bc: query rows and keys per tile, with BB * HD a multiple of NTB */
+#endif
+
 #define NTB 128
 #define DS (HD + 4)
 #define PP ((BB * BB + NTB - 1) / NTB) /* (i, j) pairs per work-item */
@@ -46,7 +54,7 @@ inline void stage_rows(__local float *dst, __global const T *src, long ss, long 
 inline void tile_p_ds(__local const float4 *Qs4, __local const float4 *dOs4,
                       __local const float4 *Ks4, __local const float4 *Vs4,
                       __local const float *lse_s, __local const float *lo_s,
-                      __local const float *del_s, __local float *Ps, __local float *dSs, int i0,
+                      __local const float *delta_s, __local float *Ps, __local float *dSs, int i0,
                       int j0, int nq, int nk, int d, float scale, float softcap, float slope,
                       int wl, int wr, int lid) {
   const int j = lid % BB, ib = lid / BB;
@@ -78,15 +86,14 @@ inline void tile_p_ds(__local const float4 *Qs4, __local const float4 *dOs4,
   for (int k = 0; k < PP; ++k) {
     const int i = ib + k * IS;
     if (i < BB) {
-      const int r = i0 + i, kj = j0 + j, dg = r + nk - nq;
+      const int r = i0 + i, kj = j0 + j, dg = diag(r, nq, nk);
       const float li = lse_s[i];
       float p = 0.0f, ds = 0.0f;
       if (r < nq && kj < nk && key_visible(dg, kj, wl, wr) && li != -INFINITY) {
         float t;
-        const float x = score_epilogue(sq[k], scale, softcap, slope, dg, kj, &t);
+        const float x = score(sq[k], scale, softcap, slope, dg - kj, &t);
         p = exp((x - li) - lo_s[i]); /* see lse_split */
-        ds = p * (dp[k] - del_s[i]);
-        if (softcap > 0.0f) ds *= 1.0f - t * t;
+        ds = score_grad(p * (dp[k] - delta_s[i]), t, softcap);
       }
       Ps[i * SS + j] = p;
       dSs[i * SS + j] = ds;
@@ -94,38 +101,34 @@ inline void tile_p_ds(__local const float4 *Qs4, __local const float4 *dOs4,
   }
 }
 
-/* D_i = rowsum(dO_i * O_i), stored at h * tq + (first row of b) + r. */
+/* delta_i = rowsum(dO_i * O_i), stored at h * tq + (b's first row counted
+ * over all sequences) + r. */
 __kernel void attn_bwd_pre(__global const T *o, long oo, long4 os, __global const T *dout, long go,
                            long4 gs, __global float *delta, __global const int *cu_q, int nq_all,
                            int d, int tq) {
   const int r = get_global_id(0), h = get_global_id(1), b = get_global_id(2);
-  int nq = nq_all, q0 = b * nq_all;
-  if (cu_q) {
-    q0 = cu_q[b];
-    nq = cu_q[b + 1] - q0;
-  }
-  if (r >= nq) return;
-  const int qrow = cu_q ? q0 + r : r;
-  __global const T *op = o + oo + b * os.s0 + h * os.s2 + qrow * os.s1;
-  __global const T *gp = dout + go + b * gs.s0 + h * gs.s2 + qrow * gs.s1;
+  const seq_info seq = seq_info_of(cu_q, NULL, b, nq_all, 0);
+  if (r >= seq.nq) return;
+  __global const T *op = HEAD_ROWS(o, oo, os, b, h, seq.q0 + r);
+  __global const T *gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0 + r);
   float acc = 0.0f;
   for (int c = 0; c < d; ++c)
     acc = fma(LOAD(op, c * os.s3), LOAD(gp, c * gs.s3), acc);
-  delta[h * (long)tq + q0 + r] = acc;
+  delta[h * (long)tq + seq.qflat + r] = acc;
 }
 
-/* lse (hi, and lo where ls.s3 > 0) and D for rows i0.. of head h; -inf
+/* lse (hi, and lo where ls.s3 > 0) and delta for rows i0.. of head h; -inf
  * past the sequence's end, which marks the row as passing no gradient. */
-inline void stage_row_stats(__local float *lse_s, __local float *lo_s, __local float *del_s,
+inline void stage_row_stats(__local float *lse_s, __local float *lo_s, __local float *delta_s,
                             __global const float *lse, long lo_, long4 ls,
-                            __global const float *delta, int b, int h, int q0, int dbase, int i0,
-                            int nq, int tq, int lid) {
+                            __global const float *delta, int b, int h, seq_info seq, int i0, int tq,
+                            int lid) {
   for (int i = lid; i < BB; i += NTB) {
     const int r = i0 + i;
-    __global const float *lp = lse + lo_ + b * ls.s0 + h * ls.s2 + (q0 + r) * ls.s1;
-    lse_s[i] = r < nq ? lp[0] : -INFINITY;
-    lo_s[i] = r < nq && ls.s3 ? lp[ls.s3] : 0.0f;
-    del_s[i] = r < nq ? delta[h * (long)tq + dbase + r] : 0.0f;
+    __global const float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + r);
+    lse_s[i] = r < seq.nq ? lp[0] : -INFINITY;
+    lo_s[i] = r < seq.nq && ls.s3 ? lp[ls.s3] : 0.0f;
+    delta_s[i] = r < seq.nq ? delta[h * (long)tq + seq.qflat + r] : 0.0f;
   }
 }
 
@@ -136,35 +139,30 @@ inline void stage_row_stats(__local float *lse_s, __local float *lo_s, __local f
       __global const int *cu_q, __global const int *cu_k, __global const float *alibi, int nq_all, \
       int nk_all, int group, int d, float scale, float softcap, int wl, int wr, int tq
 
+/* A step's local memory: the Q, dO, K and V tiles (float4 rows for
+ * tile_p_ds, float words for the sums), P and dS, and the rows' stats. */
+#define BWD_TILES                                                                         \
+  __local float4 Qs4[BB * DS / 4], dOs4[BB * DS / 4], Ks4[BB * DS / 4], Vs4[BB * DS / 4]; \
+  __local float *Qs = (__local float *)Qs4, *dOs = (__local float *)dOs4;                 \
+  __local float *Ks = (__local float *)Ks4, *Vs = (__local float *)Vs4;                   \
+  __local float Ps[BB * SS], dSs[BB * SS], lse_s[BB], lo_s[BB], delta_s[BB]
+
 __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
     BWD_ARGS, __global T *dk, long dko, long4 dks, __global T *dv, long dvo, long4 dvs) {
-  __local float4 Qs4[BB * DS / 4], dOs4[BB * DS / 4], Ks4[BB * DS / 4], Vs4[BB * DS / 4];
-  __local float *Qs = (__local float *)Qs4, *dOs = (__local float *)dOs4;
-  __local float *Ks = (__local float *)Ks4, *Vs = (__local float *)Vs4;
-  __local float Ps[BB * SS], dSs[BB * SS], lse_s[BB], lo_s[BB], del_s[BB];
+  BWD_TILES;
   const int lid = get_local_id(0);
   const int b = get_group_id(2), hk = get_group_id(1), j0 = get_group_id(0) * BB;
-  int nq = nq_all, nk = nk_all, q0 = 0, k0 = 0;
-  if (cu_q) {
-    q0 = cu_q[b];
-    nq = cu_q[b + 1] - q0;
-  }
-  if (cu_k) {
-    k0 = cu_k[b];
-    nk = cu_k[b + 1] - k0;
-  }
+  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
+  const int nq = seq.nq, nk = seq.nk;
   if (j0 >= nk) return;
-  const int dbase = cu_q ? q0 : b * nq_all;
-  __global const T *kp = k + ko + b * ks.s0 + hk * ks.s2 + k0 * ks.s1;
-  __global const T *vp = v + vo + b * vs.s0 + hk * vs.s2 + k0 * vs.s1;
+  __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
+  __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
   stage_rows(Ks, kp, ks.s1, ks.s3, j0, nk, d, lid);
   stage_rows(Vs, vp, vs.s1, vs.s3, j0, nk, d, lid);
 
-  /* The query rows that can see some key of the block (the window read
-   * from the keys' side). */
-  const int diag0 = nk - nq, jl = min(j0 + BB, nk) - 1;
-  const int ilo = wr < 0 ? 0 : max(j0 - wr - diag0, 0);
-  const int ihi = wl < 0 ? nq : min(jl + wl - diag0 + 1, nq);
+  /* The query rows that see some key of the block. */
+  int ilo, ihi;
+  query_block_range(j0, min(j0 + BB, nk), nq, nk, wl, wr, &ilo, &ihi);
 
   float dk_acc[EB], dv_acc[EB];
 #pragma unroll
@@ -174,16 +172,16 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
   for (int hh = 0; hh < group; ++hh) {
     const int h = hk * group + hh;
     const float slope = alibi ? alibi[h] : 0.0f;
-    __global const T *qp = q + qo + b * qs.s0 + h * qs.s2 + q0 * qs.s1;
-    __global const T *gp = dout + go + b * gs.s0 + h * gs.s2 + q0 * gs.s1;
+    __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
+    __global const T *gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
     for (int i0 = (ilo / BB) * BB; i0 < ihi; i0 += BB) {
       barrier(CLK_LOCAL_MEM_FENCE); /* the last step's reads are done */
       stage_rows(Qs, qp, qs.s1, qs.s3, i0, nq, d, lid);
       stage_rows(dOs, gp, gs.s1, gs.s3, i0, nq, d, lid);
-      stage_row_stats(lse_s, lo_s, del_s, lse, lo_, ls, delta, b, h, q0, dbase, i0, nq, tq, lid);
+      stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, lid);
       barrier(CLK_LOCAL_MEM_FENCE);
-      tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, lo_s, del_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap,
-                slope, wl, wr, lid);
+      tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, lo_s, delta_s, Ps, dSs, i0, j0, nq, nk, d, scale,
+                softcap, slope, wl, wr, lid);
       barrier(CLK_LOCAL_MEM_FENCE);
 #if NTB % HD == 0
       /* Item owns column lid % HD of keys lid / HD + u * NTB / HD. */
@@ -212,8 +210,8 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
     }
   }
 
-  __global T *dkp = dk + dko + b * dks.s0 + hk * dks.s2 + k0 * dks.s1;
-  __global T *dvp = dv + dvo + b * dvs.s0 + hk * dvs.s2 + k0 * dvs.s1;
+  __global T *dkp = HEAD_ROWS(dk, dko, dks, b, hk, seq.k0);
+  __global T *dvp = HEAD_ROWS(dv, dvo, dvs, b, hk, seq.k0);
 #pragma unroll
   for (int u = 0; u < EB; ++u) {
     const int e = lid + u * NTB, j = e / HD, c = e % HD;
@@ -226,35 +224,25 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
 
 __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_ARGS, __global T *dq,
                                                                            long dqo, long4 dqs) {
-  __local float4 Qs4[BB * DS / 4], dOs4[BB * DS / 4], Ks4[BB * DS / 4], Vs4[BB * DS / 4];
-  __local float *Qs = (__local float *)Qs4, *dOs = (__local float *)dOs4;
-  __local float *Ks = (__local float *)Ks4, *Vs = (__local float *)Vs4;
-  __local float Ps[BB * SS], dSs[BB * SS], lse_s[BB], lo_s[BB], del_s[BB];
+  BWD_TILES;
   const int lid = get_local_id(0);
   const int b = get_group_id(2), h = get_group_id(1), i0 = get_group_id(0) * BB;
-  int nq = nq_all, nk = nk_all, q0 = 0, k0 = 0;
-  if (cu_q) {
-    q0 = cu_q[b];
-    nq = cu_q[b + 1] - q0;
-  }
-  if (cu_k) {
-    k0 = cu_k[b];
-    nk = cu_k[b + 1] - k0;
-  }
+  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
+  const int nq = seq.nq, nk = seq.nk;
   if (i0 >= nq) return;
-  const int hk = h / group, dbase = cu_q ? q0 : b * nq_all;
+  const int hk = h / group;
   const float slope = alibi ? alibi[h] : 0.0f;
-  __global const T *qp = q + qo + b * qs.s0 + h * qs.s2 + q0 * qs.s1;
-  __global const T *gp = dout + go + b * gs.s0 + h * gs.s2 + q0 * gs.s1;
-  __global const T *kp = k + ko + b * ks.s0 + hk * ks.s2 + k0 * ks.s1;
-  __global const T *vp = v + vo + b * vs.s0 + hk * vs.s2 + k0 * vs.s1;
+  __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
+  __global const T *gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
+  __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
+  __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
   stage_rows(Qs, qp, qs.s1, qs.s3, i0, nq, d, lid);
   stage_rows(dOs, gp, gs.s1, gs.s3, i0, nq, d, lid);
-  stage_row_stats(lse_s, lo_s, del_s, lse, lo_, ls, delta, b, h, q0, dbase, i0, nq, tq, lid);
+  stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, lid);
 
-  const int diag0 = nk - nq, rl = min(i0 + BB, nq) - 1;
-  const int lo = wl < 0 ? 0 : max(i0 + diag0 - wl, 0);
-  const int hi = wr < 0 ? nk : min(rl + diag0 + wr + 1, nk);
+  /* The keys some row of the block sees. */
+  int lo, hi;
+  key_block_range(i0, min(i0 + BB, nq), nq, nk, wl, wr, &lo, &hi);
 
   float dq_acc[EB];
 #pragma unroll
@@ -266,7 +254,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
     stage_rows(Ks, kp, ks.s1, ks.s3, j0, nk, d, lid);
     stage_rows(Vs, vp, vs.s1, vs.s3, j0, nk, d, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
-    tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, lo_s, del_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap,
+    tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, lo_s, delta_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap,
               slope, wl, wr, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
 #if NTB % HD == 0
@@ -288,7 +276,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
 #endif
   }
 
-  __global T *dqp = dq + dqo + b * dqs.s0 + h * dqs.s2 + q0 * dqs.s1;
+  __global T *dqp = HEAD_ROWS(dq, dqo, dqs, b, h, seq.q0);
 #pragma unroll
   for (int u = 0; u < EB; ++u) {
     const int e = lid + u * NTB, i = e / HD, c = e % HD;

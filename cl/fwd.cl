@@ -24,11 +24,29 @@
  * (tx*4 + 64 g + 0..3), so that V is read as float4s: half the local-memory
  * instructions of P V for the same bytes.
  *
- * -D parameters (chosen by the host per device): DTYPE, HD (the head
- * dimension rounded up to 16, 32, 64 or a multiple of 32), BR, BC, TM, DK (Q/K columns per
- * staging step), JK (V rows per staging step). Window, causal, softcap and
- * ALiBi are run-time arguments so that one program serves them all.
+ * The -D parameters below are chosen by the host per device (cl/plan.c);
+ * the defaults are the tiles of a CPU device at HD = 64, so that the file
+ * compiles on its own after common.cl. Window, causal, softcap and ALiBi are
+ * run-time arguments so that one program serves them all.
  */
+#ifndef HD
+#define HD 64 /* the head dimension rounded up: 32, 64, then a multiple of 32 */
+#endif
+#ifndef BR
+#define BR 64 /* Br: query rows per work-group */
+#endif
+#ifndef BC
+#define BC 64 /* Bc: keys per tile, a multiple of 16 */
+#endif
+#ifndef TM
+#define TM 8 /* query rows per work-item, a multiple of 4 dividing BR */
+#endif
+#ifndef DK
+#define DK 16 /* Q/K columns per staging step */
+#endif
+#ifndef JK
+#define JK 16 /* V rows per staging step, dividing BC */
+#endif
 #define TX 16
 #define TY (BR / TM)
 #define NT (TX * TY)
@@ -120,27 +138,17 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
   const int lid = get_local_id(0), tx = lid % TX, ty = lid / TX;
   const int b = get_group_id(2), h = get_group_id(1);
   const int r0 = get_group_id(0) * BR;
-  int nq = nq_all, nk = nk_all, q0 = 0, k0 = 0;
-  if (cu_q) {
-    q0 = cu_q[b];
-    nq = cu_q[b + 1] - q0;
-  }
-  if (cu_k) {
-    k0 = cu_k[b];
-    nk = cu_k[b + 1] - k0;
-  }
+  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
+  const int nq = seq.nq, nk = seq.nk;
   if (r0 >= nq) return; /* the whole group leaves: no barrier is skipped */
   const int hk = h / group;
-  __global const T *qp = q + qo + b * qs.s0 + h * qs.s2 + q0 * qs.s1;
-  __global const T *kp = k + ko + b * ks.s0 + hk * ks.s2 + k0 * ks.s1;
-  __global const T *vp = v + vo + b * vs.s0 + hk * vs.s2 + k0 * vs.s1;
+  __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
+  __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
+  __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
 
-  /* The keys any row of the block can see; rows further down see further
-   * right, so the first row gives the left end and the last the right. */
-  const int diag0 = nk - nq;
-  const int rl = min(r0 + BR, nq) - 1;
-  const int lo = wl < 0 ? 0 : max(r0 + diag0 - wl, 0);
-  const int hi = wr < 0 ? nk : min(rl + diag0 + wr + 1, nk);
+  /* The keys some row of the block can see. */
+  int lo, hi;
+  key_block_range(r0, min(r0 + BR, nq), nq, nk, wl, wr, &lo, &hi);
   const float slope = alibi ? alibi[h] : 0.0f;
   /* No softcap and no ALiBi: a tile that every row sees whole needs only
    * the scale, which skips the mask on most tiles of a long sequence. */
@@ -204,12 +212,15 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
 
     load_v(vreg, vp, vs, j0, lid, nk, d); /* in flight during the softmax */
 
-    /* Scores, mask, and this item's share of each row's maximum. */
-    const int whole = plain && j0 + BC <= nk && (wl < 0 || j0 >= r0 + BR - 1 + diag0 - wl) &&
-                      (wr < 0 || j0 + BC - 1 <= r0 + diag0 + wr);
+    /* Scores, mask, and this item's share of each row's maximum. The tile
+     * is whole when the block's last row sees its first key and the first
+     * row its last key: every row then sees every key. */
+    const int whole = plain && j0 + BC <= nk &&
+                      key_visible(diag(r0 + BR - 1, nq, nk), j0, wl, wr) &&
+                      key_visible(diag(r0, nq, nk), j0 + BC - 1, wl, wr);
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
-      const int r = r0 + ty * TM + i, dg = r + diag0;
+      const int r = r0 + ty * TM + i, dg = diag(r, nq, nk);
       float mt = -INFINITY;
 #pragma unroll
       for (int n = 0; n < TN; ++n) {
@@ -218,7 +229,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
         if (whole) {
           s[i][n] *= scale;
         } else {
-          float x = score_epilogue(s[i][n], scale, softcap, slope, dg, j, &t);
+          float x = score(s[i][n], scale, softcap, slope, dg - j, &t);
           s[i][n] = (r < nq && j < nk && key_visible(dg, j, wl, wr)) ? x : -INFINITY;
         }
         mt = fmax(mt, s[i][n]);
@@ -297,7 +308,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
   for (int i = 0; i < TM; ++i)
     red[(ty * TM + i) * TX + tx] = l_i[i];
   barrier(CLK_LOCAL_MEM_FENCE);
-  __global T *op = o + oo + b * os.s0 + h * os.s2 + q0 * os.s1;
+  __global T *op = HEAD_ROWS(o, oo, os, b, h, seq.q0);
   for (int i = 0; i < TM; ++i) {
     const int r = r0 + ty * TM + i;
     float l = 0.0f;
@@ -306,8 +317,9 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
     /* The mask says whether the row saw a key, not l: a NaN or inf among its
      * scores leaves l NaN (or 0 when all are -inf), and the row must then
      * come out NaN rather than as a row that saw nothing. */
-    const int dg = r + diag0;
-    const int seen = (wl < 0 || dg - wl < nk) && (wr < 0 || dg + wr >= 0) && nk > 0;
+    int klo, khi;
+    key_range(diag(r, nq, nk), nk, wl, wr, &klo, &khi);
+    const int seen = klo < khi;
     if (r < nq) {
       for (int n = 0; n < TD; ++n) {
         const int c = OCOL(tx, n);
@@ -315,7 +327,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
       }
       if (lse && tx == 0) {
         /* ls.s3 > 0: the (hi, lo) form, lo that far past hi. */
-        __global float *lp = lse + lo_ + b * ls.s0 + h * ls.s2 + (q0 + r) * ls.s1;
+        __global float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + r);
         float lo = 0.0f;
         lp[0] = !seen ? -INFINITY : l > 0.0f ? lse_split(m_i[i], log(l), &lo) : (lo = NAN);
         if (ls.s3) lp[ls.s3] = lo;

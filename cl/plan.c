@@ -1,0 +1,201 @@
+/*
+ * What runs (ggml's "best kernel"): for a validated problem on a context's
+ * device, the kernel family (attn_fwd, or attn_bwd_pre/dkdv/dq), the tiles
+ * it is built with and the workspace it takes. plan() (attn_supports()),
+ * the workspace sizing and the launches all read the one config decided
+ * here, once per (dtype, head-dim bucket) and context.
+ *
+ * The tiles are data: a row of the tuning table, keyed by dtype, head-dim
+ * bucket and device class, then fitted to the device's local memory and
+ * work-group size. ATTN_CL_TILES (ctx->settings.cl_tiles) overrides the
+ * forward tiles, for tuning on a new device.
+ */
+#include "attn_cl.h"
+
+#include <limits.h>
+#include <stdio.h>
+
+/* The padded head dim a program is built for: 32, 64, then multiples of 32,
+ * so that few programs cover every d and padding wastes little. 32 is the
+ * smallest: PoCL 5.0 (the H200 machine's CPU driver) aborts the process in
+ * its own compiler (Kernel.cc:129, region_entry_barrier) on the HD = 16
+ * forward, and a head dim of 16 or less costs little padded to 32. */
+static int hd_bucket(int64_t d) {
+  if (d <= 32) return 32;
+  if (d <= 64) return 64;
+  return (int)((d + 31) / 32 * 32);
+}
+
+/* Device classes. GPU: a GPU or accelerator running 256-item work-groups.
+ * CPU: the rest; PoCL runs a work-group as loops over its items, and PoCL
+ * 5.0's compiler aborts on the 256-item program. A small local memory is
+ * not a class: the fitting rule below shrinks any row to it. */
+enum { CLASS_GPU, CLASS_CPU };
+#define ANY_DTYPE (-1)
+
+/* The tuning table: the first row of the device's class whose dtype matches
+ * and whose hd_max is at least the bucket. Forward: 16 * Br / TM
+ * work-items of TM x Bc/16 scores and TM x HD/16 outputs each, which keep
+ * the two products' inner loops at 10-16 FMAs per local-memory instruction
+ * (see fwd.cl). The GPU row's 256 items (Br = 128, Bc = 64) fit NVIDIA's
+ * 48 KiB of local memory per work-group at HD = 128 (45 KiB, with V staged
+ * 8 rows at a time); measured on an H200 (bench/NOTES_opencl.md, run 3),
+ * Br = 128 beat Br = 64 by 14 % at HD = 64 and 19 % at HD = 128, and
+ * Bc = 128 or DK = 32 at Br = 64 by 7-35 %. Above HD = 128, TM is halved to
+ * stay within the register file. Backward: BB is the largest square tile
+ * up to the row's that fits (see fit()). */
+static const struct tiles_row {
+  int cls, dtype, hd_max;
+  attn__cl_tiles t; /* br, bc, tm, dk, jk, bb */
+} tiles_table[] = {
+    {CLASS_GPU, ANY_DTYPE, 128, {128, 64, 8, 16, 8, 32}},
+    {CLASS_GPU, ANY_DTYPE, ATTN_MAX_HEAD_DIM, {32, 64, 4, 16, 16, 32}},
+    {CLASS_CPU, ANY_DTYPE, 128, {64, 64, 8, 16, 16, 32}},
+    {CLASS_CPU, ANY_DTYPE, ATTN_MAX_HEAD_DIM, {32, 64, 4, 16, 16, 32}},
+};
+
+static const attn__cl_tiles *table_row(int cls, int dtype, int hd) {
+  for (size_t i = 0; i < sizeof tiles_table / sizeof tiles_table[0]; ++i) {
+    const struct tiles_row *r = &tiles_table[i];
+    if (r->cls == cls && (r->dtype == ANY_DTYPE || r->dtype == dtype) && hd <= r->hd_max)
+      return &r->t;
+  }
+  return NULL;
+}
+
+/* fwd.cl's local memory: the Q and K chunks share a buffer with P and the V
+ * chunk, beside the row reductions. */
+static size_t fwd_local_bytes(int hd, const attn__cl_tiles *t) {
+  size_t qk = (size_t)t->dk * (t->br + 4) + (size_t)t->bc * (t->dk + 4);
+  size_t pv = (size_t)t->bc * (t->br + 4) + (size_t)t->jk * hd;
+  return 4u * ((qk > pv ? qk : pv) + (size_t)t->br * 16);
+}
+
+/* fwd.cl stages a Q/K chunk as whole rows of work-items: DK must divide
+ * the work-group and DK*BR, DK*BC be multiples of it; K is read 4 columns
+ * at a time. */
+static int fwd_staging_fits(const attn__cl_tiles *t) {
+  int nt = 16 * (t->br / t->tm);
+  return nt % t->dk == 0 && t->dk % 4 == 0 && (t->dk * t->br) % nt == 0 &&
+         (t->dk * t->bc) % nt == 0;
+}
+
+static size_t bwd_local_bytes(int hd, int bb) {
+  /* Q, dO, K, V tiles; P and dS; the rows' lse (hi, lo) and delta. */
+  return 4u * (4u * (size_t)bb * (hd + 4) + 2u * (size_t)bb * (bb + 1) + 3u * (size_t)bb);
+}
+
+/* ATTN_CL_TILES=BR,TM,BC,DK,JK in place of the row's forward tiles
+ * (bench/opencl_h200.sh sweeps it); a value the kernel cannot take is
+ * ignored. */
+static void override_tiles(const attn__cl_device *dev, const char *tiles, attn__cl_tiles *t) {
+  int br, tm, bc, dk, jk;
+  if (tiles[0] && sscanf(tiles, "%d,%d,%d,%d,%d", &br, &tm, &bc, &dk, &jk) == 5 && tm > 0 &&
+      tm % 4 == 0 && br % tm == 0 && br / tm >= 1 && 16 * (br / tm) <= 1024 && bc % 16 == 0 &&
+      bc > 0 && dk > 0 && jk > 0 && bc % jk == 0 && (size_t)(16 * (br / tm)) <= dev->max_wg) {
+    t->br = br;
+    t->tm = tm;
+    t->bc = bc;
+    t->dk = dk;
+    t->jk = jk;
+  }
+}
+
+/* The local-memory fitting rule: smaller local memories shrink the staging
+ * steps, then the key tile; the backward tile is the largest square whose
+ * four operand tiles fit, with at least one output element per work-item.
+ * 0 when nothing fits the device. */
+static int fit(const attn__cl_device *dev, int hd, attn__cl_tiles *t) {
+  size_t lmem = (size_t)dev->local_mem;
+  while (fwd_local_bytes(hd, t) > lmem || !fwd_staging_fits(t)) {
+    if (t->jk > 4)
+      t->jk /= 2;
+    else if (t->bc > 16)
+      t->bc /= 2;
+    else if (t->dk > 4)
+      t->dk /= 2;
+    else
+      return 0;
+  }
+  int bb = 0;
+  for (int b = t->bb; b >= 4 && !bb; b /= 2)
+    if (bwd_local_bytes(hd, b) <= lmem && (b * hd) % 128 == 0) bb = b;
+  t->bb = bb;
+  return bb != 0 && dev->max_wg >= 128 && dev->max_wg >= (size_t)(16 * (t->br / t->tm));
+}
+
+/* The config of class cls for (dtype, hd) on ctx's device, into c. */
+static int choose(attn_context *ctx, int cls, int dtype, int hd, attn__cl_config *c) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  const attn__cl_tiles *row = table_row(cls, dtype, hd);
+  if (!row) return 0;
+  attn__cl_tiles t = *row;
+  override_tiles(im->dev, ctx->settings.cl_tiles, &t);
+  if (!fit(im->dev, hd, &t)) return 0;
+  c->valid = 1;
+  c->dtype = dtype;
+  c->hd = hd;
+  c->narrow = cls != CLASS_GPU;
+  c->t = t;
+  snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
+           "opencl attn_fwd HD=%d Br=%d Bc=%d TM=%d DK=%d JK=%d", hd, t.br, t.bc, t.tm, t.dk, t.jk);
+  snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd HD=%d BB=%d", hd, t.bb);
+  return 1;
+}
+
+int attn__cl_config_narrow(attn_context *ctx, attn__cl_config *config) {
+  if (config->narrow) return 0;
+  attn__cl_config c;
+  if (!choose(ctx, CLASS_CPU, config->dtype, config->hd, &c)) return 0;
+  *config = c;
+  return 1;
+}
+
+/* The context's config for (dtype, hd), chosen on first use; NULL when the
+ * device can run no row. */
+static attn__cl_config *config_for(attn_context *ctx, int dtype, int hd) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  attn__cl_config *c = &im->configs[dtype][hd / 32 - 1];
+  if (c->valid) return c;
+  const attn__cl_device *dev = im->dev;
+  int gpu = dev->info.is_gpu && dev->max_wg >= 256;
+  /* A GPU row that does not fit falls back to the narrower one. */
+  if ((gpu && choose(ctx, CLASS_GPU, dtype, hd, c)) || choose(ctx, CLASS_CPU, dtype, hd, c))
+    return c;
+  return NULL;
+}
+
+void attn__cl_workspace_of(const attn__problem *pb, int backward, attn__cl_workspace *ws) {
+  ws->cu = pb->cu_q ? (size_t)(pb->batch + 1) * sizeof(int32_t) : 0;
+  ws->alibi = pb->alibi ? (size_t)pb->heads_q * sizeof(float) : 0;
+  ws->tq = pb->cu_q ? pb->total_q : pb->batch * pb->seqlen_q;
+  ws->delta = backward ? (size_t)(pb->heads_q * ws->tq) * sizeof(float) : 0;
+}
+
+int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  const int64_t big = INT_MAX / 4;
+  if (pb->seqlen_q > big || pb->seqlen_k > big || pb->total_q > big || pb->total_k > big)
+    return attn__error(ctx, ATTN_EUNSUPPORTED,
+                       "the OpenCL backend takes at most %lld rows per tensor", (long long)big);
+  if (pb->batch > 65535 || pb->heads_q > 65535)
+    return attn__error(ctx, ATTN_EUNSUPPORTED,
+                       "the OpenCL backend takes at most 65535 sequences and heads");
+  const int hd = hd_bucket(pb->head_dim);
+  const attn__cl_config *c = config_for(ctx, (int)pb->dtype, hd);
+  if (!c)
+    return attn__error(ctx, ATTN_EUNSUPPORTED,
+                       "the OpenCL device %s has too little local memory (%llu bytes) or too "
+                       "small work-groups (%zu) for head_dim %lld",
+                       im->dev->info.name, (unsigned long long)im->dev->local_mem, im->dev->max_wg,
+                       (long long)pb->head_dim);
+  attn__cl_workspace ws;
+  attn__cl_workspace_of(pb, backward, &ws);
+  memset(out, 0, sizeof *out);
+  out->backward = backward;
+  out->kernel = backward ? ATTN__CL_BWD : ATTN__CL_FWD;
+  out->config = c;
+  out->name = c->name[out->kernel];
+  out->workspace = 2 * ws.cu + ws.alibi + ws.delta;
+  return ATTN_OK;
+}
