@@ -44,9 +44,10 @@ typedef struct rules_out {
   float grad;       /* score_grad(ds, t, softcap) */
 } rules_out;
 
-/* Each evaluator fills out[0..n) and returns 0, or returns -1 with a
+/* Each evaluator fills out[0..n) and returns 0; or returns -1 with a
  * sentence in why when its language's runtime or device is missing (the
- * test then skips that language, saying why). */
+ * test then skips that language, saying why), and -2 with a sentence when it
+ * failed where it should have run (the test fails). */
 int rules_eval_c(const rules_in *in, int n, rules_out *out);
 int rules_eval_opencl(const rules_in *in, int n, rules_out *out, char *why, size_t why_len);
 int rules_eval_cuda(const rules_in *in, int n, rules_out *out, char *why, size_t why_len);
