@@ -39,6 +39,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace attn_general {
 
 constexpr int kThreads = 256;
@@ -859,79 +861,53 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
 }
 
 /* ---------------------------------------------------------------------- */
-/* Host side: configuration choice and launches, one instantiation per dtype */
+/* Host side: the launchers and the tuning table's rows, one set per dtype  */
 /* ---------------------------------------------------------------------- */
 
-/* The smallest padded head dim the kernels are built for. */
-static inline int pad_dim(int d) {
-  return d <= 32 ? 32 : d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
-}
+/* The kernels' parameter block for a launch (general.cu). */
+gparams make_params(const attn__cuda_launch *L, int backward);
 
 /* forward: the kernel takes its blocks in attn_order_group's order. */
 template <typename K>
 static int launch_cfg(K kernel, size_t smem, dim3 grid, const attn__cuda_launch *L,
                       const gparams &P, bool forward = false) {
-  if (smem > L->smem_optin) return ATTN_EUNSUPPORTED;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return ATTN_OK;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
       cudaSuccess)
     return ATTN_EDEVICE;
   gparams Pl = P;
-  Pl.order = forward ? attn_order_group(kernel, kThreads, smem, grid, L->sm_count, P.wl, P.wr) : 0;
+  Pl.order =
+      forward ? attn_order_group(kernel, kThreads, smem, grid, L->dev->sm_count, P.wl, P.wr) : 0;
   kernel<<<grid, kThreads, smem, L->stream>>>(Pl);
   return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 
-/* Forward: the first configuration of the padded head dim that fits the
- * device's shared memory. ATTN_CUDA_GENERAL_MR (4 or 8) forces the rows per
- * thread where both exist, for benchmarking. */
 template <typename T, int DP, int MR, int MC>
-static int try_fwd(const attn__cuda_launch *L, const gparams &P, int want_mr) {
+static int launch_fwd(const attn__cuda_launch *L, const attn__cuda_config *) {
   using Cf = fwd_cfg<DP, MR, MC>;
-  if (want_mr && want_mr != MR) return ATTN_EUNSUPPORTED;
-  if (Cf::smem > L->smem_optin) return ATTN_EUNSUPPORTED;
   const attn__problem *pb = L->pb;
+  if (pb->batch == 0 || pb->seqlen_q == 0 || pb->heads_q == 0) return ATTN_OK;
+  const gparams P = make_params(L, 0);
   dim3 grid((unsigned)((pb->seqlen_q + Cf::Br - 1) / Cf::Br), (unsigned)pb->heads_q,
             (unsigned)pb->batch);
   return launch_cfg(fwd_kernel<T, DP, MR, MC>, Cf::smem, grid, L, P, true);
 }
 
-template <typename T>
-int launch_forward(const attn__cuda_launch *L, const gparams &P, int want_mr) {
-  int st = ATTN_EUNSUPPORTED;
-#define ATTN__TRY(DP, MR, MC) \
-  if (st == ATTN_EUNSUPPORTED) st = try_fwd<T, DP, MR, MC>(L, P, want_mr);
-  switch (pad_dim(P.d)) {
-    case 32:
-      ATTN__TRY(32, 8, 4) break;
-    case 64:
-      ATTN__TRY(64, 8, 4) ATTN__TRY(64, 4, 4) break;
-    case 96:
-      ATTN__TRY(96, 8, 4) break;
-    case 128:
-      ATTN__TRY(128, 8, 4) ATTN__TRY(128, 4, 4) break;
-    case 192:
-      ATTN__TRY(192, 4, 4) ATTN__TRY(192, 4, 2) break;
-    default:
-      ATTN__TRY(256, 4, 4) ATTN__TRY(256, 4, 2) break;
-  }
-#undef ATTN__TRY
-  if (st == ATTN_EUNSUPPORTED && want_mr) return launch_forward<T>(L, P, 0);
-  return st;
-}
-
-/* The f32 forward's wide kernel (general_fwd32.cuh, instantiated in
- * general_f32.cu). */
-int launch_forward_f32_wide(const attn__cuda_launch *L, const gparams &P);
-
 template <typename T, int DP, int M>
-static int try_bwd(const attn__cuda_launch *L, const gparams &P) {
+static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
   using Cb = bwd_cfg<DP, M>;
   const attn__problem *pb = L->pb;
-  const size_t need = pb->deterministic
-                          ? (Cb::smem_dkdv > Cb::smem_dq ? Cb::smem_dkdv : Cb::smem_dq)
-                          : Cb::smem_dkdv;
-  if (need > L->smem_optin) return ATTN_EUNSUPPORTED;
+  if (pb->batch == 0 || pb->heads_q == 0) return ATTN_OK;
+  const gparams P = make_params(L, 1);
+  if (!pb->deterministic && P.ws_dq) {
+    const size_t n = sizeof(float) * (size_t)pb->total_q * pb->heads_q * pb->head_dim;
+    if (n && cudaMemsetAsync(P.ws_dq, 0, n, L->stream) != cudaSuccess) return ATTN_EDEVICE;
+  }
+  const long long warps = P.total_q * P.hq;
+  if (warps > 0) {
+    rowdot_kernel<T><<<(unsigned)((warps + 7) / 8), 256, 0, L->stream>>>(P);
+    if (cudaPeekAtLastError() != cudaSuccess) return ATTN_EDEVICE;
+  }
   dim3 gk((unsigned)((pb->seqlen_k + Cb::Bc - 1) / Cb::Bc), (unsigned)pb->heads_kv,
           (unsigned)pb->batch);
   int st;
@@ -953,31 +929,70 @@ static int try_bwd(const attn__cuda_launch *L, const gparams &P) {
 }
 
 template <typename T>
-int launch_backward(const attn__cuda_launch *L, const gparams &P) {
-  const long long warps = P.total_q * P.hq;
-  if (warps > 0) {
-    rowdot_kernel<T><<<(unsigned)((warps + 7) / 8), 256, 0, L->stream>>>(P);
-    if (cudaPeekAtLastError() != cudaSuccess) return ATTN_EDEVICE;
-  }
-  int st = ATTN_EUNSUPPORTED;
-#define ATTN__TRY(DP, M) \
-  if (st == ATTN_EUNSUPPORTED) st = try_bwd<T, DP, M>(L, P);
-  switch (pad_dim(P.d)) {
-    case 32:
-      ATTN__TRY(32, 4) break;
-    case 64:
-      ATTN__TRY(64, 4) break;
-    case 96:
-      ATTN__TRY(96, 4) break;
-    case 128:
-      ATTN__TRY(128, 4) ATTN__TRY(128, 2) break;
-    case 192:
-      ATTN__TRY(192, 2) break;
-    default:
-      ATTN__TRY(256, 2) break;
-  }
-#undef ATTN__TRY
-  return st;
+constexpr attn_dtype dtype_of() {
+  return sizeof(T) == 4 ? ATTN_F32 : std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16;
+}
+
+/* A row of the table: the traits come from the kernel's template arguments. */
+template <typename T, int DP, int MR, int MC>
+constexpr attn__cuda_config fwd_row(const char *name) {
+  using C = fwd_cfg<DP, MR, MC>;
+  return {.kernel = ATTN__CUDA_GENERAL_FORWARD,
+          .dtype = dtype_of<T>(),
+          .dim = DP,
+          .cc = 0,
+          .threads = kThreads,
+          .br = C::Br,
+          .bc = C::Bc,
+          .smem = C::smem,
+          .smem_det = 0,
+          .name = name,
+          .launch = launch_fwd<T, DP, MR, MC>};
+}
+
+template <typename T, int DP, int M>
+constexpr attn__cuda_config bwd_row(const char *name) {
+  using C = bwd_cfg<DP, M>;
+  return {.kernel = ATTN__CUDA_GENERAL_BACKWARD,
+          .dtype = dtype_of<T>(),
+          .dim = DP,
+          .cc = 0,
+          .threads = kThreads,
+          .br = C::Br,
+          .bc = C::Bc,
+          .smem = C::smem_dkdv,
+          .smem_det = C::smem_dq,
+          .name = name,
+          .launch = launch_bwd<T, DP, M>};
+}
+
+/* The general family's rows for dtype T, per padded head dim the first that
+ * fits the device's shared memory: 8 rows a thread (Br = 128) where it fits,
+ * fewer rows and then fewer keys above. */
+template <typename T>
+constexpr attn__cuda_config rows[] = {
+    fwd_row<T, 32, 8, 4>("general forward, d <= 32, 128 x 64 tiles"),
+    fwd_row<T, 64, 8, 4>("general forward, d <= 64, 128 x 64 tiles"),
+    fwd_row<T, 64, 4, 4>("general forward, d <= 64, 64 x 64 tiles"),
+    fwd_row<T, 96, 8, 4>("general forward, d <= 96, 128 x 64 tiles"),
+    fwd_row<T, 128, 8, 4>("general forward, d <= 128, 128 x 64 tiles"),
+    fwd_row<T, 128, 4, 4>("general forward, d <= 128, 64 x 64 tiles"),
+    fwd_row<T, 192, 4, 4>("general forward, d <= 192, 64 x 64 tiles"),
+    fwd_row<T, 192, 4, 2>("general forward, d <= 192, 64 x 32 tiles"),
+    fwd_row<T, 256, 4, 4>("general forward, d <= 256, 64 x 64 tiles"),
+    fwd_row<T, 256, 4, 2>("general forward, d <= 256, 64 x 32 tiles"),
+    bwd_row<T, 32, 4>("general backward, d <= 32, 64 x 64 tiles"),
+    bwd_row<T, 64, 4>("general backward, d <= 64, 64 x 64 tiles"),
+    bwd_row<T, 96, 4>("general backward, d <= 96, 64 x 64 tiles"),
+    bwd_row<T, 128, 4>("general backward, d <= 128, 64 x 64 tiles"),
+    bwd_row<T, 128, 2>("general backward, d <= 128, 32 x 32 tiles"),
+    bwd_row<T, 192, 2>("general backward, d <= 192, 32 x 32 tiles"),
+    bwd_row<T, 256, 2>("general backward, d <= 256, 32 x 32 tiles"),
+};
+
+template <typename T>
+constexpr attn__cuda_rows table() {
+  return {rows<T>, (int)(sizeof rows<T> / sizeof rows<T>[0])};
 }
 
 }  // namespace attn_general

@@ -26,8 +26,7 @@
  * variants"): 8 x 4 with Br = 128 and with two blocks of Br = 64 a
  * multiprocessor ran 4-12 % slower, and skipping the masked part of the
  * causal diagonal tile cost 2-3 % everywhere (register pressure); none is
- * kept. ATTN_CUDA_GENERAL_VARIANT=base runs general.cuh's fwd_kernel instead,
- * for comparison.
+ * kept.
  */
 #ifndef ATTN_CUDA_GENERAL_FWD32_CUH
 #define ATTN_CUDA_GENERAL_FWD32_CUH
@@ -311,24 +310,42 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
 }
 
 template <int DP, int MR, int MC, int NTY, bool ALIAS>
-static int try_fwd32(const attn__cuda_launch *L, const gparams &P) {
+static int launch_fwd32(const attn__cuda_launch *L, const attn__cuda_config *) {
   using Cf = f32v_cfg<DP, MR, MC, NTY, ALIAS>;
   static_assert(Cf::NT == kThreads, "launch_cfg launches kThreads threads");
   const attn__problem *pb = L->pb;
+  if (pb->batch == 0 || pb->seqlen_q == 0 || pb->heads_q == 0) return ATTN_OK;
+  const gparams P = make_params(L, 0);
   dim3 grid((unsigned)((pb->seqlen_q + Cf::Br - 1) / Cf::Br), (unsigned)pb->heads_q,
             (unsigned)pb->batch);
   return launch_cfg(fwd32_kernel<DP, MR, MC, NTY, ALIAS>, Cf::smem, grid, L, P, true);
 }
 
-/* The f32 forward's wide kernel; ATTN_EUNSUPPORTED where it does not apply
- * (the caller then runs launch_forward<float>). Needs rows of q, k, v that
- * load as float4 and a padded head dim of 64 or 128. */
-int launch_forward_f32_wide(const attn__cuda_launch *L, const gparams &P) {
-  if (!P.q.vec || !P.k.vec || !P.v.vec) return ATTN_EUNSUPPORTED;
-  const int dp = pad_dim(P.d);
-  if (dp == 64) return try_fwd32<64, 8, 8, 16, false>(L, P);
-  if (dp == 128) return try_fwd32<128, 8, 8, 16, true>(L, P);
-  return ATTN_EUNSUPPORTED;
+template <int DP, int MR, int MC, int NTY, bool ALIAS>
+constexpr attn__cuda_config fwd32_row(const char *name) {
+  using C = f32v_cfg<DP, MR, MC, NTY, ALIAS>;
+  return {.kernel = ATTN__CUDA_F32_FORWARD,
+          .dtype = ATTN_F32,
+          .dim = DP,
+          .cc = 0,
+          .threads = C::NT,
+          .br = C::Br,
+          .bc = C::Bc,
+          .smem = C::smem,
+          .smem_det = 0,
+          .name = name,
+          .launch = launch_fwd32<DP, MR, MC, NTY, ALIAS>};
+}
+
+/* The wide kernel's rows: padded head dims 64 and 128 (the plan also wants
+ * q, k and v rows that load as float4). */
+constexpr attn__cuda_config f32_rows[] = {
+    fwd32_row<64, 8, 8, 16, false>("f32 wide forward, d <= 64, 128 x 128 tiles"),
+    fwd32_row<128, 8, 8, 16, true>("f32 wide forward, d <= 128, 128 x 128 tiles, P in K"),
+};
+
+constexpr attn__cuda_rows f32_table() {
+  return {f32_rows, (int)(sizeof f32_rows / sizeof f32_rows[0])};
 }
 
 }  // namespace attn_general

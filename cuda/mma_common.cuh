@@ -29,6 +29,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace attn_mma {
 
 /* Row padding of every shared-memory tile, in elements (see the top). */
@@ -71,9 +73,9 @@ struct params {
   int order;    /* forward block order: attn_order_group's G, 0 = natural */
 };
 
-/* Fills p from a launch (mma_fwd.cu); ATTN_EUNSUPPORTED, with a debug-log
- * line, for what this family declines. */
-int make_params(const attn__cuda_launch *L, int backward, params *p);
+/* Fills p from a launch (mma_fwd.cu); the plan (plan.c) has checked that
+ * the family covers the problem. */
+void make_params(const attn__cuda_launch *L, int backward, params *p);
 
 /* ---------------------------------------------------------------------- */
 /* Element types                                                            */
