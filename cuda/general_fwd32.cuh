@@ -35,12 +35,6 @@
 
 namespace attn_general {
 
-__device__ __forceinline__ float ex2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 template <int DP, int MR, int MC, int NTY, bool ALIAS>
 struct f32v_cfg {
   static constexpr int NT = 16 * NTY, Br = NTY * MR, Bc = 16 * MC;
@@ -110,11 +104,11 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
   const float *vg = (const float *)P.v.p + (long long)b * P.v.sb + S.row0k * P.v.ss + hk * P.v.sh;
 
   long long klo, khi, tmp;
-  key_range(P, i0, S.nq, S.nk, &klo, &tmp);
-  key_range(P, i1 - 1, S.nq, S.nk, &tmp, &khi);
+  row_keys(P, i0, S.nq, S.nk, &klo, &tmp);
+  row_keys(P, i1 - 1, S.nq, S.nk, &tmp, &khi);
   const long long lo_last = tmp;
   long long hi_first;
-  key_range(P, i0, S.nq, S.nk, &tmp, &hi_first);
+  row_keys(P, i0, S.nq, S.nk, &tmp, &hi_first);
   const long long t_begin = klo / Bc, t_end = khi > klo ? (khi + Bc - 1) / Bc : t_begin;
 
   const float slope = P.alibi ? P.alibi[h] : 0.f;
@@ -160,30 +154,7 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
 
     /* S = Q K^T */
     float s[MR][MC];
-#pragma unroll
-    for (int ii = 0; ii < MR; ii++)
-#pragma unroll
-      for (int jj = 0; jj < MC; jj++)
-        s[ii][jj] = 0.f;
-#pragma unroll 2
-    for (int c = 0; c < DP; c += 4) {
-      float4 qv[MR], kv[MC];
-#pragma unroll
-      for (int ii = 0; ii < MR; ii++)
-        qv[ii] = *(const float4 *)&Qs[(ty + NTY * ii) * LD + c];
-#pragma unroll
-      for (int jj = 0; jj < MC; jj++)
-        kv[jj] = *(const float4 *)&Ks[(tx + 16 * jj) * LD + c];
-#pragma unroll
-      for (int ii = 0; ii < MR; ii++)
-#pragma unroll
-        for (int jj = 0; jj < MC; jj++) {
-          s[ii][jj] = fmaf(qv[ii].x, kv[jj].x, s[ii][jj]);
-          s[ii][jj] = fmaf(qv[ii].y, kv[jj].y, s[ii][jj]);
-          s[ii][jj] = fmaf(qv[ii].z, kv[jj].z, s[ii][jj]);
-          s[ii][jj] = fmaf(qv[ii].w, kv[jj].w, s[ii][jj]);
-        }
-    }
+    rows_dot_rows<MR, MC, DP, NTY, LD>(s, Qs, Ks, tx, ty);
     if (ALIAS) {
       cp_async_wait<0>(); /* V_t */
       __syncthreads();    /* V_t visible; everyone is done with K_t: P goes there */
@@ -194,16 +165,16 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
 #pragma unroll
     for (int ii = 0; ii < MR; ii++) {
       const long long i = i0 + ty + NTY * ii;
-      const long long diag = i + S.nk - S.nq;
+      const long long dg = diag(i, S.nq, S.nk);
       /* Rows past the sequence see nothing; their results are never stored. */
       long long lo = 0, hi = 0;
-      if (!full && i < S.nq) key_range(P, i, S.nq, S.nk, &lo, &hi);
+      if (!full && i < S.nq) row_keys(P, i, S.nq, S.nk, &lo, &hi);
       float mx = -INFINITY;
 #pragma unroll
       for (int jj = 0; jj < MC; jj++) {
         const long long j = k0 + tx + 16 * jj;
-        float x = s[ii][jj], dcap;
-        if (!fast) x = score(P, x, slope, diag - j, &dcap);
+        float x = s[ii][jj], th;
+        if (!fast) x = score_of(P, x, slope, dg - j, &th);
         if (!full && (j < lo || j >= hi)) x = -INFINITY;
         s[ii][jj] = x;
         mx = fmaxf(mx, x);
@@ -217,12 +188,12 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
       /* A row that has seen no key yet keeps m = -inf; exponentiate against 0
        * then, so that -inf - -inf never makes a NaN. */
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = ex2_ftz((m_i[ii] - m_use) * kLog2e);
+      const float alpha = ex2((m_i[ii] - m_use) * kLog2e);
       float sum = 0.f;
 #pragma unroll
       for (int jj = 0; jj < MC; jj++) {
         const float dx = (fast ? scaled(P, s[ii][jj]) : s[ii][jj]) - m_use;
-        const float p = ex2_ftz(dx * kLog2e);
+        const float p = ex2(dx * kLog2e);
         sum += p;
         Ps[(ty + NTY * ii) * LDP + tx + 16 * jj] = p;
       }
@@ -245,29 +216,7 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
     }
 
     /* O += P V */
-#pragma unroll 2
-    for (int j = 0; j < Bc; j += 4) {
-      float4 pv[MR];
-#pragma unroll
-      for (int ii = 0; ii < MR; ii++)
-        pv[ii] = *(const float4 *)&Ps[(ty + NTY * ii) * LDP + j];
-#pragma unroll
-      for (int q = 0; q < 4; q++) {
-        float2 vv[NG];
-#pragma unroll
-        for (int g = 0; g < NG; g++)
-          vv[g] = *(const float2 *)&Vs[(j + q) * LD + tx * 2 + 32 * g];
-#pragma unroll
-        for (int ii = 0; ii < MR; ii++) {
-          const float p = q == 0 ? pv[ii].x : q == 1 ? pv[ii].y : q == 2 ? pv[ii].z : pv[ii].w;
-#pragma unroll
-          for (int g = 0; g < NG; g++) {
-            o[ii][g].x = fmaf(p, vv[g].x, o[ii][g].x);
-            o[ii][g].y = fmaf(p, vv[g].y, o[ii][g].y);
-          }
-        }
-      }
-    }
+    rows_times_tile<MR, NG, Bc, NTY, LDP, LD>(o, Ps, Vs, tx, ty);
     if (ALIAS) {
       __syncthreads(); /* everyone is done with P (in K's tile) and V_t */
       /* K_{t+1} and V_{t+1} in two groups: the next Q K^T waits for K only. */
@@ -281,32 +230,7 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
   }
   cp_async_wait<0>();
 
-  /* O /= l, lse = m + log(l); a row with no key: o = 0, lse = -inf. */
-  const long long obase = (long long)b * P.o.sb + S.row0q * P.o.ss + h * P.o.sh;
-#pragma unroll
-  for (int ii = 0; ii < MR; ii++) {
-    float l = l_i[ii];
-#pragma unroll
-    for (int off = 1; off < 16; off <<= 1)
-      l += __shfl_xor_sync(0xffffffffu, l, off);
-    const long long i = i0 + ty + NTY * ii;
-    if (i >= S.nq) continue;
-    /* The mask says whether the row saw a key, not l: a NaN or inf among its
-     * scores leaves l NaN (or 0 when all are -inf), and the row must then
-     * come out NaN rather than as a row that saw nothing. */
-    long long klo, khi;
-    key_range(P, i, S.nq, S.nk, &klo, &khi);
-    const bool seen = klo < khi;
-    const float inv = seen ? 1.f / l : 0.f;
-#pragma unroll
-    for (int g = 0; g < NG; g++) {
-      const int c = tx * 2 + 32 * g;
-      char *op = P.o.p;
-      if (c < P.d) elem<float>::st(op, obase + i * P.o.ss + c * P.o.sd, o[ii][g].x * inv);
-      if (c + 1 < P.d) elem<float>::st(op, obase + i * P.o.ss + (c + 1) * P.o.sd, o[ii][g].y * inv);
-    }
-    if (P.lse.p && tx == 0) lse_store(lse_row(P, S, b, h, i), P.lse.sd, seen, m_i[ii], l);
-  }
+  store_rows<float, MR, NG, NTY>(P, S, b, h, i0, o, m_i, l_i, tx, ty);
 }
 
 template <int DP, int MR, int MC, int NTY, bool ALIAS>

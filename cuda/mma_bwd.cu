@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(256) prep_kernel(const params p) {
     acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0) {
     /* hi alone of a (hi, lo) lse: P is rounded to 16 bits for the
-     * products, far above what lo corrects (lse.cuh). */
+     * products, far above what lo corrects (common.cuh). */
     const float lse = *row_ptr<float>(p.lse, b, first, h);
     p.dsum[w] = acc;
     p.lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
@@ -124,8 +124,8 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
   const int n_last = min(n0 + BC, nk) - 1;
 
   /* Query rows that see any of these keys. */
-  const int i_lo = p.window_right < 0 ? 0 : max(0, n0 - (nk - nq) - p.window_right);
-  const int i_hi = p.window_left < 0 ? nq : min(nq, n_last - (nk - nq) + p.window_left + 1);
+  int i_lo, i_hi;
+  query_block_range(n0, n_last + 1, nq, nk, p.window_left, p.window_right, &i_lo, &i_hi);
   const int mb_min = i_lo / BR;
   const int nmb = i_hi > i_lo ? (i_hi + BR - 1) / BR - mb_min : 0;
   const int items = nmb * p.group;
@@ -212,8 +212,8 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
      * (their zero-filled K gives a finite score); query rows past it have
      * lse2 = +inf and so P = 0 already. */
     const int i_last = min(i0 + BR, nq) - 1;
-    const bool full =
-        n0 + BC <= nk && n0 >= key_lo(p, i_last, nq, nk) && n0 + BC <= key_hi(p, i0, nq, nk);
+    const bool full = n0 + BC <= nk && n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
+                      n0 + BC <= key_hi(diag(i0, nq, nk), nk, p.window_right);
     float dt[SOFTCAP ? NS : 1][4];
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
@@ -222,16 +222,11 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
         const int j = n0 + warp * 16 + g + (e >> 1) * 8;
         const int qc = n * 8 + 2 * t + (e & 1);
         const int i = i0 + qc;
-        float v;
-        if constexpr (SOFTCAP) {
-          const float th = tanhf(s[n][e] * p.softcap_inv);
-          v = p.softcap_log2 * th;
-          dt[n][e] = 1.f - th * th;
-        } else {
-          v = s[n][e] * p.scale_log2;
-        }
-        if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(i + nk - nq - j));
-        if (!full && !visible(p, i, j, nq, nk)) v = -INFINITY;
+        float th;
+        float v = score_log2(s[n][e], p.scale_log2, SOFTCAP ? p.softcap_log2 : 0.f, p.softcap_inv,
+                             slope_log2, diag(i, nq, nk) - j, &th);
+        if constexpr (SOFTCAP) dt[n][e] = th;
+        if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
         s[n][e] = ex2(v - cL[qc]);
       }
     }
@@ -278,7 +273,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
       for (int e = 0; e < 4; ++e) {
         const int qc = n * 8 + 2 * t + (e & 1);
         float ds = s[n][e] * (dp[n][e] - cD[qc]);
-        if constexpr (SOFTCAP) ds *= dt[n][e];
+        if constexpr (SOFTCAP) ds = score_grad(ds, dt[n][e], p.softcap);
         dp[n][e] = ds;
       }
     }
@@ -387,8 +382,8 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
   const int m0 = m_block * BR;
   if (m0 >= nq) return;
   const int m_last = min(m0 + BR, nq) - 1;
-  const int j_lo = max(0, key_lo(p, m0, nq, nk));
-  const int j_hi = min(nk, key_hi(p, m_last, nq, nk));
+  int j_lo, j_hi;
+  key_block_range(m0, m_last + 1, nq, nk, p.window_left, p.window_right, &j_lo, &j_hi);
   const int nb_min = j_lo / BC;
   const int nb_max = j_hi > j_lo ? (j_hi + BC - 1) / BC : nb_min;
 
@@ -454,8 +449,8 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
     }
 
     const int n0 = nb * BC;
-    const bool full =
-        n0 + BC <= nk && n0 >= key_lo(p, m_last, nq, nk) && n0 + BC <= key_hi(p, m0, nq, nk);
+    const bool full = n0 + BC <= nk && n0 >= key_lo(diag(m_last, nq, nk), p.window_left) &&
+                      n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
 #pragma unroll
@@ -463,18 +458,12 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
         const int r = e >> 1;
         const int i = m0 + warp * 16 + g + r * 8;
         const int j = n0 + n * 8 + 2 * t + (e & 1);
-        float v, dtv = 1.f;
-        if constexpr (SOFTCAP) {
-          const float th = tanhf(s[n][e] * p.softcap_inv);
-          v = p.softcap_log2 * th;
-          dtv = 1.f - th * th;
-        } else {
-          v = s[n][e] * p.scale_log2;
-        }
-        if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(i + nk - nq - j));
-        if (!full && !visible(p, i, j, nq, nk)) v = -INFINITY;
+        float th;
+        float v = score_log2(s[n][e], p.scale_log2, SOFTCAP ? p.softcap_log2 : 0.f, p.softcap_inv,
+                             slope_log2, diag(i, nq, nk) - j, &th);
+        if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
         const float pr = ex2(v - lr[r]);
-        dp[n][e] = pr * (dp[n][e] - dr[r]) * dtv;
+        dp[n][e] = score_grad(pr * (dp[n][e] - dr[r]), th, SOFTCAP ? p.softcap : 0.f);
       }
     }
 

@@ -1,9 +1,8 @@
 /*
  * Shared pieces of the tensor-core kernels (mma_fwd.cu, mma_bwd.cu): the
  * parameter block the launchers fill, the PTX wrappers (cp.async, ldmatrix,
- * mma.sync m16n8k16 with fp32 accumulation), the fragment helpers and the
- * score transform (scale, softcap, ALiBi, mask) shared by the forward pass and
- * the recomputation in the backward pass.
+ * mma.sync m16n8k16 with fp32 accumulation) and the fragment helpers. The
+ * masks and the score transform are common.cuh's, in the log2 domain.
  *
  * Fragment layout of mma.sync.m16n8k16 (PTX ISA, "Matrix fragments for
  * mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
@@ -22,7 +21,7 @@
 #define ATTN_MMA_COMMON_CUH
 
 #include "attn_cuda.h"
-#include "lse.cuh"
+#include "common.cuh"
 #include "order.cuh"
 
 #include <cuda_bf16.h>
@@ -160,12 +159,6 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p) {
                : "r"(smem_addr(p)));
 }
 
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 /* The same on 32-bit shared addresses: a kernel forms one per-lane base per
  * operand and adds compile-time tile offsets, which ptxas folds into the
  * instruction (generic 64-bit pointers per fragment cost registers). */
@@ -295,26 +288,10 @@ __device__ __forceinline__ T *row_ptr(const tensor_ref &t, int b, int64_t first,
   return (T *)t.ptr + (int64_t)b * t.sb + first * t.ss + (int64_t)h * t.sh;
 }
 
-/* First visible key of query row i (may be < 0) and one past the last (may
- * be > nk); the caller clamps. */
-__device__ __forceinline__ int key_lo(const params &p, int i, int nq, int nk) {
-  return p.window_left < 0 ? 0 : i + nk - nq - p.window_left;
-}
-__device__ __forceinline__ int key_hi(const params &p, int i, int nq, int nk) {
-  return p.window_right < 0 ? nk : i + nk - nq + p.window_right + 1;
-}
-
-/* Score in the log2 domain of one raw dot product x = q.k, before masking:
- * softcap (if any) then ALiBi (slope_log2 = slope * log2 e; 0 for none). */
-__device__ __forceinline__ float score_log2(const params &p, float x, float slope_log2, int i,
-                                            int j, int nq, int nk) {
-  float s = p.softcap > 0.f ? p.softcap_log2 * tanhf(x * p.softcap_inv) : x * p.scale_log2;
-  if (slope_log2 != 0.f) s -= slope_log2 * fabsf((float)(i + nk - nq - j));
-  return s;
-}
-
-__device__ __forceinline__ bool visible(const params &p, int i, int j, int nq, int nk) {
-  return j < nk && j >= key_lo(p, i, nq, nk) && j < key_hi(p, i, nq, nk);
+/* Whether query row i sees key j, which may lie past the keys (a zero-filled
+ * row of a partial tile). */
+__device__ __forceinline__ bool sees(const params &p, int i, int j, int nq, int nk) {
+  return j < nk && key_visible(diag(i, nq, nk), j, p.window_left, p.window_right);
 }
 
 }  // namespace attn_mma

@@ -101,8 +101,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
   const int w0 = warp * MT * 16; /* this warp's first row in the block */
 
   /* Keys any row of this block sees; blocks outside are skipped. */
-  const int j_lo = max(0, key_lo(p, m0, nq, nk));
-  const int j_hi = min(nk, key_hi(p, m_last, nq, nk));
+  int j_lo, j_hi;
+  key_block_range(m0, m_last + 1, nq, nk, p.window_left, p.window_right, &j_lo, &j_hi);
   const int nb_min = j_lo / BC;
   const int nblocks = j_hi > j_lo ? (j_hi + BC - 1) / BC - nb_min : 0;
 
@@ -207,8 +207,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
       /* Scores in the log2 domain; the mask only on blocks that straddle a
        * boundary (sequence end, causal diagonal, window edge). */
       const int n0 = nb * BC;
-      const bool full =
-          n0 + BC <= nk && n0 >= key_lo(p, m_last, nq, nk) && n0 + BC <= key_hi(p, m0, nq, nk);
+      const bool full = n0 + BC <= nk && n0 >= key_lo(diag(m_last, nq, nk), p.window_left) &&
+                        n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         /* Plain blocks keep the raw q.k and fold the scale into the exp2's
@@ -222,8 +222,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
           for (int r = 0; r < 2; ++r) {
             const int i = m0 + w0 + mt * 16 + g + r * 8;
             const int jt = n0 + 2 * t;
-            lo[r] = full ? -BC : max(0, key_lo(p, i, nq, nk)) - jt;
-            hi[r] = full ? BC : min(nk, key_hi(p, i, nq, nk)) - jt;
+            int klo, khi;
+            key_range(diag(i, nq, nk), nk, p.window_left, p.window_right, &klo, &khi);
+            lo[r] = full ? -BC : klo - jt;
+            hi[r] = full ? BC : khi - jt;
           }
 #pragma unroll
           for (int n = 0; n < NS; ++n) {
@@ -233,7 +235,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
               float v = s[mt][n][e];
               if (transform) {
                 const int i = m0 + w0 + mt * 16 + g + r * 8;
-                v = score_log2(p, v, slope_log2, i, n0 + 2 * t + c, nq, nk);
+                float th;
+                v = score_log2(v, p.scale_log2, p.softcap_log2, p.softcap_inv, slope_log2,
+                               diag(i, nq, nk) - (n0 + 2 * t + c), &th);
               } else {
                 v *= p.scale_log2;
               }
@@ -322,7 +326,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
       /* The mask says whether the row saw a key, not l: a NaN or inf among
        * its scores leaves l NaN (or 0 when all are -inf), and the row must
        * then come out NaN rather than as a row that saw nothing. */
-      const bool seen = max(0, key_lo(p, i, nq, nk)) < min(nk, key_hi(p, i, nq, nk));
+      int klo, khi;
+      key_range(diag(i, nq, nk), nk, p.window_left, p.window_right, &klo, &khi);
+      const bool seen = klo < khi;
       const float inv = seen ? 1.f / l : 0.f;
       if (i < nq) {
         T *orow = go + (int64_t)i * p.o.ss;
