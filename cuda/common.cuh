@@ -109,9 +109,11 @@ __device__ __forceinline__ float score_log2(float dot, float scale_log2, float s
   return s;
 }
 
-/* d(score)/d(dot * scale) applied to ds: ds (1 - t^2) under softcap. */
-__device__ __forceinline__ float score_grad(float ds, float t, float softcap) {
-  return softcap > 0.f ? ds * (1.f - t * t) : ds;
+/* d(score)/d(dot * scale) applied to ds: ds (1 - t^2) under softcap; t = 0
+ * without it (as score and score_log2 leave it) gives ds exactly, so the
+ * softcap itself is not needed. */
+__device__ __forceinline__ float score_grad(float ds, float t) {
+  return ds * (1.f - t * t);
 }
 
 /*

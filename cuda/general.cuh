@@ -586,7 +586,7 @@ __device__ __forceinline__ void bwd_p_ds(const gparams &P, const seqinfo &S, con
       float p = 0.f;
       if (j >= lo && j < hi && lse != -INFINITY) p = exp2f(x * kLog2e);
       if (Ps) Ps[r * LDP + tx + 16 * jj] = p;
-      dSs[r * LDP + tx + 16 * jj] = score_grad(p * (dp[ii][jj] - Dr), th, P.softcap);
+      dSs[r * LDP + tx + 16 * jj] = score_grad(p * (dp[ii][jj] - Dr), th);
     }
   }
   (void)Br;

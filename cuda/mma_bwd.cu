@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
       for (int e = 0; e < 4; ++e) {
         const int qc = n * 8 + 2 * t + (e & 1);
         float ds = s[n][e] * (dp[n][e] - cD[qc]);
-        if constexpr (SOFTCAP) ds = score_grad(ds, dt[n][e], p.softcap);
+        if constexpr (SOFTCAP) ds = score_grad(ds, dt[n][e]);
         dp[n][e] = ds;
       }
     }
@@ -463,7 +463,7 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
                              slope_log2, diag(i, nq, nk) - j, &th);
         if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
         const float pr = ex2(v - lr[r]);
-        dp[n][e] = score_grad(pr * (dp[n][e] - dr[r]), th, SOFTCAP ? p.softcap : 0.f);
+        dp[n][e] = score_grad(pr * (dp[n][e] - dr[r]), th);
       }
     }
 

@@ -291,7 +291,8 @@ __device__ __forceinline__ T *row_ptr(const tensor_ref &t, int b, int64_t first,
 /* Whether query row i sees key j, which may lie past the keys (a zero-filled
  * row of a partial tile). */
 __device__ __forceinline__ bool sees(const params &p, int i, int j, int nq, int nk) {
-  return j < nk && key_visible(diag(i, nq, nk), j, p.window_left, p.window_right);
+  const int dg = diag(i, nq, nk);
+  return j < nk && j >= key_lo(dg, p.window_left) && j < key_hi(dg, nk, p.window_right);
 }
 
 }  // namespace attn_mma

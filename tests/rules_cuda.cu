@@ -32,7 +32,7 @@ static __global__ void rules_kernel(const rules_in *in, int n, rules_out *out) {
   y.score_log2 =
       score_log2(x.dot, x.scale * log2e, x.softcap * log2e,
                  x.softcap > 0.f ? x.scale / x.softcap : 0.f, x.slope * log2e, dg - x.j, &t2);
-  y.grad = score_grad(x.ds, y.t, x.softcap);
+  y.grad = score_grad(x.ds, y.t);
   out[r] = y;
 }
 
