@@ -1,6 +1,6 @@
 /*
  * Standalone check and benchmark of the tensor-core kernels (cuda/mma_*.cu),
- * calling attn__cuda_mma_forward/backward directly, without the core:
+ * running their rows of the tuning table directly, without the core:
  *   mma_check check   randomized cases against a float64 reference on the CPU
  *                     (every option: causal, windows, softcap, ALiBi, GQA/MQA,
  *                     varlen with empty sequences, strided fused-qkv layout,
@@ -231,9 +231,34 @@ struct Setup {
   void *buf_in = nullptr, *buf_out = nullptr, *ws = nullptr;
   size_t in_elems = 0, out_elems = 0, ws_bytes = 0;
   attn__problem pb;
+  attn__cuda_device dev;
   attn__cuda_launch L;
   float scale;
 };
+
+static attn__cuda_device device_of(const cudaDeviceProp &prop) {
+  attn__cuda_device dev;
+  dev.sm_count = prop.multiProcessorCount;
+  dev.cc = 10 * prop.major + prop.minor;
+  dev.smem_optin = prop.sharedMemPerBlockOptin;
+  return dev;
+}
+
+/* The tensor-core row for the problem (its dtype and head dim on this
+ * device) launched, or ATTN_EUNSUPPORTED where there is none. */
+static int run_mma(const attn__cuda_launch *L, int backward) {
+  const attn__cuda_rows *t =
+      backward ? &attn__cuda_mma_backward_rows : &attn__cuda_mma_forward_rows;
+  for (int i = 0; i < t->n; i++) {
+    const attn__cuda_config *c = &t->row[i];
+    size_t smem = c->smem;
+    if (L->pb->deterministic && c->smem_det > smem) smem = c->smem_det;
+    if (c->dtype == L->pb->dtype && c->dim == L->pb->head_dim && L->dev->cc >= c->cc &&
+        smem <= L->dev->smem_optin)
+      return c->launch(L, c);
+  }
+  return ATTN_EUNSUPPORTED;
+}
 
 static void layout(Tensor &t, int rows, int heads, int d, int seqlen) {
   t.rows = rows;
@@ -376,10 +401,8 @@ static void setup(Setup &S, const Case &cs, const cudaDeviceProp &prop) {
   S.L.cu_q = S.cuq_dev;
   S.L.cu_k = S.cuk_dev;
   S.L.alibi = S.alibi_dev;
-  S.L.sm_count = prop.multiProcessorCount;
-  S.L.cc_major = prop.major;
-  S.L.cc_minor = prop.minor;
-  S.L.smem_optin = prop.sharedMemPerBlockOptin;
+  S.dev = device_of(prop);
+  S.L.dev = &S.dev;
 }
 
 static void teardown(Setup &S) {
@@ -395,7 +418,7 @@ static void teardown(Setup &S) {
 static int run_fwd(Setup &S) {
   CK(cudaMemset(S.buf_out, 0xFF, S.out_elems * 2));
   CK(cudaMemset(S.lse_dev, 0xFF, (size_t)S.cs.hq * S.q.rows * 4));
-  int rc = attn__cuda_mma_forward(&S.L);
+  int rc = run_mma(&S.L, 0);
   if (rc != ATTN_OK) return rc;
   CK(cudaDeviceSynchronize());
   std::vector<uint16_t> host(S.out_elems);
@@ -410,18 +433,17 @@ static int run_fwd(Setup &S) {
  * buffer (already holding the forward's o) and keep it. */
 static int run_bwd(Setup &S, int deterministic, std::vector<uint16_t> *raw = nullptr) {
   S.pb.deterministic = deterministic;
-  size_t need = attn__cuda_mma_workspace(&S.pb, 1);
+  size_t need = attn__cuda_workspace(ATTN__CUDA_MMA_BACKWARD, &S.pb);
   if (need > S.ws_bytes) {
     cudaFree(S.ws);
     CK(cudaMalloc(&S.ws, need));
     S.ws_bytes = need;
   }
   S.L.workspace = S.ws;
-  S.L.workspace_bytes = S.ws_bytes;
   /* Poison dq, dk, dv (not o). */
   const size_t o_end = S.o.elems + 8;
   CK(cudaMemset((uint16_t *)S.buf_out + o_end, 0xFF, (S.out_elems - o_end) * 2));
-  int rc = attn__cuda_mma_backward(&S.L);
+  int rc = run_mma(&S.L, 1);
   if (rc != ATTN_OK) return rc;
   CK(cudaDeviceSynchronize());
   std::vector<uint16_t> host(S.out_elems);
@@ -678,18 +700,15 @@ static void bench(const cudaDeviceProp &prop, bool quick) {
           pb.lse.sh = N;
           pb.lse.ss = 1;
           pb.lse.sd = 0;
-          size_t wsb = attn__cuda_mma_workspace(&pb, 1);
+          size_t wsb = attn__cuda_workspace(ATTN__CUDA_MMA_BACKWARD, &pb);
           void *ws;
           CK(cudaMalloc(&ws, wsb));
           attn__cuda_launch L;
           memset(&L, 0, sizeof L);
           L.pb = &pb;
           L.workspace = ws;
-          L.workspace_bytes = wsb;
-          L.sm_count = prop.multiProcessorCount;
-          L.cc_major = prop.major;
-          L.cc_minor = prop.minor;
-          L.smem_optin = prop.sharedMemPerBlockOptin;
+          const attn__cuda_device dev = device_of(prop);
+          L.dev = &dev;
           cudaEvent_t e0, e1;
           CK(cudaEventCreate(&e0));
           CK(cudaEventCreate(&e1));
@@ -699,7 +718,7 @@ static void bench(const cudaDeviceProp &prop, bool quick) {
             std::vector<float> ms;
             for (int rep = 0; rep < 13; ++rep) {
               CK(cudaEventRecord(e0));
-              int rc = pass ? attn__cuda_mma_backward(&L) : attn__cuda_mma_forward(&L);
+              int rc = run_mma(&L, pass);
               CK(cudaEventRecord(e1));
               CK(cudaEventSynchronize(e1));
               if (rc != ATTN_OK) {

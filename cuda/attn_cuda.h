@@ -104,11 +104,24 @@ static inline int attn__cuda_rows4(const attn__tensor *t, const attn__problem *p
          t->sb % 4 == 0 && (uintptr_t)p % (4 * attn_dtype_size(pb->dtype)) == 0;
 }
 
-/* The plan (plan.c): the row to run, or NULL with a sentence in why; the
- * workspace bytes it needs. */
+/* The plan (plan.c): the row to run, or NULL with a sentence in why. */
 const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,
                                          int backward, char *why, size_t why_len);
-size_t attn__cuda_workspace(const attn__cuda_config *c, const attn__problem *pb);
+
+/* The backward's workspace: a float per query row and head (D = rowsum(dO *
+ * O); the tensor cores' second, lse * log2(e), follows it), each block
+ * 256-byte aligned, then in atomic mode the fp32 dq accumulator. The
+ * forward needs none. */
+static inline size_t attn__cuda_ws_rows(const attn__problem *pb) {
+  return (sizeof(float) * (size_t)pb->total_q * (size_t)pb->heads_q + 255) & ~(size_t)255;
+}
+static inline size_t attn__cuda_workspace(attn__cuda_kernel k, const attn__problem *pb) {
+  const size_t per = attn__cuda_ws_rows(pb);
+  const size_t dq = pb->deterministic ? 0 : per * (size_t)pb->head_dim;
+  if (k == ATTN__CUDA_MMA_BACKWARD) return 2 * per + dq;
+  if (k == ATTN__CUDA_GENERAL_BACKWARD) return per + dq;
+  return 0;
+}
 
 #ifdef __cplusplus
 }

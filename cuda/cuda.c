@@ -278,7 +278,7 @@ static int cuda_plan(attn_context *ctx, const attn__problem *pb, int backward, a
   out->kernel = (int)c->kernel;
   out->config = c;
   out->name = c->name;
-  out->workspace = attn__cuda_workspace(c, pb);
+  out->workspace = attn__cuda_workspace(c->kernel, pb);
   return ATTN_OK;
 }
 

@@ -11,10 +11,6 @@
 
 namespace attn_general {
 
-static size_t align256(size_t n) {
-  return (n + 255) & ~(size_t)255;
-}
-
 static gtensor make_tensor(const attn__tensor *t, const attn__problem *pb) {
   gtensor g;
   g.p = t->native ? (char *)t->native + t->offset : nullptr;
@@ -58,11 +54,10 @@ gparams make_params(const attn__cuda_launch *L, int backward) {
   P.alibi = L->alibi;
   P.total_q = pb->total_q;
   if (backward) {
-    /* The layout of plan.c's attn__cuda_workspace. */
+    /* attn__cuda_workspace's layout. */
     char *ws = (char *)L->workspace;
     P.ws_D = (float *)ws;
-    if (!pb->deterministic)
-      P.ws_dq = (float *)(ws + align256(sizeof(float) * (size_t)pb->total_q * pb->heads_q));
+    if (!pb->deterministic) P.ws_dq = (float *)(ws + attn__cuda_ws_rows(pb));
   }
   return P;
 }

@@ -552,8 +552,8 @@ static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
   const attn__problem *pb = L->pb;
   params p;
   make_params(L, 1, &p);
-  /* The layout of plan.c's attn__cuda_workspace. */
-  const size_t per = ((size_t)pb->heads_q * (size_t)p.rows * sizeof(float) + 255) / 256 * 256;
+  /* attn__cuda_workspace's layout. */
+  const size_t per = attn__cuda_ws_rows(pb);
   p.dsum = (float *)L->workspace;
   p.lse2 = (float *)((char *)L->workspace + per);
   p.dq_atomic = !pb->deterministic;

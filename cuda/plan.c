@@ -9,10 +9,6 @@
 
 #include <stdio.h>
 
-static size_t align256(size_t n) {
-  return (n + 255) & ~(size_t)255;
-}
-
 /* The tensor-core kernels read 16-byte chunks of rows through ldmatrix and
  * cp.async. */
 static int aligned16(const attn__tensor *t) {
@@ -77,24 +73,4 @@ const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const att
            "block",
            backward ? "backward" : "forward", (long long)pb->head_dim, dev->smem_optin);
   return NULL;
-}
-
-size_t attn__cuda_workspace(const attn__cuda_config *c, const attn__problem *pb) {
-  const size_t per = align256(sizeof(float) * (size_t)pb->total_q * (size_t)pb->heads_q);
-  switch (c->kernel) {
-    case ATTN__CUDA_MMA_BACKWARD:
-      /* D = rowsum(dO * O) and lse * log2(e), then the fp32 dq accumulator
-       * (atomic mode only). */
-      return 2 * per + (pb->deterministic ? 0 : per * (size_t)pb->head_dim);
-    case ATTN__CUDA_GENERAL_BACKWARD:
-      /* D, then the fp32 dq accumulator (atomic mode only). */
-      return per + (pb->deterministic ? 0
-                                      : align256(sizeof(float) * (size_t)pb->total_q *
-                                                 (size_t)pb->heads_q * (size_t)pb->head_dim));
-    case ATTN__CUDA_MMA_FORWARD:
-    case ATTN__CUDA_F32_FORWARD:
-    case ATTN__CUDA_GENERAL_FORWARD:
-      break;
-  }
-  return 0;
 }
