@@ -91,15 +91,17 @@ __device__ __forceinline__ float score(float dot, float scale, float softcap, fl
 }
 
 /* The same in the log2 domain, where exp is ex2: scale_log2 = scale *
- * log2(e), softcap_log2 = softcap * log2(e) (0 = off), softcap_inv = scale /
+ * log2(e), capped when there is a softcap (a constant where a kernel is
+ * specialized on it), softcap_log2 = softcap * log2(e), softcap_inv = scale /
  * softcap (the tanh argument straight from the dot product), slope_log2 =
  * slope * log2(e) (0 = no ALiBi). */
 template <typename I>
-__device__ __forceinline__ float score_log2(float dot, float scale_log2, float softcap_log2,
-                                            float softcap_inv, float slope_log2, I dist, float *t) {
+__device__ __forceinline__ float score_log2(float dot, float scale_log2, bool capped,
+                                            float softcap_log2, float softcap_inv, float slope_log2,
+                                            I dist, float *t) {
   float s;
   *t = 0.f;
-  if (softcap_log2 > 0.f) {
+  if (capped) {
     *t = tanhf(dot * softcap_inv);
     s = softcap_log2 * *t;
   } else {

@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
         const int qc = n * 8 + 2 * t + (e & 1);
         const int i = i0 + qc;
         float th;
-        float v = score_log2(s[n][e], p.scale_log2, SOFTCAP ? p.softcap_log2 : 0.f, p.softcap_inv,
+        float v = score_log2(s[n][e], p.scale_log2, SOFTCAP, p.softcap_log2, p.softcap_inv,
                              slope_log2, diag(i, nq, nk) - j, &th);
         if constexpr (SOFTCAP) dt[n][e] = th;
         if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
@@ -459,7 +459,7 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
         const int i = m0 + warp * 16 + g + r * 8;
         const int j = n0 + n * 8 + 2 * t + (e & 1);
         float th;
-        float v = score_log2(s[n][e], p.scale_log2, SOFTCAP ? p.softcap_log2 : 0.f, p.softcap_inv,
+        float v = score_log2(s[n][e], p.scale_log2, SOFTCAP, p.softcap_log2, p.softcap_inv,
                              slope_log2, diag(i, nq, nk) - j, &th);
         if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
         const float pr = ex2(v - lr[r]);

@@ -236,8 +236,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
               if (transform) {
                 const int i = m0 + w0 + mt * 16 + g + r * 8;
                 float th;
-                v = score_log2(v, p.scale_log2, p.softcap_log2, p.softcap_inv, slope_log2,
-                               diag(i, nq, nk) - (n0 + 2 * t + c), &th);
+                v = score_log2(v, p.scale_log2, p.softcap_log2 > 0.f, p.softcap_log2, p.softcap_inv,
+                               slope_log2, diag(i, nq, nk) - (n0 + 2 * t + c), &th);
               } else {
                 v *= p.scale_log2;
               }

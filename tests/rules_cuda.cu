@@ -30,7 +30,7 @@ static __global__ void rules_kernel(const rules_in *in, int n, rules_out *out) {
   const float log2e = 1.4426950408889634f;
   float t2;
   y.score_log2 =
-      score_log2(x.dot, x.scale * log2e, x.softcap * log2e,
+      score_log2(x.dot, x.scale * log2e, x.softcap > 0.f, x.softcap * log2e,
                  x.softcap > 0.f ? x.scale / x.softcap : 0.f, x.slope * log2e, dg - x.j, &t2);
   y.grad = score_grad(x.ds, y.t);
   out[r] = y;
