@@ -2,8 +2,8 @@
  * The general CUDA kernels: the FlashAttention-2 forward and backward passes on
  * the CUDA cores, in true fp32 arithmetic (FFMA), for every problem the API
  * accepts: any head dim 1..256, f32/f16/bf16 storage, any strides, every mask,
- * softcap, ALiBi, GQA and varlen. They are the f32 fast path and the fallback
- * for everything the tensor-core family declines.
+ * softcap, ALiBi, GQA and varlen. They are the f32 path and the last rows of
+ * the plan (plan.c), for everything the tensor-core rows do not cover.
  *
  * The steps, with the CPU backend's names:
  *   forward   a block per (query block of Br rows, query head, sequence): Q_i in

@@ -39,15 +39,15 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 /* One operand in device memory: base already at (native + offset), strides in
- * elements, head-dim stride 1 (the launchers decline anything else). */
+ * elements, head-dim stride 1 (the plan, plan.c, gives them nothing else). */
 struct tensor_ref {
   void *ptr;
   int64_t sb, ss, sh;
   int64_t sd; /* lse only: hi to lo of the (hi, lo) form, 0 for a plain lse */
 };
 
-/* Everything the kernels read, by value. Lengths are ints: the launchers
- * decline sequences of 2^30 rows or more. */
+/* Everything the kernels read, by value. Lengths are ints: the plan gives
+ * the launchers no sequence of 2^30 rows or more. */
 struct params {
   tensor_ref q, k, v, o, lse;
   tensor_ref dout, dq, dk, dv;
