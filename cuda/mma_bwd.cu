@@ -222,10 +222,17 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
         const int j = n0 + warp * 16 + g + (e >> 1) * 8;
         const int qc = n * 8 + 2 * t + (e & 1);
         const int i = i0 + qc;
-        float th;
-        float v = score_log2(s[n][e], p.scale_log2, SOFTCAP, p.softcap_log2, p.softcap_inv,
-                             slope_log2, diag(i, nq, nk) - j, &th);
-        if constexpr (SOFTCAP) dt[n][e] = th;
+        /* common.cuh's score_log2 with a constant softcap, written out: called,
+         * ptxas gave the dq kernel below up to 60 more registers. */
+        float v;
+        if constexpr (SOFTCAP) {
+          const float th = tanhf(s[n][e] * p.softcap_inv);
+          v = p.softcap_log2 * th;
+          dt[n][e] = th;
+        } else {
+          v = s[n][e] * p.scale_log2;
+        }
+        if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(diag(i, nq, nk) - j));
         if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
         s[n][e] = ex2(v - cL[qc]);
       }
@@ -458,9 +465,15 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
         const int r = e >> 1;
         const int i = m0 + warp * 16 + g + r * 8;
         const int j = n0 + n * 8 + 2 * t + (e & 1);
-        float th;
-        float v = score_log2(s[n][e], p.scale_log2, SOFTCAP, p.softcap_log2, p.softcap_inv,
-                             slope_log2, diag(i, nq, nk) - j, &th);
+        /* score_log2 written out, as in dkdv_kernel. */
+        float v, th = 0.f;
+        if constexpr (SOFTCAP) {
+          th = tanhf(s[n][e] * p.softcap_inv);
+          v = p.softcap_log2 * th;
+        } else {
+          v = s[n][e] * p.scale_log2;
+        }
+        if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(diag(i, nq, nk) - j));
         if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
         const float pr = ex2(v - lr[r]);
         dp[n][e] = score_grad(pr * (dp[n][e] - dr[r]), th);
