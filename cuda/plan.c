@@ -1,9 +1,9 @@
 /*
  * The CUDA backend's one decision of what runs (ggml's "best kernel"): the
  * first row of the tuning table that covers the problem on the device
- * (attn__cuda_workspace then sizes its scratch). The rows are the families' (attn_cuda.h),
- * walked tensor cores first, then the f32 wide kernel, then the general
- * kernels, which cover every problem.
+ * (attn__cuda_workspace then sizes its scratch). The rows are the families'
+ * (attn_cuda.h), walked tensor cores first, then the f32 wide kernel, then
+ * the general kernels, which cover every problem.
  */
 #include "attn_cuda.h"
 
