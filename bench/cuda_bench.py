@@ -18,18 +18,12 @@ import argparse
 import ctypes as C
 import json
 import math
-import os
 import sys
 import time
 
 import torch
 
 ATTN_F32, ATTN_F16, ATTN_BF16 = 0, 1, 2
-# The f32 forward's tuning variants (cuda/general_fwd32.cuh) and the head dims
-# where each has kernels of its own (elsewhere it is the default kernel).
-VARIANT_ENV = "ATTN_CUDA_GENERAL_VARIANT"
-F32_VARIANTS = ["base"]
-F32_VARIANT_DIMS = (64, 128)
 CAUSAL, DETERMINISTIC, ASYNC = 0x1, 0x2, 0x10
 DT = {torch.float32: ATTN_F32, torch.float16: ATTN_F16, torch.bfloat16: ATTN_BF16}
 
@@ -232,7 +226,7 @@ def check(args):
          ([0, 5, 5, 200, 260], [0, 0, 40, 300, 333])),
         ("f32_d1", torch.float32, 1, 70, 70, 2, 2, 1, (-1, -1), 0, False, "contig", None),
         ("f32_d200_alibi_window", torch.float32, 1, 150, 150, 3, 3, 200, (30, 30), 0, True, "contig", None),
-        # The f32 forward variants' head dims (64, 128) with every option:
+        # The f32 wide forward's head dims (64, 128) with every option:
         # partial tiles, an empty key sequence, windows, softcap, GQA/MQA.
         ("f32_d128_varlen_gqa_window", torch.float32, 3, 0, 0, 4, 2, 128, (50, 10), 0, False, "contig",
          ([0, 1, 130, 400], [0, 70, 70, 350])),
@@ -254,18 +248,8 @@ def check(args):
     bound = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
     fails = 0
     rows = []
-    # Every f32 case again under each f32 forward variant (ATTN_CUDA_GENERAL_VARIANT):
-    # the backward then runs on that variant's o and lse.
-    runs = [(None, c) for c in cases]
-    for var in F32_VARIANTS:
-        runs += [(var, c) for c in cases if c[1] == torch.float32]
-    ncases = len(runs)
-    for var, (name, dt, B, Nq, Nk, Hq, Hkv, d, window, softcap, use_alibi, layout, vl) in runs:
-        if var:
-            name = "%s[%s]" % (name, var)
-            os.environ[VARIANT_ENV] = var
-        else:
-            os.environ.pop(VARIANT_ENV, None)
+    ncases = len(cases)
+    for name, dt, B, Nq, Nk, Hq, Hkv, d, window, softcap, use_alibi, layout, vl in cases:
         alibi = [2.0 ** (-8.0 * (h + 1) / Hq) for h in range(Hq)] if use_alibi else None
         scale = 1.0 / math.sqrt(d)
         if vl:
@@ -356,9 +340,7 @@ def check(args):
             errs["dq_det"], "ok" if not bad else "FAIL " + ",".join(bad)), flush=True)
         rows.append({"case": name, "errs": errs, "bad": bad})
         A.release()
-    os.environ.pop(VARIANT_ENV, None)
-    print("check: %d of %d cases failed (f32 cases also under variants %s)" % (
-        fails, ncases, ",".join(F32_VARIANTS)))
+    print("check: %d of %d cases failed" % (fails, ncases))
     if args.json:
         json.dump(rows, open(args.json, "w"), indent=1)
     return 1 if fails else 0
@@ -434,44 +416,6 @@ def bench(args):
                     row = {"dtype": dn, "d": d, "causal": causal, "N": N, "B": B, "H": H}
                     try:
                         row["ours_fwd"] = fl / timeit(A.prep_forward(p, q, k, v, o, lse)) / 1e12
-                        if dt == torch.float32 and args.variants:
-                            if "base" in args.variant_list.split(","):
-                                # The base kernel's other row blocking (4 rows a thread).
-                                os.environ["ATTN_CUDA_GENERAL_MR"] = "4"
-                                os.environ["ATTN_CUDA_GENERAL_VARIANT"] = "base"
-                                row["ours_fwd_mr4"] = fl / timeit(A.prep_forward(p, q, k, v, o, lse)) / 1e12
-                                del os.environ["ATTN_CUDA_GENERAL_MR"]
-                                del os.environ["ATTN_CUDA_GENERAL_VARIANT"]
-                            # The f32 forward variants; each also checked against the
-                            # default kernel's o (max abs difference) in this run.
-                            if d in F32_VARIANT_DIMS:
-                                A.prep_forward(p, q, k, v, o, lse)()
-                                o_ref, lse_ref = o.clone(), lse.clone()
-                                for var in args.variant_list.split(","):
-                                    os.environ[VARIANT_ENV] = var
-                                    try:
-                                        row["ours_fwd_" + var] = fl / timeit(
-                                            A.prep_forward(p, q, k, v, o, lse)) / 1e12
-                                        row["diff_" + var] = max((o - o_ref).abs().max().item(),
-                                                                 (lse - lse_ref).abs().max().item())
-                                    finally:
-                                        del os.environ[VARIANT_ENV]
-                                A.prep_forward(p, q, k, v, o, lse)()
-                                del o_ref, lse_ref
-                        if args.order and causal:
-                            # The forward with the blocks in their natural order
-                            # (cuda/order.cuh); the results must be bit-identical.
-                            A.prep_forward(p, q, k, v, o, lse)()
-                            o_ref, lse_ref = o.clone(), lse.clone()
-                            os.environ["ATTN_CUDA_ORDER"] = "natural"
-                            try:
-                                row["ours_fwd_natural"] = fl / timeit(
-                                    A.prep_forward(p, q, k, v, o, lse)) / 1e12
-                                row["diff_natural"] = max((o - o_ref).abs().max().item(),
-                                                          (lse - lse_ref).abs().max().item())
-                            finally:
-                                del os.environ["ATTN_CUDA_ORDER"]
-                            del o_ref, lse_ref
                         if not args.forward_only:
                             row["ours_bwd"] = 2.5 * fl / timeit(
                                 A.prep_backward(p, q, k, v, o, lse, do, dq, dk, dv)) / 1e12
@@ -516,13 +460,6 @@ def bench(args):
             r["dtype"], r["d"], "yes" if r["causal"] else "no", r["N"],
             f(r, "ours_fwd"), f(r, "flash_fwd"), f(r, "cudnn_fwd"), f(r, "sdpa_fwd"), rf,
             f(r, "ours_bwd"), f(r, "flash_bwd"), f(r, "cudnn_bwd"), f(r, "sdpa_bwd"), rb)
-            + ("  fwd MR=4 %s" % f(r, "ours_fwd_mr4") if "ours_fwd_mr4" in r else "")
-            + "".join("  %s %s (%.2fx, diff %.0e)" % (v, f(r, "ours_fwd_" + v), r["ours_fwd_" + v] / ref_f,
-                                                      r.get("diff_" + v, float("nan")))
-                      for v in F32_VARIANTS if "ours_fwd_" + v in r and ref_f)
-            + ("  natural order %s (%.2fx, diff %.0e)" % (f(r, "ours_fwd_natural"), r["ours_fwd_natural"] / ref_f,
-                                                          r["diff_natural"])
-               if "ours_fwd_natural" in r and ref_f else "")
             + ("  ERR " + r["ours_err"][:60] if "ours_err" in r else ""))
     return 0
 
@@ -538,11 +475,6 @@ def main():
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--tokens", type=int, default=16384, help="B*N per problem")
     ap.add_argument("--forward-only", action="store_true")
-    ap.add_argument("--variants", action="store_true", help="also time tuning variants")
-    ap.add_argument("--variant-list", default=",".join(F32_VARIANTS),
-                    help="the f32 forward variants --variants times")
-    ap.add_argument("--order", action="store_true",
-                    help="causal rows: also time the forward in the natural block order")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

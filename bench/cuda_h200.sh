@@ -7,10 +7,6 @@
 #
 # STEPS picks what runs (default all): build info golden ctest sanitize check bench.
 # BENCH_ARGS goes to cuda_bench.py bench (e.g. "--dtypes f32 --seqlens 4096,8192").
-# The golden and check steps also run the f32 forward on the base kernel
-# (ATTN_CUDA_GENERAL_VARIANT=base); bench --variants times it.
-# SAN_VARIANTS lists the f32 variants racechecked besides the default (default
-# "base"; empty for none).
 # CUDA_ARCH sets CMAKE_CUDA_ARCHITECTURES (default 90-real: the H200 alone, to
 # build fast; the default build, sm_80 + sm_90 + PTX, is built in CI).
 set -u -o pipefail
@@ -71,13 +67,6 @@ if has golden; then
   ATTN_BACKEND=cuda $ATTN check tests/golden/cases >"$OUT/golden.txt" 2>&1 && result[golden]=ok || result[golden]=FAIL
   grep -E "FAIL|cannot" "$OUT/golden.txt" | head -20
   tail -3 "$OUT/golden.txt"
-  # The f32 forward variants (cuda/general_fwd32.cuh) on the same cases.
-  for v in base; do
-    ATTN_CUDA_GENERAL_VARIANT=$v ATTN_BACKEND=cuda $ATTN check tests/golden/cases >"$OUT/golden_$v.txt" 2>&1 \
-      || result[golden]="FAIL (variant $v: see golden_$v.txt)"
-    echo "golden variant $v: $(grep -cE "FAIL" "$OUT/golden_$v.txt") FAIL lines; $(tail -1 "$OUT/golden_$v.txt")"
-    grep -E "FAIL" "$OUT/golden_$v.txt" | head -5
-  done
 fi
 
 if has ctest && [ -f "$BUILD/CTestTestfile.cmake" ]; then
@@ -94,17 +83,6 @@ if has sanitize && command -v compute-sanitizer >/dev/null; then
     ATTN_BACKEND=cuda timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 \
       $ATTN check $cases >"$OUT/sanitize_$tool.txt" 2>&1 || ok=0
     tail -2 "$OUT/sanitize_$tool.txt"
-  done
-  # racecheck of the f32 forward variants (their own barrier schedules), on
-  # the golden cases with f32 d = 128 (gqa_causal) and d = 64 (varlen_causal).
-  for v in ${SAN_VARIANTS-base}; do
-    ATTN_CUDA_GENERAL_VARIANT=$v ATTN_BACKEND=cuda timeout 45 compute-sanitizer --tool racecheck \
-      --error-exitcode 9 $ATTN check tests/golden/cases/gqa_causal tests/golden/cases/varlen_causal \
-      >"$OUT/sanitize_racecheck_$v.txt" 2>&1
-    rc=$?
-    [ $rc = 124 ] && echo "racecheck variant $v: timed out (not counted)" && continue
-    [ $rc != 0 ] && ok=0
-    echo "racecheck variant $v: rc $rc; $(tail -1 "$OUT/sanitize_racecheck_$v.txt")"
   done
   [ $ok = 1 ] && result[sanitize]=ok || result[sanitize]=FAIL
 fi

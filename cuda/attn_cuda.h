@@ -1,13 +1,18 @@
 /*
- * The CUDA backend's private interface between its host code (cuda/cuda.c or
- * cuda/host.cu) and its kernel families:
+ * The CUDA backend's private interface between its host code (cuda/cuda.c),
+ * its plan (cuda/plan.c) and its kernel families:
+ *   - the tensor-core kernels (mma.sync + ldmatrix, f16/bf16; mma_*.cu) for
+ *     the common head dims;
+ *   - the f32 forward's wide kernel (general_fwd32.cuh) for padded head dims
+ *     64 and 128 with 16-byte rows;
  *   - the general kernels (any head dim 1..256, every dtype, f32 in true
- *     fp32 on the CUDA cores), which cover every problem;
- *   - the tensor-core kernels (mma.sync + ldmatrix, f16/bf16), which cover
- *     the common head dims
- *     fast and decline the rest.
- * The host tries the tensor-core family first and falls back on
- * ATTN_EUNSUPPORTED.
+ *     fp32 on the CUDA cores; general*.cu), which cover every problem.
+ *
+ * Each family exports its rows of the tuning table: one kernel
+ * configuration each, its traits and its launcher. The plan walks them in
+ * the order above and takes the first row whose key (dtype, head dim, lowest
+ * compute capability) and needs (shared memory, alignment) the problem and
+ * the device meet; the launcher then runs exactly that row.
  */
 #ifndef ATTN_CUDA_H
 #define ATTN_CUDA_H
@@ -20,33 +25,103 @@
 extern "C" {
 #endif
 
-/* Everything a kernel family needs for one call. All pointers are device
+/* What the plan needs of a device, queried once when a context opens. */
+typedef struct attn__cuda_device {
+  int sm_count;
+  int cc;            /* compute capability, 10 * major + minor */
+  size_t smem_optin; /* cudaDevAttrMaxSharedMemoryPerBlockOptin */
+} attn__cuda_device;
+
+/* Everything a launcher needs for one call. All pointers are device
  * pointers except pb's host-side fields (cu_q, cu_k, alibi in pb are host
  * memory; the device copies are here). */
 typedef struct attn__cuda_launch {
   const attn__problem *pb;
+  const attn__cuda_device *dev;
   cudaStream_t stream;
   const int32_t *cu_q; /* device copy of pb->cu_q, NULL for bshd */
   const int32_t *cu_k;
   const float *alibi; /* device copy of pb->alibi, NULL for none */
-  void *workspace;    /* at least *_workspace() bytes, 256-byte aligned */
-  size_t workspace_bytes;
-  int sm_count;
-  int cc_major, cc_minor;
-  size_t smem_optin; /* cudaDevAttrMaxSharedMemoryPerBlockOptin */
+  void *workspace;    /* at least the plan's workspace bytes, 256-byte aligned */
 } attn__cuda_launch;
 
-/* Each family: how much scratch a call needs (0 is fine), and the launch,
- * which returns ATTN_OK, ATTN_EUNSUPPORTED when it does not cover the problem
- * (nothing launched, the host falls back), or ATTN_EDEVICE for a launch or
- * runtime error. Launchers do not synchronize. */
-size_t attn__cuda_general_workspace(const attn__problem *pb, int backward);
-int attn__cuda_general_forward(const attn__cuda_launch *L);
-int attn__cuda_general_backward(const attn__cuda_launch *L);
+/* The kernel families (attn__plan.kernel). */
+typedef enum attn__cuda_kernel {
+  ATTN__CUDA_MMA_FORWARD = 1,
+  ATTN__CUDA_MMA_BACKWARD,
+  ATTN__CUDA_F32_FORWARD,
+  ATTN__CUDA_GENERAL_FORWARD,
+  ATTN__CUDA_GENERAL_BACKWARD
+} attn__cuda_kernel;
 
-size_t attn__cuda_mma_workspace(const attn__problem *pb, int backward);
-int attn__cuda_mma_forward(const attn__cuda_launch *L);
-int attn__cuda_mma_backward(const attn__cuda_launch *L);
+typedef struct attn__cuda_config attn__cuda_config;
+
+/* Runs a row for a problem the plan gave it: ATTN_OK, or ATTN_EDEVICE for a
+ * launch or runtime error (ATTN_EINTERNAL when the plan and the launcher
+ * disagree). Launchers do not synchronize. */
+typedef int (*attn__cuda_launcher)(const attn__cuda_launch *L, const attn__cuda_config *c);
+
+/* A row of the tuning table (attn__plan.config). The tiles are the kernel's
+ * template arguments, copied here by the family's row builder. */
+struct attn__cuda_config {
+  attn__cuda_kernel kernel;
+  attn_dtype dtype;
+  int dim;          /* head dims d with bucket(d) == dim (see attn__cuda_dim_bucket) */
+  int cc;           /* the lowest compute capability it runs on */
+  int threads;      /* a block */
+  int br, bc;       /* query rows and keys a block (or a step) */
+  size_t smem;      /* dynamic shared memory, its largest kernel */
+  size_t smem_det;  /* backward: and its deterministic pass's, 0 if none */
+  const char *name; /* family and tiles in words */
+  attn__cuda_launcher launch;
+};
+
+typedef struct attn__cuda_rows {
+  const attn__cuda_config *row;
+  int n;
+} attn__cuda_rows;
+
+/* The table, a family's rows each (in plan.c's order). */
+extern const attn__cuda_rows attn__cuda_mma_forward_rows;
+extern const attn__cuda_rows attn__cuda_mma_backward_rows;
+extern const attn__cuda_rows attn__cuda_f32_forward_rows;
+extern const attn__cuda_rows attn__cuda_general_rows_f32;
+extern const attn__cuda_rows attn__cuda_general_rows_f16;
+extern const attn__cuda_rows attn__cuda_general_rows_bf16;
+
+/* The head dim a family's kernels are built for: the exact one for the
+ * tensor cores, else the next of 32, 64, 96, 128, 192, 256. */
+static inline int attn__cuda_dim_bucket(attn__cuda_kernel k, int64_t d) {
+  if (k == ATTN__CUDA_MMA_FORWARD || k == ATTN__CUDA_MMA_BACKWARD) return (int)d;
+  return d <= 32 ? 32 : d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
+}
+
+/* Whether t's rows load as groups of 4 elements: every row start aligned
+ * to a group (16 bytes for f32, 8 for f16/bf16) and the group contiguous. */
+static inline int attn__cuda_rows4(const attn__tensor *t, const attn__problem *pb) {
+  const char *p = t->native ? (const char *)t->native + t->offset : NULL;
+  return p && t->sd == 1 && pb->head_dim % 4 == 0 && t->ss % 4 == 0 && t->sh % 4 == 0 &&
+         t->sb % 4 == 0 && (uintptr_t)p % (4 * attn_dtype_size(pb->dtype)) == 0;
+}
+
+/* The plan (plan.c): the row to run, or NULL with a sentence in why. */
+const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,
+                                         int backward, char *why, size_t why_len);
+
+/* The backward's workspace: a float per query row and head (D = rowsum(dO *
+ * O); the tensor cores' second, lse * log2(e), follows it), each block
+ * 256-byte aligned, then in atomic mode the fp32 dq accumulator. The
+ * forward needs none. */
+static inline size_t attn__cuda_ws_rows(const attn__problem *pb) {
+  return (sizeof(float) * (size_t)pb->total_q * (size_t)pb->heads_q + 255) & ~(size_t)255;
+}
+static inline size_t attn__cuda_workspace(attn__cuda_kernel k, const attn__problem *pb) {
+  const size_t per = attn__cuda_ws_rows(pb);
+  const size_t dq = pb->deterministic ? 0 : per * (size_t)pb->head_dim;
+  if (k == ATTN__CUDA_MMA_BACKWARD) return 2 * per + dq;
+  if (k == ATTN__CUDA_GENERAL_BACKWARD) return per + dq;
+  return 0;
+}
 
 #ifdef __cplusplus
 }

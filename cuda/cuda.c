@@ -1,8 +1,7 @@
 /*
  * The CUDA backend's host side: device enumeration, contexts bound to a
  * device and a stream, device buffers, and the forward/backward calls, which
- * try the tensor-core family (mma_*.cu) and fall back to the general kernels
- * (general*.cu) on ATTN_EUNSUPPORTED.
+ * run the row of the tuning table that the plan (plan.c) chose.
  *
  * The CUDA runtime is linked statically, so the library loads on a machine
  * with no NVIDIA driver: the runtime then fails its first call, the device
@@ -25,8 +24,7 @@ typedef struct cuda_impl {
    * inputs. */
   cudaStream_t own;
   cudaStream_t stream; /* own, or the caller's (attn_context_set_stream) */
-  int sm_count, cc_major, cc_minor;
-  size_t smem_optin;
+  attn__cuda_device dev;
   size_t total_mem; /* the device's memory, from cudaMemGetInfo */
   void *scratch;    /* per-call copies of cu_seqlens and the ALiBi slopes */
   size_t scratch_bytes;
@@ -111,17 +109,17 @@ static int cuda_device_info(int index, attn_device_info *out) {
 
 static int cuda_open(attn_context *ctx, int index) {
   cuda_impl *I = (cuda_impl *)calloc(1, sizeof *I);
-  int v = 0;
+  int v = 0, major = 0, minor = 0;
   if (!I) return attn__error(ctx, ATTN_ENOMEM, "out of host memory for the CUDA context");
   I->device = index;
   cudaError_t e = cudaSetDevice(index);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&I->own, cudaStreamDefault);
   if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(&I->sm_count, cudaDevAttrMultiProcessorCount, index);
+    e = cudaDeviceGetAttribute(&I->dev.sm_count, cudaDevAttrMultiProcessorCount, index);
   if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(&I->cc_major, cudaDevAttrComputeCapabilityMajor, index);
+    e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index);
   if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(&I->cc_minor, cudaDevAttrComputeCapabilityMinor, index);
+    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index);
   if (e == cudaSuccess)
     e = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, index);
   size_t free_mem = 0;
@@ -131,11 +129,12 @@ static int cuda_open(attn_context *ctx, int index) {
     free(I);
     return cuda_fail(ctx, e, "opening the device");
   }
-  I->smem_optin = (size_t)v;
+  I->dev.cc = 10 * major + minor;
+  I->dev.smem_optin = (size_t)v;
   I->stream = I->own;
   ctx->impl = I;
   attn__debug("cuda:%d: %d multiprocessors, compute %d.%d, %zu bytes of shared memory a block",
-              index, I->sm_count, I->cc_major, I->cc_minor, I->smem_optin);
+              index, I->dev.sm_count, major, minor, I->dev.smem_optin);
   return ATTN_OK;
 }
 
@@ -259,6 +258,7 @@ static int grow(attn_context *ctx, void **p, size_t *have, size_t need, const ch
 /* ---------------------------------------------------------------------- */
 
 static int cuda_plan(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out) {
+  cuda_impl *I = (cuda_impl *)ctx->impl;
   /* Grid y and z carry the heads and the sequences. */
   if (pb->heads_q > 65535)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
@@ -270,26 +270,30 @@ static int cuda_plan(attn_context *ctx, const attn__problem *pb, int backward, a
   if (pb->seqlen_q > INT32_MAX || pb->seqlen_k > INT32_MAX)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
                        "cuda: sequences longer than 2^31-1 rows are not supported");
+  char why[256];
+  const attn__cuda_config *c = attn__cuda_plan(&I->dev, pb, backward, why, sizeof why);
+  if (!c) return attn__error(ctx, ATTN_EUNSUPPORTED, "%s", why);
   memset(out, 0, sizeof *out);
   out->backward = backward;
-  out->name = "cuda";
+  out->kernel = (int)c->kernel;
+  out->config = c;
+  out->name = c->name;
+  out->workspace = attn__cuda_workspace(c->kernel, pb);
   return ATTN_OK;
 }
 
-static int cuda_run(attn_context *ctx, const attn__problem *pb, int backward) {
+/* forward and backward: the plan says which. */
+static int cuda_run(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
   cuda_impl *I = (cuda_impl *)ctx->impl;
-  const char *pass = backward ? "backward" : "forward";
+  const attn__cuda_config *c = (const attn__cuda_config *)plan->config;
   int st;
   CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
 
   attn__cuda_launch L;
   memset(&L, 0, sizeof L);
   L.pb = pb;
+  L.dev = &I->dev;
   L.stream = I->stream;
-  L.sm_count = I->sm_count;
-  L.cc_major = I->cc_major;
-  L.cc_minor = I->cc_minor;
-  L.smem_optin = I->smem_optin;
 
   /* cu_seqlens and the slopes are host memory: copy them into the scratch
    * block, in stream order behind any earlier call still reading it. */
@@ -320,48 +324,29 @@ static int cuda_run(attn_context *ctx, const attn__problem *pb, int backward) {
     }
   }
 
-  size_t need = attn__cuda_general_workspace(pb, backward);
-  size_t need_mma = attn__cuda_mma_workspace(pb, backward);
-  if (need_mma > need) need = need_mma;
-  if (need) {
-    st = grow(ctx, &I->ws, &I->ws_bytes, need, "workspace");
+  if (plan->workspace) {
+    st = grow(ctx, &I->ws, &I->ws_bytes, plan->workspace, "workspace");
     if (st != ATTN_OK) return st;
   }
   L.workspace = I->ws;
-  L.workspace_bytes = I->ws_bytes;
 
-  const char *family = "tensor-core";
-  st = backward ? attn__cuda_mma_backward(&L) : attn__cuda_mma_forward(&L);
-  if (st == ATTN_EUNSUPPORTED) {
-    family = "general";
-    st = backward ? attn__cuda_general_backward(&L) : attn__cuda_general_forward(&L);
-  }
+  st = c->launch(&L, c);
   if (st != ATTN_OK) {
     cudaError_t e = cudaGetLastError();
     if (st == ATTN_EDEVICE || e != cudaSuccess)
-      return attn__error(ctx, ATTN_EDEVICE, "CUDA: launching the %s %s kernels failed: %s", family,
-                         pass, cudaGetErrorString(e));
-    return attn__error(ctx, st, "cuda: the %s %s kernels refused the problem (%s)", family, pass,
-                       attn_status_name(st));
+      return attn__error(ctx, ATTN_EDEVICE, "CUDA: launching the %s kernels failed: %s", c->name,
+                         cudaGetErrorString(e));
+    return attn__error(ctx, st, "cuda: the %s kernels failed (%s)", c->name, attn_status_name(st));
   }
-  attn__debug("cuda:%d: %s via the %s kernels", I->device, pass, family);
   if (!pb->async) {
     cudaError_t e = cudaStreamSynchronize(I->stream);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
-      return attn__error(ctx, ATTN_EDEVICE, "CUDA: the %s %s kernels failed: %s", family, pass,
+      return attn__error(ctx, ATTN_EDEVICE, "CUDA: the %s kernels failed: %s", c->name,
                          cudaGetErrorString(e));
     }
   }
   return ATTN_OK;
-}
-
-static int cuda_forward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
-  return cuda_run(ctx, pb, 0);
-}
-
-static int cuda_backward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
-  return cuda_run(ctx, pb, 1);
 }
 
 const attn__backend attn__backend_cuda = {
@@ -380,6 +365,6 @@ const attn__backend attn__backend_cuda = {
     .synchronize = cuda_synchronize,
     .selftest = cuda_selftest,
     .plan = cuda_plan,
-    .forward = cuda_forward,
-    .backward = cuda_backward,
+    .forward = cuda_run,
+    .backward = cuda_run,
 };

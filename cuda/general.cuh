@@ -2,8 +2,8 @@
  * The general CUDA kernels: the FlashAttention-2 forward and backward passes on
  * the CUDA cores, in true fp32 arithmetic (FFMA), for every problem the API
  * accepts: any head dim 1..256, f32/f16/bf16 storage, any strides, every mask,
- * softcap, ALiBi, GQA and varlen. They are the f32 fast path and the fallback
- * for everything the tensor-core family declines.
+ * softcap, ALiBi, GQA and varlen. They are the f32 path and the last rows of
+ * the plan (plan.c), for everything the tensor-core rows do not cover.
  *
  * The steps, with the CPU backend's names:
  *   forward   a block per (query block of Br rows, query head, sequence): Q_i in
@@ -32,12 +32,14 @@
 #define ATTN_CUDA_GENERAL_CUH
 
 #include "attn_cuda.h"
-#include "lse.cuh"
+#include "common.cuh"
 #include "order.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 namespace attn_general {
 
@@ -96,25 +98,10 @@ __device__ __forceinline__ float *lse_row(const gparams &P, const seqinfo &S, in
   return (float *)P.lse.p + (long long)b * P.lse.sb + (S.row0q + i) * P.lse.ss + h * P.lse.sh;
 }
 
-/* The visible keys [lo, hi) of query row i (attn__key_range, on the device). */
-__device__ __forceinline__ void key_range(const gparams &P, long long i, long long nq, long long nk,
-                                          long long *lo, long long *hi) {
-  long long diag = i + nk - nq;
-  long long a = P.wl < 0 ? 0 : diag - P.wl;
-  long long z = P.wr < 0 ? nk : diag + P.wr + 1;
-  *lo = a < 0 ? 0 : a;
-  *hi = z > nk ? nk : z;
-}
-
-/* The query rows [*qlo, *qhi) that see at least one key of [j0, j1): the
- * inverse of key_range, since lo(i) and hi(i) never decrease with i. */
-__device__ __forceinline__ void query_range(const gparams &P, long long j0, long long j1,
-                                            long long nq, long long nk, long long *qlo,
-                                            long long *qhi) {
-  long long a = P.wr < 0 ? 0 : j0 - P.wr - nk + nq;
-  long long z = P.wl < 0 ? nq : j1 + P.wl - nk + nq;
-  *qlo = a < 0 ? 0 : a;
-  *qhi = z > nq ? nq : z;
+/* The visible keys [lo, hi) of query row i of a sequence (common.cuh). */
+__device__ __forceinline__ void row_keys(const gparams &P, long long i, long long nq, long long nk,
+                                         long long *lo, long long *hi) {
+  key_range(diag(i, nq, nk), nk, P.wl, P.wr, lo, hi);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -209,28 +196,121 @@ __device__ __forceinline__ void load_tile(float *sm, int ld, const gtensor &t, l
   }
 }
 
-/* scale * q.k rounded to float, never fused into a following add: every
- * kernel, forward and backward, must see the same score, or the backward's
- * exp(s - lse) is off by the product's rounding (half an ulp of s, as much
- * as a float lse would cost at large logits; see lse.cuh). */
+/* scale * q.k rounded to float, as score() (common.cuh) rounds it: the
+ * score without softcap and ALiBi. */
 __device__ __forceinline__ float scaled(const gparams &P, float acc) {
   return __fmul_rn(acc, P.scale);
 }
 
-/* The final score: softcap, then ALiBi. *dcap receives d(softcapped)/d(raw),
- * 1 without softcap. Scores stay in natural units: converting s itself to
+/* The score in natural units (common.cuh's score): converting s itself to
  * log2 units rounds a large logit once more, and the backward pass's
- * exp(s - lse) loses that many bits (the big_logits golden case). */
-__device__ __forceinline__ float score(const gparams &P, float acc, float slope, long long dist,
-                                       float *dcap) {
-  float s = scaled(P, acc);
-  *dcap = 1.f;
-  if (P.softcap > 0.f) {
-    float t = tanhf(s * P.inv_softcap);
-    s = P.softcap * t;
-    *dcap = 1.f - t * t;
+ * exp(s - lse) loses that many bits (the big_logits golden case). *t feeds
+ * score_grad. */
+__device__ __forceinline__ float score_of(const gparams &P, float acc, float slope, long long dist,
+                                          float *t) {
+  return score(acc, P.scale, P.softcap, P.inv_softcap, slope, dist, t);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Register-tiled products of shared-memory tiles                           */
+/* ---------------------------------------------------------------------- */
+
+/* s[ii][jj] = A row (ty + RS*ii) . B row (tx + 16*jj) over DP columns of
+ * two [.][LD] tiles: S = Q K^T. */
+template <int MR, int MC, int DP, int RS, int LD>
+__device__ __forceinline__ void rows_dot_rows(float (&s)[MR][MC], const float *A, const float *B,
+                                              int tx, int ty) {
+#pragma unroll
+  for (int ii = 0; ii < MR; ii++)
+#pragma unroll
+    for (int jj = 0; jj < MC; jj++)
+      s[ii][jj] = 0.f;
+#pragma unroll 2
+  for (int c = 0; c < DP; c += 4) {
+    float4 av[MR], bv[MC];
+#pragma unroll
+    for (int ii = 0; ii < MR; ii++)
+      av[ii] = *(const float4 *)&A[(ty + RS * ii) * LD + c];
+#pragma unroll
+    for (int jj = 0; jj < MC; jj++)
+      bv[jj] = *(const float4 *)&B[(tx + 16 * jj) * LD + c];
+#pragma unroll
+    for (int ii = 0; ii < MR; ii++)
+#pragma unroll
+      for (int jj = 0; jj < MC; jj++) {
+        s[ii][jj] = fmaf(av[ii].x, bv[jj].x, s[ii][jj]);
+        s[ii][jj] = fmaf(av[ii].y, bv[jj].y, s[ii][jj]);
+        s[ii][jj] = fmaf(av[ii].z, bv[jj].z, s[ii][jj]);
+        s[ii][jj] = fmaf(av[ii].w, bv[jj].w, s[ii][jj]);
+      }
   }
-  return s - slope * (float)(dist < 0 ? -dist : dist);
+}
+
+/* acc[ii][g] += sum over j < N of A[ty + RS*ii][j] B[j][tx*2 + 32*g, +1]:
+ * rows of an [.][LDA] tile times float2 column pairs of an [N][LDB] tile
+ * (O += P V, dQ += dS K). */
+template <int MR, int NG, int N, int RS, int LDA, int LDB>
+__device__ __forceinline__ void rows_times_tile(float2 (&acc)[MR][NG], const float *A,
+                                                const float *B, int tx, int ty) {
+#pragma unroll 2
+  for (int j = 0; j < N; j += 4) {
+    float4 av[MR];
+#pragma unroll
+    for (int ii = 0; ii < MR; ii++)
+      av[ii] = *(const float4 *)&A[(ty + RS * ii) * LDA + j];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      float2 bv[NG];
+#pragma unroll
+      for (int g = 0; g < NG; g++)
+        bv[g] = *(const float2 *)&B[(j + q) * LDB + tx * 2 + 32 * g];
+#pragma unroll
+      for (int ii = 0; ii < MR; ii++) {
+        const float x = q == 0 ? av[ii].x : q == 1 ? av[ii].y : q == 2 ? av[ii].z : av[ii].w;
+#pragma unroll
+        for (int g = 0; g < NG; g++) {
+          acc[ii][g].x = fmaf(x, bv[g].x, acc[ii][g].x);
+          acc[ii][g].y = fmaf(x, bv[g].y, acc[ii][g].y);
+        }
+      }
+    }
+  }
+}
+
+/* The forward's end: O = acc / l and lse = m + log(l) for the thread's rows
+ * ty + RS*ii of the query block at i0 (l_i: the thread's share of the row
+ * sum, added over the 16 lanes of its half warp); a row with no key gets
+ * o = 0 and lse = -inf. */
+template <typename T, int MR, int NG, int RS>
+__device__ __forceinline__ void store_rows(const gparams &P, const seqinfo &S, int b, int h,
+                                           long long i0, const float2 (&o)[MR][NG],
+                                           const float (&m_i)[MR], const float (&l_i)[MR], int tx,
+                                           int ty) {
+  const long long obase = (long long)b * P.o.sb + S.row0q * P.o.ss + h * P.o.sh;
+#pragma unroll
+  for (int ii = 0; ii < MR; ii++) {
+    float l = l_i[ii];
+#pragma unroll
+    for (int off = 1; off < 16; off <<= 1)
+      l += __shfl_xor_sync(0xffffffffu, l, off);
+    const long long i = i0 + ty + RS * ii;
+    if (i >= S.nq) continue;
+    /* The mask says whether the row saw a key, not l: a NaN or inf among its
+     * scores leaves l NaN (or 0 when all are -inf), and the row must then
+     * come out NaN rather than as a row that saw nothing. */
+    long long klo, khi;
+    row_keys(P, i, S.nq, S.nk, &klo, &khi);
+    const bool seen = klo < khi;
+    const float inv = seen ? 1.f / l : 0.f;
+#pragma unroll
+    for (int g = 0; g < NG; g++) {
+      const int c = tx * 2 + 32 * g;
+      char *op = P.o.p;
+      if (c < P.d) elem<T>::st(op, obase + i * P.o.ss + c * P.o.sd, o[ii][g].x * inv);
+      if (c + 1 < P.d) elem<T>::st(op, obase + i * P.o.ss + (c + 1) * P.o.sd, o[ii][g].y * inv);
+    }
+    if (P.lse.p && tx == 0) lse_store(lse_row(P, S, b, h, i), P.lse.sd, seen, m_i[ii], l);
+  }
 }
 
 /* ---------------------------------------------------------------------- */
@@ -276,11 +356,11 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
   const long long vbase = (long long)b * P.v.sb + S.row0k * P.v.ss + hk * P.v.sh;
 
   long long klo, khi, tmp;
-  key_range(P, i0, S.nq, S.nk, &klo, &tmp);
-  key_range(P, i1 - 1, S.nq, S.nk, &tmp, &khi);
+  row_keys(P, i0, S.nq, S.nk, &klo, &tmp);
+  row_keys(P, i1 - 1, S.nq, S.nk, &tmp, &khi);
   const long long lo_last = tmp;
   long long hi_first;
-  key_range(P, i0, S.nq, S.nk, &tmp, &hi_first);
+  row_keys(P, i0, S.nq, S.nk, &tmp, &hi_first);
   const long long t_begin = klo / Bc, t_end = khi > klo ? (khi + Bc - 1) / Bc : t_begin;
 
   const float slope = P.alibi ? P.alibi[h] : 0.f;
@@ -314,30 +394,7 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
 
     /* S = Q K^T */
     float s[MR][MC];
-#pragma unroll
-    for (int ii = 0; ii < MR; ii++)
-#pragma unroll
-      for (int jj = 0; jj < MC; jj++)
-        s[ii][jj] = 0.f;
-#pragma unroll 2
-    for (int c = 0; c < DP; c += 4) {
-      float4 qv[MR], kv[MC];
-#pragma unroll
-      for (int ii = 0; ii < MR; ii++)
-        qv[ii] = *(const float4 *)&Qs[(ty + 16 * ii) * LD + c];
-#pragma unroll
-      for (int jj = 0; jj < MC; jj++)
-        kv[jj] = *(const float4 *)&Ks[(tx + 16 * jj) * LD + c];
-#pragma unroll
-      for (int ii = 0; ii < MR; ii++)
-#pragma unroll
-        for (int jj = 0; jj < MC; jj++) {
-          s[ii][jj] = fmaf(qv[ii].x, kv[jj].x, s[ii][jj]);
-          s[ii][jj] = fmaf(qv[ii].y, kv[jj].y, s[ii][jj]);
-          s[ii][jj] = fmaf(qv[ii].z, kv[jj].z, s[ii][jj]);
-          s[ii][jj] = fmaf(qv[ii].w, kv[jj].w, s[ii][jj]);
-        }
-    }
+    rows_dot_rows<MR, MC, DP, 16, LD>(s, Qs, Ks, tx, ty);
     __syncthreads(); /* every thread is done with K_t */
     if (t + 1 < t_end) load_tile<T, DP, Bc>(Ks, LD, P.k, kbase, k0 + Bc, S.nk, P.d);
     cp_async_commit();
@@ -347,19 +404,19 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
 #pragma unroll
     for (int ii = 0; ii < MR; ii++) {
       const long long i = i0 + ty + 16 * ii;
-      const long long diag = i + S.nk - S.nq;
+      const long long dg = diag(i, S.nq, S.nk);
       /* Rows past the sequence see nothing; their results are never stored. */
       long long lo = 0, hi = 0;
-      if (!full && i < S.nq) key_range(P, i, S.nq, S.nk, &lo, &hi);
+      if (!full && i < S.nq) row_keys(P, i, S.nq, S.nk, &lo, &hi);
       float mx = -INFINITY;
 #pragma unroll
       for (int jj = 0; jj < MC; jj++) {
         const long long j = k0 + tx + 16 * jj;
-        float x, dcap;
+        float x, th;
         if (plain) {
           x = scaled(P, s[ii][jj]);
         } else {
-          x = score(P, s[ii][jj], slope, diag - j, &dcap);
+          x = score_of(P, s[ii][jj], slope, dg - j, &th);
         }
         if (!full && (j < lo || j >= hi)) x = -INFINITY;
         s[ii][jj] = x;
@@ -392,61 +449,14 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
     __syncthreads();
 
     /* O += P V */
-#pragma unroll 2
-    for (int j = 0; j < Bc; j += 4) {
-      float4 pv[MR];
-#pragma unroll
-      for (int ii = 0; ii < MR; ii++)
-        pv[ii] = *(const float4 *)&Ps[(ty + 16 * ii) * LDP + j];
-#pragma unroll
-      for (int q = 0; q < 4; q++) {
-        float2 vv[NG];
-#pragma unroll
-        for (int g = 0; g < NG; g++)
-          vv[g] = *(const float2 *)&Vs[(j + q) * LD + tx * 2 + 32 * g];
-#pragma unroll
-        for (int ii = 0; ii < MR; ii++) {
-          const float p = q == 0 ? pv[ii].x : q == 1 ? pv[ii].y : q == 2 ? pv[ii].z : pv[ii].w;
-#pragma unroll
-          for (int g = 0; g < NG; g++) {
-            o[ii][g].x = fmaf(p, vv[g].x, o[ii][g].x);
-            o[ii][g].y = fmaf(p, vv[g].y, o[ii][g].y);
-          }
-        }
-      }
-    }
+    rows_times_tile<MR, NG, Bc, 16, LDP, LD>(o, Ps, Vs, tx, ty);
     __syncthreads(); /* every thread is done with V_t and P */
     if (t + 1 < t_end) load_tile<T, DP, Bc>(Vs, LD, P.v, vbase, k0 + Bc, S.nk, P.d);
     cp_async_commit();
   }
   cp_async_wait<0>();
 
-  /* O /= l, lse = m + log(l); a row with no key: o = 0, lse = -inf. */
-  const long long obase = (long long)b * P.o.sb + S.row0q * P.o.ss + h * P.o.sh;
-#pragma unroll
-  for (int ii = 0; ii < MR; ii++) {
-    float l = l_i[ii];
-#pragma unroll
-    for (int off = 1; off < 16; off <<= 1)
-      l += __shfl_xor_sync(0xffffffffu, l, off);
-    const long long i = i0 + ty + 16 * ii;
-    if (i >= S.nq) continue;
-    /* The mask says whether the row saw a key, not l: a NaN or inf among its
-     * scores leaves l NaN (or 0 when all are -inf), and the row must then
-     * come out NaN rather than as a row that saw nothing. */
-    long long klo, khi;
-    key_range(P, i, S.nq, S.nk, &klo, &khi);
-    const bool seen = klo < khi;
-    const float inv = seen ? 1.f / l : 0.f;
-#pragma unroll
-    for (int g = 0; g < NG; g++) {
-      const int c = tx * 2 + 32 * g;
-      char *op = P.o.p;
-      if (c < P.d) elem<T>::st(op, obase + i * P.o.ss + c * P.o.sd, o[ii][g].x * inv);
-      if (c + 1 < P.d) elem<T>::st(op, obase + i * P.o.ss + (c + 1) * P.o.sd, o[ii][g].y * inv);
-    }
-    if (P.lse.p && tx == 0) lse_store(lse_row(P, S, b, h, i), P.lse.sd, seen, m_i[ii], l);
-  }
+  store_rows<T, MR, NG, 16>(P, S, b, h, i0, o, m_i, l_i, tx, ty);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -560,23 +570,23 @@ __device__ __forceinline__ void bwd_p_ds(const gparams &P, const seqinfo &S, con
     const int r = ty + 16 * ii;
     const long long i = i0 + r;
     long long lo = 0, hi = 0;
-    if (i < S.nq) key_range(P, i, S.nq, S.nk, &lo, &hi);
-    const long long diag = i + S.nk - S.nq;
+    if (i < S.nq) row_keys(P, i, S.nq, S.nk, &lo, &hi);
+    const long long dg = diag(i, S.nq, S.nk);
     const float lse = lses[r], lo_r = los[r], Dr = Ds[r];
 #pragma unroll
     for (int jj = 0; jj < M; jj++) {
       const long long j = j0 + tx + 16 * jj;
-      /* s - hi, exact near the row maximum, then lse's lo (lse.cuh). */
-      float x, dcap = 1.f;
+      /* s - hi, exact near the row maximum, then lse's lo (common.cuh). */
+      float x, th = 0.f;
       if (plain) {
         x = (scaled(P, s[ii][jj]) - lse) - lo_r;
       } else {
-        x = (score(P, s[ii][jj], slope, diag - j, &dcap) - lse) - lo_r;
+        x = (score_of(P, s[ii][jj], slope, dg - j, &th) - lse) - lo_r;
       }
       float p = 0.f;
       if (j >= lo && j < hi && lse != -INFINITY) p = exp2f(x * kLog2e);
       if (Ps) Ps[r * LDP + tx + 16 * jj] = p;
-      dSs[r * LDP + tx + 16 * jj] = p * (dp[ii][jj] - Dr) * dcap;
+      dSs[r * LDP + tx + 16 * jj] = score_grad(p * (dp[ii][jj] - Dr), th);
     }
   }
   (void)Br;
@@ -629,7 +639,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
   cp_async_commit();
 
   long long qlo, qhi;
-  query_range(P, j0, min(S.nk, j0 + Bc), S.nq, S.nk, &qlo, &qhi);
+  query_block_range(j0, min(S.nk, j0 + Bc), S.nq, S.nk, P.wl, P.wr, &qlo, &qhi);
   const bool plain = P.softcap == 0.f && P.alibi == nullptr;
 
   /* Keys ty*M + a, columns tx*2 + 32*g. */
@@ -686,32 +696,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
 #pragma unroll
           for (int g = 0; g < NG; g++)
             dq[ii][g] = make_float2(0.f, 0.f);
-#pragma unroll 2
-        for (int j = 0; j < Bc; j += 4) {
-          float4 dsv[M];
-#pragma unroll
-          for (int ii = 0; ii < M; ii++)
-            dsv[ii] = *(const float4 *)&dSs[(ty + 16 * ii) * LDP + j];
-#pragma unroll
-          for (int q = 0; q < 4; q++) {
-            float2 kv[NG];
-#pragma unroll
-            for (int g = 0; g < NG; g++)
-              kv[g] = *(const float2 *)&Ks[(j + q) * LD + tx * 2 + 32 * g];
-#pragma unroll
-            for (int ii = 0; ii < M; ii++) {
-              const float x = q == 0   ? dsv[ii].x
-                              : q == 1 ? dsv[ii].y
-                              : q == 2 ? dsv[ii].z
-                                       : dsv[ii].w;
-#pragma unroll
-              for (int g = 0; g < NG; g++) {
-                dq[ii][g].x = fmaf(x, kv[g].x, dq[ii][g].x);
-                dq[ii][g].y = fmaf(x, kv[g].y, dq[ii][g].y);
-              }
-            }
-          }
-        }
+        rows_times_tile<M, NG, Bc, 16, LDP, LD>(dq, dSs, Ks, tx, ty);
 #pragma unroll
         for (int ii = 0; ii < M; ii++) {
           const long long i = i0 + ty + 16 * ii;
@@ -795,9 +780,8 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
   cp_async_commit();
   load_row_stats<Br>(P, S, b, h, i0, lses, los, Ds);
 
-  long long klo, khi, tmp;
-  key_range(P, i0, S.nq, S.nk, &klo, &tmp);
-  key_range(P, i1 - 1, S.nq, S.nk, &tmp, &khi);
+  long long klo, khi;
+  key_block_range(i0, i1, S.nq, S.nk, P.wl, P.wr, &klo, &khi);
   const long long kbase = (long long)b * P.k.sb + S.row0k * P.k.ss + hk * P.k.sh;
   const long long vbase = (long long)b * P.v.sb + S.row0k * P.v.ss + hk * P.v.sh;
 
@@ -816,29 +800,7 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
     __syncthreads();
     bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, lses, los, Ds, nullptr, dSs, i0, j0, slope, plain);
     __syncthreads();
-#pragma unroll 2
-    for (int j = 0; j < Bc; j += 4) {
-      float4 dsv[M];
-#pragma unroll
-      for (int ii = 0; ii < M; ii++)
-        dsv[ii] = *(const float4 *)&dSs[(ty + 16 * ii) * LDP + j];
-#pragma unroll
-      for (int q = 0; q < 4; q++) {
-        float2 kv[NG];
-#pragma unroll
-        for (int g = 0; g < NG; g++)
-          kv[g] = *(const float2 *)&Ks[(j + q) * LD + tx * 2 + 32 * g];
-#pragma unroll
-        for (int ii = 0; ii < M; ii++) {
-          const float x = q == 0 ? dsv[ii].x : q == 1 ? dsv[ii].y : q == 2 ? dsv[ii].z : dsv[ii].w;
-#pragma unroll
-          for (int g = 0; g < NG; g++) {
-            dq[ii][g].x = fmaf(x, kv[g].x, dq[ii][g].x);
-            dq[ii][g].y = fmaf(x, kv[g].y, dq[ii][g].y);
-          }
-        }
-      }
-    }
+    rows_times_tile<M, NG, Bc, 16, LDP, LD>(dq, dSs, Ks, tx, ty);
     __syncthreads(); /* before the next K, V and dS overwrite these */
   }
   cp_async_wait<0>();
@@ -859,79 +821,53 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
 }
 
 /* ---------------------------------------------------------------------- */
-/* Host side: configuration choice and launches, one instantiation per dtype */
+/* Host side: the launchers and the tuning table's rows, one set per dtype  */
 /* ---------------------------------------------------------------------- */
 
-/* The smallest padded head dim the kernels are built for. */
-static inline int pad_dim(int d) {
-  return d <= 32 ? 32 : d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
-}
+/* The kernels' parameter block for a launch (general.cu). */
+gparams make_params(const attn__cuda_launch *L, int backward);
 
 /* forward: the kernel takes its blocks in attn_order_group's order. */
 template <typename K>
 static int launch_cfg(K kernel, size_t smem, dim3 grid, const attn__cuda_launch *L,
                       const gparams &P, bool forward = false) {
-  if (smem > L->smem_optin) return ATTN_EUNSUPPORTED;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return ATTN_OK;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
       cudaSuccess)
     return ATTN_EDEVICE;
   gparams Pl = P;
-  Pl.order = forward ? attn_order_group(kernel, kThreads, smem, grid, L->sm_count, P.wl, P.wr) : 0;
+  Pl.order =
+      forward ? attn_order_group(kernel, kThreads, smem, grid, L->dev->sm_count, P.wl, P.wr) : 0;
   kernel<<<grid, kThreads, smem, L->stream>>>(Pl);
   return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 
-/* Forward: the first configuration of the padded head dim that fits the
- * device's shared memory. ATTN_CUDA_GENERAL_MR (4 or 8) forces the rows per
- * thread where both exist, for benchmarking. */
 template <typename T, int DP, int MR, int MC>
-static int try_fwd(const attn__cuda_launch *L, const gparams &P, int want_mr) {
+static int launch_fwd(const attn__cuda_launch *L, const attn__cuda_config *) {
   using Cf = fwd_cfg<DP, MR, MC>;
-  if (want_mr && want_mr != MR) return ATTN_EUNSUPPORTED;
-  if (Cf::smem > L->smem_optin) return ATTN_EUNSUPPORTED;
   const attn__problem *pb = L->pb;
+  if (pb->batch == 0 || pb->seqlen_q == 0 || pb->heads_q == 0) return ATTN_OK;
+  const gparams P = make_params(L, 0);
   dim3 grid((unsigned)((pb->seqlen_q + Cf::Br - 1) / Cf::Br), (unsigned)pb->heads_q,
             (unsigned)pb->batch);
   return launch_cfg(fwd_kernel<T, DP, MR, MC>, Cf::smem, grid, L, P, true);
 }
 
-template <typename T>
-int launch_forward(const attn__cuda_launch *L, const gparams &P, int want_mr) {
-  int st = ATTN_EUNSUPPORTED;
-#define ATTN__TRY(DP, MR, MC) \
-  if (st == ATTN_EUNSUPPORTED) st = try_fwd<T, DP, MR, MC>(L, P, want_mr);
-  switch (pad_dim(P.d)) {
-    case 32:
-      ATTN__TRY(32, 8, 4) break;
-    case 64:
-      ATTN__TRY(64, 8, 4) ATTN__TRY(64, 4, 4) break;
-    case 96:
-      ATTN__TRY(96, 8, 4) break;
-    case 128:
-      ATTN__TRY(128, 8, 4) ATTN__TRY(128, 4, 4) break;
-    case 192:
-      ATTN__TRY(192, 4, 4) ATTN__TRY(192, 4, 2) break;
-    default:
-      ATTN__TRY(256, 4, 4) ATTN__TRY(256, 4, 2) break;
-  }
-#undef ATTN__TRY
-  if (st == ATTN_EUNSUPPORTED && want_mr) return launch_forward<T>(L, P, 0);
-  return st;
-}
-
-/* The f32 forward's wide kernel (general_fwd32.cuh, instantiated in
- * general_f32.cu). */
-int launch_forward_f32_wide(const attn__cuda_launch *L, const gparams &P);
-
 template <typename T, int DP, int M>
-static int try_bwd(const attn__cuda_launch *L, const gparams &P) {
+static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
   using Cb = bwd_cfg<DP, M>;
   const attn__problem *pb = L->pb;
-  const size_t need = pb->deterministic
-                          ? (Cb::smem_dkdv > Cb::smem_dq ? Cb::smem_dkdv : Cb::smem_dq)
-                          : Cb::smem_dkdv;
-  if (need > L->smem_optin) return ATTN_EUNSUPPORTED;
+  if (pb->batch == 0 || pb->heads_q == 0) return ATTN_OK;
+  const gparams P = make_params(L, 1);
+  if (!pb->deterministic && P.ws_dq) {
+    const size_t n = sizeof(float) * (size_t)pb->total_q * pb->heads_q * pb->head_dim;
+    if (n && cudaMemsetAsync(P.ws_dq, 0, n, L->stream) != cudaSuccess) return ATTN_EDEVICE;
+  }
+  const long long warps = P.total_q * P.hq;
+  if (warps > 0) {
+    rowdot_kernel<T><<<(unsigned)((warps + 7) / 8), 256, 0, L->stream>>>(P);
+    if (cudaPeekAtLastError() != cudaSuccess) return ATTN_EDEVICE;
+  }
   dim3 gk((unsigned)((pb->seqlen_k + Cb::Bc - 1) / Cb::Bc), (unsigned)pb->heads_kv,
           (unsigned)pb->batch);
   int st;
@@ -953,31 +889,70 @@ static int try_bwd(const attn__cuda_launch *L, const gparams &P) {
 }
 
 template <typename T>
-int launch_backward(const attn__cuda_launch *L, const gparams &P) {
-  const long long warps = P.total_q * P.hq;
-  if (warps > 0) {
-    rowdot_kernel<T><<<(unsigned)((warps + 7) / 8), 256, 0, L->stream>>>(P);
-    if (cudaPeekAtLastError() != cudaSuccess) return ATTN_EDEVICE;
-  }
-  int st = ATTN_EUNSUPPORTED;
-#define ATTN__TRY(DP, M) \
-  if (st == ATTN_EUNSUPPORTED) st = try_bwd<T, DP, M>(L, P);
-  switch (pad_dim(P.d)) {
-    case 32:
-      ATTN__TRY(32, 4) break;
-    case 64:
-      ATTN__TRY(64, 4) break;
-    case 96:
-      ATTN__TRY(96, 4) break;
-    case 128:
-      ATTN__TRY(128, 4) ATTN__TRY(128, 2) break;
-    case 192:
-      ATTN__TRY(192, 2) break;
-    default:
-      ATTN__TRY(256, 2) break;
-  }
-#undef ATTN__TRY
-  return st;
+constexpr attn_dtype dtype_of() {
+  return sizeof(T) == 4 ? ATTN_F32 : std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16;
+}
+
+/* A row of the table: the traits come from the kernel's template arguments. */
+template <typename T, int DP, int MR, int MC>
+constexpr attn__cuda_config fwd_row(const char *name) {
+  using C = fwd_cfg<DP, MR, MC>;
+  return {.kernel = ATTN__CUDA_GENERAL_FORWARD,
+          .dtype = dtype_of<T>(),
+          .dim = DP,
+          .cc = 0,
+          .threads = kThreads,
+          .br = C::Br,
+          .bc = C::Bc,
+          .smem = C::smem,
+          .smem_det = 0,
+          .name = name,
+          .launch = launch_fwd<T, DP, MR, MC>};
+}
+
+template <typename T, int DP, int M>
+constexpr attn__cuda_config bwd_row(const char *name) {
+  using C = bwd_cfg<DP, M>;
+  return {.kernel = ATTN__CUDA_GENERAL_BACKWARD,
+          .dtype = dtype_of<T>(),
+          .dim = DP,
+          .cc = 0,
+          .threads = kThreads,
+          .br = C::Br,
+          .bc = C::Bc,
+          .smem = C::smem_dkdv,
+          .smem_det = C::smem_dq,
+          .name = name,
+          .launch = launch_bwd<T, DP, M>};
+}
+
+/* The general family's rows for dtype T, per padded head dim the first that
+ * fits the device's shared memory: 8 rows a thread (Br = 128) where it fits,
+ * fewer rows and then fewer keys above. */
+template <typename T>
+constexpr attn__cuda_config rows[] = {
+    fwd_row<T, 32, 8, 4>("general forward, d <= 32, 128 x 64 tiles"),
+    fwd_row<T, 64, 8, 4>("general forward, d <= 64, 128 x 64 tiles"),
+    fwd_row<T, 64, 4, 4>("general forward, d <= 64, 64 x 64 tiles"),
+    fwd_row<T, 96, 8, 4>("general forward, d <= 96, 128 x 64 tiles"),
+    fwd_row<T, 128, 8, 4>("general forward, d <= 128, 128 x 64 tiles"),
+    fwd_row<T, 128, 4, 4>("general forward, d <= 128, 64 x 64 tiles"),
+    fwd_row<T, 192, 4, 4>("general forward, d <= 192, 64 x 64 tiles"),
+    fwd_row<T, 192, 4, 2>("general forward, d <= 192, 64 x 32 tiles"),
+    fwd_row<T, 256, 4, 4>("general forward, d <= 256, 64 x 64 tiles"),
+    fwd_row<T, 256, 4, 2>("general forward, d <= 256, 64 x 32 tiles"),
+    bwd_row<T, 32, 4>("general backward, d <= 32, 64 x 64 tiles"),
+    bwd_row<T, 64, 4>("general backward, d <= 64, 64 x 64 tiles"),
+    bwd_row<T, 96, 4>("general backward, d <= 96, 64 x 64 tiles"),
+    bwd_row<T, 128, 4>("general backward, d <= 128, 64 x 64 tiles"),
+    bwd_row<T, 128, 2>("general backward, d <= 128, 32 x 32 tiles"),
+    bwd_row<T, 192, 2>("general backward, d <= 192, 32 x 32 tiles"),
+    bwd_row<T, 256, 2>("general backward, d <= 256, 32 x 32 tiles"),
+};
+
+template <typename T>
+constexpr attn__cuda_rows table() {
+  return {rows<T>, (int)(sizeof rows<T> / sizeof rows<T>[0])};
 }
 
 }  // namespace attn_general

@@ -1,7 +1,6 @@
-/* The general kernels (general.cuh) instantiated for bf16 storage. */
+/* The general kernels (general.cuh) for bf16 storage: their rows of the
+ * tuning table. */
 #include "general.cuh"
 
-namespace attn_general {
-template int launch_forward<__nv_bfloat16>(const attn__cuda_launch *, const gparams &, int);
-template int launch_backward<__nv_bfloat16>(const attn__cuda_launch *, const gparams &);
-}  // namespace attn_general
+extern "C" const attn__cuda_rows attn__cuda_general_rows_bf16 =
+    attn_general::table<__nv_bfloat16>();

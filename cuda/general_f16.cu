@@ -1,7 +1,5 @@
-/* The general kernels (general.cuh) instantiated for f16 storage. */
+/* The general kernels (general.cuh) for f16 storage: their rows of the
+ * tuning table. */
 #include "general.cuh"
 
-namespace attn_general {
-template int launch_forward<__half>(const attn__cuda_launch *, const gparams &, int);
-template int launch_backward<__half>(const attn__cuda_launch *, const gparams &);
-}  // namespace attn_general
+extern "C" const attn__cuda_rows attn__cuda_general_rows_f16 = attn_general::table<__half>();

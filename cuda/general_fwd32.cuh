@@ -26,8 +26,7 @@
  * variants"): 8 x 4 with Br = 128 and with two blocks of Br = 64 a
  * multiprocessor ran 4-12 % slower, and skipping the masked part of the
  * causal diagonal tile cost 2-3 % everywhere (register pressure); none is
- * kept. ATTN_CUDA_GENERAL_VARIANT=base runs general.cuh's fwd_kernel instead,
- * for comparison.
+ * kept.
  */
 #ifndef ATTN_CUDA_GENERAL_FWD32_CUH
 #define ATTN_CUDA_GENERAL_FWD32_CUH
@@ -35,12 +34,6 @@
 #include "general.cuh"
 
 namespace attn_general {
-
-__device__ __forceinline__ float ex2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 template <int DP, int MR, int MC, int NTY, bool ALIAS>
 struct f32v_cfg {
@@ -111,11 +104,11 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
   const float *vg = (const float *)P.v.p + (long long)b * P.v.sb + S.row0k * P.v.ss + hk * P.v.sh;
 
   long long klo, khi, tmp;
-  key_range(P, i0, S.nq, S.nk, &klo, &tmp);
-  key_range(P, i1 - 1, S.nq, S.nk, &tmp, &khi);
+  row_keys(P, i0, S.nq, S.nk, &klo, &tmp);
+  row_keys(P, i1 - 1, S.nq, S.nk, &tmp, &khi);
   const long long lo_last = tmp;
   long long hi_first;
-  key_range(P, i0, S.nq, S.nk, &tmp, &hi_first);
+  row_keys(P, i0, S.nq, S.nk, &tmp, &hi_first);
   const long long t_begin = klo / Bc, t_end = khi > klo ? (khi + Bc - 1) / Bc : t_begin;
 
   const float slope = P.alibi ? P.alibi[h] : 0.f;
@@ -161,30 +154,7 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
 
     /* S = Q K^T */
     float s[MR][MC];
-#pragma unroll
-    for (int ii = 0; ii < MR; ii++)
-#pragma unroll
-      for (int jj = 0; jj < MC; jj++)
-        s[ii][jj] = 0.f;
-#pragma unroll 2
-    for (int c = 0; c < DP; c += 4) {
-      float4 qv[MR], kv[MC];
-#pragma unroll
-      for (int ii = 0; ii < MR; ii++)
-        qv[ii] = *(const float4 *)&Qs[(ty + NTY * ii) * LD + c];
-#pragma unroll
-      for (int jj = 0; jj < MC; jj++)
-        kv[jj] = *(const float4 *)&Ks[(tx + 16 * jj) * LD + c];
-#pragma unroll
-      for (int ii = 0; ii < MR; ii++)
-#pragma unroll
-        for (int jj = 0; jj < MC; jj++) {
-          s[ii][jj] = fmaf(qv[ii].x, kv[jj].x, s[ii][jj]);
-          s[ii][jj] = fmaf(qv[ii].y, kv[jj].y, s[ii][jj]);
-          s[ii][jj] = fmaf(qv[ii].z, kv[jj].z, s[ii][jj]);
-          s[ii][jj] = fmaf(qv[ii].w, kv[jj].w, s[ii][jj]);
-        }
-    }
+    rows_dot_rows<MR, MC, DP, NTY, LD>(s, Qs, Ks, tx, ty);
     if (ALIAS) {
       cp_async_wait<0>(); /* V_t */
       __syncthreads();    /* V_t visible; everyone is done with K_t: P goes there */
@@ -195,16 +165,16 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
 #pragma unroll
     for (int ii = 0; ii < MR; ii++) {
       const long long i = i0 + ty + NTY * ii;
-      const long long diag = i + S.nk - S.nq;
+      const long long dg = diag(i, S.nq, S.nk);
       /* Rows past the sequence see nothing; their results are never stored. */
       long long lo = 0, hi = 0;
-      if (!full && i < S.nq) key_range(P, i, S.nq, S.nk, &lo, &hi);
+      if (!full && i < S.nq) row_keys(P, i, S.nq, S.nk, &lo, &hi);
       float mx = -INFINITY;
 #pragma unroll
       for (int jj = 0; jj < MC; jj++) {
         const long long j = k0 + tx + 16 * jj;
-        float x = s[ii][jj], dcap;
-        if (!fast) x = score(P, x, slope, diag - j, &dcap);
+        float x = s[ii][jj], th;
+        if (!fast) x = score_of(P, x, slope, dg - j, &th);
         if (!full && (j < lo || j >= hi)) x = -INFINITY;
         s[ii][jj] = x;
         mx = fmaxf(mx, x);
@@ -218,12 +188,12 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
       /* A row that has seen no key yet keeps m = -inf; exponentiate against 0
        * then, so that -inf - -inf never makes a NaN. */
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = ex2_ftz((m_i[ii] - m_use) * kLog2e);
+      const float alpha = ex2((m_i[ii] - m_use) * kLog2e);
       float sum = 0.f;
 #pragma unroll
       for (int jj = 0; jj < MC; jj++) {
         const float dx = (fast ? scaled(P, s[ii][jj]) : s[ii][jj]) - m_use;
-        const float p = ex2_ftz(dx * kLog2e);
+        const float p = ex2(dx * kLog2e);
         sum += p;
         Ps[(ty + NTY * ii) * LDP + tx + 16 * jj] = p;
       }
@@ -246,29 +216,7 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
     }
 
     /* O += P V */
-#pragma unroll 2
-    for (int j = 0; j < Bc; j += 4) {
-      float4 pv[MR];
-#pragma unroll
-      for (int ii = 0; ii < MR; ii++)
-        pv[ii] = *(const float4 *)&Ps[(ty + NTY * ii) * LDP + j];
-#pragma unroll
-      for (int q = 0; q < 4; q++) {
-        float2 vv[NG];
-#pragma unroll
-        for (int g = 0; g < NG; g++)
-          vv[g] = *(const float2 *)&Vs[(j + q) * LD + tx * 2 + 32 * g];
-#pragma unroll
-        for (int ii = 0; ii < MR; ii++) {
-          const float p = q == 0 ? pv[ii].x : q == 1 ? pv[ii].y : q == 2 ? pv[ii].z : pv[ii].w;
-#pragma unroll
-          for (int g = 0; g < NG; g++) {
-            o[ii][g].x = fmaf(p, vv[g].x, o[ii][g].x);
-            o[ii][g].y = fmaf(p, vv[g].y, o[ii][g].y);
-          }
-        }
-      }
-    }
+    rows_times_tile<MR, NG, Bc, NTY, LDP, LD>(o, Ps, Vs, tx, ty);
     if (ALIAS) {
       __syncthreads(); /* everyone is done with P (in K's tile) and V_t */
       /* K_{t+1} and V_{t+1} in two groups: the next Q K^T waits for K only. */
@@ -282,53 +230,46 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
   }
   cp_async_wait<0>();
 
-  /* O /= l, lse = m + log(l); a row with no key: o = 0, lse = -inf. */
-  const long long obase = (long long)b * P.o.sb + S.row0q * P.o.ss + h * P.o.sh;
-#pragma unroll
-  for (int ii = 0; ii < MR; ii++) {
-    float l = l_i[ii];
-#pragma unroll
-    for (int off = 1; off < 16; off <<= 1)
-      l += __shfl_xor_sync(0xffffffffu, l, off);
-    const long long i = i0 + ty + NTY * ii;
-    if (i >= S.nq) continue;
-    /* The mask says whether the row saw a key, not l: a NaN or inf among its
-     * scores leaves l NaN (or 0 when all are -inf), and the row must then
-     * come out NaN rather than as a row that saw nothing. */
-    long long klo, khi;
-    key_range(P, i, S.nq, S.nk, &klo, &khi);
-    const bool seen = klo < khi;
-    const float inv = seen ? 1.f / l : 0.f;
-#pragma unroll
-    for (int g = 0; g < NG; g++) {
-      const int c = tx * 2 + 32 * g;
-      char *op = P.o.p;
-      if (c < P.d) elem<float>::st(op, obase + i * P.o.ss + c * P.o.sd, o[ii][g].x * inv);
-      if (c + 1 < P.d) elem<float>::st(op, obase + i * P.o.ss + (c + 1) * P.o.sd, o[ii][g].y * inv);
-    }
-    if (P.lse.p && tx == 0) lse_store(lse_row(P, S, b, h, i), P.lse.sd, seen, m_i[ii], l);
-  }
+  store_rows<float, MR, NG, NTY>(P, S, b, h, i0, o, m_i, l_i, tx, ty);
 }
 
 template <int DP, int MR, int MC, int NTY, bool ALIAS>
-static int try_fwd32(const attn__cuda_launch *L, const gparams &P) {
+static int launch_fwd32(const attn__cuda_launch *L, const attn__cuda_config *) {
   using Cf = f32v_cfg<DP, MR, MC, NTY, ALIAS>;
   static_assert(Cf::NT == kThreads, "launch_cfg launches kThreads threads");
   const attn__problem *pb = L->pb;
+  if (pb->batch == 0 || pb->seqlen_q == 0 || pb->heads_q == 0) return ATTN_OK;
+  const gparams P = make_params(L, 0);
   dim3 grid((unsigned)((pb->seqlen_q + Cf::Br - 1) / Cf::Br), (unsigned)pb->heads_q,
             (unsigned)pb->batch);
   return launch_cfg(fwd32_kernel<DP, MR, MC, NTY, ALIAS>, Cf::smem, grid, L, P, true);
 }
 
-/* The f32 forward's wide kernel; ATTN_EUNSUPPORTED where it does not apply
- * (the caller then runs launch_forward<float>). Needs rows of q, k, v that
- * load as float4 and a padded head dim of 64 or 128. */
-int launch_forward_f32_wide(const attn__cuda_launch *L, const gparams &P) {
-  if (!P.q.vec || !P.k.vec || !P.v.vec) return ATTN_EUNSUPPORTED;
-  const int dp = pad_dim(P.d);
-  if (dp == 64) return try_fwd32<64, 8, 8, 16, false>(L, P);
-  if (dp == 128) return try_fwd32<128, 8, 8, 16, true>(L, P);
-  return ATTN_EUNSUPPORTED;
+template <int DP, int MR, int MC, int NTY, bool ALIAS>
+constexpr attn__cuda_config fwd32_row(const char *name) {
+  using C = f32v_cfg<DP, MR, MC, NTY, ALIAS>;
+  return {.kernel = ATTN__CUDA_F32_FORWARD,
+          .dtype = ATTN_F32,
+          .dim = DP,
+          .cc = 0,
+          .threads = C::NT,
+          .br = C::Br,
+          .bc = C::Bc,
+          .smem = C::smem,
+          .smem_det = 0,
+          .name = name,
+          .launch = launch_fwd32<DP, MR, MC, NTY, ALIAS>};
+}
+
+/* The wide kernel's rows: padded head dims 64 and 128 (the plan also wants
+ * q, k and v rows that load as float4). */
+constexpr attn__cuda_config f32_rows[] = {
+    fwd32_row<64, 8, 8, 16, false>("f32 wide forward, d <= 64, 128 x 128 tiles"),
+    fwd32_row<128, 8, 8, 16, true>("f32 wide forward, d <= 128, 128 x 128 tiles, P in K"),
+};
+
+constexpr attn__cuda_rows f32_table() {
+  return {f32_rows, (int)(sizeof f32_rows / sizeof f32_rows[0])};
 }
 
 }  // namespace attn_general

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(256) prep_kernel(const params p) {
     acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0) {
     /* hi alone of a (hi, lo) lse: P is rounded to 16 bits for the
-     * products, far above what lo corrects (lse.cuh). */
+     * products, far above what lo corrects (common.cuh). */
     const float lse = *row_ptr<float>(p.lse, b, first, h);
     p.dsum[w] = acc;
     p.lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
@@ -124,8 +124,8 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
   const int n_last = min(n0 + BC, nk) - 1;
 
   /* Query rows that see any of these keys. */
-  const int i_lo = p.window_right < 0 ? 0 : max(0, n0 - (nk - nq) - p.window_right);
-  const int i_hi = p.window_left < 0 ? nq : min(nq, n_last - (nk - nq) + p.window_left + 1);
+  int i_lo, i_hi;
+  query_block_range(n0, n_last + 1, nq, nk, p.window_left, p.window_right, &i_lo, &i_hi);
   const int mb_min = i_lo / BR;
   const int nmb = i_hi > i_lo ? (i_hi + BR - 1) / BR - mb_min : 0;
   const int items = nmb * p.group;
@@ -212,8 +212,8 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
      * (their zero-filled K gives a finite score); query rows past it have
      * lse2 = +inf and so P = 0 already. */
     const int i_last = min(i0 + BR, nq) - 1;
-    const bool full =
-        n0 + BC <= nk && n0 >= key_lo(p, i_last, nq, nk) && n0 + BC <= key_hi(p, i0, nq, nk);
+    const bool full = n0 + BC <= nk && n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
+                      n0 + BC <= key_hi(diag(i0, nq, nk), nk, p.window_right);
     float dt[SOFTCAP ? NS : 1][4];
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
@@ -222,16 +222,18 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
         const int j = n0 + warp * 16 + g + (e >> 1) * 8;
         const int qc = n * 8 + 2 * t + (e & 1);
         const int i = i0 + qc;
+        /* common.cuh's score_log2 with a constant softcap, written out: called,
+         * ptxas gave the dq kernel below up to 60 more registers. */
         float v;
         if constexpr (SOFTCAP) {
           const float th = tanhf(s[n][e] * p.softcap_inv);
           v = p.softcap_log2 * th;
-          dt[n][e] = 1.f - th * th;
+          dt[n][e] = th;
         } else {
           v = s[n][e] * p.scale_log2;
         }
-        if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(i + nk - nq - j));
-        if (!full && !visible(p, i, j, nq, nk)) v = -INFINITY;
+        if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(diag(i, nq, nk) - j));
+        if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
         s[n][e] = ex2(v - cL[qc]);
       }
     }
@@ -278,7 +280,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
       for (int e = 0; e < 4; ++e) {
         const int qc = n * 8 + 2 * t + (e & 1);
         float ds = s[n][e] * (dp[n][e] - cD[qc]);
-        if constexpr (SOFTCAP) ds *= dt[n][e];
+        if constexpr (SOFTCAP) ds = score_grad(ds, dt[n][e]);
         dp[n][e] = ds;
       }
     }
@@ -387,8 +389,8 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
   const int m0 = m_block * BR;
   if (m0 >= nq) return;
   const int m_last = min(m0 + BR, nq) - 1;
-  const int j_lo = max(0, key_lo(p, m0, nq, nk));
-  const int j_hi = min(nk, key_hi(p, m_last, nq, nk));
+  int j_lo, j_hi;
+  key_block_range(m0, m_last + 1, nq, nk, p.window_left, p.window_right, &j_lo, &j_hi);
   const int nb_min = j_lo / BC;
   const int nb_max = j_hi > j_lo ? (j_hi + BC - 1) / BC : nb_min;
 
@@ -454,8 +456,8 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
     }
 
     const int n0 = nb * BC;
-    const bool full =
-        n0 + BC <= nk && n0 >= key_lo(p, m_last, nq, nk) && n0 + BC <= key_hi(p, m0, nq, nk);
+    const bool full = n0 + BC <= nk && n0 >= key_lo(diag(m_last, nq, nk), p.window_left) &&
+                      n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
 #pragma unroll
@@ -463,18 +465,18 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
         const int r = e >> 1;
         const int i = m0 + warp * 16 + g + r * 8;
         const int j = n0 + n * 8 + 2 * t + (e & 1);
-        float v, dtv = 1.f;
+        /* score_log2 written out, as in dkdv_kernel. */
+        float v, th = 0.f;
         if constexpr (SOFTCAP) {
-          const float th = tanhf(s[n][e] * p.softcap_inv);
+          th = tanhf(s[n][e] * p.softcap_inv);
           v = p.softcap_log2 * th;
-          dtv = 1.f - th * th;
         } else {
           v = s[n][e] * p.scale_log2;
         }
-        if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(i + nk - nq - j));
-        if (!full && !visible(p, i, j, nq, nk)) v = -INFINITY;
+        if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(diag(i, nq, nk) - j));
+        if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
         const float pr = ex2(v - lr[r]);
-        dp[n][e] = pr * (dp[n][e] - dr[r]) * dtv;
+        dp[n][e] = score_grad(pr * (dp[n][e] - dr[r]), th);
       }
     }
 
@@ -510,32 +512,35 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
   }
 }
 
-static int set_smem(const void *kern, size_t smem, const attn__cuda_launch *L) {
-  if (smem > L->smem_optin) {
-    attn__debug("cuda mma: backward needs %zu bytes of shared memory", smem);
-    return ATTN_EUNSUPPORTED;
-  }
+static int set_smem(const void *kern, size_t smem) {
   return cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) ==
                  cudaSuccess
              ? ATTN_OK
              : ATTN_EDEVICE;
 }
 
-/* Tile shapes. dkdv: 8 warps of 16 keys (Bc = 128) against Br = 64 query rows
- * per step; dq: 4 warps of 16 rows against Bc = 64 keys, K and V
+/* Tile shapes. dkdv: 8 warps of 16 keys (Bc = 128) against Br = KBR query
+ * rows per step; dq: 4 warps of 16 rows against Bc = 64 keys, K and V
  * double-buffered. */
+template <typename T, int D, int KBR>
+struct bwd_tiles {
+  static constexpr int KBC = 128, KNW = 8;          /* dkdv */
+  static constexpr int QBR = 64, QBC = 64, QNW = 4; /* dq */
+  static constexpr int LD = D + kPad;
+  static constexpr size_t smem_kv = (size_t)(2 * KBC + 4 * KBR) * LD * sizeof(T) +
+                                    (size_t)KBC * (KBR + kPad) * sizeof(T) +
+                                    4 * KBR * sizeof(float);
+  static constexpr size_t smem_q = (size_t)(2 * QBR + 4 * QBC) * LD * sizeof(T);
+};
+
 template <typename T, int D, int KBR, bool SOFTCAP>
 static int backward_shape(const params &p, const attn__cuda_launch *L) {
-  constexpr int KBC = 128, KNW = 8;          /* dkdv */
-  constexpr int QBR = 64, QBC = 64, QNW = 4; /* dq */
-  constexpr int LD = D + kPad;
-  const size_t smem_kv = (size_t)(2 * KBC + 4 * KBR) * LD * sizeof(T) +
-                         (size_t)KBC * (KBR + kPad) * sizeof(T) + 4 * KBR * sizeof(float);
-  const size_t smem_q = (size_t)(2 * QBR + 4 * QBC) * LD * sizeof(T);
+  using C = bwd_tiles<T, D, KBR>;
+  constexpr int KBC = C::KBC, KNW = C::KNW, QBR = C::QBR, QBC = C::QBC, QNW = C::QNW;
   auto kv = dkdv_kernel<T, D, KBC, KBR, KNW, SOFTCAP>;
   auto kq = dq_kernel<T, D, QBR, QBC, QNW, SOFTCAP>;
-  int rc = set_smem((const void *)kv, smem_kv, L);
-  if (rc == ATTN_OK && !p.dq_atomic) rc = set_smem((const void *)kq, smem_q, L);
+  int rc = set_smem((const void *)kv, C::smem_kv);
+  if (rc == ATTN_OK && !p.dq_atomic) rc = set_smem((const void *)kq, C::smem_q);
   if (rc != ATTN_OK) return rc;
 
   const int64_t warps = p.rows * p.heads_q;
@@ -545,72 +550,59 @@ static int backward_shape(const params &p, const attn__cuda_launch *L) {
     return ATTN_EDEVICE;
   prep_kernel<T, D><<<row_blocks, 256, 0, L->stream>>>(p);
   dim3 gkv((unsigned)((p.seqlen_k + KBC - 1) / KBC), (unsigned)p.heads_kv, (unsigned)p.batch);
-  kv<<<gkv, KNW * 32, smem_kv, L->stream>>>(p);
+  kv<<<gkv, KNW * 32, C::smem_kv, L->stream>>>(p);
   if (p.dq_atomic) {
     dq_convert_kernel<T, D><<<row_blocks, 256, 0, L->stream>>>(p);
   } else {
     dim3 gq((unsigned)((p.seqlen_q + QBR - 1) / QBR), (unsigned)p.heads_q, (unsigned)p.batch);
-    kq<<<gq, QNW * 32, smem_q, L->stream>>>(p);
+    kq<<<gq, QNW * 32, C::smem_q, L->stream>>>(p);
   }
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 
-/* Query rows per dkdv step (Br) per head dim: 64, but 32 at d = 128, where
- * dK and dV take 128 registers and Br = 64 spilled; ATTN_MMA_BWD_BR*
- * override them at build time (bench/mma_variants.txt). */
-#ifndef ATTN_MMA_BWD_BR64
-#define ATTN_MMA_BWD_BR64 64
-#endif
-#ifndef ATTN_MMA_BWD_BR96
-#define ATTN_MMA_BWD_BR96 64
-#endif
-#ifndef ATTN_MMA_BWD_BR128
-#define ATTN_MMA_BWD_BR128 32
-#endif
-
-template <typename T>
-static int backward_dtype(const params &p, const attn__cuda_launch *L, int d) {
-  const bool sc = p.softcap > 0.f;
-  switch (d) {
-    case 64:
-      return sc ? backward_shape<T, 64, ATTN_MMA_BWD_BR64, true>(p, L)
-                : backward_shape<T, 64, ATTN_MMA_BWD_BR64, false>(p, L);
-    case 96:
-      return sc ? backward_shape<T, 96, ATTN_MMA_BWD_BR96, true>(p, L)
-                : backward_shape<T, 96, ATTN_MMA_BWD_BR96, false>(p, L);
-    case 128:
-      return sc ? backward_shape<T, 128, ATTN_MMA_BWD_BR128, true>(p, L)
-                : backward_shape<T, 128, ATTN_MMA_BWD_BR128, false>(p, L);
-    default:
-      attn__debug("cuda mma: head dim %d has no tensor-core backward", d);
-      return ATTN_EUNSUPPORTED;
-  }
-}
-
-}  // namespace attn_mma
-
-using namespace attn_mma;
-
-extern "C" int attn__cuda_mma_backward(const attn__cuda_launch *L) {
-  params p;
-  int rc = make_params(L, 1, &p);
-  if (rc != ATTN_OK) return rc;
+template <typename T, int D, int KBR>
+static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
   const attn__problem *pb = L->pb;
-  const int d = (int)pb->head_dim;
-  if (d != 64 && d != 96 && d != 128) {
-    attn__debug("cuda mma: head dim %d has no tensor-core backward", d);
-    return ATTN_EUNSUPPORTED;
-  }
-  const size_t need = attn__cuda_mma_workspace(pb, 1);
-  if (!L->workspace || L->workspace_bytes < need) {
-    attn__debug("cuda mma: backward needs %zu bytes of workspace", need);
-    return ATTN_EUNSUPPORTED;
-  }
-  const size_t per = ((size_t)pb->heads_q * (size_t)p.rows * sizeof(float) + 255) / 256 * 256;
+  params p;
+  make_params(L, 1, &p);
+  /* attn__cuda_workspace's layout. */
+  const size_t per = attn__cuda_ws_rows(pb);
   p.dsum = (float *)L->workspace;
   p.lse2 = (float *)((char *)L->workspace + per);
   p.dq_atomic = !pb->deterministic;
   p.dq_acc = p.dq_atomic ? (float *)((char *)L->workspace + 2 * per) : NULL;
-  if (pb->dtype == ATTN_BF16) return backward_dtype<__nv_bfloat16>(p, L, d);
-  return backward_dtype<__half>(p, L, d);
+  return p.softcap > 0.f ? backward_shape<T, D, KBR, true>(p, L)
+                         : backward_shape<T, D, KBR, false>(p, L);
 }
+
+template <typename T, int D, int KBR>
+constexpr attn__cuda_config bwd_row(const char *name) {
+  using C = bwd_tiles<T, D, KBR>;
+  return {.kernel = ATTN__CUDA_MMA_BACKWARD,
+          .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
+          .dim = D,
+          .cc = 80,
+          .threads = C::KNW * 32,
+          .br = KBR,
+          .bc = C::KBC,
+          .smem = C::smem_kv,
+          .smem_det = C::smem_q,
+          .name = name,
+          .launch = launch_bwd<T, D, KBR>};
+}
+
+/* The rows: query rows per dkdv step (Br) per head dim, 64, but 32 at
+ * d = 128, where dK and dV take 128 registers and Br = 64 spilled. */
+constexpr attn__cuda_config bwd_rows[] = {
+    bwd_row<__half, 64, 64>("tensor-core backward, f16, d = 64, 64 x 128 tiles"),
+    bwd_row<__half, 96, 64>("tensor-core backward, f16, d = 96, 64 x 128 tiles"),
+    bwd_row<__half, 128, 32>("tensor-core backward, f16, d = 128, 32 x 128 tiles"),
+    bwd_row<__nv_bfloat16, 64, 64>("tensor-core backward, bf16, d = 64, 64 x 128 tiles"),
+    bwd_row<__nv_bfloat16, 96, 64>("tensor-core backward, bf16, d = 96, 64 x 128 tiles"),
+    bwd_row<__nv_bfloat16, 128, 32>("tensor-core backward, bf16, d = 128, 32 x 128 tiles"),
+};
+
+}  // namespace attn_mma
+
+extern "C" const attn__cuda_rows attn__cuda_mma_backward_rows = {
+    attn_mma::bwd_rows, (int)(sizeof attn_mma::bwd_rows / sizeof attn_mma::bwd_rows[0])};

@@ -1,9 +1,8 @@
 /*
  * Shared pieces of the tensor-core kernels (mma_fwd.cu, mma_bwd.cu): the
  * parameter block the launchers fill, the PTX wrappers (cp.async, ldmatrix,
- * mma.sync m16n8k16 with fp32 accumulation), the fragment helpers and the
- * score transform (scale, softcap, ALiBi, mask) shared by the forward pass and
- * the recomputation in the backward pass.
+ * mma.sync m16n8k16 with fp32 accumulation) and the fragment helpers. The
+ * masks and the score transform are common.cuh's, in the log2 domain.
  *
  * Fragment layout of mma.sync.m16n8k16 (PTX ISA, "Matrix fragments for
  * mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
@@ -22,12 +21,14 @@
 #define ATTN_MMA_COMMON_CUH
 
 #include "attn_cuda.h"
-#include "lse.cuh"
+#include "common.cuh"
 #include "order.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 namespace attn_mma {
 
@@ -38,15 +39,15 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 /* One operand in device memory: base already at (native + offset), strides in
- * elements, head-dim stride 1 (the launchers decline anything else). */
+ * elements, head-dim stride 1 (the plan, plan.c, gives them nothing else). */
 struct tensor_ref {
   void *ptr;
   int64_t sb, ss, sh;
   int64_t sd; /* lse only: hi to lo of the (hi, lo) form, 0 for a plain lse */
 };
 
-/* Everything the kernels read, by value. Lengths are ints: the launchers
- * decline sequences of 2^30 rows or more. */
+/* Everything the kernels read, by value. Lengths are ints: the plan gives
+ * the launchers no sequence of 2^30 rows or more. */
 struct params {
   tensor_ref q, k, v, o, lse;
   tensor_ref dout, dq, dk, dv;
@@ -71,9 +72,9 @@ struct params {
   int order;    /* forward block order: attn_order_group's G, 0 = natural */
 };
 
-/* Fills p from a launch (mma_fwd.cu); ATTN_EUNSUPPORTED, with a debug-log
- * line, for what this family declines. */
-int make_params(const attn__cuda_launch *L, int backward, params *p);
+/* Fills p from a launch (mma_fwd.cu); the plan (plan.c) has checked that
+ * the family covers the problem. */
+void make_params(const attn__cuda_launch *L, int backward, params *p);
 
 /* ---------------------------------------------------------------------- */
 /* Element types                                                            */
@@ -156,12 +157,6 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
-}
-
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 /* The same on 32-bit shared addresses: a kernel forms one per-lane base per
@@ -293,26 +288,11 @@ __device__ __forceinline__ T *row_ptr(const tensor_ref &t, int b, int64_t first,
   return (T *)t.ptr + (int64_t)b * t.sb + first * t.ss + (int64_t)h * t.sh;
 }
 
-/* First visible key of query row i (may be < 0) and one past the last (may
- * be > nk); the caller clamps. */
-__device__ __forceinline__ int key_lo(const params &p, int i, int nq, int nk) {
-  return p.window_left < 0 ? 0 : i + nk - nq - p.window_left;
-}
-__device__ __forceinline__ int key_hi(const params &p, int i, int nq, int nk) {
-  return p.window_right < 0 ? nk : i + nk - nq + p.window_right + 1;
-}
-
-/* Score in the log2 domain of one raw dot product x = q.k, before masking:
- * softcap (if any) then ALiBi (slope_log2 = slope * log2 e; 0 for none). */
-__device__ __forceinline__ float score_log2(const params &p, float x, float slope_log2, int i,
-                                            int j, int nq, int nk) {
-  float s = p.softcap > 0.f ? p.softcap_log2 * tanhf(x * p.softcap_inv) : x * p.scale_log2;
-  if (slope_log2 != 0.f) s -= slope_log2 * fabsf((float)(i + nk - nq - j));
-  return s;
-}
-
-__device__ __forceinline__ bool visible(const params &p, int i, int j, int nq, int nk) {
-  return j < nk && j >= key_lo(p, i, nq, nk) && j < key_hi(p, i, nq, nk);
+/* Whether query row i sees key j, which may lie past the keys (a zero-filled
+ * row of a partial tile). */
+__device__ __forceinline__ bool sees(const params &p, int i, int j, int nq, int nk) {
+  const int dg = diag(i, nq, nk);
+  return j < nk && j >= key_lo(dg, p.window_left) && j < key_hi(dg, nk, p.window_right);
 }
 
 }  // namespace attn_mma

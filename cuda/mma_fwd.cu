@@ -11,19 +11,13 @@
  * as the A operand of O += P V, and O / l_i and lse = m_i ln 2 + ln l_i are
  * written once at the end (rows with no key: 0 and -inf).
  *
- * Also here: the parameter block and the checks shared with the backward pass
- * (what this family declines goes to the general kernels).
+ * Also here: the parameter block shared with the backward pass.
  */
 #include "mma_common.cuh"
 
 #include <math.h>
 
 namespace attn_mma {
-
-static bool aligned16(const attn__tensor &t) {
-  uintptr_t base = (uintptr_t)t.native + t.offset;
-  return t.native && base % 16 == 0 && t.sd == 1 && t.ss % 8 == 0 && t.sh % 8 == 0 && t.sb % 8 == 0;
-}
 
 static tensor_ref ref_of(const attn__tensor &t) {
   tensor_ref r;
@@ -35,33 +29,9 @@ static tensor_ref ref_of(const attn__tensor &t) {
   return r;
 }
 
-/* Fills p from the launch, or says (debug log) why this family declines. */
-int make_params(const attn__cuda_launch *L, int backward, params *p) {
+void make_params(const attn__cuda_launch *L, int backward, params *p) {
   const attn__problem *pb = L->pb;
   memset(p, 0, sizeof *p);
-  if (pb->dtype != ATTN_F16 && pb->dtype != ATTN_BF16) {
-    attn__debug("cuda mma: %s declined (f32 runs on the general kernels)",
-                backward ? "backward" : "forward");
-    return ATTN_EUNSUPPORTED;
-  }
-  if (L->cc_major < 8) {
-    attn__debug("cuda mma: compute capability %d.%d below 8.0", L->cc_major, L->cc_minor);
-    return ATTN_EUNSUPPORTED;
-  }
-  const int64_t lim = (int64_t)1 << 30;
-  if (pb->seqlen_q >= lim || pb->seqlen_k >= lim || pb->total_q >= lim || pb->total_k >= lim ||
-      pb->heads_q > 65535 || pb->batch > 65535) {
-    attn__debug("cuda mma: sizes beyond the kernels' int indexing");
-    return ATTN_EUNSUPPORTED;
-  }
-  bool ok = aligned16(pb->q) && aligned16(pb->k) && aligned16(pb->v) && aligned16(pb->o);
-  if (backward)
-    ok = ok && aligned16(pb->dout) && aligned16(pb->dq) && aligned16(pb->dk) && aligned16(pb->dv) &&
-         pb->lse.native;
-  if (!ok) {
-    attn__debug("cuda mma: a tensor is not 16-byte aligned with unit head-dim stride");
-    return ATTN_EUNSUPPORTED;
-  }
   p->q = ref_of(pb->q);
   p->k = ref_of(pb->k);
   p->v = ref_of(pb->v);
@@ -95,7 +65,6 @@ int make_params(const attn__cuda_launch *L, int backward, params *p) {
   p->softcap_log2 = pb->softcap * kLog2e;
   p->has_lse = pb->has_lse && pb->lse.native;
   p->rows = pb->cu_q ? pb->total_q : pb->batch * pb->seqlen_q;
-  return ATTN_OK;
 }
 
 /* One kernel shape: MT m16 slabs per warp (Br = 16 MT NW query rows), Bc
@@ -132,8 +101,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
   const int w0 = warp * MT * 16; /* this warp's first row in the block */
 
   /* Keys any row of this block sees; blocks outside are skipped. */
-  const int j_lo = max(0, key_lo(p, m0, nq, nk));
-  const int j_hi = min(nk, key_hi(p, m_last, nq, nk));
+  int j_lo, j_hi;
+  key_block_range(m0, m_last + 1, nq, nk, p.window_left, p.window_right, &j_lo, &j_hi);
   const int nb_min = j_lo / BC;
   const int nblocks = j_hi > j_lo ? (j_hi + BC - 1) / BC - nb_min : 0;
 
@@ -238,8 +207,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
       /* Scores in the log2 domain; the mask only on blocks that straddle a
        * boundary (sequence end, causal diagonal, window edge). */
       const int n0 = nb * BC;
-      const bool full =
-          n0 + BC <= nk && n0 >= key_lo(p, m_last, nq, nk) && n0 + BC <= key_hi(p, m0, nq, nk);
+      const bool full = n0 + BC <= nk && n0 >= key_lo(diag(m_last, nq, nk), p.window_left) &&
+                        n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         /* Plain blocks keep the raw q.k and fold the scale into the exp2's
@@ -253,8 +222,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
           for (int r = 0; r < 2; ++r) {
             const int i = m0 + w0 + mt * 16 + g + r * 8;
             const int jt = n0 + 2 * t;
-            lo[r] = full ? -BC : max(0, key_lo(p, i, nq, nk)) - jt;
-            hi[r] = full ? BC : min(nk, key_hi(p, i, nq, nk)) - jt;
+            int klo, khi;
+            key_range(diag(i, nq, nk), nk, p.window_left, p.window_right, &klo, &khi);
+            lo[r] = full ? -BC : klo - jt;
+            hi[r] = full ? BC : khi - jt;
           }
 #pragma unroll
           for (int n = 0; n < NS; ++n) {
@@ -264,7 +235,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
               float v = s[mt][n][e];
               if (transform) {
                 const int i = m0 + w0 + mt * 16 + g + r * 8;
-                v = score_log2(p, v, slope_log2, i, n0 + 2 * t + c, nq, nk);
+                float th;
+                v = score_log2(v, p.scale_log2, p.softcap_log2 > 0.f, p.softcap_log2, p.softcap_inv,
+                               slope_log2, diag(i, nq, nk) - (n0 + 2 * t + c), &th);
               } else {
                 v *= p.scale_log2;
               }
@@ -353,7 +326,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
       /* The mask says whether the row saw a key, not l: a NaN or inf among
        * its scores leaves l NaN (or 0 when all are -inf), and the row must
        * then come out NaN rather than as a row that saw nothing. */
-      const bool seen = max(0, key_lo(p, i, nq, nk)) < min(nk, key_hi(p, i, nq, nk));
+      int klo, khi;
+      key_range(diag(i, nq, nk), nk, p.window_left, p.window_right, &klo, &khi);
+      const bool seen = klo < khi;
       const float inv = seen ? 1.f / l : 0.f;
       if (i < nq) {
         T *orow = go + (int64_t)i * p.o.ss;
@@ -369,82 +344,62 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
 }
 
 template <typename T, int D, int MT, int NW, int BC, int STAGES, bool QR, int MINB>
-static int launch_fwd(const params &p, const attn__cuda_launch *L) {
+static int launch_fwd(const attn__cuda_launch *L, const attn__cuda_config *c) {
   constexpr int BR = 16 * MT * NW;
-  const size_t smem = (size_t)(BR + 2 * STAGES * BC) * (D + kPad) * sizeof(T);
-  if (smem > L->smem_optin) {
-    attn__debug("cuda mma: forward needs %zu bytes of shared memory", smem);
-    return ATTN_EUNSUPPORTED;
-  }
+  params p;
+  make_params(L, 0, &p);
   auto kern = fwd_kernel<T, D, MT, NW, BC, STAGES, QR, MINB>;
-  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem) !=
       cudaSuccess)
     return ATTN_EDEVICE;
   dim3 grid((unsigned)((p.seqlen_q + BR - 1) / BR), (unsigned)p.heads_q, (unsigned)p.batch);
   params pl = p;
-  pl.order =
-      attn_order_group(kern, NW * 32, smem, grid, L->sm_count, p.window_left, p.window_right);
-  kern<<<grid, NW * 32, smem, L->stream>>>(pl);
+  pl.order = attn_order_group(kern, NW * 32, c->smem, grid, L->dev->sm_count, p.window_left,
+                              p.window_right);
+  kern<<<grid, NW * 32, c->smem, L->stream>>>(pl);
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 
-/* Tile shapes, per head dim: <MT, NW, Bc, STAGES, Q in registers, blocks per
- * SM>. Measured on the H200 (bench/NOTES_mma.md, run 2): two m16 slabs per
+template <typename T, int D, int MT, int NW, int BC, int STAGES, bool QR, int MINB>
+constexpr attn__cuda_config fwd_row(const char *name) {
+  constexpr int BR = 16 * MT * NW;
+  return {.kernel = ATTN__CUDA_MMA_FORWARD,
+          .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
+          .dim = D,
+          .cc = 80,
+          .threads = NW * 32,
+          .br = BR,
+          .bc = BC,
+          .smem = (size_t)(BR + 2 * STAGES * BC) * (D + kPad) * sizeof(T),
+          .smem_det = 0,
+          .name = name,
+          .launch = launch_fwd<T, D, MT, NW, BC, STAGES, QR, MINB>};
+}
+
+/* The rows, <MT, NW, Bc, STAGES, Q in registers, blocks per SM> per head
+ * dim. Measured on the H200 (bench/NOTES_mma.md, run 2): two m16 slabs per
  * warp and 4 warps (Br = 128, as FlashAttention-2) halve the K/V fragment
  * loads per mma against one slab and ran fastest at d = 64 (Bc = 64) and
  * d = 128 (Bc = 32, the largest without spills); d = 96 follows d = 128;
  * d = 256 holds O in 128 registers, so one slab per warp and Q in shared
- * memory. ATTN_MMA_FWD_D64 etc. override them at build time, which is how
- * bench/mma_h200.sh compares variants (bench/mma_variants.txt). */
-#ifndef ATTN_MMA_FWD_D64
-#define ATTN_MMA_FWD_D64 2, 4, 64, 2, false, 2
-#endif
-#ifndef ATTN_MMA_FWD_D96
-#define ATTN_MMA_FWD_D96 2, 4, 32, 2, false, 2
-#endif
-#ifndef ATTN_MMA_FWD_D128
-#define ATTN_MMA_FWD_D128 2, 4, 32, 2, false, 2
-#endif
-#ifndef ATTN_MMA_FWD_D256
-#define ATTN_MMA_FWD_D256 1, 4, 32, 2, false, 2
-#endif
-
-template <typename T>
-static int forward_dtype(const params &p, const attn__cuda_launch *L, int d) {
-  switch (d) {
-    case 64:
-      return launch_fwd<T, 64, ATTN_MMA_FWD_D64>(p, L);
-    case 96:
-      return launch_fwd<T, 96, ATTN_MMA_FWD_D96>(p, L);
-    case 128:
-      return launch_fwd<T, 128, ATTN_MMA_FWD_D128>(p, L);
-    case 256:
-      return launch_fwd<T, 256, ATTN_MMA_FWD_D256>(p, L);
-    default:
-      attn__debug("cuda mma: head dim %d has no tensor-core forward", d);
-      return ATTN_EUNSUPPORTED;
-  }
-}
+ * memory. */
+constexpr attn__cuda_config fwd_rows[] = {
+    fwd_row<__half, 64, 2, 4, 64, 2, false, 2>("tensor-core forward, f16, d = 64, 128 x 64 tiles"),
+    fwd_row<__half, 96, 2, 4, 32, 2, false, 2>("tensor-core forward, f16, d = 96, 128 x 32 tiles"),
+    fwd_row<__half, 128, 2, 4, 32, 2, false, 2>(
+        "tensor-core forward, f16, d = 128, 128 x 32 tiles"),
+    fwd_row<__half, 256, 1, 4, 32, 2, false, 2>("tensor-core forward, f16, d = 256, 64 x 32 tiles"),
+    fwd_row<__nv_bfloat16, 64, 2, 4, 64, 2, false, 2>(
+        "tensor-core forward, bf16, d = 64, 128 x 64 tiles"),
+    fwd_row<__nv_bfloat16, 96, 2, 4, 32, 2, false, 2>(
+        "tensor-core forward, bf16, d = 96, 128 x 32 tiles"),
+    fwd_row<__nv_bfloat16, 128, 2, 4, 32, 2, false, 2>(
+        "tensor-core forward, bf16, d = 128, 128 x 32 tiles"),
+    fwd_row<__nv_bfloat16, 256, 1, 4, 32, 2, false, 2>(
+        "tensor-core forward, bf16, d = 256, 64 x 32 tiles"),
+};
 
 }  // namespace attn_mma
 
-using namespace attn_mma;
-
-extern "C" size_t attn__cuda_mma_workspace(const attn__problem *pb, int backward) {
-  if (!backward) return 0;
-  int64_t rows = pb->cu_q ? pb->total_q : pb->batch * pb->seqlen_q;
-  size_t per = (size_t)pb->heads_q * (size_t)rows * sizeof(float);
-  size_t r256 = (per + 255) / 256 * 256;
-  /* dsum and lse2, then the fp32 dq accumulator (atomic mode only). */
-  size_t bytes = 2 * r256;
-  if (!pb->deterministic) bytes += r256 * (size_t)pb->head_dim;
-  return bytes;
-}
-
-extern "C" int attn__cuda_mma_forward(const attn__cuda_launch *L) {
-  params p;
-  int rc = make_params(L, 0, &p);
-  if (rc != ATTN_OK) return rc;
-  if (L->pb->dtype == ATTN_BF16) return forward_dtype<__nv_bfloat16>(p, L, (int)L->pb->head_dim);
-  return forward_dtype<__half>(p, L, (int)L->pb->head_dim);
-}
+extern "C" const attn__cuda_rows attn__cuda_mma_forward_rows = {
+    attn_mma::fwd_rows, (int)(sizeof attn_mma::fwd_rows / sizeof attn_mma::fwd_rows[0])};

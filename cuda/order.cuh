@@ -25,8 +25,6 @@
 #define ATTN_CUDA_ORDER_CUH
 
 #include <cuda_runtime.h>
-#include <stdlib.h>
-#include <string.h>
 
 /* Block (blockIdx) of a grid of (query blocks, query heads, sequences) ->
  * its query block, head and sequence under group size G. */
@@ -49,15 +47,11 @@ __device__ __forceinline__ void attn_block_coords(int G, int *qb, int *h, int *b
 }
 
 /* G for a launch of `kernel` over `grid` (see above); 0 when the blocks are
- * equally long (no right bound, or a left one too) or when the environment
- * variable ATTN_CUDA_ORDER is "natural" (a benchmarking knob, read on each
- * call so that a benchmark can compare both in one run). */
+ * equally long (no right bound, or a left one too). */
 template <typename K>
 static int attn_order_group(K kernel, int threads, size_t smem, dim3 grid, int sm_count,
                             long long wl, long long wr) {
   if (wr < 0 || wl >= 0 || grid.x < 2) return 0;
-  const char *e = getenv("ATTN_CUDA_ORDER");
-  if (e && !strcmp(e, "natural")) return 0;
   int per_sm = 1;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) !=
           cudaSuccess ||

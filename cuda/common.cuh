@@ -1,0 +1,155 @@
+/*
+ * What every CUDA kernel family, forward and backward, computes the same
+ * way: the attention rules (which keys a query row sees and the score
+ * epilogue), under the names of tests/rules_table.h, which holds them to
+ * the C ones; and a row's lse in the form the caller's tensor holds.
+ *
+ * The rules take the window as the problem gives it: a bound of -1 is no
+ * bound and causal arrives as wr = 0. Ranges come clamped to [0, n) and are
+ * empty when lo >= hi. I is the index type of the caller (int in the
+ * tensor-core kernels, long long in the general ones).
+ */
+#ifndef ATTN_CUDA_COMMON_CUH
+#define ATTN_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <math.h>
+
+/* The key on query row i's diagonal (the last key a causal row sees). */
+template <typename I>
+__device__ __forceinline__ I diag(I i, I nq, I nk) {
+  return i + nk - nq;
+}
+
+/* The first key the row of diagonal dg sees and one past its last, before
+ * clamping: below 0 and above nk where the window reaches past the keys. */
+template <typename I>
+__device__ __forceinline__ I key_lo(I dg, I wl) {
+  return wl < 0 ? 0 : dg - wl;
+}
+template <typename I>
+__device__ __forceinline__ I key_hi(I dg, I nk, I wr) {
+  return wr < 0 ? nk : dg + wr + 1;
+}
+
+/* Keys [lo, hi) visible to the row of diagonal dg. */
+template <typename I>
+__device__ __forceinline__ void key_range(I dg, I nk, I wl, I wr, I *lo, I *hi) {
+  const I a = key_lo(dg, wl), z = key_hi(dg, nk, wr);
+  *lo = a < 0 ? 0 : a;
+  *hi = z > nk ? nk : z;
+}
+
+/* Keys visible to any row of [i0, i1): key_lo and key_hi never decrease
+ * with the row, so the first row's lo and the last row's hi. */
+template <typename I>
+__device__ __forceinline__ void key_block_range(I i0, I i1, I nq, I nk, I wl, I wr, I *lo, I *hi) {
+  I tmp;
+  key_range(diag(i0, nq, nk), nk, wl, wr, lo, &tmp);
+  key_range(diag(i1 - 1, nq, nk), nk, wl, wr, &tmp, hi);
+}
+
+/* Rows [lo, hi) that see at least one key of [j0, j1): key_range inverted. */
+template <typename I>
+__device__ __forceinline__ void query_block_range(I j0, I j1, I nq, I nk, I wl, I wr, I *lo,
+                                                  I *hi) {
+  const I a = wr < 0 ? 0 : j0 - wr - nk + nq;
+  const I z = wl < 0 ? nq : j1 + wl - nk + nq;
+  *lo = a < 0 ? 0 : a;
+  *hi = z > nq ? nq : z;
+}
+
+/* Rows [lo, hi) that see key j. */
+template <typename I>
+__device__ __forceinline__ void query_range(I j, I nq, I nk, I wl, I wr, I *lo, I *hi) {
+  query_block_range(j, j + 1, nq, nk, wl, wr, lo, hi);
+}
+
+/* Whether key j (in range) is visible to the row of diagonal dg. */
+template <typename I>
+__device__ __forceinline__ bool key_visible(I dg, I j, I wl, I wr) {
+  return j >= key_lo(dg, wl) && (wr < 0 || j <= dg + wr);
+}
+
+/* The score of a dot product q.k in natural units, in order: scale, softcap
+ * (inv_softcap = 1 / softcap), ALiBi at distance dist = diag - j. The scaled
+ * product is rounded to float and never fused into a following add: every
+ * kernel, forward and backward, must see the same score, or the backward's
+ * exp(s - lse) is off by the product's rounding (half an ulp of s, as much
+ * as a float lse would cost at large logits). *t = tanh(dot * scale /
+ * softcap), 0 without softcap. */
+template <typename I>
+__device__ __forceinline__ float score(float dot, float scale, float softcap, float inv_softcap,
+                                       float slope, I dist, float *t) {
+  float s = __fmul_rn(dot, scale);
+  *t = 0.f;
+  if (softcap > 0.f) {
+    *t = tanhf(s * inv_softcap);
+    s = softcap * *t;
+  }
+  return s - slope * (float)(dist < 0 ? -dist : dist);
+}
+
+/* The same in the log2 domain, where exp is ex2: scale_log2 = scale *
+ * log2(e), capped when there is a softcap (a constant where a kernel is
+ * specialized on it), softcap_log2 = softcap * log2(e), softcap_inv = scale /
+ * softcap (the tanh argument straight from the dot product), slope_log2 =
+ * slope * log2(e) (0 = no ALiBi). */
+template <typename I>
+__device__ __forceinline__ float score_log2(float dot, float scale_log2, bool capped,
+                                            float softcap_log2, float softcap_inv, float slope_log2,
+                                            I dist, float *t) {
+  float s;
+  *t = 0.f;
+  if (capped) {
+    *t = tanhf(dot * softcap_inv);
+    s = softcap_log2 * *t;
+  } else {
+    s = dot * scale_log2;
+  }
+  if (slope_log2 != 0.f) s -= slope_log2 * fabsf((float)dist);
+  return s;
+}
+
+/* d(score)/d(dot * scale) applied to ds: ds (1 - t^2) under softcap; t = 0
+ * without it (as score and score_log2 leave it) gives ds exactly, so the
+ * softcap itself is not needed. */
+__device__ __forceinline__ float score_grad(float ds, float t) {
+  return ds * (1.f - t * t);
+}
+
+/*
+ * A row's lse in the form the caller's tensor holds: a float, or the float
+ * pair (hi, lo) of attn_tensor_lse_hilo (lse.sd > 0 is the distance from hi
+ * to lo; see attn__lse_split in src/attn_internal.h for the host's version).
+ * The f32 backward takes exp((s - hi) - lo): s - hi is exact near the row
+ * maximum, where a float lse alone would cost P up to half an ulp of lse
+ * (6e-4 at logits of 1e4).
+ */
+
+/* hi = m + ll rounded, *lo = what the rounding dropped (TwoSum: exact in
+ * float arithmetic, which nvcc does not reassociate). */
+__device__ __forceinline__ float lse_split(float m, float ll, float *lo) {
+  const float hi = m + ll, mb = hi - ll;
+  *lo = (m - mb) + (ll - (hi - mb));
+  return hi;
+}
+
+/* Writes lse = m + log(l) at lp, and lo sd floats further when sd > 0: -inf
+ * (lo 0) for a row that sees no key (seen, from the mask), NaN for one that
+ * sees keys but whose sum l is not positive (a NaN or inf among its scores). */
+__device__ __forceinline__ void lse_store(float *lp, long long sd, bool seen, float m, float l) {
+  float lo = 0.f, hi = -INFINITY;
+  if (seen) hi = l > 0.f ? lse_split(m, logf(l), &lo) : (lo = NAN);
+  lp[0] = hi;
+  if (sd) lp[sd] = lo;
+}
+
+/* 2^x, flushing subnormals: the exponentials of the online softmax. */
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+#endif /* ATTN_CUDA_COMMON_CUH */

@@ -1,0 +1,76 @@
+/*
+ * The CUDA backend's one decision of what runs (ggml's "best kernel"): the
+ * first row of the tuning table that covers the problem on the device
+ * (attn__cuda_workspace then sizes its scratch). The rows are the families'
+ * (attn_cuda.h), walked tensor cores first, then the f32 wide kernel, then
+ * the general kernels, which cover every problem.
+ */
+#include "attn_cuda.h"
+
+#include <stdio.h>
+
+/* The tensor-core kernels read 16-byte chunks of rows through ldmatrix and
+ * cp.async. */
+static int aligned16(const attn__tensor *t) {
+  uintptr_t base = (uintptr_t)t->native + t->offset;
+  return t->native && base % 16 == 0 && t->sd == 1 && t->ss % 8 == 0 && t->sh % 8 == 0 &&
+         t->sb % 8 == 0;
+}
+
+/* What a family needs of the problem beyond the row's key. */
+static int family_covers(attn__cuda_kernel k, const attn__problem *pb) {
+  switch (k) {
+    case ATTN__CUDA_MMA_FORWARD:
+    case ATTN__CUDA_MMA_BACKWARD: {
+      /* The kernels index rows in int. */
+      const int64_t lim = (int64_t)1 << 30;
+      if (pb->seqlen_q >= lim || pb->seqlen_k >= lim || pb->total_q >= lim || pb->total_k >= lim)
+        return 0;
+      int ok = aligned16(&pb->q) && aligned16(&pb->k) && aligned16(&pb->v) && aligned16(&pb->o);
+      if (k == ATTN__CUDA_MMA_BACKWARD)
+        ok = ok && aligned16(&pb->dout) && aligned16(&pb->dq) && aligned16(&pb->dk) &&
+             aligned16(&pb->dv) && pb->lse.native;
+      return ok;
+    }
+    case ATTN__CUDA_F32_FORWARD:
+      return attn__cuda_rows4(&pb->q, pb) && attn__cuda_rows4(&pb->k, pb) &&
+             attn__cuda_rows4(&pb->v, pb);
+    case ATTN__CUDA_GENERAL_FORWARD:
+    case ATTN__CUDA_GENERAL_BACKWARD:
+      break;
+  }
+  return 1;
+}
+
+static const attn__cuda_config *first_row(const attn__cuda_rows *t, const attn__cuda_device *dev,
+                                          const attn__problem *pb, int backward) {
+  for (int i = 0; i < t->n; i++) {
+    const attn__cuda_config *c = &t->row[i];
+    const int bwd =
+        c->kernel == ATTN__CUDA_MMA_BACKWARD || c->kernel == ATTN__CUDA_GENERAL_BACKWARD;
+    size_t smem = c->smem;
+    if (pb->deterministic && c->smem_det > smem) smem = c->smem_det;
+    if (bwd == backward && c->dtype == pb->dtype &&
+        c->dim == attn__cuda_dim_bucket(c->kernel, pb->head_dim) && dev->cc >= c->cc &&
+        smem <= dev->smem_optin && family_covers(c->kernel, pb))
+      return c;
+  }
+  return NULL;
+}
+
+const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,
+                                         int backward, char *why, size_t why_len) {
+  static const attn__cuda_rows *const table[] = {
+      &attn__cuda_mma_forward_rows, &attn__cuda_mma_backward_rows, &attn__cuda_f32_forward_rows,
+      &attn__cuda_general_rows_f32, &attn__cuda_general_rows_f16,  &attn__cuda_general_rows_bf16,
+  };
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+    const attn__cuda_config *c = first_row(table[i], dev, pb, backward);
+    if (c) return c;
+  }
+  snprintf(why, why_len,
+           "cuda: no %s kernel fits head dim %lld in the device's %zu bytes of shared memory a "
+           "block",
+           backward ? "backward" : "forward", (long long)pb->head_dim, dev->smem_optin);
+  return NULL;
+}
