@@ -121,7 +121,7 @@ __device__ __forceinline__ float score_grad(float ds, float t) {
 /*
  * A row's lse in the form the caller's tensor holds: a float, or the float
  * pair (hi, lo) of attn_tensor_lse_hilo (lse.sd > 0 is the distance from hi
- * to lo; see attn__lse_split in src/attn_internal.h for the host's version).
+ * to lo; see attn__lse_split in src/rules.h for the host's version).
  * The f32 backward takes exp((s - hi) - lo): s - hi is exact near the row
  * maximum, where a float lse alone would cost P up to half an ulp of lse
  * (6e-4 at logits of 1e4).

@@ -28,15 +28,16 @@ void attn__settings_read(attn__settings *out) {
   copy_var(cache, sizeof cache, "ATTN_CL_CACHE");
   out->cl_cache = strcmp(cache, "0") != 0;
   /* ATTN_CL_CACHE_DIR, else the XDG cache folder, else ~/.cache. */
-  const char *d = getenv("ATTN_CL_CACHE_DIR");
-  const char *xdg = getenv("XDG_CACHE_HOME");
-  const char *home = getenv("HOME");
+  char d[sizeof out->cl_cache_dir], xdg[sizeof out->cl_cache_dir], home[sizeof out->cl_cache_dir];
+  copy_var(d, sizeof d, "ATTN_CL_CACHE_DIR");
+  copy_var(xdg, sizeof xdg, "XDG_CACHE_HOME");
+  copy_var(home, sizeof home, "HOME");
   int w = 0;
-  if (d && d[0])
+  if (d[0])
     w = snprintf(out->cl_cache_dir, sizeof out->cl_cache_dir, "%s", d);
-  else if (xdg && xdg[0])
+  else if (xdg[0])
     w = snprintf(out->cl_cache_dir, sizeof out->cl_cache_dir, "%s/attn", xdg);
-  else if (home && home[0])
+  else if (home[0])
     w = snprintf(out->cl_cache_dir, sizeof out->cl_cache_dir, "%s/.cache/attn", home);
   /* No folder, or one too long to hold: no cache rather than another one. */
   if (w <= 0 || (size_t)w >= sizeof out->cl_cache_dir) {
