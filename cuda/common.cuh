@@ -99,14 +99,11 @@ template <typename I>
 __device__ __forceinline__ float score_log2(float dot, float scale_log2, bool capped,
                                             float softcap_log2, float softcap_inv, float slope_log2,
                                             I dist, float *t) {
-  float s;
-  *t = 0.f;
-  if (capped) {
-    *t = tanhf(dot * softcap_inv);
-    s = softcap_log2 * *t;
-  } else {
-    s = dot * scale_log2;
-  }
+  /* One select per step, no branch on capped: the kernels unroll this
+   * over every element of a tile, where branches grow the loop's code. */
+  const float th = capped ? tanhf(dot * softcap_inv) : 0.f;
+  *t = th;
+  float s = capped ? softcap_log2 * th : dot * scale_log2;
   if (slope_log2 != 0.f) s -= slope_log2 * fabsf((float)dist);
   return s;
 }

@@ -222,10 +222,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
           for (int r = 0; r < 2; ++r) {
             const int i = m0 + w0 + mt * 16 + g + r * 8;
             const int jt = n0 + 2 * t;
-            int klo, khi;
-            key_range(diag(i, nq, nk), nk, p.window_left, p.window_right, &klo, &khi);
-            lo[r] = full ? -BC : klo - jt;
-            hi[r] = full ? BC : khi - jt;
+            const int dg = diag(i, nq, nk);
+            lo[r] = full ? -BC : max(0, key_lo(dg, p.window_left)) - jt;
+            hi[r] = full ? BC : min(nk, key_hi(dg, nk, p.window_right)) - jt;
           }
 #pragma unroll
           for (int n = 0; n < NS; ++n) {

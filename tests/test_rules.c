@@ -11,12 +11,18 @@
  *
  *   - diag, visibility: identical. Ranges: the same set, i.e. identical, or
  *     both empty (the value of an empty range's ends is not a rule).
- *   - score, natural domain: within 4 ulp of the largest term (the capped
- *     dot or the ALiBi bias): 2 for tanh, 1 for each rounding after it.
- *   - t: within 2 ulp (tanh's own error).
- *   - score, log2 domain: within 8 ulp of the largest term times log2(e),
- *     against double(score) * log2(e): the natural error times 1.44 and the
+ *   - t: within 6 ulp. Each language's tanhf is within 2 ulp of tanh (the
+ *     C library's and CUDA's math API both state 2), and a kernel may form
+ *     the argument as a product by 1/softcap where C divides: up to 1.5 ulp
+ *     more in the argument, which tanh passes on at most as is, since
+ *     (1 - t^2) |x| <= |t|. 2 + 2 + 2 (an ulp boundary crossed) = 6.
+ *   - score, natural domain: within 8 ulp of the largest term (the capped
+ *     dot or the ALiBi bias): t's 6 and a rounding for each step after it.
+ *   - score, log2 domain: within 12 ulp of the largest term times log2(e),
+ *     against C's score * log2(e): the natural error times 1.44 and the
  *     folding of log2(e) into scale, softcap and slope.
+ * The C rules against their double definition keep 2 ulp for t (tanhf's
+ * own error) and 4 for the score.
  *   - score_grad: within 4 eps of ds plus what the difference in t makes of
  *     ds (1 - t^2), 2 |t| |dt| |ds|.
  *
@@ -234,12 +240,12 @@ static void held_to_c(const char *lang,
                  where(r, x));
     }
     const float mag = score_magnitude(r, c);
-    if (!within(o->score, c->score, 4 * ulp(mag)))
+    if (!within(o->score, c->score, 8 * ulp(mag)))
       fail_msg("%s: score %.9g, C %.9g, %s", lang, o->score, c->score, where(r, x));
-    if (!within(o->t, c->t, 2 * ulp(c->t)))
+    if (!within(o->t, c->t, 6 * ulp(c->t)))
       fail_msg("%s: t %.9g, C %.9g, %s", lang, o->t, c->t, where(r, x));
     const double log2e = 1.44269504088896340736;
-    if (!within(o->score_log2, (float)(c->score * log2e), 8 * ulp(mag * (float)log2e)))
+    if (!within(o->score_log2, (float)(c->score * log2e), 12 * ulp(mag * (float)log2e)))
       fail_msg("%s: score_log2 %.9g, C score * log2(e) %.9g, %s", lang, o->score_log2,
                c->score * log2e, where(r, x));
     const float dt = fabsf(o->t - c->t);
