@@ -153,6 +153,12 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
   /* No softcap and no ALiBi: a tile that every row sees whole needs only
    * the scale, which skips the mask on most tiles of a long sequence. */
   const int plain = softcap == 0.0f && slope == 0.0f && r0 + BR <= nq;
+  /* The keys every row of the block sees, [all_lo, all_hi): the last row's
+   * first and the first row's last, as both ends grow with the row. A tile
+   * inside them is whole, a test of two compares per tile. */
+  int all_lo, all_hi, unused;
+  key_range(diag(r0 + BR - 1, nq, nk), nk, wl, wr, &all_lo, &unused);
+  key_range(diag(r0, nq, nk), nk, wl, wr, &unused, &all_hi);
 
   float m_i[TM], l_i[TM], acc[TM][TD];
 #pragma unroll
@@ -212,12 +218,8 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
 
     load_v(vreg, vp, vs, j0, lid, nk, d); /* in flight during the softmax */
 
-    /* Scores, mask, and this item's share of each row's maximum. The tile
-     * is whole when the block's last row sees its first key and the first
-     * row its last key: every row then sees every key. */
-    const int whole = plain && j0 + BC <= nk &&
-                      key_visible(diag(r0 + BR - 1, nq, nk), j0, wl, wr) &&
-                      key_visible(diag(r0, nq, nk), j0 + BC - 1, wl, wr);
+    /* Scores, mask, and this item's share of each row's maximum. */
+    const int whole = plain && j0 >= all_lo && j0 + BC <= all_hi;
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
       const int r = r0 + ty * TM + i, dg = diag(r, nq, nk);
