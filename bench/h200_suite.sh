@@ -7,7 +7,8 @@
 #   git archive --prefix=base/ BASE | tar -x -C .device    # here: the base tree
 #   bash bench/h200_suite.sh                  # there (carry: [".device"]); logs under $OUT
 #
-# STEPS picks what runs (default all): build ctest envs golden torch ab. envs runs
+# STEPS picks what runs (default all): build ctest envs golden torch ab; AB_ROWS
+# (a regular expression on "backend dtype N d mask") which rows ab times. envs runs
 # the suites that depend on what is present with CUDA hidden (OpenCL only) and
 # with the OpenCL library hidden (CUDA only).
 set -u -o pipefail
@@ -88,6 +89,7 @@ if has ab && [ -x build-base/tools/attn ]; then
   printf "%-7s %-5s %5s %4s %-7s %10s %10s %10s %10s %7s %7s\n" backend dtype N d mask \
     fwd_base fwd_new bwd_base bwd_new fwd_x bwd_x | tee "$OUT/ab.txt"
   while read -r be dt n d mask; do
+    [[ "$be $dt $n $d $mask" =~ ${AB_ROWS:-.} ]] || continue
     [ "$mask" = causal ] && flag=--causal || flag=
     bs=$((16384 / n))
     fb=(); fn=(); bb=(); bn=()
