@@ -92,6 +92,49 @@ __device__ __forceinline__ int64_t ws_row(const params &p, const seq &sq, int b,
   return (int64_t)h * p.rows + grow;
 }
 
+/* acc = A B^T for one warp: A is 16 rows at the per-lane address a, B is
+ * NS * 8 rows at b (row stride LD elements), both KD columns long. */
+template <typename T, int NS, int KD, int LD>
+__device__ __forceinline__ void warp_abt(float (&acc)[NS][4], uint32_t a, uint32_t b) {
+#pragma unroll
+  for (int n = 0; n < NS; ++n)
+    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < KD / 16; ++kk) {
+    uint32_t af[4];
+    ldsm_x4(af, a + kk * 16 * sizeof(T));
+#pragma unroll
+    for (int np = 0; np < NS / 2; ++np) {
+      uint32_t bb[4];
+      ldsm_x4(bb, b + (np * 16 * LD + kk * 16) * sizeof(T));
+      elem<T>::mma(acc[2 * np], af, bb[0], bb[1]);
+      elem<T>::mma(acc[2 * np + 1], af, bb[2], bb[3]);
+    }
+  }
+}
+
+/* acc += X B for one warp: X is the warp's 16 x (NX * 8) tile in registers
+ * (an accumulator layout, packed to T as the A operand), B is NX * 8 rows of
+ * NO * 8 columns at the per-lane address b, read transposed. */
+template <typename T, int NX, int NO, int LD>
+__device__ __forceinline__ void warp_xb(float (&acc)[NO][4], const float (&x)[NX][4], uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < NX / 2; ++kk) {
+    uint32_t a[4];
+    a[0] = elem<T>::pack(x[2 * kk][0], x[2 * kk][1]);
+    a[1] = elem<T>::pack(x[2 * kk][2], x[2 * kk][3]);
+    a[2] = elem<T>::pack(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+    a[3] = elem<T>::pack(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+#pragma unroll
+    for (int np = 0; np < NO / 2; ++np) {
+      uint32_t bb[4];
+      ldsm_x4_t(bb, b + (kk * 16 * LD + np * 16) * sizeof(T));
+      elem<T>::mma(acc[2 * np], a, bb[0], bb[1]);
+      elem<T>::mma(acc[2 * np + 1], a, bb[2], bb[3]);
+    }
+  }
+}
+
 template <typename T, int D, int BC, int BR, int NW, bool SOFTCAP>
 __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
   constexpr int NT = NW * 32;
@@ -192,21 +235,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
 
     /* S^T = K Q^T for this warp's 16 keys. */
     float s[NS][4];
-#pragma unroll
-    for (int n = 0; n < NS; ++n)
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      ldsm_x4(a, aK + kk * 16 * sizeof(T));
-#pragma unroll
-      for (int np = 0; np < NS / 2; ++np) {
-        uint32_t bb[4];
-        ldsm_x4(bb, bQ_nk + bufo + (np * 16 * LD + kk * 16) * sizeof(T));
-        elem<T>::mma(s[2 * np], a, bb[0], bb[1]);
-        elem<T>::mma(s[2 * np + 1], a, bb[2], bb[3]);
-      }
-    }
+    warp_abt<T, NS, D, LD>(s, aK, bQ_nk + bufo);
 
     /* P^T = exp2(score - lse2). Keys past the sequence must be masked here
      * (their zero-filled K gives a finite score); query rows past it have
@@ -222,8 +251,10 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
         const int j = n0 + warp * 16 + g + (e >> 1) * 8;
         const int qc = n * 8 + 2 * t + (e & 1);
         const int i = i0 + qc;
-        /* common.cuh's score_log2 with a constant softcap, written out: called,
-         * ptxas gave the dq kernel below up to 60 more registers. */
+        /* common.cuh's score_log2 with a constant softcap, written out here
+         * and in dq_kernel: called, or shared as one function, it compiles to
+         * other mask code in every kernel, and the d = 96 softcap dkdv kernel
+         * reaches 255 registers and spills. */
         float v;
         if constexpr (SOFTCAP) {
           const float th = tanhf(s[n][e] * p.softcap_inv);
@@ -239,39 +270,11 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
     }
 
     /* dV += P^T dO */
-#pragma unroll
-    for (int kk = 0; kk < BR / 16; ++kk) {
-      uint32_t a[4];
-      a[0] = elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-      for (int np = 0; np < D / 16; ++np) {
-        uint32_t bb[4];
-        ldsm_x4_t(bb, bO_kn + bufo + (kk * 16 * LD + np * 16) * sizeof(T));
-        elem<T>::mma(acc_dv[2 * np], a, bb[0], bb[1]);
-        elem<T>::mma(acc_dv[2 * np + 1], a, bb[2], bb[3]);
-      }
-    }
+    warp_xb<T, NS, NO, LD>(acc_dv, s, bO_kn + bufo);
 
     /* dP^T = V dO^T */
     float dp[NS][4];
-#pragma unroll
-    for (int n = 0; n < NS; ++n)
-      dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      ldsm_x4(a, aV + kk * 16 * sizeof(T));
-#pragma unroll
-      for (int np = 0; np < NS / 2; ++np) {
-        uint32_t bb[4];
-        ldsm_x4(bb, bO_nk + bufo + (np * 16 * LD + kk * 16) * sizeof(T));
-        elem<T>::mma(dp[2 * np], a, bb[0], bb[1]);
-        elem<T>::mma(dp[2 * np + 1], a, bb[2], bb[3]);
-      }
-    }
+    warp_abt<T, NS, D, LD>(dp, aV, bO_nk + bufo);
 
     /* dS^T = P^T (dP^T - D), in place of dP^T */
 #pragma unroll
@@ -286,21 +289,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
     }
 
     /* dK += dS^T Q */
-#pragma unroll
-    for (int kk = 0; kk < BR / 16; ++kk) {
-      uint32_t a[4];
-      a[0] = elem<T>::pack(dp[2 * kk][0], dp[2 * kk][1]);
-      a[1] = elem<T>::pack(dp[2 * kk][2], dp[2 * kk][3]);
-      a[2] = elem<T>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-      a[3] = elem<T>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
-#pragma unroll
-      for (int np = 0; np < D / 16; ++np) {
-        uint32_t bb[4];
-        ldsm_x4_t(bb, bQ_kn + bufo + (kk * 16 * LD + np * 16) * sizeof(T));
-        elem<T>::mma(acc_dk[2 * np], a, bb[0], bb[1]);
-        elem<T>::mma(acc_dk[2 * np + 1], a, bb[2], bb[3]);
-      }
-    }
+    warp_xb<T, NS, NO, LD>(acc_dk, dp, bQ_kn + bufo);
 
     if (p.dq_atomic) {
       /* dQ (Br x D) = dS K sums over this block's keys, which four or eight
@@ -465,7 +454,7 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
         const int r = e >> 1;
         const int i = m0 + warp * 16 + g + r * 8;
         const int j = n0 + n * 8 + 2 * t + (e & 1);
-        /* score_log2 written out, as in dkdv_kernel. */
+        /* score_log2 written out, as in dkdv_kernel (see there why). */
         float v, th = 0.f;
         if constexpr (SOFTCAP) {
           th = tanhf(s[n][e] * p.softcap_inv);
