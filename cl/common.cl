@@ -122,15 +122,20 @@ inline void query_block_range(int j0, int j1, int nq, int nk, int wl, int wr, in
 /* The score's epilogue in the order the semantics give: scale, softcap,
  * ALiBi (dist = dg - j, the key's distance from the row's diagonal). t
  * receives tanh(dot * scale / softcap) for the backward pass (0 when softcap
- * is off). */
-inline float score(float dot, float scale, float softcap, float slope, int dist, float *t) {
-  float x = dot * scale;
+ * is off). score_scaled takes x = dot * scale already formed, as
+ * src/rules.h's attn__score_scaled does, for a kernel that shares that
+ * product with a path without the epilogue. */
+inline float score_scaled(float x, float softcap, float slope, int dist, float *t) {
   *t = 0.0f;
   if (softcap > 0.0f) {
     *t = tanh(x / softcap);
     x = softcap * *t;
   }
   return x - slope * fabs((float)dist);
+}
+
+inline float score(float dot, float scale, float softcap, float slope, int dist, float *t) {
+  return score_scaled(dot * scale, softcap, slope, dist, t);
 }
 
 /* ds times d(score)/d(dot * scale): softcap's tanh contributes 1 - t^2. */

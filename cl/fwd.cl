@@ -228,11 +228,13 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
       for (int n = 0; n < TN; ++n) {
         const int j = j0 + tx + TX * n;
         float t;
+        /* One product for both paths, before the branch. */
+        const float x = s[i][n] * scale;
         if (whole) {
-          s[i][n] *= scale;
+          s[i][n] = x;
         } else {
-          float x = score(s[i][n], scale, softcap, slope, dg - j, &t);
-          s[i][n] = (r < nq && j < nk && key_visible(dg, j, wl, wr)) ? x : -INFINITY;
+          const float v = score_scaled(x, softcap, slope, dg - j, &t);
+          s[i][n] = (r < nq && j < nk && key_visible(dg, j, wl, wr)) ? v : -INFINITY;
         }
         mt = fmax(mt, s[i][n]);
       }
