@@ -186,6 +186,11 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
  * config pointer then names what runs. 0 when no narrower row fits. */
 int attn__cl_config_narrow(attn_context *ctx, attn__cl_config *config);
 
+/* The plan's program in the context's cl_context, built on first use (a
+ * GPU config whose kernels cannot run its work-group narrowed once, in
+ * place); called by the plan, so that launches only find it. */
+int attn__cl_program_of(attn_context *ctx, const attn__plan *plan, attn__cl_program **out);
+
 int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan);
 int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan);
 void attn__cl_release_programs(attn__cl_impl *im);

@@ -89,7 +89,7 @@ static int build_program(attn_context *ctx, const attn__cl_config *c, int *narro
  * config whose forward kernel cannot run its work-group is replaced, once,
  * by the device's 128-item row (attn__cl_config_narrow), so that the plan's
  * config still names what runs. */
-static int get_program(attn_context *ctx, const attn__plan *plan, attn__cl_program **out) {
+int attn__cl_program_of(attn_context *ctx, const attn__plan *plan, attn__cl_program **out) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
   attn__cl_config *c = (attn__cl_config *)plan->config; /* the context's own */
   for (int i = 0; i < im->nprog; ++i) {
@@ -271,7 +271,7 @@ typedef struct call {
 static int prepare(attn_context *ctx, const attn__problem *pb, const attn__plan *plan, call *c) {
   attn__cl_workspace_of(pb, plan->backward, &c->ws);
   int st = check_tensors(ctx, pb, plan->backward);
-  if (!st) st = get_program(ctx, plan, &c->p);
+  if (!st) st = attn__cl_program_of(ctx, plan, &c->p);
   if (!st) st = upload_params(ctx, pb, &c->ws, &c->cu_q, &c->cu_k, &c->alibi);
   if (!st) c->t = &c->p->config->t;
   c->es = esize_of(pb->dtype);

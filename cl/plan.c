@@ -195,7 +195,14 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
   out->backward = backward;
   out->kernel = backward ? ATTN__CL_BWD : ATTN__CL_FWD;
   out->config = c;
-  out->name = c->name[out->kernel];
   out->workspace = 2 * ws.cu + ws.alibi + ws.delta;
+  /* The program is built here, not at launch: whether its kernels run the
+   * config's work-groups is known only from the compiled kernels, and the
+   * answer must be the plan's (attn_supports() is exact). Built once per
+   * config and context, and cached on disk. */
+  attn__cl_program *prog;
+  int st = attn__cl_program_of(ctx, out, &prog);
+  if (st) return st;
+  out->name = c->name[out->kernel]; /* after a narrowing rebuild */
   return ATTN_OK;
 }

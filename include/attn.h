@@ -285,9 +285,9 @@ ATTN_API attn_tensor attn_tensor_on(attn_tensor t, attn_buffer *buffer, size_t o
 /* ------------------------------------------------------------------------ */
 
 /* attn_params.flags */
-#define ATTN_CAUSAL 0x1u           /* keys after the bottom-right-aligned diagonal are hidden */
-#define ATTN_DETERMINISTIC 0x2u    /* backward: bit-identical gradients run to run */
-#define ATTN_ASYNC 0x10u           /* GPU: return once queued (device tensors only) */
+#define ATTN_CAUSAL 0x1u        /* keys after the bottom-right-aligned diagonal are hidden */
+#define ATTN_DETERMINISTIC 0x2u /* backward: bit-identical gradients run to run */
+#define ATTN_ASYNC 0x10u        /* GPU: return once queued (device tensors only) */
 /* Bits 0x4 and 0x8 are retired; any bit not named here is ATTN_EINVAL. */
 
 typedef struct attn_params {
@@ -357,7 +357,10 @@ ATTN_API int attn_backward(attn_context *ctx, const attn_params *p, const attn_t
 /* Whether the context's backend can run this problem (forward, or backward
  * when backward is non-zero): ATTN_OK, ATTN_EUNSUPPORTED with the reason in
  * attn_errmsg(), or the validation error the call itself would return.
- * o and lse may be NULL here. */
+ * o and lse may be NULL here. The answer is the call's own decision of which
+ * kernel runs: after ATTN_OK the call does not answer ATTN_EUNSUPPORTED.
+ * Deciding may build the kernels (OpenCL), so it can also fail as the call
+ * would (ATTN_EBUILD, ATTN_EDEVICE); ATTN_DEBUG=1 logs what was chosen. */
 ATTN_API int attn_supports(attn_context *ctx, const attn_params *p, const attn_tensor *q,
                            const attn_tensor *k, const attn_tensor *v, int backward);
 

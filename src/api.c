@@ -356,15 +356,21 @@ static int run(attn_context *ctx, attn__problem *pb, const attn__plan *plan,
       rc = stage(ctx, &st, ts[i], pts[i], outputs[i], names[i]);
     if (st.n) pb->async = 0; /* staged results must be back before we return */
   }
-  if (!rc) {
-    attn__debug("%s:%d: %s: %s, %zu bytes of workspace", ctx->backend->name, ctx->device,
-                plan->backward ? "backward" : "forward", plan->name, plan->workspace);
+  if (!rc)
     rc = plan->backward ? ctx->backend->backward(ctx, pb, plan)
                         : ctx->backend->forward(ctx, pb, plan);
-  }
   for (int i = 0; i < st.n && !rc; i++)
     if (st.output[i]) rc = unstage_output(ctx, st.native[i], st.user[i]);
   unstage(ctx, &st);
+  return rc;
+}
+
+/* The backend's one decision of what runs for pb, logged. */
+static int make_plan(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *plan) {
+  int rc = ctx->backend->plan(ctx, pb, backward, plan);
+  if (!rc)
+    attn__debug("%s:%d: %s: %s, %zu bytes of workspace", ctx->backend->name, ctx->device,
+                backward ? "backward" : "forward", plan->name, plan->workspace);
   return rc;
 }
 
@@ -375,7 +381,7 @@ static int forward(attn_context *ctx, const attn_params *p, const attn_tensor *q
   int rc = attn__problem_build(ctx, ATTN__FORWARD, p, q, k, v, o, lse, NULL, NULL, NULL, NULL, &pb);
   if (rc) return rc;
   attn__plan plan;
-  rc = ctx->backend->plan(ctx, &pb, 0, &plan);
+  rc = make_plan(ctx, &pb, 0, &plan);
   if (rc) return rc;
   /* In the order of run()'s names: forward's are the first five. */
   const attn_tensor *ts[] = {q, k, v, o, lse};
@@ -398,7 +404,7 @@ static int backward(attn_context *ctx, const attn_params *p, const attn_tensor *
   int rc = attn__problem_build(ctx, ATTN__BACKWARD, p, q, k, v, o, lse, dout, dq, dk, dv, &pb);
   if (rc) return rc;
   attn__plan plan;
-  rc = ctx->backend->plan(ctx, &pb, 1, &plan);
+  rc = make_plan(ctx, &pb, 1, &plan);
   if (rc) return rc;
   const attn_tensor *ts[] = {q, k, v, o, lse, dout, dq, dk, dv};
   attn__tensor *pts[] = {&pb.q, &pb.k, &pb.v, &pb.o, &pb.lse, &pb.dout, &pb.dq, &pb.dk, &pb.dv};
@@ -420,7 +426,7 @@ static int supports(attn_context *ctx, const attn_params *p, const attn_tensor *
       attn__problem_build(ctx, ATTN__SUPPORTS, p, q, k, v, NULL, NULL, NULL, NULL, NULL, NULL, &pb);
   if (rc) return rc;
   attn__plan plan;
-  return ctx->backend->plan(ctx, &pb, backward_pass != 0, &plan);
+  return make_plan(ctx, &pb, backward_pass != 0, &plan);
 }
 
 int attn_supports(attn_context *ctx, const attn_params *p, const attn_tensor *q,
