@@ -963,37 +963,37 @@ constexpr attn_dtype dtype_of() {
   return sizeof(T) == 4 ? ATTN_F32 : std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16;
 }
 
-/* A row of the table: the traits come from the kernel's template arguments. */
-template <typename T, int DP, int MR, int MC>
-constexpr attn__cuda_config fwd_row(const char *name) {
-  using C = fwd_cfg<DP, MR, MC>;
-  return {.kernel = ATTN__CUDA_GENERAL_FORWARD,
+/* A row of the table: the traits come from the kernel's template arguments
+ * (C: its fwd_cfg or bwd_cfg). */
+template <typename T, typename C>
+constexpr attn__cuda_config general_row(attn__cuda_kernel kernel, int dim, size_t smem,
+                                        size_t smem_det, const char *name,
+                                        attn__cuda_launcher launch) {
+  return {.kernel = kernel,
           .dtype = dtype_of<T>(),
-          .dim = DP,
+          .dim = dim,
           .cc = 0,
           .threads = kThreads,
           .br = C::Br,
           .bc = C::Bc,
-          .smem = C::smem,
-          .smem_det = 0,
+          .smem = smem,
+          .smem_det = smem_det,
           .name = name,
-          .launch = launch_fwd<T, DP, MR, MC>};
+          .launch = launch};
+}
+
+template <typename T, int DP, int MR, int MC>
+constexpr attn__cuda_config fwd_row(const char *name) {
+  using C = fwd_cfg<DP, MR, MC>;
+  return general_row<T, C>(ATTN__CUDA_GENERAL_FORWARD, DP, C::smem, 0, name,
+                           launch_fwd<T, DP, MR, MC>);
 }
 
 template <typename T, int DP, int M>
 constexpr attn__cuda_config bwd_row(const char *name) {
   using C = bwd_cfg<DP, M>;
-  return {.kernel = ATTN__CUDA_GENERAL_BACKWARD,
-          .dtype = dtype_of<T>(),
-          .dim = DP,
-          .cc = 0,
-          .threads = kThreads,
-          .br = C::Br,
-          .bc = C::Bc,
-          .smem = C::smem_dkdv,
-          .smem_det = C::smem_dq,
-          .name = name,
-          .launch = launch_bwd<T, DP, M>};
+  return general_row<T, C>(ATTN__CUDA_GENERAL_BACKWARD, DP, C::smem_dkdv, C::smem_dq, name,
+                           launch_bwd<T, DP, M>);
 }
 
 /* The general family's rows for dtype T, per padded head dim the first that
