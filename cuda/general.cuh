@@ -349,7 +349,6 @@ struct fwd_block {
   int h, b, hk;
   seqinfo S;
   long long i0, i1, t_begin, t_end, lo_last, hi_first;
-  float slope;
 };
 
 /* This block's rows and key tiles for Br x Bc tiles, the longest blocks (the
@@ -374,7 +373,6 @@ __device__ __forceinline__ bool fwd_block_at(const gparams &P, fwd_block *B) {
   row_keys(P, i0, S.nq, S.nk, &tmp, &B->hi_first);
   B->t_begin = klo / Bc;
   B->t_end = khi > klo ? (khi + Bc - 1) / Bc : B->t_begin;
-  B->slope = P.alibi ? P.alibi[B->h] : 0.f;
   return true;
 }
 
@@ -470,6 +468,7 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
   const long long qbase = head_base(P.q, B.b, S.row0q, B.h);
   const long long kbase = head_base(P.k, B.b, S.row0k, B.hk);
   const long long vbase = head_base(P.v, B.b, S.row0k, B.hk);
+  const float slope = P.alibi ? P.alibi[B.h] : 0.f;
 
   float m_i[MR], l_i[MR]; /* l_i: this thread's share of the row sum */
   float2 o[MR][NG];
@@ -510,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
         if (plain) {
           x = scaled(P, s[ii][jj]);
         } else {
-          x = score_of(P, s[ii][jj], B.slope, R.dg - j, &th);
+          x = score_of(P, s[ii][jj], slope, R.dg - j, &th);
         }
         if (!full && (j < R.lo || j >= R.hi)) x = -INFINITY;
         s[ii][jj] = x;

@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
   const float *qg = (const float *)P.q.p + head_base(P.q, B.b, S.row0q, B.h);
   const float *kg = (const float *)P.k.p + head_base(P.k, B.b, S.row0k, B.hk);
   const float *vg = (const float *)P.v.p + head_base(P.v, B.b, S.row0k, B.hk);
+  const float slope = P.alibi ? P.alibi[B.h] : 0.f;
   const bool plain = P.softcap == 0.f && P.alibi == nullptr;
   const bool fast = plain && P.scale > 0.f;
 
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
       for (int jj = 0; jj < MC; jj++) {
         const long long j = k0 + tx + 16 * jj;
         float x = s[ii][jj], th;
-        if (!fast) x = score_of(P, x, B.slope, R.dg - j, &th);
+        if (!fast) x = score_of(P, x, slope, R.dg - j, &th);
         if (!full && (j < R.lo || j >= R.hi)) x = -INFINITY;
         s[ii][jj] = x;
         mx = fmaxf(mx, x);
