@@ -351,10 +351,9 @@ struct fwd_block {
   long long i0, i1, t_begin, t_end, lo_last, hi_first;
 };
 
-/* This block's rows and key tiles for Br x Bc tiles, the longest blocks (the
- * last rows under causal) first; false when the block is past its
- * sequence's end. */
-template <int Br, int Bc>
+/* This block's rows for Br-row blocks, the longest blocks (the last rows
+ * under causal) first; false when the block is past its sequence's end. */
+template <int Br>
 __device__ __forceinline__ bool fwd_block_at(const gparams &P, fwd_block *B) {
   int qb;
   attn_block_coords(P.order, &qb, &B->h, &B->b);
@@ -366,6 +365,14 @@ __device__ __forceinline__ bool fwd_block_at(const gparams &P, fwd_block *B) {
   B->i0 = i0;
   B->i1 = i1;
   B->hk = B->h / P.group;
+  return true;
+}
+
+/* The key tiles of Bc keys that the rows of block B see (fwd_block). */
+template <int Bc>
+__device__ __forceinline__ void fwd_tiles(const gparams &P, fwd_block *B) {
+  const seqinfo S = B->S;
+  const long long i0 = B->i0, i1 = B->i1;
   long long klo, khi, tmp;
   row_keys(P, i0, S.nq, S.nk, &klo, &tmp);
   row_keys(P, i1 - 1, S.nq, S.nk, &tmp, &khi);
@@ -373,7 +380,6 @@ __device__ __forceinline__ bool fwd_block_at(const gparams &P, fwd_block *B) {
   row_keys(P, i0, S.nq, S.nk, &tmp, &B->hi_first);
   B->t_begin = klo / Bc;
   B->t_end = khi > klo ? (khi + Bc - 1) / Bc : B->t_begin;
-  return true;
 }
 
 /* Query row i in a key tile: its diagonal (for ALiBi) and its visible keys
@@ -460,15 +466,17 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
   float *Ps = Vs + Bc * LD;
 
   fwd_block B;
-  if (!fwd_block_at<Br, Bc>(P, &B)) return;
+  if (!fwd_block_at<Br>(P, &B)) return;
   const seqinfo &S = B.S;
-  const bool plain = P.softcap == 0.f && P.alibi == nullptr;
-  const long long i0 = B.i0, t_begin = B.t_begin, t_end = B.t_end;
+  const long long i0 = B.i0;
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
   const long long qbase = head_base(P.q, B.b, S.row0q, B.h);
   const long long kbase = head_base(P.k, B.b, S.row0k, B.hk);
   const long long vbase = head_base(P.v, B.b, S.row0k, B.hk);
+  fwd_tiles<Bc>(P, &B);
+  const long long t_begin = B.t_begin, t_end = B.t_end;
   const float slope = P.alibi ? P.alibi[B.h] : 0.f;
+  const bool plain = P.softcap == 0.f && P.alibi == nullptr;
 
   float m_i[MR], l_i[MR]; /* l_i: this thread's share of the row sum */
   float2 o[MR][NG];

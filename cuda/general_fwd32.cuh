@@ -91,13 +91,15 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
   float *Ps = ALIAS ? Ks : Vs + Bc * LD;
 
   fwd_block B;
-  if (!fwd_block_at<Br, Bc>(P, &B)) return;
+  if (!fwd_block_at<Br>(P, &B)) return;
   const seqinfo &S = B.S;
-  const long long i0 = B.i0, t_begin = B.t_begin, t_end = B.t_end;
+  const long long i0 = B.i0;
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
   const float *qg = (const float *)P.q.p + head_base(P.q, B.b, S.row0q, B.h);
   const float *kg = (const float *)P.k.p + head_base(P.k, B.b, S.row0k, B.hk);
   const float *vg = (const float *)P.v.p + head_base(P.v, B.b, S.row0k, B.hk);
+  fwd_tiles<Bc>(P, &B);
+  const long long t_begin = B.t_begin, t_end = B.t_end;
   const float slope = P.alibi ? P.alibi[B.h] : 0.f;
   const bool plain = P.softcap == 0.f && P.alibi == nullptr;
   const bool fast = plain && P.scale > 0.f;
