@@ -297,14 +297,6 @@ __device__ __forceinline__ void zero_acc(float2 (&acc)[R][NG]) {
       acc[r][g] = make_float2(0.f, 0.f);
 }
 
-/* Columns c and c + 1 of the row at element offset off of t, those below d. */
-template <typename T>
-__device__ __forceinline__ void store_pair(const gtensor &t, long long off, int c, int d, float x,
-                                           float y) {
-  if (c < d) elem<T>::st(t.p, off + c * t.sd, x);
-  if (c + 1 < d) elem<T>::st(t.p, off + (c + 1) * t.sd, y);
-}
-
 /* The forward's end: O = acc / l and lse = m + log(l) for the thread's rows
  * ty + RS*ii of the query block at i0 (l_i: the thread's share of the row
  * sum, added over the 16 lanes of its half warp); a row with no key gets
@@ -331,9 +323,12 @@ __device__ __forceinline__ void store_rows(const gparams &P, const seqinfo &S, i
     const bool seen = klo < khi;
     const float inv = seen ? 1.f / l : 0.f;
 #pragma unroll
-    for (int g = 0; g < NG; g++)
-      store_pair<T>(P.o, obase + i * P.o.ss, tx * 2 + 32 * g, P.d, o[ii][g].x * inv,
-                    o[ii][g].y * inv);
+    for (int g = 0; g < NG; g++) {
+      const int c = tx * 2 + 32 * g;
+      char *op = P.o.p;
+      if (c < P.d) elem<T>::st(op, obase + i * P.o.ss + c * P.o.sd, o[ii][g].x * inv);
+      if (c + 1 < P.d) elem<T>::st(op, obase + i * P.o.ss + (c + 1) * P.o.sd, o[ii][g].y * inv);
+    }
     if (P.lse.p && tx == 0) lse_store(lse_row(P, S, b, h, i), P.lse.sd, seen, m_i[ii], l);
   }
 }
@@ -891,9 +886,12 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
     const long long i = i0 + ty + 16 * ii;
     if (i >= S.nq) continue;
 #pragma unroll
-    for (int g = 0; g < NG; g++)
-      store_pair<T>(P.dq, dqbase + i * P.dq.ss, tx * 2 + 32 * g, P.d, dq[ii][g].x * P.scale,
-                    dq[ii][g].y * P.scale);
+    for (int g = 0; g < NG; g++) {
+      const int c = tx * 2 + 32 * g;
+      if (c < P.d) elem<T>::st(P.dq.p, dqbase + i * P.dq.ss + c * P.dq.sd, dq[ii][g].x * P.scale);
+      if (c + 1 < P.d)
+        elem<T>::st(P.dq.p, dqbase + i * P.dq.ss + (c + 1) * P.dq.sd, dq[ii][g].y * P.scale);
+    }
   }
 }
 
