@@ -92,6 +92,12 @@ __device__ __forceinline__ seqinfo get_seq(const gparams &P, int b) {
   return s;
 }
 
+/* The element offset of head h's first row in t for sequence b, whose first
+ * row in t is row0. */
+__device__ __forceinline__ long long head_base(const gtensor &t, int b, long long row0, int h) {
+  return (long long)b * t.sb + row0 * t.ss + h * t.sh;
+}
+
 /* Query row i's lse (hi, when the tensor holds (hi, lo) pairs). */
 __device__ __forceinline__ float *lse_row(const gparams &P, const seqinfo &S, int b, int h,
                                           long long i) {
@@ -211,6 +217,14 @@ __device__ __forceinline__ float score_of(const gparams &P, float acc, float slo
   return score(acc, P.scale, P.softcap, P.inv_softcap, slope, dist, t);
 }
 
+/* acc + a . b, in the order x, y, z, w. */
+__device__ __forceinline__ float dot4(float acc, float4 a, float4 b) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
 /* ---------------------------------------------------------------------- */
 /* Register-tiled products of shared-memory tiles                           */
 /* ---------------------------------------------------------------------- */
@@ -237,12 +251,8 @@ __device__ __forceinline__ void rows_dot_rows(float (&s)[MR][MC], const float *A
 #pragma unroll
     for (int ii = 0; ii < MR; ii++)
 #pragma unroll
-      for (int jj = 0; jj < MC; jj++) {
-        s[ii][jj] = fmaf(av[ii].x, bv[jj].x, s[ii][jj]);
-        s[ii][jj] = fmaf(av[ii].y, bv[jj].y, s[ii][jj]);
-        s[ii][jj] = fmaf(av[ii].z, bv[jj].z, s[ii][jj]);
-        s[ii][jj] = fmaf(av[ii].w, bv[jj].w, s[ii][jj]);
-      }
+      for (int jj = 0; jj < MC; jj++)
+        s[ii][jj] = dot4(s[ii][jj], av[ii], bv[jj]);
   }
 }
 
@@ -277,6 +287,16 @@ __device__ __forceinline__ void rows_times_tile(float2 (&acc)[MR][NG], const flo
   }
 }
 
+/* acc = 0. */
+template <int R, int NG>
+__device__ __forceinline__ void zero_acc(float2 (&acc)[R][NG]) {
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int g = 0; g < NG; g++)
+      acc[r][g] = make_float2(0.f, 0.f);
+}
+
 /* The forward's end: O = acc / l and lse = m + log(l) for the thread's rows
  * ty + RS*ii of the query block at i0 (l_i: the thread's share of the row
  * sum, added over the 16 lanes of its half warp); a row with no key gets
@@ -286,7 +306,7 @@ __device__ __forceinline__ void store_rows(const gparams &P, const seqinfo &S, i
                                            long long i0, const float2 (&o)[MR][NG],
                                            const float (&m_i)[MR], const float (&l_i)[MR], int tx,
                                            int ty) {
-  const long long obase = (long long)b * P.o.sb + S.row0q * P.o.ss + h * P.o.sh;
+  const long long obase = head_base(P.o, b, S.row0q, h);
 #pragma unroll
   for (int ii = 0; ii < MR; ii++) {
     float l = l_i[ii];
@@ -317,6 +337,105 @@ __device__ __forceinline__ void store_rows(const gparams &P, const seqinfo &S, i
 /* Forward                                                                  */
 /* ---------------------------------------------------------------------- */
 
+/* A forward block: query rows [i0, i1) of head h (kv head hk) of sequence
+ * b, and the key tiles [t_begin, t_end) that its rows see; every row sees
+ * the keys [lo_last, hi_first) (a tile inside them needs no mask). */
+struct fwd_block {
+  int h, b, hk;
+  seqinfo S;
+  long long i0, i1, t_begin, t_end, lo_last, hi_first;
+};
+
+/* This block's rows for Br-row blocks, the longest blocks (the last rows
+ * under causal) first; false when the block is past its sequence's end. */
+template <int Br>
+__device__ __forceinline__ bool fwd_block_at(const gparams &P, fwd_block *B) {
+  int qb;
+  attn_block_coords(P.order, &qb, &B->h, &B->b);
+  const seqinfo S = get_seq(P, B->b);
+  const long long i0 = (long long)qb * Br;
+  if (i0 >= S.nq) return false;
+  const long long i1 = min(S.nq, i0 + Br);
+  B->S = S;
+  B->i0 = i0;
+  B->i1 = i1;
+  B->hk = B->h / P.group;
+  return true;
+}
+
+/* The key tiles of Bc keys that the rows of block B see (fwd_block). */
+template <int Bc>
+__device__ __forceinline__ void fwd_tiles(const gparams &P, fwd_block *B) {
+  const seqinfo S = B->S;
+  const long long i0 = B->i0, i1 = B->i1;
+  long long klo, khi, tmp;
+  row_keys(P, i0, S.nq, S.nk, &klo, &tmp);
+  row_keys(P, i1 - 1, S.nq, S.nk, &tmp, &khi);
+  B->lo_last = tmp;
+  row_keys(P, i0, S.nq, S.nk, &tmp, &B->hi_first);
+  B->t_begin = klo / Bc;
+  B->t_end = khi > klo ? (khi + Bc - 1) / Bc : B->t_begin;
+}
+
+/* Query row i in a key tile: its diagonal (for ALiBi) and its visible keys
+ * [lo, hi), which a tile that every row of the block sees whole (full) does
+ * not need; a row past the sequence sees nothing (its results are never
+ * stored). */
+struct tile_row {
+  long long dg, lo, hi;
+};
+
+__device__ __forceinline__ tile_row tile_row_at(const gparams &P, const seqinfo &S, long long i,
+                                                bool full) {
+  tile_row R;
+  R.dg = diag(i, S.nq, S.nk);
+  R.lo = 0;
+  R.hi = 0;
+  if (!full && i < S.nq) row_keys(P, i, S.nq, S.nk, &R.lo, &R.hi);
+  return R;
+}
+
+/* The online softmax's start for MR rows: m = -inf, l = 0, O = 0. */
+template <int MR, int NG>
+__device__ __forceinline__ void init_rows(float (&m_i)[MR], float (&l_i)[MR], float2 (&o)[MR][NG]) {
+#pragma unroll
+  for (int ii = 0; ii < MR; ii++) {
+    m_i[ii] = -INFINITY;
+    l_i[ii] = 0.f;
+#pragma unroll
+    for (int g = 0; g < NG; g++)
+      o[ii][g] = make_float2(0.f, 0.f);
+  }
+}
+
+/* The maximum over the 16 lanes of a half warp: a row's keys. */
+__device__ __forceinline__ float half_warp_max(float x) {
+#pragma unroll
+  for (int off = 1; off < 16; off <<= 1)
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+
+/* What a row's scores are exponentiated against: a row that has seen no key
+ * yet keeps m = -inf and uses 0, so that -inf - -inf never makes a NaN. */
+__device__ __forceinline__ float exp_base(float m_new) {
+  return m_new == -INFINITY ? 0.f : m_new;
+}
+
+/* A row's state after a tile: l = l * alpha + the tile's sum of p, m = m_new,
+ * O *= alpha. */
+template <int NG>
+__device__ __forceinline__ void rescale_row(float &m, float &l, float2 (&o)[NG], float m_new,
+                                            float alpha, float sum) {
+  l = l * alpha + sum;
+  m = m_new;
+#pragma unroll
+  for (int g = 0; g < NG; g++) {
+    o[g].x *= alpha;
+    o[g].y *= alpha;
+  }
+}
+
 template <int DP, int MR, int MC>
 struct fwd_cfg {
   static constexpr int Br = 16 * MR, Bc = 16 * MC;
@@ -341,41 +460,22 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
   float *Vs = Ks + Bc * LD;
   float *Ps = Vs + Bc * LD;
 
-  /* The longest blocks (last rows under causal) go first. */
-  int qb, h, b;
-  attn_block_coords(P.order, &qb, &h, &b);
-  const seqinfo S = get_seq(P, b);
-  const long long i0 = (long long)qb * Br;
-  if (i0 >= S.nq) return;
-  const long long i1 = min(S.nq, i0 + Br);
-  const int hk = h / P.group;
+  fwd_block B;
+  if (!fwd_block_at<Br>(P, &B)) return;
+  const seqinfo &S = B.S;
+  const long long i0 = B.i0;
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-
-  const long long qbase = (long long)b * P.q.sb + S.row0q * P.q.ss + h * P.q.sh;
-  const long long kbase = (long long)b * P.k.sb + S.row0k * P.k.ss + hk * P.k.sh;
-  const long long vbase = (long long)b * P.v.sb + S.row0k * P.v.ss + hk * P.v.sh;
-
-  long long klo, khi, tmp;
-  row_keys(P, i0, S.nq, S.nk, &klo, &tmp);
-  row_keys(P, i1 - 1, S.nq, S.nk, &tmp, &khi);
-  const long long lo_last = tmp;
-  long long hi_first;
-  row_keys(P, i0, S.nq, S.nk, &tmp, &hi_first);
-  const long long t_begin = klo / Bc, t_end = khi > klo ? (khi + Bc - 1) / Bc : t_begin;
-
-  const float slope = P.alibi ? P.alibi[h] : 0.f;
+  const long long qbase = head_base(P.q, B.b, S.row0q, B.h);
+  const long long kbase = head_base(P.k, B.b, S.row0k, B.hk);
+  const long long vbase = head_base(P.v, B.b, S.row0k, B.hk);
+  fwd_tiles<Bc>(P, &B);
+  const long long t_begin = B.t_begin, t_end = B.t_end;
+  const float slope = P.alibi ? P.alibi[B.h] : 0.f;
   const bool plain = P.softcap == 0.f && P.alibi == nullptr;
 
   float m_i[MR], l_i[MR]; /* l_i: this thread's share of the row sum */
   float2 o[MR][NG];
-#pragma unroll
-  for (int ii = 0; ii < MR; ii++) {
-    m_i[ii] = -INFINITY;
-    l_i[ii] = 0.f;
-#pragma unroll
-    for (int g = 0; g < NG; g++)
-      o[ii][g] = make_float2(0.f, 0.f);
-  }
+  init_rows(m_i, l_i, o);
 
   if (t_end > t_begin) {
     /* Group order: Q, K_t, V_t; then per tile K_{t+1}, V_{t+1}. */
@@ -400,14 +500,10 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
     cp_async_commit();
 
     /* Masks and the online softmax, row by row. */
-    const bool full = k0 >= lo_last && k0 + Bc <= hi_first;
+    const bool full = k0 >= B.lo_last && k0 + Bc <= B.hi_first;
 #pragma unroll
     for (int ii = 0; ii < MR; ii++) {
-      const long long i = i0 + ty + 16 * ii;
-      const long long dg = diag(i, S.nq, S.nk);
-      /* Rows past the sequence see nothing; their results are never stored. */
-      long long lo = 0, hi = 0;
-      if (!full && i < S.nq) row_keys(P, i, S.nq, S.nk, &lo, &hi);
+      const tile_row R = tile_row_at(P, S, i0 + ty + 16 * ii, full);
       float mx = -INFINITY;
 #pragma unroll
       for (int jj = 0; jj < MC; jj++) {
@@ -416,19 +512,15 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
         if (plain) {
           x = scaled(P, s[ii][jj]);
         } else {
-          x = score_of(P, s[ii][jj], slope, dg - j, &th);
+          x = score_of(P, s[ii][jj], slope, R.dg - j, &th);
         }
-        if (!full && (j < lo || j >= hi)) x = -INFINITY;
+        if (!full && (j < R.lo || j >= R.hi)) x = -INFINITY;
         s[ii][jj] = x;
         mx = fmaxf(mx, x);
       }
-#pragma unroll
-      for (int off = 1; off < 16; off <<= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      mx = half_warp_max(mx);
       const float m_new = fmaxf(m_i[ii], mx);
-      /* A row that has seen no key yet keeps m = -inf; exponentiate against 0
-       * then, so that -inf - -inf never makes a NaN. */
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float m_use = exp_base(m_new);
       const float alpha = exp2f((m_i[ii] - m_use) * kLog2e);
       float sum = 0.f;
 #pragma unroll
@@ -437,13 +529,7 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
         sum += p;
         Ps[(ty + 16 * ii) * LDP + tx + 16 * jj] = p;
       }
-      l_i[ii] = l_i[ii] * alpha + sum;
-      m_i[ii] = m_new;
-#pragma unroll
-      for (int g = 0; g < NG; g++) {
-        o[ii][g].x *= alpha;
-        o[ii][g].y *= alpha;
-      }
+      rescale_row(m_i[ii], l_i[ii], o[ii], m_new, alpha, sum);
     }
     cp_async_wait<1>(); /* V_t */
     __syncthreads();
@@ -456,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
   }
   cp_async_wait<0>();
 
-  store_rows<T, MR, NG, 16>(P, S, b, h, i0, o, m_i, l_i, tx, ty);
+  store_rows<T, MR, NG, 16>(P, S, B.b, B.h, i0, o, m_i, l_i, tx, ty);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -518,6 +604,27 @@ struct bwd_cfg {
       sizeof(float) * (4 * (size_t)Br * LD + (size_t)Br * LDP + 3 * (size_t)Br);
 };
 
+/* A backward kernel's shared memory in bwd_cfg's sizes: the two tiles the
+ * block keeps (dkdv: K, V; dq: Q, dO), the two it streams through, P (dkdv
+ * only: WITH_P), dS, and the query block's lse (hi, lo) and D. */
+template <int DP, int M, bool WITH_P>
+struct bwd_smem {
+  float *own0, *own1, *in0, *in1, *Ps, *dSs, *lses, *Ds, *los;
+  __device__ __forceinline__ explicit bwd_smem(float4 *sm) {
+    using C = bwd_cfg<DP, M>;
+    constexpr int T = C::Br * C::LD, TP = C::Br * C::LDP;
+    own0 = (float *)sm;
+    own1 = own0 + T;
+    in0 = own1 + T;
+    in1 = in0 + T;
+    Ps = WITH_P ? in1 + T : nullptr;
+    dSs = in1 + T + (WITH_P ? TP : 0);
+    lses = dSs + TP;
+    Ds = lses + C::Br;
+    los = Ds + C::Br;
+  }
+};
+
 /* The shared middle of both backward kernels, for one (query block, key
  * block) pair whose tiles are in shared memory: S = Q K^T and dP = dO V^T in
  * registers, then P = exp(S - lse) and dS = P * (dP - D) (times the softcap
@@ -554,14 +661,8 @@ __device__ __forceinline__ void bwd_p_ds(const gparams &P, const seqinfo &S, con
     for (int ii = 0; ii < M; ii++)
 #pragma unroll
       for (int jj = 0; jj < M; jj++) {
-        s[ii][jj] = fmaf(qv[ii].x, kv[jj].x, s[ii][jj]);
-        s[ii][jj] = fmaf(qv[ii].y, kv[jj].y, s[ii][jj]);
-        s[ii][jj] = fmaf(qv[ii].z, kv[jj].z, s[ii][jj]);
-        s[ii][jj] = fmaf(qv[ii].w, kv[jj].w, s[ii][jj]);
-        dp[ii][jj] = fmaf(dov[ii].x, vv[jj].x, dp[ii][jj]);
-        dp[ii][jj] = fmaf(dov[ii].y, vv[jj].y, dp[ii][jj]);
-        dp[ii][jj] = fmaf(dov[ii].z, vv[jj].z, dp[ii][jj]);
-        dp[ii][jj] = fmaf(dov[ii].w, vv[jj].w, dp[ii][jj]);
+        s[ii][jj] = dot4(s[ii][jj], qv[ii], kv[jj]);
+        dp[ii][jj] = dot4(dp[ii][jj], dov[ii], vv[jj]);
       }
   }
   (void)Bc;
@@ -616,15 +717,9 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
   using C = bwd_cfg<DP, M>;
   constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP, NG = DP / 32;
   extern __shared__ float4 smem4[];
-  float *Ks = (float *)smem4;
-  float *Vs = Ks + Bc * LD;
-  float *Qs = Vs + Bc * LD;
-  float *dOs = Qs + Br * LD;
-  float *Ps = dOs + Br * LD;
-  float *dSs = Ps + Br * LDP;
-  float *lses = dSs + Br * LDP;
-  float *Ds = lses + Br;
-  float *los = Ds + Br;
+  const bwd_smem<DP, M, true> sm(smem4);
+  float *const Ks = sm.own0, *const Vs = sm.own1, *const Qs = sm.in0, *const dOs = sm.in1;
+  float *const Ps = sm.Ps, *const dSs = sm.dSs;
 
   const int kb = gridDim.x - 1 - blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const seqinfo S = get_seq(P, b);
@@ -632,10 +727,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
   if (j0 >= S.nk) return;
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
 
-  load_tile<T, DP, Bc>(Ks, LD, P.k, (long long)b * P.k.sb + S.row0k * P.k.ss + hk * P.k.sh, j0,
-                       S.nk, P.d);
-  load_tile<T, DP, Bc>(Vs, LD, P.v, (long long)b * P.v.sb + S.row0k * P.v.ss + hk * P.v.sh, j0,
-                       S.nk, P.d);
+  load_tile<T, DP, Bc>(Ks, LD, P.k, head_base(P.k, b, S.row0k, hk), j0, S.nk, P.d);
+  load_tile<T, DP, Bc>(Vs, LD, P.v, head_base(P.v, b, S.row0k, hk), j0, S.nk, P.d);
   cp_async_commit();
 
   long long qlo, qhi;
@@ -644,25 +737,22 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
 
   /* Keys ty*M + a, columns tx*2 + 32*g. */
   float2 dk[M][NG], dv[M][NG];
-#pragma unroll
-  for (int a = 0; a < M; a++)
-#pragma unroll
-    for (int g = 0; g < NG; g++)
-      dk[a][g] = dv[a][g] = make_float2(0.f, 0.f);
+  zero_acc(dk);
+  zero_acc(dv);
 
   for (int h = hk * P.group; h < (hk + 1) * P.group && qhi > qlo; h++) {
     const float slope = P.alibi ? P.alibi[h] : 0.f;
-    const long long qbase = (long long)b * P.q.sb + S.row0q * P.q.ss + h * P.q.sh;
-    const long long dobase = (long long)b * P.dout.sb + S.row0q * P.dout.ss + h * P.dout.sh;
+    const long long qbase = head_base(P.q, b, S.row0q, h);
+    const long long dobase = head_base(P.dout, b, S.row0q, h);
     for (long long i0 = (qlo / Br) * Br; i0 < qhi; i0 += Br) {
       load_tile<T, DP, Br>(Qs, LD, P.q, qbase, i0, S.nq, P.d);
       load_tile<T, DP, Br>(dOs, LD, P.dout, dobase, i0, S.nq, P.d);
       cp_async_commit();
-      load_row_stats<Br>(P, S, b, h, i0, lses, los, Ds);
+      load_row_stats<Br>(P, S, b, h, i0, sm.lses, sm.los, sm.Ds);
       cp_async_wait<0>();
       __syncthreads();
 
-      bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, lses, los, Ds, Ps, dSs, i0, j0, slope, plain);
+      bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, sm.lses, sm.los, sm.Ds, Ps, dSs, i0, j0, slope, plain);
       __syncthreads();
 
       /* dV += P^T dO, dK += dS^T Q over the Br rows. */
@@ -691,11 +781,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
       if constexpr (ATOMIC_DQ) {
         /* dQ (rows ty + 16*ii) += scale * dS K, added into the workspace. */
         float2 dq[M][NG];
-#pragma unroll
-        for (int ii = 0; ii < M; ii++)
-#pragma unroll
-          for (int g = 0; g < NG; g++)
-            dq[ii][g] = make_float2(0.f, 0.f);
+        zero_acc(dq);
         rows_times_tile<M, NG, Bc, 16, LDP, LD>(dq, dSs, Ks, tx, ty);
 #pragma unroll
         for (int ii = 0; ii < M; ii++) {
@@ -725,8 +811,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
   }
   cp_async_wait<0>();
 
-  const long long dkbase = (long long)b * P.dk.sb + S.row0k * P.dk.ss + hk * P.dk.sh;
-  const long long dvbase = (long long)b * P.dv.sb + S.row0k * P.dv.ss + hk * P.dv.sh;
+  const long long dkbase = head_base(P.dk, b, S.row0k, hk);
+  const long long dvbase = head_base(P.dv, b, S.row0k, hk);
 #pragma unroll
   for (int a = 0; a < M; a++) {
     const long long j = j0 + ty * M + a;
@@ -753,14 +839,9 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
   using C = bwd_cfg<DP, M>;
   constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP, NG = DP / 32;
   extern __shared__ float4 smem4[];
-  float *Qs = (float *)smem4;
-  float *dOs = Qs + Br * LD;
-  float *Ks = dOs + Br * LD;
-  float *Vs = Ks + Bc * LD;
-  float *dSs = Vs + Bc * LD;
-  float *lses = dSs + Br * LDP;
-  float *Ds = lses + Br;
-  float *los = Ds + Br;
+  const bwd_smem<DP, M, false> sm(smem4);
+  float *const Qs = sm.own0, *const dOs = sm.own1, *const Ks = sm.in0, *const Vs = sm.in1;
+  float *const dSs = sm.dSs;
 
   const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const seqinfo S = get_seq(P, b);
@@ -772,25 +853,18 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
   const float slope = P.alibi ? P.alibi[h] : 0.f;
   const bool plain = P.softcap == 0.f && P.alibi == nullptr;
 
-  load_tile<T, DP, Br>(Qs, LD, P.q, (long long)b * P.q.sb + S.row0q * P.q.ss + h * P.q.sh, i0, S.nq,
-                       P.d);
-  load_tile<T, DP, Br>(dOs, LD, P.dout,
-                       (long long)b * P.dout.sb + S.row0q * P.dout.ss + h * P.dout.sh, i0, S.nq,
-                       P.d);
+  load_tile<T, DP, Br>(Qs, LD, P.q, head_base(P.q, b, S.row0q, h), i0, S.nq, P.d);
+  load_tile<T, DP, Br>(dOs, LD, P.dout, head_base(P.dout, b, S.row0q, h), i0, S.nq, P.d);
   cp_async_commit();
-  load_row_stats<Br>(P, S, b, h, i0, lses, los, Ds);
+  load_row_stats<Br>(P, S, b, h, i0, sm.lses, sm.los, sm.Ds);
 
   long long klo, khi;
   key_block_range(i0, i1, S.nq, S.nk, P.wl, P.wr, &klo, &khi);
-  const long long kbase = (long long)b * P.k.sb + S.row0k * P.k.ss + hk * P.k.sh;
-  const long long vbase = (long long)b * P.v.sb + S.row0k * P.v.ss + hk * P.v.sh;
+  const long long kbase = head_base(P.k, b, S.row0k, hk);
+  const long long vbase = head_base(P.v, b, S.row0k, hk);
 
   float2 dq[M][NG];
-#pragma unroll
-  for (int ii = 0; ii < M; ii++)
-#pragma unroll
-    for (int g = 0; g < NG; g++)
-      dq[ii][g] = make_float2(0.f, 0.f);
+  zero_acc(dq);
 
   for (long long j0 = (klo / Bc) * Bc; j0 < khi; j0 += Bc) {
     load_tile<T, DP, Bc>(Ks, LD, P.k, kbase, j0, S.nk, P.d);
@@ -798,14 +872,15 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, lses, los, Ds, nullptr, dSs, i0, j0, slope, plain);
+    bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, sm.lses, sm.los, sm.Ds, nullptr, dSs, i0, j0, slope,
+                    plain);
     __syncthreads();
     rows_times_tile<M, NG, Bc, 16, LDP, LD>(dq, dSs, Ks, tx, ty);
     __syncthreads(); /* before the next K, V and dS overwrite these */
   }
   cp_async_wait<0>();
 
-  const long long dqbase = (long long)b * P.dq.sb + S.row0q * P.dq.ss + h * P.dq.sh;
+  const long long dqbase = head_base(P.dq, b, S.row0q, h);
 #pragma unroll
   for (int ii = 0; ii < M; ii++) {
     const long long i = i0 + ty + 16 * ii;
@@ -893,37 +968,37 @@ constexpr attn_dtype dtype_of() {
   return sizeof(T) == 4 ? ATTN_F32 : std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16;
 }
 
-/* A row of the table: the traits come from the kernel's template arguments. */
-template <typename T, int DP, int MR, int MC>
-constexpr attn__cuda_config fwd_row(const char *name) {
-  using C = fwd_cfg<DP, MR, MC>;
-  return {.kernel = ATTN__CUDA_GENERAL_FORWARD,
+/* A row of the table: the traits come from the kernel's template arguments
+ * (C: its fwd_cfg or bwd_cfg). */
+template <typename T, typename C>
+constexpr attn__cuda_config general_row(attn__cuda_kernel kernel, int dim, size_t smem,
+                                        size_t smem_det, const char *name,
+                                        attn__cuda_launcher launch) {
+  return {.kernel = kernel,
           .dtype = dtype_of<T>(),
-          .dim = DP,
+          .dim = dim,
           .cc = 0,
           .threads = kThreads,
           .br = C::Br,
           .bc = C::Bc,
-          .smem = C::smem,
-          .smem_det = 0,
+          .smem = smem,
+          .smem_det = smem_det,
           .name = name,
-          .launch = launch_fwd<T, DP, MR, MC>};
+          .launch = launch};
+}
+
+template <typename T, int DP, int MR, int MC>
+constexpr attn__cuda_config fwd_row(const char *name) {
+  using C = fwd_cfg<DP, MR, MC>;
+  return general_row<T, C>(ATTN__CUDA_GENERAL_FORWARD, DP, C::smem, 0, name,
+                           launch_fwd<T, DP, MR, MC>);
 }
 
 template <typename T, int DP, int M>
 constexpr attn__cuda_config bwd_row(const char *name) {
   using C = bwd_cfg<DP, M>;
-  return {.kernel = ATTN__CUDA_GENERAL_BACKWARD,
-          .dtype = dtype_of<T>(),
-          .dim = DP,
-          .cc = 0,
-          .threads = kThreads,
-          .br = C::Br,
-          .bc = C::Bc,
-          .smem = C::smem_dkdv,
-          .smem_det = C::smem_dq,
-          .name = name,
-          .launch = launch_bwd<T, DP, M>};
+  return general_row<T, C>(ATTN__CUDA_GENERAL_BACKWARD, DP, C::smem_dkdv, C::smem_dq, name,
+                           launch_bwd<T, DP, M>);
 }
 
 /* The general family's rows for dtype T, per padded head dim the first that

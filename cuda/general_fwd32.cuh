@@ -90,41 +90,23 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
   float *Vs = Ks + Bc * LD;
   float *Ps = ALIAS ? Ks : Vs + Bc * LD;
 
-  int qb, h, b;
-  attn_block_coords(P.order, &qb, &h, &b);
-  const seqinfo S = get_seq(P, b);
-  const long long i0 = (long long)qb * Br;
-  if (i0 >= S.nq) return;
-  const long long i1 = min(S.nq, i0 + Br);
-  const int hk = h / P.group;
+  fwd_block B;
+  if (!fwd_block_at<Br>(P, &B)) return;
+  const seqinfo &S = B.S;
+  const long long i0 = B.i0;
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-
-  const float *qg = (const float *)P.q.p + (long long)b * P.q.sb + S.row0q * P.q.ss + h * P.q.sh;
-  const float *kg = (const float *)P.k.p + (long long)b * P.k.sb + S.row0k * P.k.ss + hk * P.k.sh;
-  const float *vg = (const float *)P.v.p + (long long)b * P.v.sb + S.row0k * P.v.ss + hk * P.v.sh;
-
-  long long klo, khi, tmp;
-  row_keys(P, i0, S.nq, S.nk, &klo, &tmp);
-  row_keys(P, i1 - 1, S.nq, S.nk, &tmp, &khi);
-  const long long lo_last = tmp;
-  long long hi_first;
-  row_keys(P, i0, S.nq, S.nk, &tmp, &hi_first);
-  const long long t_begin = klo / Bc, t_end = khi > klo ? (khi + Bc - 1) / Bc : t_begin;
-
-  const float slope = P.alibi ? P.alibi[h] : 0.f;
+  const float *qg = (const float *)P.q.p + head_base(P.q, B.b, S.row0q, B.h);
+  const float *kg = (const float *)P.k.p + head_base(P.k, B.b, S.row0k, B.hk);
+  const float *vg = (const float *)P.v.p + head_base(P.v, B.b, S.row0k, B.hk);
+  fwd_tiles<Bc>(P, &B);
+  const long long t_begin = B.t_begin, t_end = B.t_end;
+  const float slope = P.alibi ? P.alibi[B.h] : 0.f;
   const bool plain = P.softcap == 0.f && P.alibi == nullptr;
   const bool fast = plain && P.scale > 0.f;
 
   float m_i[MR], l_i[MR]; /* l_i: this thread's share of the row sum */
   float2 o[MR][NG];
-#pragma unroll
-  for (int ii = 0; ii < MR; ii++) {
-    m_i[ii] = -INFINITY;
-    l_i[ii] = 0.f;
-#pragma unroll
-    for (int g = 0; g < NG; g++)
-      o[ii][g] = make_float2(0.f, 0.f);
-  }
+  init_rows(m_i, l_i, o);
 
   if (t_end > t_begin) {
     const long long k0 = t_begin * Bc;
@@ -161,33 +143,25 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
     }
 
     /* Masks and the online softmax, row by row. */
-    const bool full = k0 >= lo_last && k0 + Bc <= hi_first;
+    const bool full = k0 >= B.lo_last && k0 + Bc <= B.hi_first;
 #pragma unroll
     for (int ii = 0; ii < MR; ii++) {
-      const long long i = i0 + ty + NTY * ii;
-      const long long dg = diag(i, S.nq, S.nk);
-      /* Rows past the sequence see nothing; their results are never stored. */
-      long long lo = 0, hi = 0;
-      if (!full && i < S.nq) row_keys(P, i, S.nq, S.nk, &lo, &hi);
+      const tile_row R = tile_row_at(P, S, i0 + ty + NTY * ii, full);
       float mx = -INFINITY;
 #pragma unroll
       for (int jj = 0; jj < MC; jj++) {
         const long long j = k0 + tx + 16 * jj;
         float x = s[ii][jj], th;
-        if (!fast) x = score_of(P, x, slope, dg - j, &th);
-        if (!full && (j < lo || j >= hi)) x = -INFINITY;
+        if (!fast) x = score_of(P, x, slope, R.dg - j, &th);
+        if (!full && (j < R.lo || j >= R.hi)) x = -INFINITY;
         s[ii][jj] = x;
         mx = fmaxf(mx, x);
       }
-#pragma unroll
-      for (int off = 1; off < 16; off <<= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      mx = half_warp_max(mx);
       /* fast: mx is a raw dot product; scale > 0 keeps it the max. */
       if (fast) mx = scaled(P, mx);
       const float m_new = fmaxf(m_i[ii], mx);
-      /* A row that has seen no key yet keeps m = -inf; exponentiate against 0
-       * then, so that -inf - -inf never makes a NaN. */
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float m_use = exp_base(m_new);
       const float alpha = ex2((m_i[ii] - m_use) * kLog2e);
       float sum = 0.f;
 #pragma unroll
@@ -197,13 +171,7 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
         sum += p;
         Ps[(ty + NTY * ii) * LDP + tx + 16 * jj] = p;
       }
-      l_i[ii] = l_i[ii] * alpha + sum;
-      m_i[ii] = m_new;
-#pragma unroll
-      for (int g = 0; g < NG; g++) {
-        o[ii][g].x *= alpha;
-        o[ii][g].y *= alpha;
-      }
+      rescale_row(m_i[ii], l_i[ii], o[ii], m_new, alpha, sum);
     }
     if (ALIAS) {
       __syncwarp(); /* P rows are written and read by the same half warp */
@@ -230,7 +198,7 @@ __global__ void __launch_bounds__(16 * NTY, 1) fwd32_kernel(const gparams P) {
   }
   cp_async_wait<0>();
 
-  store_rows<float, MR, NG, NTY>(P, S, b, h, i0, o, m_i, l_i, tx, ty);
+  store_rows<float, MR, NG, NTY>(P, S, B.b, B.h, i0, o, m_i, l_i, tx, ty);
 }
 
 template <int DP, int MR, int MC, int NTY, bool ALIAS>
