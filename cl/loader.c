@@ -19,6 +19,11 @@ static char g_why[512];
 static once_flag g_once = ONCE_FLAG_INIT;
 
 static void load_once(void) {
+  if (attn__settings_process()->cl_library_too_long) {
+    snprintf(g_why, sizeof g_why, "ATTN_CL_LIBRARY is longer than %zu characters",
+             sizeof attn__settings_process()->cl_library - 1);
+    return;
+  }
   const char *names[3] = {attn__settings_process()->cl_library, "libOpenCL.so.1", "libOpenCL.so"};
   void *lib = NULL;
   int first = names[0] && names[0][0] ? 0 : 1;

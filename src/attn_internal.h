@@ -144,7 +144,9 @@ typedef struct attn__backend attn__backend;
 typedef struct attn__settings {
   int debug;               /* ATTN_DEBUG set and not "0": log to stderr */
   char backend[128];       /* ATTN_BACKEND: the backend when none is named */
+  int backend_too_long;    /* ATTN_BACKEND did not fit in backend */
   char cl_library[1024];   /* ATTN_CL_LIBRARY: the OpenCL library to load */
+  int cl_library_too_long; /* ATTN_CL_LIBRARY did not fit in cl_library */
   char cl_tiles[64];       /* ATTN_CL_TILES: OpenCL forward tiles, for tuning */
   int cl_cache;            /* 0 when ATTN_CL_CACHE=0 or there is no folder */
   char cl_cache_dir[1024]; /* ATTN_CL_CACHE_DIR, $XDG_CACHE_HOME/attn or

@@ -10,9 +10,10 @@
 #include <stdlib.h>
 #include <threads.h>
 
-static void copy_var(char *dst, size_t n, const char *name) {
+/* 0 when the value does not fit in n bytes (dst then holds its start). */
+static int copy_var(char *dst, size_t n, const char *name) {
   const char *v = getenv(name);
-  snprintf(dst, n, "%s", v ? v : "");
+  return snprintf(dst, n, "%s", v ? v : "") < (int)n;
 }
 
 void attn__settings_read(attn__settings *out) {
@@ -20,9 +21,12 @@ void attn__settings_read(attn__settings *out) {
   char debug[16];
   copy_var(debug, sizeof debug, "ATTN_DEBUG");
   out->debug = debug[0] && strcmp(debug, "0") != 0;
-  copy_var(out->backend, sizeof out->backend, "ATTN_BACKEND");
-  copy_var(out->cl_library, sizeof out->cl_library, "ATTN_CL_LIBRARY");
-  copy_var(out->cl_tiles, sizeof out->cl_tiles, "ATTN_CL_TILES");
+  /* A value cut short would name another backend or library: the flag
+   * turns it into an error where it is used. A tile override cut short is
+   * dropped, as one the kernels cannot take is. */
+  out->backend_too_long = !copy_var(out->backend, sizeof out->backend, "ATTN_BACKEND");
+  out->cl_library_too_long = !copy_var(out->cl_library, sizeof out->cl_library, "ATTN_CL_LIBRARY");
+  if (!copy_var(out->cl_tiles, sizeof out->cl_tiles, "ATTN_CL_TILES")) out->cl_tiles[0] = '\0';
 
   char cache[16];
   copy_var(cache, sizeof cache, "ATTN_CL_CACHE");
