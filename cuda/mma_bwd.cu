@@ -38,16 +38,29 @@ __device__ __forceinline__ void split_row(const params &p, int64_t grow, int *b,
   }
 }
 
+/* The row a warp of the per-row kernels (prep, dq_convert) takes, eight
+ * warps a block: w over heads and rows (the workspace's order), and its
+ * head, sequence and row there. 0 for a warp past the last row. */
+struct warp_row {
+  int64_t w, first;
+  int h, b;
+};
+
+__device__ __forceinline__ bool warp_row_of(const params &p, warp_row *r) {
+  r->w = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (r->w >= p.rows * p.heads_q) return false;
+  r->h = (int)(r->w / p.rows);
+  split_row(p, r->w % p.rows, &r->b, &r->first);
+  return true;
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(256) prep_kernel(const params p) {
   const int lane = threadIdx.x & 31;
-  const int64_t w = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-  if (w >= p.rows * p.heads_q) return;
-  const int h = (int)(w / p.rows);
-  const int64_t grow = w % p.rows;
-  int b;
-  int64_t first;
-  split_row(p, grow, &b, &first);
+  warp_row r;
+  if (!warp_row_of(p, &r)) return;
+  const int64_t w = r.w, first = r.first;
+  const int h = r.h, b = r.b;
   const T *o = row_ptr<T>(p.o, b, first, h);
   const T *d = row_ptr<T>(p.dout, b, first, h);
   float acc = 0.f;
@@ -71,15 +84,10 @@ __global__ void __launch_bounds__(256) prep_kernel(const params p) {
 template <typename T, int D>
 __global__ void __launch_bounds__(256) dq_convert_kernel(const params p) {
   const int lane = threadIdx.x & 31;
-  const int64_t w = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-  if (w >= p.rows * p.heads_q) return;
-  const int h = (int)(w / p.rows);
-  const int64_t grow = w % p.rows;
-  int b;
-  int64_t first;
-  split_row(p, grow, &b, &first);
-  T *dq = row_ptr<T>(p.dq, b, first, h);
-  const float *acc = p.dq_acc + w * D;
+  warp_row r;
+  if (!warp_row_of(p, &r)) return;
+  T *dq = row_ptr<T>(p.dq, r.b, r.first, r.h);
+  const float *acc = p.dq_acc + r.w * D;
   for (int c = 2 * lane; c < D; c += 64) {
     float2 x = *(const float2 *)(acc + c);
     *(uint32_t *)(dq + c) = elem<T>::pack(x.x * p.scale, x.y * p.scale);
