@@ -49,6 +49,7 @@ int attn_context_create(const char *spec, attn_context **out) {
 void attn_context_free(attn_context *ctx) {
   if (!ctx) return;
   if (ctx->backend && ctx->backend->close) ctx->backend->close(ctx);
+  attn__settings_free(&ctx->settings);
   free(ctx);
 }
 

@@ -143,8 +143,9 @@ typedef struct attn__backend attn__backend;
  * it). Strings are empty when the variable is unset. */
 typedef struct attn__settings {
   int debug;               /* ATTN_DEBUG set and not "0": log to stderr */
-  char backend[128];       /* ATTN_BACKEND: the backend when none is named */
-  int backend_too_long;    /* ATTN_BACKEND did not fit in backend */
+  char *backend;           /* ATTN_BACKEND, the backend when none is named:
+                            * a copy of any length, NULL when unset */
+  int backend_nomem;       /* set, but no memory for the copy */
   char cl_library[1024];   /* ATTN_CL_LIBRARY: the OpenCL library to load */
   int cl_library_too_long; /* ATTN_CL_LIBRARY did not fit in cl_library */
   char cl_tiles[64];       /* ATTN_CL_TILES: OpenCL forward tiles, for tuning */
@@ -156,6 +157,7 @@ typedef struct attn__settings {
 /* Reads them now; and the process's copy, read once, for what is needed
  * before a context exists (the debug log, the OpenCL loader). */
 void attn__settings_read(attn__settings *out);
+void attn__settings_free(attn__settings *s);
 const attn__settings *attn__settings_process(void);
 
 struct attn_context {

@@ -135,11 +135,8 @@ int attn__backend_open(attn_context *ctx, const char *spec) {
   if (!spec || !*spec) {
     spec = ctx->settings.backend;
     source = "ATTN_BACKEND";
-    if (ctx->settings.backend_too_long)
-      return attn__error(ctx, ATTN_EBACKEND,
-                         "ATTN_BACKEND: the value is longer than %zu characters; valid values "
-                         "are " VALID_SPECS,
-                         sizeof ctx->settings.backend - 1);
+    if (ctx->settings.backend_nomem)
+      return attn__error(ctx, ATTN_ENOMEM, "ATTN_BACKEND: out of memory copying its value");
     if (!spec || !*spec) {
       spec = "auto";
       source = "default";

@@ -10,9 +10,13 @@
 #include <stdlib.h>
 #include <threads.h>
 
+static const char *var(const char *name) {
+  return getenv(name);
+}
+
 /* 0 when the value does not fit in n bytes (dst then holds its start). */
 static int copy_var(char *dst, size_t n, const char *name) {
-  const char *v = getenv(name);
+  const char *v = var(name);
   return snprintf(dst, n, "%s", v ? v : "") < (int)n;
 }
 
@@ -21,10 +25,19 @@ void attn__settings_read(attn__settings *out) {
   char debug[16];
   copy_var(debug, sizeof debug, "ATTN_DEBUG");
   out->debug = debug[0] && strcmp(debug, "0") != 0;
-  /* A value cut short would name another backend or library: the flag
-   * turns it into an error where it is used. A tile override cut short is
-   * dropped, as one the kernels cannot take is. */
-  out->backend_too_long = !copy_var(out->backend, sizeof out->backend, "ATTN_BACKEND");
+  /* A library path cut short would name another library: the flag turns it
+   * into an error where it is used. A tile override cut short is dropped, as
+   * one the kernels cannot take is. */
+  /* ATTN_BACKEND has no length limit ("cpu:000...0" is device 0): a copy. */
+  const char *spec = var("ATTN_BACKEND");
+  if (spec) {
+    size_t n = strlen(spec) + 1;
+    out->backend = malloc(n);
+    if (out->backend)
+      memcpy(out->backend, spec, n);
+    else
+      out->backend_nomem = 1;
+  }
   out->cl_library_too_long = !copy_var(out->cl_library, sizeof out->cl_library, "ATTN_CL_LIBRARY");
   if (!copy_var(out->cl_tiles, sizeof out->cl_tiles, "ATTN_CL_TILES")) out->cl_tiles[0] = '\0';
 
@@ -48,6 +61,11 @@ void attn__settings_read(attn__settings *out) {
     out->cl_cache_dir[0] = '\0';
     out->cl_cache = 0;
   }
+}
+
+void attn__settings_free(attn__settings *s) {
+  free(s->backend);
+  s->backend = NULL;
 }
 
 static attn__settings process_settings;
