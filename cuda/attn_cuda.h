@@ -96,12 +96,17 @@ static inline int attn__cuda_dim_bucket(attn__cuda_kernel k, int64_t d) {
   return d <= 32 ? 32 : d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
 }
 
+/* The address of t's first element as the kernels will see it: 0 (aligned
+ * to anything) for host memory the core stages into a fresh buffer. */
+static inline uintptr_t attn__cuda_base(const attn__tensor *t) {
+  return t->staged ? 0 : (uintptr_t)t->native + t->offset;
+}
+
 /* Whether t's rows load as groups of 4 elements: every row start aligned
  * to a group (16 bytes for f32, 8 for f16/bf16) and the group contiguous. */
 static inline int attn__cuda_rows4(const attn__tensor *t, const attn__problem *pb) {
-  const char *p = t->native ? (const char *)t->native + t->offset : NULL;
-  return p && t->sd == 1 && pb->head_dim % 4 == 0 && t->ss % 4 == 0 && t->sh % 4 == 0 &&
-         t->sb % 4 == 0 && (uintptr_t)p % (4 * attn_dtype_size(pb->dtype)) == 0;
+  return t->native && t->sd == 1 && pb->head_dim % 4 == 0 && t->ss % 4 == 0 && t->sh % 4 == 0 &&
+         t->sb % 4 == 0 && attn__cuda_base(t) % (4 * attn_dtype_size(pb->dtype)) == 0;
 }
 
 /* The plan (plan.c): the row to run, or NULL with a sentence in why. */

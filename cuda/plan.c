@@ -12,9 +12,8 @@
 /* The tensor-core kernels read 16-byte chunks of rows through ldmatrix and
  * cp.async. */
 static int aligned16(const attn__tensor *t) {
-  uintptr_t base = (uintptr_t)t->native + t->offset;
-  return t->native && base % 16 == 0 && t->sd == 1 && t->ss % 8 == 0 && t->sh % 8 == 0 &&
-         t->sb % 8 == 0;
+  return t->native && attn__cuda_base(t) % 16 == 0 && t->sd == 1 && t->ss % 8 == 0 &&
+         t->sh % 8 == 0 && t->sb % 8 == 0;
 }
 
 /* What a family needs of the problem beyond the row's key. */

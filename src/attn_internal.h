@@ -47,6 +47,10 @@ typedef struct attn__tensor {
   size_t offset;
   attn_dtype dtype;
   int64_t sb, ss, sh, sd;
+  /* Host memory that a device backend receives staged (src/api.c): a fresh
+   * buffer at offset 0, so its base is aligned whatever the host address.
+   * A plan, made before the staging, judges alignment by this. */
+  int staged;
 } attn__tensor;
 
 typedef struct attn__problem {

@@ -200,6 +200,7 @@ static void fill_tensor(attn_context *ctx, const attn_tensor *t, int varlen, int
     out->native = t->data;
     out->offset = 0;
   }
+  out->staged = !t->buffer && ctx && ctx->backend && !ctx->backend->host_memory;
   out->dtype = t->dtype;
   if (is_lse) {
     /* bshd [B, H, N]; varlen [H, total]. */
