@@ -2,38 +2,26 @@
  * Each OpenCL kernel source compiles on its own, after common.cl, with no
  * -D option: every parameter has a default (CLBlast's #ifndef NAME style),
  * so a reader can build and read one file without the host's option list.
- * Runs on the first OpenCL device; exits 77 (skipped) where there is none.
+ * Runs on the device an "opencl" context gets; exits 77 (skipped) where
+ * there is none.
  */
 #include "attn_cl.h"
 
 #include <stdio.h>
 
-static int first_device(const attn__cl_api *cl, cl_device_id *dev) {
-  cl_platform_id plats[16];
-  cl_uint np = 0;
-  if (cl->clGetPlatformIDs(16, plats, &np) != CL_SUCCESS) return 0;
-  for (cl_uint p = 0; p < np && p < 16; ++p) {
-    cl_uint nd = 0;
-    if (cl->clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 1, dev, &nd) == CL_SUCCESS && nd > 0)
-      return 1;
-  }
-  return 0;
-}
-
 int main(void) {
-  const char *why = "";
-  const attn__cl_api *cl = attn__cl_load(&why);
-  cl_device_id dev = NULL;
-  if (!cl || !first_device(cl, &dev)) {
-    printf("skipped: %s\n", cl ? "no OpenCL device" : why);
+  /* The backend's own device and cl_context. */
+  attn_context *actx = NULL;
+  if (attn_context_create("opencl", &actx) != ATTN_OK) {
+    printf("skipped: %s\n", attn_errmsg(actx));
+    attn_context_free(actx);
     return 77;
   }
+  const attn__cl_impl *im = attn__cl_impl_of(actx);
+  const attn__cl_api *cl = im->cl;
+  cl_context ctx = im->ctx;
+  cl_device_id dev = im->dev->id;
   cl_int err = CL_SUCCESS;
-  cl_context ctx = cl->clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
-  if (!ctx) {
-    printf("clCreateContext: %s\n", attn__cl_errname(err));
-    return 1;
-  }
   struct {
     const char *name;
     const char *src;
@@ -59,6 +47,6 @@ int main(void) {
     }
     if (prog) cl->clReleaseProgram(prog);
   }
-  cl->clReleaseContext(ctx);
+  attn_context_free(actx);
   return failed;
 }

@@ -1,9 +1,10 @@
 /*
  * The OpenCL evaluator of the cross-language rules test (rules_table.h):
  * cl/common.cl, as the library embeds it, followed by a kernel that applies
- * each rule to one row of the table, run on the first OpenCL device. The
- * library's loader (attn__cl_load) finds libOpenCL, so this works where the
- * backend does and says why where it does not.
+ * each rule to one row of the table, run in an attn context on "opencl": the
+ * device, cl_context and queue the backend itself picks, so this runs where
+ * the backend does and says why where it does not. Built only with the
+ * OpenCL backend (tests/rules_none.c stands in otherwise).
  *
  * OpenCL C has no log2-domain score: score_log2 is score * M_LOG2E_F,
  * computed in the kernel.
@@ -11,18 +12,6 @@
 #include "rules_table.h"
 
 #include <stdio.h>
-
-#ifndef ATTN_HAVE_OPENCL
-
-int rules_eval_opencl(const rules_in *in, int n, rules_out *out, char *why, size_t why_len) {
-  (void)in;
-  (void)n;
-  (void)out;
-  snprintf(why, why_len, "the library was built without OpenCL");
-  return -1;
-}
-
-#else
 
 #include "attn_cl.h"
 
@@ -58,8 +47,8 @@ static const char rules_kernel[] =
 
 typedef struct run {
   const attn__cl_api *cl;
-  cl_context ctx;
-  cl_command_queue queue;
+  cl_context ctx;         /* the attn context's */
+  cl_command_queue queue; /* the attn context's */
   cl_program prog;
   cl_kernel kernel;
   cl_mem mem[4];
@@ -71,20 +60,6 @@ static void run_release(run *r) {
     if (r->mem[i]) cl->clReleaseMemObject(r->mem[i]);
   if (r->kernel) cl->clReleaseKernel(r->kernel);
   if (r->prog) cl->clReleaseProgram(r->prog);
-  if (r->queue) cl->clReleaseCommandQueue(r->queue);
-  if (r->ctx) cl->clReleaseContext(r->ctx);
-}
-
-static int first_device(const attn__cl_api *cl, cl_device_id *dev) {
-  cl_platform_id plats[16];
-  cl_uint np = 0;
-  if (cl->clGetPlatformIDs(16, plats, &np) != CL_SUCCESS) return 0;
-  for (cl_uint p = 0; p < np && p < 16; ++p) {
-    cl_uint nd = 0;
-    if (cl->clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 1, dev, &nd) == CL_SUCCESS && nd > 0)
-      return 1;
-  }
-  return 0;
 }
 
 /* Evaluates the rows on dev; a failure is a sentence in why. */
@@ -92,12 +67,7 @@ static int eval_on(run *r, cl_device_id dev, const rules_in *in, int n, rules_ou
                    size_t why_len) {
   const attn__cl_api *cl = r->cl;
   cl_int err = CL_SUCCESS;
-  const char *step = "clCreateContext";
-  r->ctx = cl->clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
-  if (!err) {
-    step = "clCreateCommandQueue";
-    r->queue = cl->clCreateCommandQueue(r->ctx, dev, 0, &err);
-  }
+  const char *step = "";
   if (!err) {
     step = "clCreateProgramWithSource";
     const char *srcs[2] = {attn__cl_src_common, rules_kernel};
@@ -191,23 +161,23 @@ static int eval_on(run *r, cl_device_id dev, const rules_in *in, int n, rules_ou
 }
 
 int rules_eval_opencl(const rules_in *in, int n, rules_out *out, char *why, size_t why_len) {
-  const char *load_why = "";
-  run r;
-  memset(&r, 0, sizeof r);
-  r.cl = attn__cl_load(&load_why);
-  cl_device_id dev = NULL;
-  if (!r.cl) {
-    snprintf(why, why_len, "%s", load_why);
+  attn_context *actx = NULL;
+  if (attn_context_create("opencl", &actx) != ATTN_OK) {
+    snprintf(why, why_len, "%s", attn_errmsg(actx));
+    attn_context_free(actx);
     return -1;
   }
-  if (!first_device(r.cl, &dev)) {
-    snprintf(why, why_len, "no OpenCL device is present");
-    return -1;
+  int st = 0;
+  if (n > 0) {
+    const attn__cl_impl *im = attn__cl_impl_of(actx);
+    run r;
+    memset(&r, 0, sizeof r);
+    r.cl = im->cl;
+    r.ctx = im->ctx;
+    r.queue = im->queue;
+    st = eval_on(&r, im->dev->id, in, n, out, why, why_len);
+    run_release(&r);
   }
-  if (n <= 0) return 0;
-  int st = eval_on(&r, dev, in, n, out, why, why_len);
-  run_release(&r);
+  attn_context_free(actx);
   return st;
 }
-
-#endif
