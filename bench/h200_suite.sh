@@ -8,9 +8,10 @@
 #   bash bench/h200_suite.sh                  # there (carry: [".device"]); logs under $OUT
 #
 # STEPS picks what runs (default all): build ctest envs golden torch ab; AB_ROWS
-# (a regular expression on "backend dtype N d mask") which rows ab times. envs runs
-# the suites that depend on what is present with CUDA hidden (OpenCL only) and
-# with the OpenCL library hidden (CUDA only).
+# (a regular expression on "backend dtype N d mask", mask one of none, causal,
+# softcap, alibi) which rows ab times. envs runs the suites that depend on what
+# is present with CUDA hidden (OpenCL only) and with the OpenCL library hidden
+# (CUDA only).
 set -u -o pipefail
 OUT=${OUT:-/tmp/attn-out}
 # Logs go into one archive, $OUT/logs.tgz (the device tool brings back 8 files).
@@ -90,7 +91,12 @@ if has ab && [ -x build-base/tools/attn ]; then
     fwd_base fwd_new bwd_base bwd_new fwd_x bwd_x | tee "$OUT/ab.txt"
   while read -r be dt n d mask; do
     [[ "$be $dt $n $d $mask" =~ ${AB_ROWS:-.} ]] || continue
-    [ "$mask" = causal ] && flag=--causal || flag=
+    case $mask in
+      causal) flag=--causal ;;
+      softcap) flag="--causal --softcap 30" ;; # the score transforms' kernels
+      alibi) flag=--alibi ;;
+      *) flag= ;;
+    esac
     bs=$((16384 / n))
     fb=(); fn=(); bb=(); bn=()
     for rep in 1 2 3; do
@@ -115,6 +121,8 @@ cuda bf16 8192 128 causal
 cuda f16 8192 128 causal
 cuda bf16 4096 256 none
 cuda f16 4096 96 causal
+cuda bf16 8192 128 softcap
+cuda f16 4096 96 alibi
 opencl f32 4096 64 none
 opencl f32 4096 128 causal
 opencl f16 4096 64 causal

@@ -70,8 +70,12 @@ void make_params(const attn__cuda_launch *L, int backward, params *p) {
 /* One kernel shape: MT m16 slabs per warp (Br = 16 MT NW query rows), Bc
  * keys per step, STAGES shared-memory slots for K and V (block j + STAGES-1
  * is in flight while block j is computed), Q in registers or re-read from
- * shared memory, MINB blocks per SM asked of the register allocator. */
-template <typename T, int D, int MT, int NW, int BC, int STAGES, bool Q_IN_REGS, int MINB>
+ * shared memory, MINB blocks per SM asked of the register allocator.
+ * SCORED compiles the score transforms (softcap, ALiBi) in: a kernel without
+ * them keeps no registers for their operands, which at d >= 96 sit at the
+ * register limit. */
+template <typename T, int D, int MT, int NW, int BC, int STAGES, bool Q_IN_REGS, int MINB,
+          bool SCORED>
 __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
   constexpr int NT = NW * 32;
   constexpr int BR = 16 * MT * NW;
@@ -109,8 +113,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
   const T *gq = row_ptr<T>(p.q, b, sq.q0, h);
   const T *gk = row_ptr<T>(p.k, b, sq.k0, hk);
   const T *gv = row_ptr<T>(p.v, b, sq.k0, hk);
-  const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
-  const bool transform = p.softcap > 0.f || slope_log2 != 0.f;
+  const float slope_log2 = SCORED && p.alibi ? p.alibi[h] * kLog2e : 0.f;
+  const bool transform = SCORED && (p.softcap > 0.f || slope_log2 != 0.f);
 
   float acc_o[MT][NO][4];
   float m_i[MT][2], l_i[MT][2];
@@ -347,7 +351,8 @@ static int launch_fwd(const attn__cuda_launch *L, const attn__cuda_config *c) {
   constexpr int BR = 16 * MT * NW;
   params p;
   make_params(L, 0, &p);
-  auto kern = fwd_kernel<T, D, MT, NW, BC, STAGES, QR, MINB>;
+  auto kern = p.softcap > 0.f || p.alibi ? fwd_kernel<T, D, MT, NW, BC, STAGES, QR, MINB, true>
+                                         : fwd_kernel<T, D, MT, NW, BC, STAGES, QR, MINB, false>;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem) !=
       cudaSuccess)
     return ATTN_EDEVICE;
