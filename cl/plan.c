@@ -175,6 +175,8 @@ void attn__cl_workspace_of(const attn__problem *pb, int backward, attn__cl_works
 int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
   const int64_t big = INT_MAX / 4;
+  const unsigned missing = attn__problem_uses(pb);
+  if (missing) return attn__decline_features(ctx, "opencl", missing);
   if (pb->seqlen_q > big || pb->seqlen_k > big || pb->total_q > big || pb->total_k > big)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
                        "the OpenCL backend takes at most %lld rows per tensor", (long long)big);

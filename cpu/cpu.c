@@ -182,6 +182,8 @@ static int cpu_plan(attn_context *ctx, const attn__problem *pb, int backward, at
    * stride, window, softcap, ALiBi, GQA or varlen layout, so some row
    * always fits. */
   const attn__cpu_config *cfg = &cpu_configs[0];
+  const unsigned missing = attn__problem_uses(pb);
+  if (missing) return attn__decline_features(ctx, "cpu", missing);
   for (size_t i = 0; i < sizeof cpu_configs / sizeof cpu_configs[0]; i++)
     if (cpu_configs[i].dtype == pb->dtype && pb->head_dim <= cpu_configs[i].max_head_dim) {
       cfg = &cpu_configs[i];

@@ -233,6 +233,8 @@ static CPU_SIMD_CLONES void cpu_load_t_clones(const attn__problem *pb, const att
           out[c * ld] = attn__bf16_to_f32(x[c * sd]);
         break;
       }
+      case ATTN_I32: /* never an operand's dtype (validation) */
+        break;
     }
   }
 }
@@ -296,6 +298,8 @@ void attn__cpu_store(const attn__problem *pb, const attn__tensor *t, int64_t b, 
           x[c * sd] = attn__f32_to_bf16(in[c]);
         break;
       }
+      case ATTN_I32: /* never an operand's dtype (validation) */
+        break;
     }
   }
 }

@@ -11,10 +11,11 @@
  *   5. Tensors               attn_tensor, attn_tensor_bshd(), attn_tensor_varlen()
  *   6. Parameters            attn_params, attn_params_init()
  *   7. Forward and backward  attn_forward(), attn_backward(), attn_supports()
+ *   8. Merging partial results  attn_merge()
  *
- * The exact semantics (causal alignment, windows, GQA, softcap, ALiBi,
- * variable-length batches, rows that see no key) are those of the golden
- * cases' README: docs are in README.md of the source tree.
+ * The exact semantics (causal alignment, windows, GQA, softcap, ALiBi, bias,
+ * sinks, KV caches, variable-length batches, rows that see no key) are those
+ * of the golden cases' README (tests/golden/README.md of the source tree).
  *
  * Every call returns an attn_status. When a call that takes a context fails,
  * attn_errmsg(ctx) holds one sentence naming the argument that was wrong.
@@ -88,7 +89,8 @@ extern "C" {
   X(EBUFFER, 20, "a buffer belongs to another context or is too small")         \
   X(EINVAL, 21, "invalid argument")                                             \
   X(EINTERNAL, 22, "internal error")                                            \
-  X(EBUSY, 23, "the context is in use by another call")
+  X(EBUSY, 23, "the context is in use by another call")                        \
+  X(ECACHE, 24, "KV-cache lengths or block table entries are out of range")
 
 typedef enum attn_status {
 #define ATTN__STATUS_ENUM(name, value, msg) ATTN_##name = value,
@@ -219,9 +221,11 @@ ATTN_API void attn_buffer_free(attn_buffer *buf);
 /* 5. Tensors                                                                */
 /* ------------------------------------------------------------------------ */
 
-typedef enum attn_dtype { ATTN_F32 = 0, ATTN_F16 = 1, ATTN_BF16 = 2 } attn_dtype;
+/* ATTN_I32 is for the index tensors of attn_params (seqused_k, block_table),
+ * never for q, k, v or their gradients. */
+typedef enum attn_dtype { ATTN_F32 = 0, ATTN_F16 = 1, ATTN_BF16 = 2, ATTN_I32 = 3 } attn_dtype;
 
-/* "f32", "f16", "bf16". */
+/* "f32", "f16", "bf16", "i32". */
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);
 
@@ -277,6 +281,14 @@ ATTN_API attn_tensor attn_tensor_lse(float *data, int64_t batch, int64_t heads, 
  * above); hi alone is the plain lse. */
 ATTN_API attn_tensor attn_tensor_lse_hilo(float *data, int64_t batch, int64_t heads,
                                           int64_t seqlen);
+/* Contiguous 1-d [n] and 2-d [rows, cols] tensors in host memory: sinks,
+ * seqused_k, block tables. */
+ATTN_API attn_tensor attn_tensor_1d(void *data, attn_dtype dtype, int64_t n);
+ATTN_API attn_tensor attn_tensor_2d(void *data, attn_dtype dtype, int64_t rows, int64_t cols);
+/* A contiguous bias (see attn_params.bias) [batch, heads, seqlen_q, seqlen_k];
+ * give 1 for a dimension that broadcasts. */
+ATTN_API attn_tensor attn_tensor_bias(void *data, attn_dtype dtype, int64_t batch, int64_t heads,
+                                      int64_t seqlen_q, int64_t seqlen_k);
 /* The same tensor moved to a device buffer at a byte offset. */
 ATTN_API attn_tensor attn_tensor_on(attn_tensor t, attn_buffer *buffer, size_t offset);
 
@@ -322,10 +334,63 @@ typedef struct attn_params {
   const int32_t *cu_seqlens_q;
   const int32_t *cu_seqlens_k;
   int64_t batch;
+
+  /* --- Inference over a KV cache (forward only). The tensors here may be
+   * in host memory or in device buffers of the context, like q; on the
+   * device, a GPU call reads them there (no round trip to the host, so it can
+   * be captured in a CUDA graph) and out-of-range entries are clamped, not
+   * reported: host memory is where they are checked (ATTN_ECACHE). --- */
+
+  /* Keys used per sequence, int32 [batch]: k and v then hold a capacity (their
+   * seqlen; varlen: each sequence's cu_seqlens_k length; paged: max_pages *
+   * page_size) of which sequence b uses the first seqused_k[b] rows, plus the
+   * rows appended below. Causal alignment and windows take that length as
+   * Nk. NULL: every row. */
+  const attn_tensor *seqused_k;
+  /* Rows appended to the cache in the same call, [batch, seqlen_new,
+   * heads_kv, head_dim] in q's dtype (needs seqused_k): they are written into
+   * k and v at rows seqused_k[b] .. seqused_k[b] + seqlen_new - 1 (k and v are
+   * updated in place, so there they are outputs too), and the call then
+   * attends to seqused_k[b] + seqlen_new keys. seqused_k itself is left as it
+   * was: the caller advances it. */
+  const attn_tensor *k_new;
+  const attn_tensor *v_new;
+  /* Paged K/V: k and v are [pages, page_size, heads_kv, head_dim], any page
+   * size from 1 up, and key row j of sequence b is row j % page_size of page
+   * block_table[b][j / page_size]; int32 [batch, max_pages]. q is bshd or
+   * varlen as usual (varlen: params.batch sequences). NULL: not paged. */
+  const attn_tensor *block_table;
+  /* Key splitting (flash-decoding): each row's keys are cut into this many
+   * parts computed in parallel (GPU blocks, CPU threads) and merged by their
+   * lse. 0 lets the backend choose (it splits when the rows alone cannot fill
+   * the device); 1 never splits; N >= 2 asks for N (fewer when there are
+   * fewer key blocks). Results agree within rounding whatever the choice. */
+  int num_splits;
+
+  /* --- Score terms (forward and backward) --- */
+
+  /* Additive bias, f32, f16 or bf16, [batch, heads_q, seqlen_q, seqlen_k]
+   * (varlen: the longest sequences; with seqused_k or pages, the capacity):
+   * score += bias[b][h][i][j] after scale, softcap and ALiBi. Any of the first
+   * three dimensions may have size 1: it broadcasts. A -inf entry hides its
+   * key, and a row all of whose visible scores are -inf is a row that sees no
+   * key (o = 0, lse = -inf). */
+  const attn_tensor *bias;
+  /* Backward output, float32, of the bias's shape: d(loss)/d(bias), summed
+   * over the dimensions that broadcast. NULL: not wanted. */
+  const attn_tensor *dbias;
+  /* Attention sinks, float32 [heads_q]: one logit per query head that joins
+   * every row's softmax denominator and carries no value:
+   * lse = log(exp(sink) + sum_j exp(s_j)), o = sum_j exp(s_j - lse) v_j. A row
+   * that sees no key then has o = 0 and lse = sink. */
+  const attn_tensor *sinks;
+  /* Backward output, float32 [heads_q]: d(loss)/d(sink). NULL: not wanted. */
+  const attn_tensor *dsinks;
 } attn_params;
 
 /* Defaults: size set, scale 0 (1/sqrt(d)), no flags, no window, no softcap,
- * no ALiBi. Every attn_params starts here. */
+ * no ALiBi, no cache, no bias, no sinks, splits chosen. Every attn_params
+ * starts here. */
 ATTN_API void attn_params_init(attn_params *p);
 
 /* ------------------------------------------------------------------------ */
@@ -363,6 +428,23 @@ ATTN_API int attn_backward(attn_context *ctx, const attn_params *p, const attn_t
  * would (ATTN_EBUILD, ATTN_EDEVICE); ATTN_DEBUG=1 logs what was chosen. */
 ATTN_API int attn_supports(attn_context *ctx, const attn_params *p, const attn_tensor *q,
                            const attn_tensor *k, const attn_tensor *v, int backward);
+
+/* ------------------------------------------------------------------------ */
+/* 8. Merging partial results                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Combines n results of the same rows, each computed over a part of the keys
+ * (by attn_forward with lse, on other devices or in other calls), into the
+ * result over all of them:
+ *     lse = log(sum_s exp(lse_s)),   o = sum_s exp(lse_s - lse) o_s.
+ * o_parts[s] are shaped like o (bshd or varlen, one dtype), lse_parts[s] like
+ * lse (plain float32 form), both arrays of n tensors; lse may be NULL. A part
+ * whose row has lse -inf adds nothing; a row that is -inf in every part gets
+ * o = 0 and lse = -inf. n is 1 to ATTN_MAX_MERGE. */
+#define ATTN_MAX_MERGE 256
+ATTN_API int attn_merge(attn_context *ctx, int n, const attn_tensor *o_parts,
+                        const attn_tensor *lse_parts, const attn_tensor *o,
+                        const attn_tensor *lse);
 
 #ifdef __cplusplus
 }

@@ -234,6 +234,21 @@ attn_tensor attn_tensor_lse_hilo(float *data, int64_t batch, int64_t heads, int6
   return contiguous(data, ATTN_F32, 4, shape);
 }
 
+attn_tensor attn_tensor_1d(void *data, attn_dtype dtype, int64_t n) {
+  return contiguous(data, dtype, 1, &n);
+}
+
+attn_tensor attn_tensor_2d(void *data, attn_dtype dtype, int64_t rows, int64_t cols) {
+  int64_t shape[2] = {rows, cols};
+  return contiguous(data, dtype, 2, shape);
+}
+
+attn_tensor attn_tensor_bias(void *data, attn_dtype dtype, int64_t batch, int64_t heads,
+                             int64_t seqlen_q, int64_t seqlen_k) {
+  int64_t shape[4] = {batch, heads, seqlen_q, seqlen_k};
+  return contiguous(data, dtype, 4, shape);
+}
+
 attn_tensor attn_tensor_on(attn_tensor t, attn_buffer *buffer, size_t offset) {
   t.data = NULL;
   t.buffer = buffer;
@@ -267,7 +282,8 @@ static size_t tensor_bytes(const attn_tensor *t) {
  * element by element where the span has gaps: those bytes may belong to
  * another output (dq, dk and dv as slices of one fused tensor), which a
  * copy of the whole span would overwrite with stale values. */
-#define MAX_STAGED 10
+/* The most a call stages: attn_merge's parts, o and lse. */
+#define MAX_STAGED (2 * ATTN_MAX_MERGE + 2)
 typedef struct staging {
   int n;
   void *native[MAX_STAGED];
@@ -307,6 +323,7 @@ static void scatter(const attn_tensor *t, const char *img) {
   }
 }
 
+/* output: 0 an input, 1 an output, 2 both (a cache appended to). */
 static int stage(attn_context *ctx, staging *st, const attn_tensor *t, attn__tensor *pt, int output,
                  const char *name) {
   if (!t || !t->data) return ATTN_OK;
@@ -325,7 +342,7 @@ static int stage(attn_context *ctx, staging *st, const attn_tensor *t, attn__ten
   st->n++;
   pt->native = native;
   pt->offset = 0;
-  if (output) return ATTN_OK;
+  if (output == 1) return ATTN_OK;
   return ctx->backend->buffer_write(ctx, native, 0, t->data, bytes);
 }
 
@@ -346,17 +363,27 @@ static void unstage(attn_context *ctx, staging *st) {
   st->n = 0;
 }
 
-static int run(attn_context *ctx, attn__problem *pb, const attn__plan *plan,
-               const attn_tensor *const *ts, attn__tensor *const *pts, const int *outputs,
-               int nts) {
-  static const char *const names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};
+/* One operand of a call: the caller's tensor, where the problem holds it,
+ * whether it is written, and its name. */
+typedef struct operand {
+  const attn_tensor *user;
+  attn__tensor *pt;
+  int output;
+  const char *name;
+} operand;
+
+/* Stages what is in host memory (device backends), runs the plan (the cache
+ * append first), and brings staged outputs back. */
+static int run(attn_context *ctx, attn__problem *pb, const attn__plan *plan, const operand *ops,
+               int nops) {
   staging st = {0};
   int rc = ATTN_OK;
   if (!ctx->backend->host_memory) {
-    for (int i = 0; i < nts && !rc; i++)
-      rc = stage(ctx, &st, ts[i], pts[i], outputs[i], names[i]);
+    for (int i = 0; i < nops && !rc; i++)
+      rc = stage(ctx, &st, ops[i].user, ops[i].pt, ops[i].output, ops[i].name);
     if (st.n) pb->async = 0; /* staged results must be back before we return */
   }
+  if (!rc && !plan->backward && pb->seqlen_new > 0) rc = ctx->backend->append(ctx, pb);
   if (!rc)
     rc = plan->backward ? ctx->backend->backward(ctx, pb, plan)
                         : ctx->backend->forward(ctx, pb, plan);
@@ -384,11 +411,19 @@ static int forward(attn_context *ctx, const attn_params *p, const attn_tensor *q
   attn__plan plan;
   rc = make_plan(ctx, &pb, 0, &plan);
   if (rc) return rc;
-  /* In the order of run()'s names: forward's are the first five. */
-  const attn_tensor *ts[] = {q, k, v, o, lse};
-  attn__tensor *pts[] = {&pb.q, &pb.k, &pb.v, &pb.o, &pb.lse};
-  const int outputs[] = {0, 0, 0, 1, 1};
-  return run(ctx, &pb, &plan, ts, pts, outputs, 5);
+  const int app = pb.seqlen_new > 0 ? 2 : 0;
+  const operand ops[] = {{q, &pb.q, 0, "q"},
+                         {k, &pb.k, app, "k"},
+                         {v, &pb.v, app, "v"},
+                         {o, &pb.o, 1, "o"},
+                         {lse, &pb.lse, 1, "lse"},
+                         {p->seqused_k, &pb.seqused_k, 0, "params.seqused_k"},
+                         {p->block_table, &pb.block_table, 0, "params.block_table"},
+                         {p->k_new, &pb.k_new, 0, "params.k_new"},
+                         {p->v_new, &pb.v_new, 0, "params.v_new"},
+                         {p->bias, &pb.bias, 0, "params.bias"},
+                         {p->sinks, &pb.sinks, 0, "params.sinks"}};
+  return run(ctx, &pb, &plan, ops, (int)(sizeof ops / sizeof ops[0]));
 }
 
 int attn_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
@@ -407,10 +442,20 @@ static int backward(attn_context *ctx, const attn_params *p, const attn_tensor *
   attn__plan plan;
   rc = make_plan(ctx, &pb, 1, &plan);
   if (rc) return rc;
-  const attn_tensor *ts[] = {q, k, v, o, lse, dout, dq, dk, dv};
-  attn__tensor *pts[] = {&pb.q, &pb.k, &pb.v, &pb.o, &pb.lse, &pb.dout, &pb.dq, &pb.dk, &pb.dv};
-  const int outputs[] = {0, 0, 0, 0, 0, 0, 1, 1, 1};
-  return run(ctx, &pb, &plan, ts, pts, outputs, 9);
+  const operand ops[] = {{q, &pb.q, 0, "q"},
+                         {k, &pb.k, 0, "k"},
+                         {v, &pb.v, 0, "v"},
+                         {o, &pb.o, 0, "o"},
+                         {lse, &pb.lse, 0, "lse"},
+                         {dout, &pb.dout, 0, "do"},
+                         {dq, &pb.dq, 1, "dq"},
+                         {dk, &pb.dk, 1, "dk"},
+                         {dv, &pb.dv, 1, "dv"},
+                         {p->bias, &pb.bias, 0, "params.bias"},
+                         {p->sinks, &pb.sinks, 0, "params.sinks"},
+                         {p->dbias, &pb.dbias, 1, "params.dbias"},
+                         {p->dsinks, &pb.dsinks, 1, "params.dsinks"}};
+  return run(ctx, &pb, &plan, ops, (int)(sizeof ops / sizeof ops[0]));
 }
 
 int attn_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
@@ -433,4 +478,34 @@ static int supports(attn_context *ctx, const attn_params *p, const attn_tensor *
 int attn_supports(attn_context *ctx, const attn_params *p, const attn_tensor *q,
                   const attn_tensor *k, const attn_tensor *v, int backward_pass) {
   ENTERED(ctx, supports(ctx, p, q, k, v, backward_pass));
+}
+
+static int merge(attn_context *ctx, int n, const attn_tensor *o_parts, const attn_tensor *lse_parts,
+                 const attn_tensor *o, const attn_tensor *lse) {
+  attn__merge m;
+  int rc = attn__merge_build(ctx, n, o_parts, lse_parts, o, lse, &m);
+  if (rc) return rc;
+  staging st = {0};
+  if (!ctx->backend->host_memory) {
+    for (int s = 0; s < n && !rc; s++) {
+      rc = stage(ctx, &st, &o_parts[s], &m.o_parts[s], 0, "o_parts");
+      if (!rc) rc = stage(ctx, &st, &lse_parts[s], &m.lse_parts[s], 0, "lse_parts");
+    }
+    if (!rc) rc = stage(ctx, &st, o, &m.o, 1, "o");
+    if (!rc && lse) rc = stage(ctx, &st, lse, &m.lse, 1, "lse");
+  }
+  if (!rc && !ctx->backend->merge)
+    rc = attn__error(ctx, ATTN_EUNSUPPORTED, "%s: attn_merge is not available here",
+                     ctx->backend->name);
+  if (!rc) rc = ctx->backend->merge(ctx, &m);
+  for (int i = 0; i < st.n && !rc; i++)
+    if (st.output[i]) rc = unstage_output(ctx, st.native[i], st.user[i]);
+  unstage(ctx, &st);
+  free(m.o_parts);
+  return rc;
+}
+
+int attn_merge(attn_context *ctx, int n, const attn_tensor *o_parts, const attn_tensor *lse_parts,
+               const attn_tensor *o, const attn_tensor *lse) {
+  ENTERED(ctx, merge(ctx, n, o_parts, lse_parts, o, lse));
 }

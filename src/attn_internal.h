@@ -81,7 +81,42 @@ typedef struct attn__problem {
   int lse_hilo;
   attn__tensor q, k, v, o, lse;
   attn__tensor dout, dq, dk, dv; /* backward only */
+
+  /* KV cache (forward only; attn_params' inference fields). With seqused_k,
+   * sequence b attends to seqused_k[b] + seqlen_new keys of a capacity of
+   * seqlen_k (bshd, paged) or its cu_seqlens_k length (varlen). */
+  int has_seqused;
+  attn__tensor seqused_k; /* int32, entry b at b * sb */
+  /* The caller's host copy (validated), or NULL where seqused_k lives on the
+   * device: only then may the host read lengths. */
+  const int32_t *seqused_host;
+  int64_t seqlen_new;            /* rows appended per sequence; 0 = none */
+  attn__tensor k_new, v_new;     /* bshd strides, like k */
+  int64_t page_size;             /* 0 = not paged */
+  int64_t num_pages;             /* pages in k and v */
+  int64_t max_pages;             /* block_table columns */
+  attn__tensor block_table;      /* int32, entry [b][p] at b * sb + p * ss */
+  const int32_t *block_host;     /* like seqused_host */
+  int num_splits;                /* 0 = the backend chooses, 1 = none, N */
+
+  /* Score terms. bias: entry [b][h][i][j] at b * sb + h * sh + i * ss + j * sd,
+   * a broadcast dimension having stride 0. dbias likewise (float32, the same
+   * broadcast). sinks, dsinks: float32, head h at h * sh. */
+  int has_bias, has_dbias, has_sinks, has_dsinks;
+  attn__tensor bias, dbias, sinks, dsinks;
 } attn__problem;
+
+/* attn_merge's problem: n parts of rows [batch][seqlen][heads] (varlen:
+ * batch 1, seqlen the total rows, sb 0), o and lse addressed as in
+ * attn__problem. */
+typedef struct attn__merge {
+  int n;
+  attn_dtype dtype;
+  int64_t batch, seqlen, heads, head_dim;
+  attn__tensor *o_parts, *lse_parts; /* n each */
+  attn__tensor o, lse;
+  int has_lse;
+} attn__merge;
 
 /* The rules over these (sequence lengths, visibility, scores) are in
  * rules.h. */
@@ -118,6 +153,8 @@ static inline float attn__load(const void *base, attn_dtype dt, int64_t i) {
       return attn__f16_to_f32(((const uint16_t *)base)[i]);
     case ATTN_BF16:
       return attn__bf16_to_f32(((const uint16_t *)base)[i]);
+    case ATTN_I32:
+      return (float)((const int32_t *)base)[i];
     case ATTN_F32:
       break;
   }
@@ -130,6 +167,9 @@ static inline void attn__store(void *base, attn_dtype dt, int64_t i, float x) {
       return;
     case ATTN_BF16:
       ((uint16_t *)base)[i] = attn__f32_to_bf16(x);
+      return;
+    case ATTN_I32:
+      ((int32_t *)base)[i] = (int32_t)x;
       return;
     case ATTN_F32:
       break;
@@ -250,6 +290,11 @@ struct attn__backend {
   int (*plan)(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out);
   int (*forward)(attn_context *ctx, const attn__problem *pb, const attn__plan *plan);
   int (*backward)(attn_context *ctx, const attn__problem *pb, const attn__plan *plan);
+  /* Writes k_new and v_new into the cache (pb->seqlen_new > 0), before
+   * forward runs on the same queue. */
+  int (*append)(attn_context *ctx, const attn__problem *pb);
+  /* attn_merge(), validated. */
+  int (*merge)(attn_context *ctx, const attn__merge *m);
 };
 
 /* Each backend folder defines one of these; the registry in src/backend.c
@@ -276,6 +321,26 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
                         const attn_tensor *o, const attn_tensor *lse, const attn_tensor *dout,
                         const attn_tensor *dq, const attn_tensor *dk, const attn_tensor *dv,
                         attn__problem *pb);
+/* The optional features a problem uses, as bits: a plan declines those its
+ * kernels lack with attn__decline_features (ATTN_EUNSUPPORTED, naming the
+ * first). */
+enum {
+  ATTN__USES_SEQUSED = 1u << 0,
+  ATTN__USES_PAGED = 1u << 1,
+  ATTN__USES_APPEND = 1u << 2,
+  ATTN__USES_BIAS = 1u << 3,
+  ATTN__USES_SINKS = 1u << 4,
+  ATTN__USES_DBIAS = 1u << 5,
+  ATTN__USES_DSINKS = 1u << 6
+};
+unsigned attn__problem_uses(const attn__problem *pb);
+int attn__decline_features(attn_context *ctx, const char *who, unsigned missing);
+
+/* attn_merge()'s arguments; m->o_parts and m->lse_parts are malloc'ed (free
+ * them) when it returns ATTN_OK. */
+int attn__merge_build(attn_context *ctx, int n, const attn_tensor *o_parts,
+                      const attn_tensor *lse_parts, const attn_tensor *o, const attn_tensor *lse,
+                      attn__merge *m);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,11 @@ static const char *const dims_bshd[4] = {"batch", "seqlen", "heads", "head_dim"}
 static const char *const dims_varlen[3] = {"rows", "heads", "head_dim"};
 static const char *const dims_lse_bshd[4] = {"batch", "heads", "seqlen", "hilo"};
 static const char *const dims_lse_varlen[3] = {"heads", "rows", "hilo"};
+static const char *const dims_paged[4] = {"pages", "page_size", "heads", "head_dim"};
+static const char *const dims_bias[4] = {"batch", "heads", "seqlen_q", "seqlen_k"};
+static const char *const dims_batch[1] = {"batch"};
+static const char *const dims_heads[1] = {"heads"};
+static const char *const dims_table[2] = {"batch", "max_pages"};
 
 static int mul_overflows(int64_t a, int64_t b, int64_t *out) {
   if (a != 0 && b > INT64_MAX / a) return 1;
@@ -60,8 +65,8 @@ static int check_tensor(attn_context *ctx, const char *name, const attn_tensor *
                        name);
   if (t->buffer && t->buffer->ctx != ctx)
     return attn__error(ctx, ATTN_EBUFFER, "%s: the buffer belongs to another context", name);
-  if ((unsigned)t->dtype > ATTN_BF16)
-    return attn__error(ctx, ATTN_EDTYPE, "%s: dtype %d is not f32, f16 or bf16", name,
+  if ((unsigned)t->dtype > ATTN_I32)
+    return attn__error(ctx, ATTN_EDTYPE, "%s: dtype %d is not f32, f16, bf16 or i32", name,
                        (int)t->dtype);
   if (t->dtype != dtype)
     return attn__error(ctx, ATTN_EDTYPE, "%s: dtype %s differs from the expected %s", name,
@@ -222,6 +227,24 @@ static void fill_tensor(attn_context *ctx, const attn_tensor *t, int varlen, int
   (void)ctx;
 }
 
+/* A metadata tensor (1-d or 2-d): memory only; the caller sets strides. */
+static void fill_meta(attn_context *ctx, const attn_tensor *t, attn__tensor *out) {
+  memset(out, 0, sizeof *out);
+  out->native = t->buffer ? t->buffer->native : t->data;
+  out->offset = t->buffer ? t->offset : 0;
+  out->staged = !t->buffer && ctx && ctx->backend && !ctx->backend->host_memory;
+  out->dtype = t->dtype;
+}
+
+/* A bias or its gradient: [b, h, i, j] strides, 0 where the size is 1. */
+static void fill_bias(attn_context *ctx, const attn_tensor *t, attn__tensor *out) {
+  fill_meta(ctx, t, out);
+  out->sb = t->shape[0] == 1 ? 0 : t->stride[0];
+  out->sh = t->shape[1] == 1 ? 0 : t->stride[1];
+  out->ss = t->shape[2] == 1 ? 0 : t->stride[2];
+  out->sd = t->stride[3];
+}
+
 static int check_cu(attn_context *ctx, const char *name, const int32_t *cu, int64_t batch,
                     int64_t rows, int64_t *longest) {
   if (!cu)
@@ -318,16 +341,31 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   rc = check_tensor(ctx, "q", q, dt, nd, dims, NULL, &rq);
   if (rc) return rc;
   int64_t hq = q->shape[nd - 2];
-  /* k: same batch and head_dim as q; its own sequence length and heads. */
-  int64_t want_k[4] = {varlen ? -1 : q->shape[0], -1, -1, -1};
-  want_k[nd - 1] = d;
-  rc = check_kv(ctx, "k", k, dt, nd, dims, want_k, &rk);
+  /* The KV-cache fields are the forward pass's. */
+  const int cache_op = op == ATTN__FORWARD || op == ATTN__SUPPORTS || op == ATTN__REFERENCE;
+  const int paged = p->block_table != NULL;
+  if (!cache_op && (p->seqused_k || p->k_new || p->v_new || paged))
+    return attn__error(ctx, ATTN_EINVAL,
+                       "params.%s is set, but the KV-cache fields are for the forward pass only",
+                       p->seqused_k ? "seqused_k" : p->k_new ? "k_new" : p->v_new ? "v_new"
+                                                                           : "block_table");
+  if (p->num_splits < 0)
+    return attn__error(ctx, ATTN_EINVAL,
+                       "params.num_splits is %d; 0 (choose), 1 (none) or a count of parts",
+                       p->num_splits);
+  /* k: same batch and head_dim as q; its own sequence length and heads. Paged:
+   * [pages, page_size, heads, head_dim] whatever q's layout. */
+  const int knd = paged ? 4 : nd;
+  const char *const *kdims = paged ? dims_paged : dims;
+  int64_t want_k[4] = {varlen || paged ? -1 : q->shape[0], -1, -1, -1};
+  want_k[knd - 1] = d;
+  rc = check_kv(ctx, "k", k, dt, knd, kdims, want_k, &rk);
   if (rc) return rc;
-  int64_t hkv = k->shape[nd - 2];
+  int64_t hkv = k->shape[knd - 2];
   int64_t want_v[4];
-  for (int i = 0; i < nd; i++)
+  for (int i = 0; i < knd; i++)
     want_v[i] = k->shape[i];
-  rc = check_kv(ctx, "v", v, dt, nd, dims, want_v, &rv);
+  rc = check_kv(ctx, "v", v, dt, knd, kdims, want_v, &rv);
   if (rc) return rc;
   if (hq % hkv != 0)
     return attn__error(
@@ -348,8 +386,15 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
     total_k = k->shape[0];
     rc = check_cu(ctx, "cu_seqlens_q", p->cu_seqlens_q, batch, total_q, &nq);
     if (rc) return rc;
-    rc = check_cu(ctx, "cu_seqlens_k", p->cu_seqlens_k, batch, total_k, &nk);
-    if (rc) return rc;
+    if (paged) {
+      if (p->cu_seqlens_k)
+        return attn__error(ctx, ATTN_ESEQLENS,
+                           "params.cu_seqlens_k is set, but k is paged (params.block_table): "
+                           "the block table and seqused_k say where each sequence's keys are");
+    } else {
+      rc = check_cu(ctx, "cu_seqlens_k", p->cu_seqlens_k, batch, total_k, &nk);
+      if (rc) return rc;
+    }
   } else {
     if (p->cu_seqlens_q || p->cu_seqlens_k)
       return attn__error(ctx, ATTN_ESEQLENS,
@@ -357,9 +402,86 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
                          p->cu_seqlens_q ? 'q' : 'k');
     batch = q->shape[0];
     nq = q->shape[1];
-    nk = k->shape[1];
+    nk = paged ? 0 : k->shape[1];
     if (mul_overflows(batch, nq, &total_q) || mul_overflows(batch, nk, &total_k))
       return attn__error(ctx, ATTN_EOVERFLOW, "q: batch * seqlen overflows");
+  }
+
+  /* Paged keys: the block table, and the capacity it gives each sequence. */
+  region rbt = {0}, rsu = {0}, rkn = {0}, rvn = {0};
+  int64_t page_size = 0, max_pages = 0;
+  if (paged) {
+    int64_t want[2] = {batch, -1};
+    rc = check_tensor(ctx, "params.block_table", p->block_table, ATTN_I32, 2, dims_table, want,
+                      &rbt);
+    if (rc) return rc;
+    page_size = k->shape[1];
+    max_pages = p->block_table->shape[1];
+    if (mul_overflows(max_pages, page_size, &nk) || nk > INT32_MAX ||
+        mul_overflows(k->shape[0], page_size, &total_k))
+      return attn__error(ctx, ATTN_EOVERFLOW,
+                         "params.block_table: max_pages * page_size overflows 32-bit rows");
+  }
+  /* The cache's used lengths and the rows appended to it. */
+  int64_t seqlen_new = 0;
+  if ((p->k_new != NULL) != (p->v_new != NULL))
+    return attn__error(ctx, ATTN_ENULL, "params.%s is NULL but params.%s is set: append both",
+                       p->k_new ? "v_new" : "k_new", p->k_new ? "k_new" : "v_new");
+  if (p->k_new && !p->seqused_k)
+    return attn__error(ctx, ATTN_EINVAL,
+                       "params.k_new is set without params.seqused_k, which says where the new "
+                       "rows go");
+  if (p->k_new) {
+    int64_t want[4] = {batch, -1, hkv, d};
+    rc = check_kv(ctx, "params.k_new", p->k_new, dt, 4, dims_bshd, want, &rkn);
+    if (rc) return rc;
+    seqlen_new = p->k_new->shape[1];
+    int64_t want_vn[4] = {batch, seqlen_new, hkv, d};
+    rc = check_kv(ctx, "params.v_new", p->v_new, dt, 4, dims_bshd, want_vn, &rvn);
+    if (rc) return rc;
+  }
+  if (p->seqused_k) {
+    int64_t want[1] = {batch};
+    rc = check_tensor(ctx, "params.seqused_k", p->seqused_k, ATTN_I32, 1, dims_batch, want, &rsu);
+    if (rc) return rc;
+  }
+  if (p->seqused_k && p->seqused_k->data) {
+    for (int64_t b = 0; b < batch; b++) {
+      const int64_t u = ((const int32_t *)p->seqused_k->data)[b * p->seqused_k->stride[0]];
+      const int64_t cap = varlen && !paged ? (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b]
+                                           : nk;
+      if (u < 0 || u + seqlen_new > cap)
+        return attn__error(ctx, ATTN_ECACHE,
+                           "params.seqused_k[%lld] is %lld; with %lld new rows it must lie in "
+                           "[0, %lld], the sequence's capacity",
+                           (long long)b, (long long)u, (long long)seqlen_new,
+                           (long long)(cap - seqlen_new));
+    }
+  } else if (seqlen_new > nk) {
+    return attn__error(ctx, ATTN_ECACHE,
+                       "params.k_new: %lld new rows do not fit a cache of %lld rows",
+                       (long long)seqlen_new, (long long)nk);
+  }
+  if (paged && p->block_table->data) {
+    /* The pages a sequence uses (all of its row when its length is on the
+     * device) must exist. */
+    const attn_tensor *bt = p->block_table;
+    for (int64_t b = 0; b < batch; b++) {
+      int64_t used = max_pages;
+      if (p->seqused_k && p->seqused_k->data) {
+        const int64_t u = ((const int32_t *)p->seqused_k->data)[b * p->seqused_k->stride[0]];
+        used = (u + seqlen_new + page_size - 1) / page_size;
+      } else if (!p->seqused_k) {
+        used = max_pages;
+      }
+      for (int64_t c = 0; c < used; c++) {
+        const int32_t e = ((const int32_t *)bt->data)[b * bt->stride[0] + c * bt->stride[1]];
+        if (e < 0 || e >= k->shape[0])
+          return attn__error(ctx, ATTN_ECACHE,
+                             "params.block_table[%lld][%lld] is %d; k and v have %lld pages",
+                             (long long)b, (long long)c, e, (long long)k->shape[0]);
+      }
+    }
   }
 
   /* Scalars. */
@@ -408,6 +530,51 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
                        "ATTN_DETERMINISTIC, ATTN_ASYNC)",
                        p->flags & ~KNOWN_FLAGS);
 
+  /* Score terms: the bias (its own float dtype, size-1 dimensions
+   * broadcasting) and the sinks; their gradients are backward outputs. */
+  region rbias = {0}, rdbias = {0}, rsink = {0}, rdsink = {0};
+  if (p->bias) {
+    const attn_tensor *t = p->bias;
+    if ((unsigned)t->dtype > ATTN_BF16)
+      return attn__error(ctx, ATTN_EDTYPE, "params.bias: dtype %s is not f32, f16 or bf16",
+                         attn_dtype_name(t->dtype));
+    if (t->ndim == 4) {
+      const int64_t full[3] = {batch, hq, nq};
+      for (int i = 0; i < 3; i++)
+        if (t->shape[i] != 1 && t->shape[i] != full[i])
+          return attn__error(ctx, ATTN_ESHAPE,
+                             "params.bias: shape[%d] (%s) is %lld; it must be %lld or 1 "
+                             "(broadcast)",
+                             i, dims_bias[i], (long long)t->shape[i], (long long)full[i]);
+    }
+    int64_t want[4] = {-1, -1, -1, nk};
+    rc = check_tensor(ctx, "params.bias", t, t->dtype, 4, dims_bias, want, &rbias);
+    if (rc) return rc;
+  }
+  if (p->dbias) {
+    if (op != ATTN__BACKWARD)
+      return attn__error(ctx, ATTN_EINVAL, "params.dbias is set, but it is a backward output");
+    if (!p->bias)
+      return attn__error(ctx, ATTN_EINVAL, "params.dbias is set without params.bias");
+    rc = check_tensor(ctx, "params.dbias", p->dbias, ATTN_F32, 4, dims_bias, p->bias->shape,
+                      &rdbias);
+    if (rc) return rc;
+  }
+  if (p->sinks) {
+    int64_t want[1] = {hq};
+    rc = check_tensor(ctx, "params.sinks", p->sinks, ATTN_F32, 1, dims_heads, want, &rsink);
+    if (rc) return rc;
+  }
+  if (p->dsinks) {
+    if (op != ATTN__BACKWARD)
+      return attn__error(ctx, ATTN_EINVAL, "params.dsinks is set, but it is a backward output");
+    if (!p->sinks)
+      return attn__error(ctx, ATTN_EINVAL, "params.dsinks is set without params.sinks");
+    int64_t want[1] = {hq};
+    rc = check_tensor(ctx, "params.dsinks", p->dsinks, ATTN_F32, 1, dims_heads, want, &rdsink);
+    if (rc) return rc;
+  }
+
   /* Outputs and the backward's extra inputs. */
   region ro = {0}, rl = {0}, rdo = {0}, rdq = {0}, rdk = {0}, rdv = {0};
   int has_o = o != NULL && op != ATTN__REFERENCE;
@@ -443,32 +610,44 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   }
 
   /* Aliasing: an output may share no memory with an input or with another
-   * output. Inputs may share (a fused qkv tensor). */
-  const region *ins[] = {&rq, &rk, &rv, &ro, &rl, &rdo};
-  const char *in_names[] = {"q", "k", "v", "o", "lse", "do"};
+   * output. Inputs may share (a fused qkv tensor). Appending makes k and v
+   * outputs of the forward pass as well. */
+  const region *ins[] = {&rq, &rk, &rv, &ro, &rl, &rdo, &rbias, &rsink, &rsu, &rbt, &rkn, &rvn};
+  const char *in_names[] = {"q",           "k",
+                            "v",           "o",
+                            "lse",         "do",
+                            "params.bias", "params.sinks",
+                            "params.seqused_k", "params.block_table",
+                            "params.k_new", "params.v_new"};
+  const int n_ins = (int)(sizeof ins / sizeof ins[0]);
+  const region *outs[5];
+  const char *out_names[5];
+  int n_outs = 0;
   if (op == ATTN__FORWARD || op == ATTN__SUPPORTS) {
-    const region *outs[] = {&ro, &rl};
-    const char *out_names[] = {"o", "lse"};
-    for (int a = 0; a < 2; a++) {
-      if (!outs[a]->t) continue;
-      for (int b = 0; b < 3 + a; b++)
-        if (ins[b]->t && regions_share(outs[a], ins[b]))
-          return attn__error(ctx, ATTN_EALIAS, "%s shares memory with %s", out_names[a],
-                             b < 3 ? in_names[b] : out_names[b - 3]);
+    const region *f[] = {&ro, &rl, &rk, &rv};
+    const char *fn[] = {"o", "lse", "k (appended to)", "v (appended to)"};
+    for (int i = 0; i < (p->k_new ? 4 : 2); i++) {
+      outs[n_outs] = f[i];
+      out_names[n_outs++] = fn[i];
     }
   } else if (op == ATTN__BACKWARD) {
-    const region *outs[] = {&rdq, &rdk, &rdv};
-    const char *out_names[] = {"dq", "dk", "dv"};
-    for (int a = 0; a < 3; a++) {
-      for (int b = 0; b < 6; b++)
-        if (regions_share(outs[a], ins[b]))
-          return attn__error(ctx, ATTN_EALIAS, "%s shares memory with %s", out_names[a],
-                             in_names[b]);
-      for (int b = 0; b < a; b++)
-        if (regions_share(outs[a], outs[b]))
-          return attn__error(ctx, ATTN_EALIAS, "%s shares memory with %s", out_names[a],
-                             out_names[b]);
+    const region *f[] = {&rdq, &rdk, &rdv, &rdbias, &rdsink};
+    const char *fn[] = {"dq", "dk", "dv", "params.dbias", "params.dsinks"};
+    for (int i = 0; i < 5; i++) {
+      outs[n_outs] = f[i];
+      out_names[n_outs++] = fn[i];
     }
+  }
+  for (int a = 0; a < n_outs; a++) {
+    if (!outs[a]->t) continue;
+    for (int b = 0; b < n_ins; b++)
+      if (ins[b]->t && ins[b] != outs[a] && regions_share(outs[a], ins[b]))
+        return attn__error(ctx, ATTN_EALIAS, "%s shares memory with %s", out_names[a],
+                           in_names[b]);
+    for (int b = 0; b < a; b++)
+      if (outs[b]->t && regions_share(outs[a], outs[b]))
+        return attn__error(ctx, ATTN_EALIAS, "%s shares memory with %s", out_names[a],
+                           out_names[b]);
   }
 
   memset(pb, 0, sizeof *pb);
@@ -509,11 +688,152 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
     pb->lse_hilo = lse_hilo;
     if (lse_hilo) pb->lse.sd = lse->stride[lse->ndim - 1];
   }
+  if (paged) {
+    /* k and v are [pages, page_size, heads, d]: bshd strides, a page per
+     * "batch" entry (attn__key_row). */
+    fill_tensor(ctx, k, 0, 0, &pb->k);
+    fill_tensor(ctx, v, 0, 0, &pb->v);
+    pb->page_size = page_size;
+    pb->num_pages = k->shape[0];
+    pb->max_pages = max_pages;
+    fill_meta(ctx, p->block_table, &pb->block_table);
+    pb->block_table.sb = p->block_table->stride[0];
+    pb->block_table.ss = p->block_table->stride[1];
+    pb->block_host = p->block_table->data;
+  }
+  if (p->seqused_k) {
+    pb->has_seqused = 1;
+    fill_meta(ctx, p->seqused_k, &pb->seqused_k);
+    pb->seqused_k.sb = p->seqused_k->stride[0];
+    pb->seqused_host = p->seqused_k->data;
+  }
+  if (p->k_new) {
+    pb->seqlen_new = seqlen_new;
+    fill_tensor(ctx, p->k_new, 0, 0, &pb->k_new);
+    fill_tensor(ctx, p->v_new, 0, 0, &pb->v_new);
+  }
+  pb->num_splits = p->num_splits;
+  if (p->bias) {
+    pb->has_bias = 1;
+    fill_bias(ctx, p->bias, &pb->bias);
+    if (p->dbias) {
+      pb->has_dbias = 1;
+      fill_bias(ctx, p->dbias, &pb->dbias);
+    }
+  }
+  if (p->sinks) {
+    pb->has_sinks = 1;
+    fill_meta(ctx, p->sinks, &pb->sinks);
+    pb->sinks.sh = p->sinks->stride[0];
+    if (p->dsinks) {
+      pb->has_dsinks = 1;
+      fill_meta(ctx, p->dsinks, &pb->dsinks);
+      pb->dsinks.sh = p->dsinks->stride[0];
+    }
+  }
   if (op == ATTN__BACKWARD) {
     fill_tensor(ctx, dout, varlen, 0, &pb->dout);
     fill_tensor(ctx, dq, varlen, 0, &pb->dq);
     fill_tensor(ctx, dk, varlen, 0, &pb->dk);
     fill_tensor(ctx, dv, varlen, 0, &pb->dv);
   }
+  return ATTN_OK;
+}
+
+int attn__merge_build(attn_context *ctx, int n, const attn_tensor *o_parts,
+                      const attn_tensor *lse_parts, const attn_tensor *o, const attn_tensor *lse,
+                      attn__merge *m) {
+  if (n < 1 || n > ATTN_MAX_MERGE)
+    return attn__error(ctx, ATTN_ESIZE, "n is %d; attn_merge takes 1 to %d parts", n,
+                       ATTN_MAX_MERGE);
+  if (!o_parts) return attn__error(ctx, ATTN_ENULL, "o_parts is NULL");
+  if (!lse_parts) return attn__error(ctx, ATTN_ENULL, "lse_parts is NULL");
+  if (!o) return attn__error(ctx, ATTN_ENULL, "o is NULL");
+  if (o->ndim != 4 && o->ndim != 3)
+    return attn__error(ctx, ATTN_ESHAPE, "o: ndim is %d; 4 (bshd) or 3 (varlen) expected",
+                       o->ndim);
+  const int varlen = o->ndim == 3, nd = o->ndim;
+  const char *const *dims = varlen ? dims_varlen : dims_bshd;
+  if ((unsigned)o->dtype > ATTN_BF16)
+    return attn__error(ctx, ATTN_EDTYPE, "o: dtype %d is not f32, f16 or bf16", (int)o->dtype);
+  region ro, rl = {0};
+  int rc = check_tensor(ctx, "o", o, o->dtype, nd, dims, NULL, &ro);
+  if (rc) return rc;
+  if (o->shape[nd - 1] > ATTN_MAX_HEAD_DIM)
+    return attn__error(ctx, ATTN_EHEADDIM, "o: head_dim %lld is above the maximum %d",
+                       (long long)o->shape[nd - 1], ATTN_MAX_HEAD_DIM);
+  const int64_t batch = varlen ? 1 : o->shape[0], seqlen = varlen ? o->shape[0] : o->shape[1];
+  const int64_t heads = o->shape[nd - 2];
+  int64_t want_lse_b[3] = {batch, heads, seqlen}, want_lse_v[2] = {heads, seqlen};
+  const int lnd = varlen ? 2 : 3;
+  const char *const *ldims = varlen ? dims_lse_varlen : dims_lse_bshd;
+  if (lse) {
+    rc = check_tensor(ctx, "lse", lse, ATTN_F32, lnd, ldims, varlen ? want_lse_v : want_lse_b,
+                      &rl);
+    if (rc) return rc;
+    if (regions_share(&rl, &ro)) return attn__error(ctx, ATTN_EALIAS, "lse shares memory with o");
+  }
+  region *parts = malloc(sizeof(region) * 2 * (size_t)n);
+  m->o_parts = malloc(sizeof(attn__tensor) * 2 * (size_t)n);
+  if (!parts || !m->o_parts) {
+    free(parts);
+    free(m->o_parts);
+    return attn__error(ctx, ATTN_ENOMEM, "out of host memory for %d parts", n);
+  }
+  m->lse_parts = m->o_parts + n;
+  char name[40];
+  for (int s = 0; s < n && !rc; s++) {
+    snprintf(name, sizeof name, "o_parts[%d]", s);
+    rc = check_tensor(ctx, name, &o_parts[s], o->dtype, nd, dims, o->shape, &parts[2 * s]);
+    if (!rc) {
+      snprintf(name, sizeof name, "lse_parts[%d]", s);
+      rc = check_tensor(ctx, name, &lse_parts[s], ATTN_F32, lnd, ldims,
+                        varlen ? want_lse_v : want_lse_b, &parts[2 * s + 1]);
+    }
+    for (int i = 0; i < 2 && !rc; i++) {
+      if (regions_share(&ro, &parts[2 * s + i]))
+        rc = attn__error(ctx, ATTN_EALIAS, "o shares memory with %s_parts[%d]",
+                         i ? "lse" : "o", s);
+      else if (lse && regions_share(&rl, &parts[2 * s + i]))
+        rc = attn__error(ctx, ATTN_EALIAS, "lse shares memory with %s_parts[%d]",
+                         i ? "lse" : "o", s);
+    }
+    if (!rc) {
+      fill_tensor(ctx, &o_parts[s], varlen, 0, &m->o_parts[s]);
+      fill_tensor(ctx, &lse_parts[s], varlen, 1, &m->lse_parts[s]);
+    }
+  }
+  free(parts);
+  if (rc) {
+    free(m->o_parts);
+    m->o_parts = m->lse_parts = NULL;
+    return rc;
+  }
+  m->n = n;
+  m->dtype = o->dtype;
+  m->batch = batch;
+  m->seqlen = seqlen;
+  m->heads = heads;
+  m->head_dim = o->shape[nd - 1];
+  fill_tensor(ctx, o, varlen, 0, &m->o);
+  m->has_lse = lse != NULL;
+  if (lse) fill_tensor(ctx, lse, varlen, 1, &m->lse);
+  return ATTN_OK;
+}
+
+unsigned attn__problem_uses(const attn__problem *pb) {
+  return (pb->has_seqused ? ATTN__USES_SEQUSED : 0u) | (pb->page_size ? ATTN__USES_PAGED : 0u) |
+         (pb->seqlen_new ? ATTN__USES_APPEND : 0u) | (pb->has_bias ? ATTN__USES_BIAS : 0u) |
+         (pb->has_sinks ? ATTN__USES_SINKS : 0u) | (pb->has_dbias ? ATTN__USES_DBIAS : 0u) |
+         (pb->has_dsinks ? ATTN__USES_DSINKS : 0u);
+}
+
+int attn__decline_features(attn_context *ctx, const char *who, unsigned missing) {
+  static const char *const names[] = {"seqused_k (a KV cache)", "a paged KV cache",
+                                      "appending to the KV cache", "an additive bias",
+                                      "attention sinks", "dbias", "dsinks"};
+  for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (missing & (1u << i))
+      return attn__error(ctx, ATTN_EUNSUPPORTED, "%s: %s is not available here", who, names[i]);
   return ATTN_OK;
 }

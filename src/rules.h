@@ -11,7 +11,9 @@
  * (bottom-right aligned). A range [lo, hi) is clamped to [0, n) and empty
  * when lo >= hi. The score of a visible key is
  *     s = scale * dot, then s = softcap * tanh(s / softcap) when softcap > 0,
- *     then s -= slope * |dg - j| (ALiBi).
+ *     then s -= slope * |dg - j| (ALiBi), then s += bias[b][h][i][j].
+ * With a bias, a row whose visible scores are all -inf sees no key. A sink
+ * joins each row's softmax denominator (attn__sink_fold).
  * The primitives take plain numbers (what the rules test calls); the
  * attn__problem_* forms read the window from a problem.
  */
@@ -32,14 +34,45 @@ extern "C" {
 static inline int64_t attn__seq_q(const attn__problem *pb, int64_t b) {
   return pb->cu_q ? (int64_t)pb->cu_q[b + 1] - pb->cu_q[b] : pb->seqlen_q;
 }
-static inline int64_t attn__seq_k(const attn__problem *pb, int64_t b) {
+/* Rows of k and v sequence b can hold: its cu_seqlens_k length (varlen),
+ * else seqlen_k (bshd: k's seqlen; paged: max_pages * page_size). */
+static inline int64_t attn__capacity_k(const attn__problem *pb, int64_t b) {
   return pb->cu_k ? (int64_t)pb->cu_k[b + 1] - pb->cu_k[b] : pb->seqlen_k;
+}
+/* An int32 entry of a metadata tensor in host memory (the caller's, or a
+ * host-memory backend's buffer). */
+static inline int64_t attn__i32_at(const attn__tensor *t, int64_t e) {
+  return ((const int32_t *)((const char *)t->native + t->offset))[e];
+}
+/* Sequence b's used cache rows, clamped to what fits beside the appended
+ * ones (entries on the device are never checked, only clamped). */
+static inline int64_t attn__seq_used(const attn__problem *pb, int64_t b) {
+  const int64_t u = attn__i32_at(&pb->seqused_k, b * pb->seqused_k.sb);
+  const int64_t cap = attn__capacity_k(pb, b) - pb->seqlen_new;
+  return u < 0 ? 0 : u > cap ? cap : u;
+}
+static inline int64_t attn__seq_k(const attn__problem *pb, int64_t b) {
+  return pb->has_seqused ? attn__seq_used(pb, b) + pb->seqlen_new : attn__capacity_k(pb, b);
 }
 static inline int64_t attn__row0_q(const attn__problem *pb, int64_t b) {
   return pb->cu_q ? pb->cu_q[b] : 0;
 }
 static inline int64_t attn__row0_k(const attn__problem *pb, int64_t b) {
   return pb->cu_k ? pb->cu_k[b] : 0;
+}
+
+/* The element offset of key row j of sequence b in k or v (t), before the
+ * head and column terms: through the block table when paged (an entry out
+ * of range is clamped to a page that exists). */
+static inline int64_t attn__key_row(const attn__problem *pb, const attn__tensor *t, int64_t b,
+                                    int64_t j) {
+  if (pb->page_size) {
+    const attn__tensor *bt = &pb->block_table;
+    int64_t page = attn__i32_at(bt, b * bt->sb + (j / pb->page_size) * bt->ss);
+    page = page < 0 ? 0 : page >= pb->num_pages ? pb->num_pages - 1 : page;
+    return page * t->sb + (j % pb->page_size) * t->ss;
+  }
+  return b * t->sb + (attn__row0_k(pb, b) + j) * t->ss;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -143,6 +176,16 @@ static inline double attn__score_scaled_f64(double s, double softcap, double slo
   return (softcap > 0.0 ? softcap * th : s) - slope * (double)(dist < 0 ? -dist : dist);
 }
 
+/* The bias term of row i, key j (sequence-local) of head h, sequence b: 0
+ * without a bias. */
+static inline float attn__problem_bias(const attn__problem *pb, int64_t b, int64_t h, int64_t i,
+                                       int64_t j) {
+  if (!pb->has_bias) return 0.0f;
+  const attn__tensor *t = &pb->bias;
+  return attn__load((const char *)t->native + t->offset, t->dtype,
+                    b * t->sb + h * t->sh + i * t->ss + j * t->sd);
+}
+
 /* d(score)/d(scale * dot) applied to ds, with t from attn__score: softcap's
  * derivative 1 - tanh^2; ALiBi adds a constant and passes ds unchanged. */
 static inline float attn__score_grad(float ds, float t, float softcap) {
@@ -150,8 +193,59 @@ static inline float attn__score_grad(float ds, float t, float softcap) {
 }
 
 /* ---------------------------------------------------------------------- */
-/* lse                                                                      */
+/* lse, sinks, merging                                                      */
 /* ---------------------------------------------------------------------- */
+
+/* Folds a sink logit into a row's final max m and sum l (l = sum of
+ * exp(s - m)): afterwards lse = m + log(l), and the row's output
+ * accumulator, taken relative to the old m, must be multiplied by the
+ * returned factor exp(m_old - m) before dividing by l. A row with no key
+ * (m = -inf, l = 0) comes out with m = sink, l = 1, factor 0: o = 0 and
+ * lse = sink. NaN in m stays NaN in l. */
+static inline float attn__sink_fold(float sink, float *m, float *l) {
+  const float mn = *m > sink ? *m : sink;
+  const float a = *m == -INFINITY ? 0.0f : expf(*m - mn);
+  *l = *l * a + expf(sink - mn);
+  *m = mn;
+  return a;
+}
+
+/* A row's term of d(loss)/d(sink): the sink's probability exp(sink - lse)
+ * times -D, D = rowsum(do * o) (the sink has no value, so its dP is 0 and
+ * dS = P (0 - D)). */
+static inline float attn__sink_grad(float sink, float lse, float dsum) {
+  return lse == -INFINITY ? 0.0f : -expf(sink - lse) * dsum;
+}
+
+/* The lse of n partial results of one row (lse[s * stride]) and each part's
+ * weight exp(lse_s - lse) in w: o = sum_s w[s] o_s. -inf when every part is
+ * -inf (weights 0); NaN in a part gives NaN. */
+static inline float attn__merge_lse(const float *lse, int64_t stride, int n, float *w) {
+  float mx = -INFINITY;
+  int nan = 0;
+  for (int s = 0; s < n; s++) {
+    const float x = lse[s * stride];
+    nan |= x != x;
+    mx = x > mx ? x : mx;
+  }
+  if (nan) {
+    for (int s = 0; s < n; s++)
+      w[s] = NAN;
+    return NAN;
+  }
+  if (mx == -INFINITY) {
+    for (int s = 0; s < n; s++)
+      w[s] = 0.0f;
+    return -INFINITY;
+  }
+  float sum = 0.0f;
+  for (int s = 0; s < n; s++)
+    sum += w[s] = expf(lse[s * stride] - mx);
+  const float out = mx + logf(sum);
+  for (int s = 0; s < n; s++)
+    w[s] /= sum;
+  return out;
+}
 
 /* A row's lse = m + log(l) as the float pair the (hi, lo) form stores: hi
  * rounded to float32, lo the rest. A row with no key has hi = -inf, lo = 0;

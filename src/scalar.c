@@ -35,6 +35,8 @@ const char *attn_dtype_name(attn_dtype dtype) {
       return "f16";
     case ATTN_BF16:
       return "bf16";
+    case ATTN_I32:
+      return "i32";
   }
   return "unknown";
 }
@@ -42,6 +44,7 @@ const char *attn_dtype_name(attn_dtype dtype) {
 size_t attn_dtype_size(attn_dtype dtype) {
   switch (dtype) {
     case ATTN_F32:
+    case ATTN_I32:
       return 4;
     case ATTN_F16:
     case ATTN_BF16:
