@@ -12,6 +12,8 @@
 #ifndef ATTN_CUDA_COMMON_CUH
 #define ATTN_CUDA_COMMON_CUH
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 
@@ -147,6 +149,76 @@ __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+/*
+ * The KV cache (src/rules.h: attn__seq_used, attn__key_row). Entries that
+ * live on the device are never checked on the host, so they are clamped
+ * here: a bad one reads a wrong row, never outside the tensors.
+ */
+
+/* Sequence b's used cache rows (used: int32, entry b at b * sb), clamped to
+ * [0, cap - nnew], cap the rows the sequence can hold. */
+template <typename I>
+__device__ __forceinline__ I seq_used(const int *used, long long sb, I b, I cap, I nnew) {
+  const I u = (I)__ldg(used + b * sb), hi = cap - nnew;
+  return u < 0 ? 0 : u > hi ? hi : u;
+}
+
+/* The element offset of key row j of sequence b in a paged k or v with
+ * page stride t_sb and row stride t_ss: row j % page_size of page
+ * bt[b * bt_sb + (j / page_size) * bt_ss], clamped to [0, num_pages). */
+template <typename I>
+__device__ __forceinline__ long long paged_row(const int *bt, long long bt_sb, long long bt_ss,
+                                               I b, I j, I page_size, I num_pages, long long t_sb,
+                                               long long t_ss) {
+  long long page = __ldg(bt + b * bt_sb + (j / page_size) * bt_ss);
+  page = page < 0 ? 0 : page >= num_pages ? num_pages - 1 : page;
+  return page * t_sb + (long long)(j % page_size) * t_ss;
+}
+
+/*
+ * Score terms after the epilogue: an additive bias (score += bias, after
+ * scale, softcap and ALiBi) and attention sinks.
+ */
+
+/* Element i of a bias in any float dtype (attn_dtype's codes: 0 f32, 1 f16,
+ * 2 bf16), as a float. */
+__device__ __forceinline__ float load_any(const void *base, int dtype, long long i) {
+  if (dtype == 1) return __half2float(((const __half *)base)[i]);
+  if (dtype == 2) return __bfloat162float(((const __nv_bfloat16 *)base)[i]);
+  return ((const float *)base)[i];
+}
+
+/* Whether a row saw a key: the mask says so (seen), and with a bias a row
+ * whose scores were all -inf (max m still -inf) saw none. */
+__device__ __forceinline__ bool row_seen(bool seen, bool has_bias, float m) {
+  return seen && !(has_bias && m == -INFINITY);
+}
+
+/* Folds a sink logit into a row's final max m and sum l (as attn__sink_fold):
+ * afterwards lse = m + log(l), and the output accumulator, relative to the
+ * old m, is multiplied by the returned factor. A row with no key gets m =
+ * sink, l = 1, factor 0. sink_fold_log2 is the same with m and the sink in
+ * the log2 domain. */
+__device__ __forceinline__ float sink_fold(float sink, float *m, float *l) {
+  const float mn = *m > sink ? *m : sink;
+  const float a = *m == -INFINITY ? 0.f : __expf(*m - mn);
+  *l = *l * a + __expf(sink - mn);
+  *m = mn;
+  return a;
+}
+__device__ __forceinline__ float sink_fold_log2(float sink_log2, float *m, float *l) {
+  const float mn = *m > sink_log2 ? *m : sink_log2;
+  const float a = *m == -INFINITY ? 0.f : ex2(*m - mn);
+  *l = *l * a + ex2(sink_log2 - mn);
+  *m = mn;
+  return a;
+}
+
+/* A row's term of d(loss)/d(sink) (attn__sink_grad): -exp(sink - lse) D. */
+__device__ __forceinline__ float sink_grad(float sink, float lse, float dsum) {
+  return lse == -INFINITY ? 0.f : -__expf(sink - lse) * dsum;
 }
 
 #endif /* ATTN_CUDA_COMMON_CUH */
