@@ -16,37 +16,63 @@ static int64_t at(const attn__tensor *t, int64_t b, int64_t row, int64_t h, int6
   return b * t->sb + row * t->ss + h * t->sh + c * t->sd;
 }
 
+/* Element c of key row j (sequence-local) of sequence b, head hk, in k or v
+ * (t) or, for rows past the used cache, in the appended rows (tn). */
+static double key_elem(const attn__problem *pb, const attn__tensor *t, const attn__tensor *tn,
+                       int64_t b, int64_t j, int64_t hk, int64_t c) {
+  if (pb->seqlen_new > 0) {
+    const int64_t used = attn__seq_used(pb, b);
+    if (j >= used) return load(tn, at(tn, b, j - used, hk, c));
+  }
+  return load(t, attn__key_row(pb, t, b, j) + hk * t->sh + c * t->sd);
+}
+
 /* Scores of row i (of sequence b, query head h) against every visible key:
  * s[j - lo] for j in [lo, hi). Also the softcap derivative ds/du when asked. */
 static void row_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i, int64_t lo,
                        int64_t hi, double *s, double *dsdu) {
   int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
   int64_t hk = h / (pb->heads_q / pb->heads_kv);
-  int64_t rq = attn__row0_q(pb, b) + i, rk0 = attn__row0_k(pb, b);
+  int64_t rq = attn__row0_q(pb, b) + i;
   int64_t diag = attn__diag(i, nq, nk);
   double slope = attn__problem_slope(pb, h);
   for (int64_t j = lo; j < hi; j++) {
     double u = 0;
     for (int64_t c = 0; c < pb->head_dim; c++)
-      u += load(&pb->q, at(&pb->q, b, rq, h, c)) * load(&pb->k, at(&pb->k, b, rk0 + j, hk, c));
+      u += load(&pb->q, at(&pb->q, b, rq, h, c)) * key_elem(pb, &pb->k, &pb->k_new, b, j, hk, c);
     /* The rules' score in double (the backends' is float): the reference's
      * precision, with the same steps. t = 0 without softcap gives ds/du = 1. */
     double t;
-    s[j - lo] = attn__score_scaled_f64(u * pb->scale, pb->softcap, slope, diag - j, &t);
+    s[j - lo] = attn__score_scaled_f64(u * pb->scale, pb->softcap, slope, diag - j, &t) +
+                (double)attn__problem_bias(pb, b, h, i, j);
     if (dsdu) dsdu[j - lo] = 1 - t * t;
   }
 }
 
-/* Softmax of s[0..n) in place; returns lse. */
-static double softmax(double *s, int64_t n) {
-  double m = -INFINITY, l = 0;
+/* Softmax of s[0..n) in place, with the sink's logit in the denominator when
+ * has_sink; returns lse. With a bias, a row whose scores are all -inf (the
+ * bias hid every key) and that has no sink saw no key: -inf, and s is left
+ * all 0. Without one, such scores come from infinite inputs, and the row is
+ * NaN, as is a row with a NaN score. */
+static double softmax(double *s, int64_t n, int has_bias, int has_sink, double sink) {
+  double m = has_sink ? sink : -INFINITY, l = 0;
   for (int64_t j = 0; j < n; j++)
-    m = s[j] > m ? s[j] : m;
+    m = s[j] > m || s[j] != s[j] ? s[j] : m;
+  if (m == -INFINITY && has_bias) {
+    for (int64_t j = 0; j < n; j++)
+      s[j] = 0;
+    return -INFINITY;
+  }
   for (int64_t j = 0; j < n; j++)
     l += exp(s[j] - m);
+  if (has_sink) l += exp(sink - m);
   for (int64_t j = 0; j < n; j++)
     s[j] = exp(s[j] - m) / l;
   return m + log(l);
+}
+
+static double sink_of(const attn__problem *pb, int64_t h) {
+  return pb->has_sinks ? load(&pb->sinks, h * pb->sinks.sh) : -INFINITY;
 }
 
 int at_ref_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
@@ -67,7 +93,7 @@ int at_ref_forward_progress(attn_context *ctx, const attn_params *p, const attn_
   int64_t done = 0, rows = pb.total_q * hq;
   for (int64_t b = 0; b < pb.batch; b++) {
     int64_t nq = attn__seq_q(&pb, b), nk = attn__seq_k(&pb, b);
-    int64_t rq0 = attn__row0_q(&pb, b), rk0 = attn__row0_k(&pb, b);
+    int64_t rq0 = attn__row0_q(&pb, b);
     for (int64_t h = 0; h < hq; h++)
       for (int64_t i = 0; i < nq; i++) {
         int64_t lo, hi, row = pb.cu_q ? rq0 + i : b * nq + i;
@@ -79,11 +105,13 @@ int at_ref_forward_progress(attn_context *ctx, const attn_params *p, const attn_
             orow[c] = 0;
         if (lo < hi) {
           row_scores(&pb, b, h, i, lo, hi, s, NULL);
-          l = softmax(s, hi - lo);
+          l = softmax(s, hi - lo, pb.has_bias, pb.has_sinks, sink_of(&pb, h));
           if (orow)
             for (int64_t j = lo; j < hi; j++)
               for (int64_t c = 0; c < d; c++)
-                orow[c] += s[j - lo] * load(&pb.v, at(&pb.v, b, rk0 + j, h / group, c));
+                orow[c] += s[j - lo] * key_elem(&pb, &pb.v, &pb.v_new, b, j, h / group, c);
+        } else if (pb.has_sinks) {
+          l = sink_of(&pb, h); /* the sink alone: o = 0 */
         }
         if (lse) lse[pb.cu_q ? h * pb.total_q + row : (b * hq + h) * nq + i] = l;
         if (progress) progress(user, ++done, rows);
@@ -103,6 +131,13 @@ int at_ref_backward_progress(attn_context *ctx, const attn_params *p, const attn
                              const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout,
                              double *dq, double *dk, double *dv, at_progress_fn progress,
                              void *user) {
+  return at_ref_backward_terms(ctx, p, q, k, v, dout, dq, dk, dv, NULL, NULL, progress, user);
+}
+
+int at_ref_backward_terms(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                          const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout,
+                          double *dq, double *dk, double *dv, double *dbias, double *dsinks,
+                          at_progress_fn progress, void *user) {
   attn__problem pb;
   int rc = attn__problem_build(ctx, ATTN__REFERENCE, p, q, k, v, NULL, NULL, NULL, NULL, NULL, NULL,
                                &pb);
@@ -139,6 +174,10 @@ int at_ref_backward_progress(attn_context *ctx, const attn_params *p, const attn
   if (dq) memset(dq, 0, sizeof(double) * (size_t)(pb.total_q * hq * d));
   if (dk) memset(dk, 0, sizeof(double) * (size_t)(pb.total_k * hkv * d));
   if (dv) memset(dv, 0, sizeof(double) * (size_t)(pb.total_k * hkv * d));
+  /* dbias in the bias's own shape: a broadcast dimension indexes 0. */
+  const int64_t *bs = pb.has_bias ? p->bias->shape : NULL;
+  if (dbias && bs) memset(dbias, 0, sizeof(double) * (size_t)(bs[0] * bs[1] * bs[2] * bs[3]));
+  if (dsinks) memset(dsinks, 0, sizeof(double) * (size_t)hq);
   for (int64_t b = 0; b < pb.batch; b++) {
     int64_t nq = attn__seq_q(&pb, b), nk = attn__seq_k(&pb, b);
     int64_t rq0 = attn__row0_q(&pb, b), rk0 = attn__row0_k(&pb, b);
@@ -151,7 +190,8 @@ int at_ref_backward_progress(attn_context *ctx, const attn_params *p, const attn
         if (progress) progress(user, ++done, rows);
         if (lo >= hi) continue; /* a row that sees no key passes no gradient */
         row_scores(&pb, b, h, i, lo, hi, s, g);
-        softmax(s, hi - lo);
+        const double lse = softmax(s, hi - lo, pb.has_bias, pb.has_sinks, sink_of(&pb, h));
+        if (lse == -INFINITY) continue;
         /* dP_ij = do_i . v_j; D_i = sum_j P_ij dP_ij. */
         double D = 0;
         for (int64_t j = lo; j < hi; j++) {
@@ -162,9 +202,17 @@ int at_ref_backward_progress(attn_context *ctx, const attn_params *p, const attn
           dp[j - lo] = acc;
           D += s[j - lo] * acc;
         }
+        /* The sink has no value (dP = 0): its dS is P_sink (0 - D). */
+        if (dsinks && pb.has_sinks) dsinks[h] += -exp(sink_of(&pb, h) - lse) * D;
         for (int64_t j = lo; j < hi; j++) {
           double pij = s[j - lo];
-          double du = pij * (dp[j - lo] - D) * g[j - lo] * pb.scale;
+          double dsij = pij * (dp[j - lo] - D);
+          double du = dsij * g[j - lo] * pb.scale;
+          if (dbias && bs)
+            dbias[(((bs[0] == 1 ? 0 : b) * bs[1] + (bs[1] == 1 ? 0 : h)) * bs[2] +
+                   (bs[2] == 1 ? 0 : i)) *
+                      bs[3] +
+                  j] += dsij;
           int64_t krow = ((kbase + j) * hkv + hk) * d, qrow = ((qbase + i) * hq + h) * d;
           for (int64_t c = 0; c < d; c++) {
             double qc = load(&pb.q, at(&pb.q, b, rq0 + i, h, c));

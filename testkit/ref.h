@@ -17,7 +17,9 @@ extern "C" {
 /* Reference: materializes the scores, accumulates in double (testkit/ref.c)    */
 /* ---------------------------------------------------------------------- */
 
-/* Host tensors only. o is written contiguous in q's shape ([rows, Hq, d] per
+/* Host tensors only. With a KV cache, the reference reads appended rows from
+ * params.k_new / v_new and leaves k and v alone (so a caller can compare the
+ * backend's appended cache against them). o is written contiguous in q's shape ([rows, Hq, d] per
  * the layout), lse as [B, Hq, Nq] (bshd) or [Hq, total_q] (varlen); either
  * may be NULL. Validation errors are reported on ctx, which may be any
  * context (it is used for messages only). */
@@ -38,6 +40,13 @@ int at_ref_backward_progress(attn_context *ctx, const attn_params *p, const attn
                              const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout,
                              double *dq, double *dk, double *dv, at_progress_fn progress,
                              void *user);
+/* The backward with the score terms' gradients too: dbias contiguous in the
+ * shape of params.bias (summed over its broadcast dimensions), dsinks
+ * [heads_q]; each may be NULL. */
+int at_ref_backward_terms(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                          const attn_tensor *k, const attn_tensor *v, const attn_tensor *dout,
+                          double *dq, double *dk, double *dv, double *dbias, double *dsinks,
+                          at_progress_fn progress, void *user);
 
 #ifdef __cplusplus
 }
