@@ -72,7 +72,8 @@ struct attn__cuda_config {
   int br, bc;       /* query rows and keys a block (or a step) */
   size_t smem;      /* dynamic shared memory, its largest kernel */
   size_t smem_det;  /* backward: and its deterministic pass's, 0 if none */
-  const char *name; /* family and tiles in words */
+  unsigned features; /* the ATTN__USES_* bits (attn_internal.h) its kernels implement */
+  const char *name;  /* family and tiles in words */
   attn__cuda_launcher launch;
 };
 

@@ -260,8 +260,6 @@ static int grow(attn_context *ctx, void **p, size_t *have, size_t need, const ch
 static int cuda_plan(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out) {
   cuda_impl *I = (cuda_impl *)ctx->impl;
   /* Grid y and z carry the heads and the sequences. */
-  const unsigned missing = attn__problem_uses(pb);
-  if (missing) return attn__decline_features(ctx, "cuda", missing);
   if (pb->heads_q > 65535)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
                        "cuda: %lld query heads is above the 65535 supported",

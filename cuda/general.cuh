@@ -983,6 +983,7 @@ constexpr attn__cuda_config general_row(attn__cuda_kernel kernel, int dim, size_
           .bc = C::Bc,
           .smem = smem,
           .smem_det = smem_det,
+          .features = 0,
           .name = name,
           .launch = launch};
 }

@@ -225,6 +225,7 @@ constexpr attn__cuda_config fwd32_row(const char *name) {
           .bc = C::Bc,
           .smem = C::smem,
           .smem_det = 0,
+          .features = 0,
           .name = name,
           .launch = launch_fwd32<DP, MR, MC, NTY, ALIAS>};
 }

@@ -584,6 +584,7 @@ constexpr attn__cuda_config bwd_row(const char *name) {
           .bc = C::KBC,
           .smem = C::smem_kv,
           .smem_det = C::smem_q,
+          .features = 0,
           .name = name,
           .launch = launch_bwd<T, D, KBR>};
 }

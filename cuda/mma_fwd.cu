@@ -376,6 +376,7 @@ constexpr attn__cuda_config fwd_row(const char *name) {
           .bc = BC,
           .smem = (size_t)(BR + 2 * STAGES * BC) * (D + kPad) * sizeof(T),
           .smem_det = 0,
+          .features = 0,
           .name = name,
           .launch = launch_fwd<T, D, MT, NW, BC, STAGES, QR, MINB>};
 }

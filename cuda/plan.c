@@ -51,7 +51,8 @@ static const attn__cuda_config *first_row(const attn__cuda_rows *t, const attn__
     if (pb->deterministic && c->smem_det > smem) smem = c->smem_det;
     if (bwd == backward && c->dtype == pb->dtype &&
         c->dim == attn__cuda_dim_bucket(c->kernel, pb->head_dim) && dev->cc >= c->cc &&
-        smem <= dev->smem_optin && family_covers(c->kernel, pb))
+        smem <= dev->smem_optin && (attn__problem_uses(pb) & ~c->features) == 0 &&
+        family_covers(c->kernel, pb))
       return c;
   }
   return NULL;
@@ -66,6 +67,11 @@ const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const att
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
     const attn__cuda_config *c = first_row(table[i], dev, pb, backward);
     if (c) return c;
+  }
+  if (attn__problem_uses(pb)) {
+    snprintf(why, why_len, "cuda: no %s kernel implements the KV cache, bias or sinks asked for",
+             backward ? "backward" : "forward");
+    return NULL;
   }
   snprintf(why, why_len,
            "cuda: no %s kernel fits head dim %lld in the device's %zu bytes of shared memory a "
