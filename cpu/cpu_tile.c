@@ -162,13 +162,23 @@ static char *cpu_row(const attn__tensor *t, int64_t b, int64_t row, int64_t h) {
   return (char *)t->native + t->offset + (ptrdiff_t)idx * (ptrdiff_t)attn_dtype_size(t->dtype);
 }
 
+/* Row `row` of a tile: a query-side row (counting from the tensor's first
+ * row, as cpu_row) or, when keys, key row `row` of sequence b through
+ * attn__key_row, so that bshd, varlen and paged caches take one path. */
+static char *cpu_tile_row(const attn__problem *pb, const attn__tensor *t, int keys, int64_t b,
+                          int64_t row, int64_t h) {
+  if (!keys) return cpu_row(t, b, row, h);
+  const int64_t idx = attn__key_row(pb, t, b, row) + h * t->sh;
+  return (char *)t->native + t->offset + (ptrdiff_t)idx * (ptrdiff_t)attn_dtype_size(t->dtype);
+}
+
 static CPU_SIMD_CLONES void cpu_load_clones(const attn__problem *pb, const attn__tensor *t,
-                                            int64_t b, int64_t row, int64_t nr, int64_t h,
+                                            int keys, int64_t b, int64_t row, int64_t nr, int64_t h,
                                             float *dst, int64_t ld) {
   const int64_t d = pb->head_dim, sd = t->sd;
   const int f16c = t->dtype == ATTN_F16 && CPU_HAVE_F16C();
   for (int64_t r = 0; r < nr; r++) {
-    const char *src = cpu_row(t, b, row + r, h);
+    const char *src = cpu_tile_row(pb, t, keys, b, row + r, h);
     float *out = dst + r * ld;
     /* The unit column stride gets loops of its own: with sd a variable the
      * compiler does not vectorize the conversions (measured: f16 at 0.67
@@ -204,7 +214,12 @@ static CPU_SIMD_CLONES void cpu_load_clones(const attn__problem *pb, const attn_
 
 void attn__cpu_load(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
                     int64_t nr, int64_t h, float *dst, int64_t ld) {
-  cpu_load_clones(pb, t, b, row, nr, h, dst, ld);
+  cpu_load_clones(pb, t, 0, b, row, nr, h, dst, ld);
+}
+
+void attn__cpu_load_keys(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0,
+                         int64_t nr, int64_t h, float *dst, int64_t ld) {
+  cpu_load_clones(pb, t, 1, b, j0, nr, h, dst, ld);
 }
 
 static CPU_SIMD_CLONES void cpu_load_t_clones(const attn__problem *pb, const attn__tensor *t,
@@ -269,11 +284,31 @@ const float *attn__cpu_view(const attn__problem *pb, const attn__tensor *t, int6
   return scratch;
 }
 
-void attn__cpu_store(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
-                     int64_t nr, int64_t h, const float *src, int64_t ld) {
+const float *attn__cpu_view_keys(const attn__problem *pb, const attn__tensor *t, int64_t b,
+                                 int64_t j0, int64_t nr, int64_t h, float *scratch, int *ld) {
+  const int64_t d = pb->head_dim, ps = pb->page_size;
+  /* Rows of one page (or of an unpaged tensor) are ss apart. */
+  const int one_page = !ps || j0 / ps == (j0 + nr - 1) / ps;
+  if (t->dtype == ATTN_F32 && t->sd == 1 && one_page) {
+    if (nr == 1) {
+      *ld = (int)d;
+      return (const float *)cpu_tile_row(pb, t, 1, b, j0, h);
+    }
+    if (t->ss >= d && t->ss <= INT_MAX) {
+      *ld = (int)t->ss;
+      return (const float *)cpu_tile_row(pb, t, 1, b, j0, h);
+    }
+  }
+  attn__cpu_load_keys(pb, t, b, j0, nr, h, scratch, d);
+  *ld = (int)d;
+  return scratch;
+}
+
+static void cpu_store_rows(const attn__problem *pb, const attn__tensor *t, int keys, int64_t b,
+                           int64_t row, int64_t nr, int64_t h, const float *src, int64_t ld) {
   int64_t d = pb->head_dim, sd = t->sd;
   for (int64_t r = 0; r < nr; r++) {
-    char *dst = cpu_row(t, b, row + r, h);
+    char *dst = cpu_tile_row(pb, t, keys, b, row + r, h);
     const float *in = src + r * ld;
     switch (t->dtype) {
       case ATTN_F32: {
@@ -304,6 +339,16 @@ void attn__cpu_store(const attn__problem *pb, const attn__tensor *t, int64_t b, 
   }
 }
 
+void attn__cpu_store(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
+                     int64_t nr, int64_t h, const float *src, int64_t ld) {
+  cpu_store_rows(pb, t, 0, b, row, nr, h, src, ld);
+}
+
+void attn__cpu_store_keys(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0,
+                          int64_t nr, int64_t h, const float *src, int64_t ld) {
+  cpu_store_rows(pb, t, 1, b, j0, nr, h, src, ld);
+}
+
 void attn__cpu_load_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t nr, int64_t h,
                         float *hi, float *lo) {
   const attn__tensor *t = &pb->lse;
@@ -328,8 +373,41 @@ void attn__cpu_store_lse(const attn__problem *pb, int64_t b, int64_t row, int64_
 /* Scores and the softmax                                                   */
 /* ---------------------------------------------------------------------- */
 
-void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, int64_t j0, int bc,
-                      int64_t nq, int64_t nk, float *st, int ld, float *tanh_out) {
+/* The bias of rows [0, br) and keys [c0[r], c1[r]) of the tile, added to
+ * the transposed scores: st[c * ld + r] += bias[i0 + r][j0 + c] of head h,
+ * sequence b (bias points at element (i0, j0) of that head). */
+static CPU_SIMD_CLONES void cpu_bias_cols_clones(const attn__tensor *bt, const char *bias, int br,
+                                                 const int *c0, const int *c1, float *st, int ld) {
+  const int64_t ss = bt->ss, sd = bt->sd;
+  for (int r = 0; r < br; r++) {
+    float *scol = st + r;
+    switch (bt->dtype) {
+      case ATTN_F32: {
+        const float *x = (const float *)bias + r * ss;
+        for (int c = c0[r]; c < c1[r]; c++)
+          scol[(size_t)c * ld] += x[c * sd];
+        break;
+      }
+      case ATTN_F16: {
+        const uint16_t *x = (const uint16_t *)bias + r * ss;
+        for (int c = c0[r]; c < c1[r]; c++)
+          scol[(size_t)c * ld] += cpu_f16_to_f32(x[c * sd]);
+        break;
+      }
+      case ATTN_BF16: {
+        const uint16_t *x = (const uint16_t *)bias + r * ss;
+        for (int c = c0[r]; c < c1[r]; c++)
+          scol[(size_t)c * ld] += attn__bf16_to_f32(x[c * sd]);
+        break;
+      }
+      case ATTN_I32: /* never a bias's dtype (validation) */
+        break;
+    }
+  }
+}
+
+void attn__cpu_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i0, int br, int64_t j0,
+                      int bc, int64_t nq, int64_t nk, float *st, int ld, float *tanh_out) {
   const float cap = pb->softcap, slope = attn__problem_slope(pb, h);
   /* Each row's visible columns [c0, c1) within the tile. */
   int c0[ATTN__CPU_TILE_MAX], c1[ATTN__CPU_TILE_MAX];
@@ -346,19 +424,29 @@ void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, in
     full &= lo == 0 && hi == bc;
   }
   /* Most tiles of a long sequence: every key visible, nothing to add. */
-  if (full && cap <= 0.0f && slope == 0.0f) return;
-
-  const int64_t dist0 = attn__diag(i0, nq, nk) - j0; /* dg - j of element (0, 0) */
-  for (int c = 0; c < bc; c++) {
-    float *scol = st + (size_t)c * ld;
-    float *tcol = tanh_out ? tanh_out + (size_t)c * ld : NULL;
-    for (int r = 0; r < br; r++) {
-      const int visible = c >= c0[r] && c < c1[r];
-      scol[r] = visible
-                    ? attn__score_scaled(scol[r], cap, slope, dist0 + r - c, tcol ? &tcol[r] : NULL)
+  if (!full || cap > 0.0f || slope != 0.0f) {
+    const int64_t dist0 = attn__diag(i0, nq, nk) - j0; /* dg - j of element (0, 0) */
+    for (int c = 0; c < bc; c++) {
+      float *scol = st + (size_t)c * ld;
+      float *tcol = tanh_out ? tanh_out + (size_t)c * ld : NULL;
+      for (int r = 0; r < br; r++) {
+        const int visible = c >= c0[r] && c < c1[r];
+        scol[r] =
+            visible ? attn__score_scaled(scol[r], cap, slope, dist0 + r - c, tcol ? &tcol[r] : NULL)
                     : -INFINITY;
-      if (tcol && !visible) tcol[r] = 0.0f;
+        if (tcol && !visible) tcol[r] = 0.0f;
+      }
     }
+  }
+  /* The bias comes last, on visible scores only (a hidden key stays -inf
+   * whatever its bias). */
+  if (pb->has_bias) {
+    const attn__tensor *bt = &pb->bias;
+    const int64_t e = b * bt->sb + h * bt->sh + i0 * bt->ss + j0 * bt->sd;
+    cpu_bias_cols_clones(bt,
+                         (const char *)bt->native + bt->offset +
+                             (ptrdiff_t)e * (ptrdiff_t)attn_dtype_size(bt->dtype),
+                         br, c0, c1, st, ld);
   }
 }
 
@@ -477,6 +565,40 @@ static CPU_SIMD_CLONES void cpu_dsoftmax_cols_clones(const float *p, float *dp, 
 void attn__cpu_dsoftmax_cols(const float *p, float *dp, const float *th, float softcap, int rows,
                              int cols, int ld, const float *dd) {
   cpu_dsoftmax_cols_clones(p, dp, th, softcap, rows, cols, ld, dd);
+}
+
+static CPU_SIMD_CLONES void cpu_score_grad_cols_clones(float *dp, const float *th, float softcap,
+                                                       int rows, int cols, int ld) {
+  for (int a = 0; a < rows; a++) {
+    float *dr = dp + (size_t)a * ld;
+    const float *tr = th + (size_t)a * ld;
+    for (int c = 0; c < cols; c++)
+      dr[c] = attn__score_grad(dr[c], tr[c], softcap);
+  }
+}
+
+void attn__cpu_score_grad_cols(float *dp, const float *th, float softcap, int rows, int cols,
+                               int ld) {
+  cpu_score_grad_cols_clones(dp, th, softcap, rows, cols, ld);
+}
+
+void attn__cpu_add_cols(const float *st, int rows, int cols, int ld, float *dst, int64_t rs,
+                        int64_t cs) {
+  if (rs == 0) {
+    /* Every query row adds to the same entries: a sum per key, over the
+     * rows in order, then one addition. */
+    for (int a = 0; a < rows; a++) {
+      const float *x = st + (size_t)a * ld;
+      float sum = 0.0f;
+      for (int c = 0; c < cols; c++)
+        sum += x[c];
+      dst[a * cs] += sum;
+    }
+    return;
+  }
+  for (int c = 0; c < cols; c++)
+    for (int a = 0; a < rows; a++)
+      dst[c * rs + a * cs] += st[(size_t)a * ld + c];
 }
 
 /* ---------------------------------------------------------------------- */
