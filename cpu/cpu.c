@@ -176,7 +176,7 @@ static int cpu_selftest(attn_context *ctx) {
 #define CPU_ROW(dt)                                                                        \
   {                                                                                        \
     .dtype = (dt), .max_head_dim = ATTN_MAX_HEAD_DIM, .br = 64, .bc = 64, .split_fill = 4, \
-    .split_min_blocks = 4, .split_workspace = (size_t)64 << 20,                            \
+    .split_min_blocks = 4, .few_rows = 4, .split_workspace = (size_t)64 << 20,             \
     .forward_name = "cpu blockwise forward, Br 64 Bc 64",                                  \
     .backward_name = "cpu blockwise backward, Br 64 Bc 64"                                 \
   }
@@ -193,13 +193,22 @@ attn__cpu_schedule attn__cpu_schedule_forward(const attn__problem *pb, const att
    * each other as fit. The row blocks are then the unpacked ones (a
    * sequence's rows all in one block), which the backward's recomputed
    * scores rely on. */
-  if (group > 1 && pb->seqlen_q > 0 && pb->seqlen_q < cfg->br) {
+  if (pb->seqlen_q > 0 && pb->seqlen_q <= cfg->few_rows) {
+    /* Few rows (decoding): the products of few rows (attn__cpu_qk_few),
+     * which take any heads, so a tile holds whole groups of as many kv
+     * heads as fit, all of them when they do, and reads the cache's rows
+     * whole. */
+    sc.rows = (int)pb->seqlen_q;
+    const int64_t fit = cfg->br / sc.rows;
+    sc.heads = (int)(fit >= pb->heads_q ? pb->heads_q : fit >= group ? fit / group * group : fit);
+  } else if (group > 1 && pb->seqlen_q > 0 && pb->seqlen_q < cfg->br) {
     sc.rows = (int)pb->seqlen_q;
     sc.heads = (int)(group < cfg->br / sc.rows ? group : cfg->br / sc.rows);
   }
-  const int64_t chunks = (group + sc.heads - 1) / sc.heads;
+  const int64_t heads = sc.heads > group ? (pb->heads_q + sc.heads - 1) / sc.heads
+                                         : pb->heads_kv * ((group + sc.heads - 1) / sc.heads);
   for (int64_t b = 0; b < pb->batch; b++)
-    sc.tiles += pb->heads_kv * chunks * ((attn__seq_q(pb, b) + sc.rows - 1) / sc.rows);
+    sc.tiles += heads * ((attn__seq_q(pb, b) + sc.rows - 1) / sc.rows);
 
   /* Splits, counted on the key capacity: the plan looks at shapes only. */
   const int64_t kblocks = (pb->seqlen_k + cfg->bc - 1) / cfg->bc;

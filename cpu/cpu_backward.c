@@ -153,6 +153,7 @@ typedef struct cpu_bwd_shared {
    * where it broadcasts), the last unit (b * Hkv + hk) that added, or -1. */
   atomic_llong *bturn;
   int64_t kblocks; /* key blocks of the longest sequence */
+  int few_rows;    /* the config's: see attn__cpu_qk_few */
 } cpu_bwd_shared;
 
 static int64_t cpu_qrow(const attn__problem *pb, int64_t b) {
@@ -318,8 +319,11 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
       memcpy(t->dd, sh->dd + g, (size_t)br * sizeof(float));
 
       /* S^T = scale K Q^T, the forward's call; P^T = exp(S^T - lse) */
-      attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk, cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0),
-                     ld, 0.0f, t->s, ld);
+      if (br <= sh->few_rows)
+        attn__cpu_qk_few(pb, &pb->k, b, j0, bc, h, 1, br, q, ldq, t->s, ld);
+      else
+        attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk,
+                       cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0), ld, 0.0f, t->s, ld);
       attn__cpu_scores(pb, b, h, i0, br, j0, bc, nq, nk, t->s, ld, capped ? t->th : NULL);
       attn__cpu_exp_cols(t->s, bc, br, ld, t->lse, t->lo);
       /* dV += P^T dO */
@@ -450,6 +454,7 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__c
   cpu_bwd_shared sh;
   sh.br = cfg->br;
   sh.bc = cfg->bc;
+  sh.few_rows = cfg->few_rows;
   sh.total_q = cpu_qrow(pb, pb->batch);
   int64_t *qunits = attn__cpu_units(pb, 0, pb->heads_q, br);
   int64_t *kunits = attn__cpu_units(pb, 1, pb->heads_kv, bc);

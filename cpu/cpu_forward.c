@@ -49,7 +49,9 @@ typedef struct cpu_fwd_tiles {
 typedef struct cpu_fwd_work {
   const attn__problem *pb;
   attn__cpu_schedule sc;
-  int64_t chunks;       /* tiles' head groups per kv head */
+  int few_rows;         /* the config's: see attn__cpu_qk_few */
+  int64_t chunks;       /* tiles' head groups per kv head, or over all heads
+                         * when a tile spans kv heads (sc.heads > group) */
   const int64_t *units; /* attn__cpu_units over (kv head, chunk) and rows */
   float *part_o;        /* splits: [tile][part][Br][d], each part's normalized O */
   float *part_lse;      /* splits: [tile][part][Br] */
@@ -102,14 +104,19 @@ typedef struct cpu_fwd_tile {
 
 static cpu_fwd_tile cpu_fwd_find(const cpu_fwd_work *w, int64_t u) {
   const attn__problem *pb = w->pb;
-  const int64_t group = pb->heads_q / pb->heads_kv;
+  const int64_t group = pb->heads_q / pb->heads_kv, heads = w->sc.heads;
   cpu_fwd_tile x;
   int64_t hh;
   x.nr = attn__cpu_unit(pb, w->units, 0, w->sc.rows, u, &x.b, &hh, &x.i0);
-  x.hk = hh / w->chunks;
-  const int64_t first = hh % w->chunks * w->sc.heads;
-  x.h0 = x.hk * group + first;
-  x.nh = (int)(group - first < w->sc.heads ? group - first : w->sc.heads);
+  if (heads > group) {
+    x.h0 = hh * heads;
+    x.nh = (int)(pb->heads_q - x.h0 < heads ? pb->heads_q - x.h0 : heads);
+  } else {
+    const int64_t first = hh % w->chunks * heads;
+    x.h0 = hh / w->chunks * group + first;
+    x.nh = (int)(group - first < heads ? group - first : heads);
+  }
+  x.hk = x.h0 / group;
   return x;
 }
 
@@ -169,8 +176,13 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
   int64_t kb0, kb1;
   cpu_fwd_part(w, &x, Bc, s, nq, nk, &kb0, &kb1);
 
+  /* Few rows: Q as rows (d apart) for attn__cpu_qk_few, else Q^T. */
+  const int few = nr <= w->few_rows;
   for (int hx = 0; hx < x.nh; hx++)
-    attn__cpu_load_t(pb, &pb->q, x.b, rq, nr, x.h0 + hx, t->qt + hx * nr, ld);
+    if (few)
+      attn__cpu_load(pb, &pb->q, x.b, rq, nr, x.h0 + hx, t->qt + (size_t)hx * nr * d, d);
+    else
+      attn__cpu_load_t(pb, &pb->q, x.b, rq, nr, x.h0 + hx, t->qt + hx * nr, ld);
   memset(t->o, 0, (size_t)br * d * sizeof(float));
   for (int r = 0; r < br; r++) {
     t->m[r] = -INFINITY;
@@ -180,20 +192,23 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
   for (int64_t kb = kb0; kb < kb1; kb++) {
     const int64_t j0 = kb * Bc;
     const int bc = (int)(nk - j0 < Bc ? nk - j0 : Bc);
-    int ldk, ldv;
-    const float *k = attn__cpu_view_keys(pb, &pb->k, x.b, j0, bc, x.hk, t->k, &ldk);
-    const float *v = attn__cpu_view_keys(pb, &pb->v, x.b, j0, bc, x.hk, t->v, &ldv);
-
-    /* One product per head, of the backward's shape: OpenBLAS rounds an
-     * element of a product differently for different widths n (measured:
-     * a 64 x n x 128 sgemm's columns differ from the same columns of a
-     * wider one in a third of the elements), and the backward's P = exp(S -
-     * lse) needs the forward's S to the bit. */
-    for (int hx = 0; hx < x.nh; hx++) {
-      attn__cpu_gemm(0, 0, bc, nr, d, pb->scale, k, ldk, t->qt + hx * nr, ld, 0.0f, t->st + hx * nr,
-                     ld);
-      attn__cpu_scores(pb, x.b, x.h0 + hx, x.i0, nr, j0, bc, nq, nk, t->st + hx * nr, ld, NULL);
+    int ldk = 0, ldv = 0;
+    const float *k = NULL, *v = NULL;
+    if (few) {
+      attn__cpu_qk_few(pb, &pb->k, x.b, j0, bc, x.h0, x.nh, nr, t->qt, d, t->st, ld);
+    } else {
+      k = attn__cpu_view_keys(pb, &pb->k, x.b, j0, bc, x.hk, t->k, &ldk);
+      v = attn__cpu_view_keys(pb, &pb->v, x.b, j0, bc, x.hk, t->v, &ldv);
+      /* One product per head, of the backward's shape: OpenBLAS rounds an
+       * element of a product differently for different widths n (see
+       * attn__cpu_qk_few), and the backward's P = exp(S - lse) needs the
+       * forward's S to the bit. */
+      for (int hx = 0; hx < x.nh; hx++)
+        attn__cpu_gemm(0, 0, bc, nr, d, pb->scale, k, ldk, t->qt + hx * nr, ld, 0.0f,
+                       t->st + hx * nr, ld);
     }
+    for (int hx = 0; hx < x.nh; hx++)
+      attn__cpu_scores(pb, x.b, x.h0 + hx, x.i0, nr, j0, bc, nq, nk, t->st + hx * nr, ld, NULL);
     attn__cpu_softmax_cols(t->st, bc, br, ld, t->m, t->l, t->alpha);
     for (int r = 0; r < br; r++) {
       if (t->alpha[r] == 1.0f) continue;
@@ -202,7 +217,10 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
       for (int c = 0; c < d; c++)
         orow[c] *= alpha;
     }
-    attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->st, ld, v, ldv, 1.0f, t->o, d);
+    if (few)
+      attn__cpu_pv_few(pb, &pb->v, x.b, j0, bc, x.h0, x.nh, nr, t->st, ld, t->o);
+    else
+      attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->st, ld, v, ldv, 1.0f, t->o, d);
   }
 
   if (w->sc.splits > 1) {
@@ -281,8 +299,11 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
   cpu_fwd_work w;
   w.pb = pb;
   w.sc = *sc;
-  w.chunks = (group + sc->heads - 1) / sc->heads;
-  int64_t *units = attn__cpu_units(pb, 0, pb->heads_kv * w.chunks, sc->rows);
+  w.few_rows = cfg->few_rows;
+  w.chunks = sc->heads > group ? (pb->heads_q + sc->heads - 1) / sc->heads
+                               : (group + sc->heads - 1) / sc->heads;
+  int64_t *units =
+      attn__cpu_units(pb, 0, sc->heads > group ? w.chunks : pb->heads_kv * w.chunks, sc->rows);
   w.units = units;
   const int nthreads = attn__cpu_threads();
   const size_t per_thread = cpu_fwd_thread_floats(pb, cfg, sc);

@@ -29,6 +29,9 @@ typedef struct attn__cpu_config {
    * partial results, whatever num_splits asks for. */
   int split_fill;
   int split_min_blocks;
+  /* Query blocks of at most this many rows per head take the products of
+   * few rows (attn__cpu_qk_few), in the forward and the backward alike. */
+  int few_rows;
   size_t split_workspace;
   const char *forward_name, *backward_name; /* for attn__plan.name */
 } attn__cpu_config;
@@ -108,6 +111,26 @@ void attn__cpu_load_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t
                         float *hi, float *lo);
 void attn__cpu_store_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t nr, int64_t h,
                          const float *hi, const float *lo);
+
+/* S^T = scale K Q^T for a tile of few query rows per head, read straight
+ * from k: keys [j0, j0 + bc) of sequence b down; across, the nr rows of
+ * each query head of [h0, h0 + nh) (column x * nr + r: row r of head h0 +
+ * x, whichever kv head it reads), row stride ldq in q (f32); at st[key * ld
+ * + column]. Each element is one dot product taken in the same steps
+ * whatever the tile holds; sgemm's are not (an element of a 64 x n x 128
+ * product changes with n in a third of the elements, measured with
+ * OpenBLAS 0.3.21), so the forward can compute the scores of many heads at
+ * once and the backward those of one, and agree to the bit. Which query
+ * blocks take this path is the config's few_rows, in both passes. Keys are
+ * converted row by row in L1, with no tile gathered, and a tile that spans
+ * every kv head reads k's rows whole, in address order: a decoding step
+ * streams the cache at memory speed. */
+void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,
+                      int64_t h0, int nh, int nr, const float *q, int64_t ldq, float *st, int ld);
+/* O += P V, the same way: P^T (keys down, the tile's columns across, row
+ * stride ld), V read straight from v, O f32 with a row of d per column. */
+void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,
+                      int64_t h0, int nh, int nr, const float *pt, int ld, float *o);
 
 /* Turns s = scale * q.k of a transposed tile (keys [j0, j0 + bc) down,
  * query rows [i0, i0 + br) of query head h of sequence b across, element
