@@ -48,9 +48,9 @@ int cmd_bandwidth(int argc, char **argv) {
     const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       printf(
-          "usage: attn bandwidth [--backend SPEC] [--size MB] [--repeat R]\n"
+          "usage: attn bandwidth [--backend SPEC] [--size MIB] [--repeat R]\n"
           "The memory read rate of the device, the ceiling of attn run's GB/s for a memory-bound\n"
-          "call such as decoding. On the CPU backend: the sum of a buffer of MB megabytes\n"
+          "call such as decoding. On the CPU backend: the sum of a buffer of MIB mebibytes\n"
           "(default %d, or half the memory available if that is less), read by the backend's\n"
           "OpenMP threads (OMP_NUM_THREADS), the median of R passes (10) after one untimed.\n"
           "A GPU backend is refused: the library has no device-to-device copy to time\n"
