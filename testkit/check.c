@@ -23,12 +23,9 @@ static double factor(const char *out) {
   return out[0] == 'd' ? 3.0 : 2.0;
 }
 
-/* What the README allows for one output. Without a peer figure, lse is held
- * to float32 arithmetic on exact inputs (the README's rule for f16/bf16);
- * any other output falls back to a per-dtype relative bound. */
-static double bound_for(const char *out, attn_dtype dt, double peer, double maxref) {
-  double scale = maxref > 1 ? maxref : 1;
-  if (!isnan(peer)) return factor(out) * peer + 1e-6 * scale;
+double at_golden_bound(const char *out, attn_dtype dt, double peer, double maxref) {
+  double F = factor(out), scale = maxref > 1 ? maxref : 1;
+  if (!isnan(peer)) return F * peer + 1e-6 * scale;
   if (strcmp(out, "lse") == 0) return 1e-5 * scale;
   return (dt == ATTN_F32 ? 1e-5 : dt == ATTN_F16 ? 1e-2 : 2e-2) * scale;
 }
@@ -61,7 +58,7 @@ static void compare(at_golden_result *r, const char *out, const void *x, attn_dt
   }
   r->output = out;
   r->max_err = err;
-  r->bound = bound_for(out, case_dt, peer, maxref);
+  r->bound = at_golden_bound(out, case_dt, peer, maxref);
   r->peer = peer;
   r->ratio = isnan(peer) ? NAN : peer > 0 ? err / (factor(out) * peer) : NAN;
   r->num_splits = -1;

@@ -88,6 +88,13 @@ typedef struct at_golden_report {
   int pass; /* status OK and every result passes; never set for a skipped case */
 } at_golden_report;
 
+/* What the README allows for one output ("o", "lse", "dq", ...) of a case of
+   dtype dt whose reference's largest magnitude is maxref: F * peer + 1e-6 * max(1, maxref).
+   Without a peer figure (peer NAN), lse is held to float32 arithmetic on exact inputs
+   (1e-5 * max(1, maxref), the README's rule for f16/bf16), and any other output to a per-dtype
+   relative bound: 1e-5 (f32), 1e-2 (f16), 2e-2 (bf16) times max(1, maxref). */
+double at_golden_bound(const char *out, attn_dtype dt, double peer, double maxref);
+
 /* The num_splits values every forward case runs with: the backend's choice (0), none (1), and a
    forced split (3); each run is held to the same rule, and the backward takes the first run's o
    and lse. */
