@@ -139,8 +139,7 @@ int cmd_check(int argc, char **argv) {
       } else {
         if (rep.status != ATTN_OK)
           printf("%-26s %-4s cannot run: %s (%s)  FAIL\n", rep.n ? "" : g.name,
-                 rep.n ? "" : attn_dtype_name(g.dtype), rep.message,
-                 attn_status_name(rep.status));
+                 rep.n ? "" : attn_dtype_name(g.dtype), rep.message, attn_status_name(rep.status));
         if (!rep.pass) failed++;
       }
       at_golden_free(&g);

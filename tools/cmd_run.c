@@ -93,7 +93,9 @@ static int too_big(const run_opts *o, const char *what, double need, double have
 /* ---------------------------------------------------------------------- */
 
 /* Sizes were checked against memory before: the products cannot overflow.
- * src, when given, is the contents; else random ones, or zeros. */
+ * src, when given, is the contents; else random ones, or for an output
+ * all-ones bytes, NaN in every dtype, so that an element a call never
+ * writes fails the check. */
 static int make_tensor_of(attn_context *ctx, device_tensor *dt, attn_tensor shape, int random,
                           const void *src) {
   size_t count = 1;
@@ -104,6 +106,7 @@ static int make_tensor_of(attn_context *ctx, device_tensor *dt, attn_tensor shap
   if (!dt->host) return ATTN_ENOMEM;
   if (src) memcpy(dt->host, src, dt->bytes);
   if (random) fill_random(dt->host, shape.dtype, count);
+  if (!random && !src) memset(dt->host, 0xff, dt->bytes);
   int rc = attn_buffer_create(ctx, dt->bytes, &dt->buf);
   if (rc) return rc;
   dt->t = attn_tensor_on(shape, dt->buf, 0);
