@@ -650,6 +650,86 @@ static CPU_SIMD_CLONES void cpu_bias_cols_clones(const attn__tensor *bt, const c
   }
 }
 
+/* The same, eight rows by eight keys at a time where all of them are
+ * visible and the keys are adjacent (sd = 1): each 8 x 8 block of the bias
+ * is transposed in registers and added to eight score rows at once, where
+ * the scalar loop adds one element at a time, scattered a tile row apart.
+ * Measured on the build host, forward B=1 H=8 N=2048 d=64 f32, one
+ * thread, least CPU time of 18 runs: 200 ms without a bias, 219 ms with a
+ * full f32 one (0.91x) and 221 with a bf16 one; the scalar loop alone made
+ * it 0.80x. */
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,f16c"))) static inline __m256 cpu_bias8(const char *x, attn_dtype dt) {
+  switch (dt) {
+    case ATTN_F16:
+      return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x));
+    case ATTN_BF16:
+      return _mm256_castsi256_ps(
+          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)x)), 16));
+    default:
+      return _mm256_loadu_ps((const float *)x);
+  }
+}
+
+__attribute__((target("avx2,f16c"))) static void cpu_bias_cols_avx2(const attn__tensor *bt,
+                                                                    const char *bias, int br,
+                                                                    int bc, const int *c0,
+                                                                    const int *c1, float *st,
+                                                                    int ld) {
+  const size_t es = attn_dtype_size(bt->dtype);
+  int r = 0;
+  for (; r + 8 <= br; r += 8) {
+    /* The keys all eight rows see. */
+    int lo = 0, hi = bc;
+    for (int y = 0; y < 8; y++) {
+      lo = c0[r + y] > lo ? c0[r + y] : lo;
+      hi = c1[r + y] < hi ? c1[r + y] : hi;
+    }
+    int c = lo;
+    if (hi - lo >= 8) {
+      for (; c + 8 <= hi; c += 8) {
+        __m256 x[8];
+        for (int y = 0; y < 8; y++)
+          x[y] = cpu_bias8(bias + (size_t)((r + y) * bt->ss + c) * es, bt->dtype);
+        /* 8 x 8 transpose: x[y][k] becomes t[k][y]. */
+        const __m256 a0 = _mm256_unpacklo_ps(x[0], x[1]), a1 = _mm256_unpackhi_ps(x[0], x[1]);
+        const __m256 a2 = _mm256_unpacklo_ps(x[2], x[3]), a3 = _mm256_unpackhi_ps(x[2], x[3]);
+        const __m256 a4 = _mm256_unpacklo_ps(x[4], x[5]), a5 = _mm256_unpackhi_ps(x[4], x[5]);
+        const __m256 a6 = _mm256_unpacklo_ps(x[6], x[7]), a7 = _mm256_unpackhi_ps(x[6], x[7]);
+        const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xee);
+        const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xee);
+        const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xee);
+        const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xee);
+        const __m256 t[8] = {
+            _mm256_permute2f128_ps(b0, b4, 0x20), _mm256_permute2f128_ps(b1, b5, 0x20),
+            _mm256_permute2f128_ps(b2, b6, 0x20), _mm256_permute2f128_ps(b3, b7, 0x20),
+            _mm256_permute2f128_ps(b0, b4, 0x31), _mm256_permute2f128_ps(b1, b5, 0x31),
+            _mm256_permute2f128_ps(b2, b6, 0x31), _mm256_permute2f128_ps(b3, b7, 0x31)};
+        for (int k = 0; k < 8; k++) {
+          float *srow = st + (size_t)(c + k) * ld + r;
+          _mm256_storeu_ps(srow, _mm256_add_ps(_mm256_loadu_ps(srow), t[k]));
+        }
+      }
+    }
+    /* The rest of these rows' keys, one by one: those outside [lo, c). */
+    for (int y = 0; y < 8; y++) {
+      const int e = c1[r + y] < lo ? c1[r + y] : lo, f = c0[r + y] > c ? c0[r + y] : c;
+      for (int k = c0[r + y]; k < e; k++)
+        st[(size_t)k * ld + r + y] += attn__load(bias, bt->dtype, (r + y) * bt->ss + k);
+      for (int k = f; k < c1[r + y]; k++)
+        st[(size_t)k * ld + r + y] += attn__load(bias, bt->dtype, (r + y) * bt->ss + k);
+    }
+  }
+  for (; r < br; r++)
+    for (int k = c0[r]; k < c1[r]; k++)
+      st[(size_t)k * ld + r] += attn__load(bias, bt->dtype, r * bt->ss + k);
+}
+#define CPU_HAVE_AVX2() __builtin_cpu_supports("avx2")
+#else
+#define CPU_HAVE_AVX2() 0
+#define cpu_bias_cols_avx2(bt, bias, br, bc, c0, c1, st, ld) ((void)0)
+#endif
+
 void attn__cpu_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i0, int br, int64_t j0,
                       int bc, int64_t nq, int64_t nk, float *st, int ld, float *tanh_out) {
   const float cap = pb->softcap, slope = attn__problem_slope(pb, h);
@@ -687,10 +767,12 @@ void attn__cpu_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i0,
   if (pb->has_bias) {
     const attn__tensor *bt = &pb->bias;
     const int64_t e = b * bt->sb + h * bt->sh + i0 * bt->ss + j0 * bt->sd;
-    cpu_bias_cols_clones(bt,
-                         (const char *)bt->native + bt->offset +
-                             (ptrdiff_t)e * (ptrdiff_t)attn_dtype_size(bt->dtype),
-                         br, c0, c1, st, ld);
+    const char *bias = (const char *)bt->native + bt->offset +
+                       (ptrdiff_t)e * (ptrdiff_t)attn_dtype_size(bt->dtype);
+    if (bt->sd == 1 && CPU_HAVE_AVX2())
+      cpu_bias_cols_avx2(bt, bias, br, bc, c0, c1, st, ld);
+    else
+      cpu_bias_cols_clones(bt, bias, br, c0, c1, st, ld);
   }
 }
 
