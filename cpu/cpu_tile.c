@@ -503,42 +503,104 @@ CPU_FMA static inline __m128 cpu_hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a
   return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
+/* Eight elements from x of a row of dtype dt with unit column stride, as
+ * f32. Inlined where dt is fixed per loop. */
+CPU_FMA static inline __attribute__((always_inline)) __m256 cpu_load8(const char *row,
+                                                                      attn_dtype dt, int64_t x) {
+  switch (dt) {
+    case ATTN_F16:
+      return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + x)));
+    case ATTN_BF16:
+      return _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + x))),
+          16));
+    default:
+      return _mm256_loadu_ps((const float *)row + x);
+  }
+}
+
+/* cpu_dot4's sums with fused multiply-adds, in two chains per row (16
+ * elements a step) so that eight are in flight, as two FMA units of 4
+ * cycles' latency need: with one chain per row the loop ran at half the
+ * rate. k is a row of dtype kdt (unit stride), converted in registers. */
+CPU_FMA static inline __attribute__((always_inline)) __m128 cpu_dot4_fma(
+    const char *k, attn_dtype kdt, const float *q0, const float *q1, const float *q2,
+    const float *q3, int64_t d) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  int64_t x = 0;
+  for (; x + 16 <= d; x += 16) {
+    const __m256 k0 = cpu_load8(k, kdt, x), k1 = cpu_load8(k, kdt, x + 8);
+    a0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q0 + x), a0);
+    b0 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q0 + x + 8), b0);
+    a1 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q1 + x), a1);
+    b1 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q1 + x + 8), b1);
+    a2 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q2 + x), a2);
+    b2 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q2 + x + 8), b2);
+    a3 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q3 + x), a3);
+    b3 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q3 + x + 8), b3);
+  }
+  if (x < d) {
+    const __m256 k0 = cpu_load8(k, kdt, x);
+    a0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q0 + x), a0);
+    a1 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q1 + x), a1);
+    a2 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q2 + x), a2);
+    a3 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q3 + x), a3);
+  }
+  return cpu_hsum4(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1), _mm256_add_ps(a2, b2),
+                   _mm256_add_ps(a3, b3));
+}
+
+/* The columns [c0, c1) of one key row k (dtype kdt, unit stride). */
+CPU_FMA static inline __attribute__((always_inline)) void cpu_qk_row_fma(
+    const char *k, attn_dtype kdt, const float *q, int64_t ldq, int c0, int c1, int64_t d,
+    __m128 sc, float *srow) {
+  for (int c = c0; c < c1; c += 4) {
+    /* Past the last column, the last one again (see cpu_qk_few_clones). */
+    const float *q0 = q + c * ldq;
+    const float *q1 = c + 1 < c1 ? q0 + ldq : q0;
+    const float *q2 = c + 2 < c1 ? q0 + 2 * ldq : q1;
+    const float *q3 = c + 3 < c1 ? q0 + 3 * ldq : q2;
+    float out[4];
+    _mm_storeu_ps(out, _mm_mul_ps(sc, cpu_dot4_fma(k, kdt, q0, q1, q2, q3, d)));
+    for (int x = 0; x < 4 && c + x < c1; x++)
+      srow[c + x] = out[x];
+  }
+}
+
 CPU_FMA static void cpu_qk_few_fma(const attn__problem *pb, const attn__tensor *t, int64_t b,
                                    int64_t j0, int bc, int64_t h0, int nh, int nr, const float *q,
                                    int64_t ldq, float scale, float *st, int ld) {
   const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
   const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
-  const int f16c = t->dtype == ATTN_F16, direct = t->dtype == ATTN_F32 && t->sd == 1;
+  const attn_dtype dt = t->dtype;
+  const ptrdiff_t hstep = (ptrdiff_t)t->sh * (ptrdiff_t)attn_dtype_size(dt);
   float kf[ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
   const __m128 sc = _mm_set1_ps(scale);
   for (int a = 0; a < bc; a++) {
     float *srow = st + (size_t)a * ld;
+    const char *base = cpu_key_at(pb, t, b, j0 + a, 0);
     for (int64_t hk = hk0; hk <= hk1; hk++) {
       int c0, c1;
       cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
-      const char *row = cpu_key_at(pb, t, b, j0 + a, hk);
-      const float *k = (const float *)row;
-      if (!direct) {
-        cpu_row_f32(row, t->dtype, t->sd, d, f16c, kf);
-        k = kf;
-      }
-      for (int c = c0; c < c1; c += 4) {
-        const float *q0 = q + c * ldq;
-        const float *q1 = c + 1 < c1 ? q0 + ldq : q0;
-        const float *q2 = c + 2 < c1 ? q0 + 2 * ldq : q1;
-        const float *q3 = c + 3 < c1 ? q0 + 3 * ldq : q2;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t x = 0; x < d; x += 8) {
-          const __m256 kx = _mm256_loadu_ps(k + x);
-          a0 = _mm256_fmadd_ps(kx, _mm256_loadu_ps(q0 + x), a0);
-          a1 = _mm256_fmadd_ps(kx, _mm256_loadu_ps(q1 + x), a1);
-          a2 = _mm256_fmadd_ps(kx, _mm256_loadu_ps(q2 + x), a2);
-          a3 = _mm256_fmadd_ps(kx, _mm256_loadu_ps(q3 + x), a3);
+      const char *row = base + hk * hstep;
+      /* A row read by one group of four columns is converted in
+       * registers; one read by more, once into kf. The sums are the same
+       * either way. */
+      if (t->sd == 1 && (dt == ATTN_F32 || c1 - c0 <= 4)) {
+        switch (dt) {
+          case ATTN_F16:
+            cpu_qk_row_fma(row, ATTN_F16, q, ldq, c0, c1, d, sc, srow);
+            break;
+          case ATTN_BF16:
+            cpu_qk_row_fma(row, ATTN_BF16, q, ldq, c0, c1, d, sc, srow);
+            break;
+          default:
+            cpu_qk_row_fma(row, ATTN_F32, q, ldq, c0, c1, d, sc, srow);
+            break;
         }
-        float out[4];
-        _mm_storeu_ps(out, _mm_mul_ps(sc, cpu_hsum4(a0, a1, a2, a3)));
-        for (int x = 0; x < 4 && c + x < c1; x++)
-          srow[c + x] = out[x];
+      } else {
+        cpu_row_f32(row, dt, t->sd, d, dt == ATTN_F16, kf);
+        cpu_qk_row_fma((const char *)kf, ATTN_F32, q, ldq, c0, c1, d, sc, srow);
       }
     }
   }
@@ -552,7 +614,11 @@ CPU_FMA static void cpu_pv_few_fma(const attn__problem *pb, const attn__tensor *
   const int f16c = t->dtype == ATTN_F16, direct = t->dtype == ATTN_F32 && t->sd == 1;
   static const float zero[ATTN_MAX_HEAD_DIM];
   float vf[4][ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
+  const ptrdiff_t hstep = (ptrdiff_t)t->sh * (ptrdiff_t)attn_dtype_size(t->dtype);
   for (int a = 0; a < bc; a += 4) {
+    const char *base[4] = {NULL, NULL, NULL, NULL};
+    for (int y = 0; y < 4 && a + y < bc; y++)
+      base[y] = cpu_key_at(pb, t, b, j0 + a + y, 0);
     for (int64_t hk = hk0; hk <= hk1; hk++) {
       int c0, c1;
       cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
@@ -563,7 +629,7 @@ CPU_FMA static void cpu_pv_few_fma(const attn__problem *pb, const attn__tensor *
           v[y] = zero;
           continue;
         }
-        const char *row = cpu_key_at(pb, t, b, j0 + a + y, hk);
+        const char *row = base[y] + hk * hstep;
         v[y] = (const float *)row;
         if (!direct) {
           cpu_row_f32(row, t->dtype, t->sd, d, f16c, vf[y]);
