@@ -1,15 +1,15 @@
 /*
  * CPU forward pass: FlashAttention's Algorithm 1 with the FlashAttention-2
  * loop order. One work unit is a tile of query rows (sequence b, a block of
- * rows of one query head, or of each of several heads sharing a kv head:
- * see attn__cpu_schedule); its rows stay in the tile while the visible
- * blocks of Bc keys stream by:
+ * rows of one query head, or of each of several heads: see
+ * attn__cpu_schedule); its rows stay in the tile while the visible blocks
+ * of Bc keys stream by:
  *
- *   S   = scale * Q K^T                      (sgemm)
+ *   S   = scale * Q K^T                      (sgemm; few rows: attn__cpu_qk_few)
  *   S   = softcap / ALiBi / window mask, + bias  (attn__cpu_scores)
  *   m_i = max(m_i, rowmax S), alpha = exp(m_old - m_i)
  *   P   = exp(S - m_i), l_i = alpha l_i + rowsum P
- *   O   = diag(alpha) O + P V                (sgemm)
+ *   O   = diag(alpha) O + P V                (sgemm; few rows: attn__cpu_pv_few)
  *
  * and finally the sink folded in (attn__sink_fold), O = O / l_i, lse = m_i +
  * log l_i. The score tile is kept transposed, S^T = K Q^T (keys down,
@@ -279,12 +279,12 @@ static void cpu_fwd_merge(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t
       }
       int64_t lo, hi;
       attn__problem_key_range(pb, x.i0 + r, nq, nk, &lo, &hi);
-      const int none = lse == -INFINITY;
-      cpu_fwd_finish(pb, x.h0 + hx, lo < hi, lse,
-                     none         ? 0.0f
-                     : lse == lse ? 1.0f
-                                  : NAN,
-                     orow, &t->lse[y], &t->lo[y]);
+      /* As a row's running max and sum: (lse, 1), or (-inf, 0) for a row
+       * that saw nothing in any part, or NaN. */
+      float l = 1.0f;
+      if (lse == -INFINITY) l = 0.0f;
+      if (lse != lse) l = NAN;
+      cpu_fwd_finish(pb, x.h0 + hx, lo < hi, lse, l, orow, &t->lse[y], &t->lo[y]);
     }
   for (int hx = 0; hx < x.nh; hx++) {
     attn__cpu_store(pb, &pb->o, x.b, rq, x.nr, x.h0 + hx, t->o + (size_t)hx * x.nr * d, d);

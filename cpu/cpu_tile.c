@@ -488,11 +488,11 @@ static CPU_SIMD_CLONES void cpu_pv_few_clones(const attn__problem *pb, const att
  * 8 (a fixed choice per machine and head dimension, so the forward and the
  * backward still agree): fused multiply-adds halve the arithmetic of the
  * portable loops, which gcc may not contract (the library is built as ISO
- * C, -ffp-contract=off), and P V takes four keys per pass over an output
- * row, a quarter of its loads and stores. Measured on the build host, one
- * thread, B=1 Hq=32 Hkv=8 d=128 and 2048 keys (in cache): f32 1.58 ms
- * against 2.23 for the portable loops; bf16 about even (1.3-1.6 against
- * 1.4-1.5: there the conversion is the cost). */
+ * C, -ffp-contract=off), 16-bit rows are converted in registers, and P V
+ * keeps its output rows in registers across keys. Measured on the build
+ * host, one thread, B=1 Hq=32 Hkv=8 d=128, 256 keys (in cache), least of 5
+ * runs: 0.103 ms in bf16 and in f32, against 0.165 and 0.175 for the
+ * portable loops. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define CPU_FMA __attribute__((target("avx2,fma,f16c")))
 #define CPU_HAVE_FMA() (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
