@@ -1,0 +1,264 @@
+/*
+ * The decoding family (FlashDecoding), shared by its kernels: the forward
+ * pass for a few query rows over a long KV cache, where the grid of the
+ * other families (query blocks x heads x sequences) leaves the device idle
+ * and every query head re-reads its K/V head.
+ *
+ * A block owns (sequence, KV head, block of kRows query rows, key split).
+ * Its rows are those of every query head that shares the KV head (GQA
+ * packing: row r of the block is query row (r0 + r) / group of head
+ * hk * group + (r0 + r) % group), so K and V are read once per KV head. The
+ * block's keys (those its rows see, cut into `splits` parts of whole
+ * kTile-key tiles) are dealt to its warps tile by tile, warp w taking tiles
+ * w, w + NW, ...; each warp streams its tiles through its own shared-memory
+ * slots and keeps its own online softmax (m_i, l_i, O_i) over all the rows,
+ * so the loop has no block-wide barrier. At the end the warps' states merge
+ * through shared memory (block_end); a block of an unsplit problem then
+ * finishes its rows into o and lse (the sink folded in, rows with no key
+ * decided by common.cuh's row_seen), a split block writes its state (m, l,
+ * unnormalized O) to the workspace and combine_kernel (decode.cu) merges the
+ * splits the same way and finishes the rows.
+ *
+ * Scores are in the log2 domain as in the tensor-core family (score_log2;
+ * the bias joins as bias * log2(e)); m_i is kept in it until a row is
+ * finished, where it becomes natural for sink_fold and lse_store.
+ */
+#ifndef ATTN_CUDA_DECODE_CUH
+#define ATTN_CUDA_DECODE_CUH
+
+#include "attn_cuda.h"
+#include "common.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace attn_decode {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+/* Query rows a block: one m16 tile of the tensor cores. */
+constexpr int kRows = 16;
+/* Keys a warp takes per step: one k16 step of P V. */
+constexpr int kTile = 16;
+
+/* One operand: p already at (native + offset); strides in elements. */
+struct dtensor {
+  char *p;
+  long long sb, ss, sh, sd;
+};
+
+/* Everything the kernels read, by value. Lengths and key indices are int:
+ * the plan gives this family no sequence of 2^30 rows or more and no more
+ * than 2^31 - 1 pages. */
+struct dparams {
+  dtensor q, k, v, o, lse, bias;
+  const int32_t *cu_q, *cu_k; /* device, batch + 1; NULL for bshd (cu_k: and paged) */
+  const float *alibi;         /* device, heads_q slopes; NULL for none */
+  const int32_t *used;        /* seqused_k, device; NULL: every row of the capacity */
+  long long used_sb;
+  const int32_t *bt; /* block table, device; NULL: not paged */
+  long long bt_sb, bt_ss;
+  const float *sinks; /* device, NULL for none */
+  long long sinks_sh;
+  int bias_dtype, has_bias, has_lse;
+  int batch, hq, hkv, group, d;
+  int seqlen_q, seqlen_k; /* bshd lengths (seqlen_k the capacity); varlen: the longest */
+  int nnew;               /* rows appended this call (already in the cache) */
+  int page_size, num_pages;
+  int wl, wr; /* -1 = unbounded */
+  float scale_log2, softcap_log2, softcap_inv;
+  int rblocks; /* blocks of kRows rows per KV head */
+  int splits;
+  /* Split blocks' states: (m in the log2 domain, l) per [split][row] and
+   * the unnormalized O per [split][row][d], row = global query row * hq +
+   * head. */
+  float2 *ws_ml;
+  float *ws_acc;
+  long long rows; /* total_q * hq */
+};
+
+/* Fills P from a launch (decode.cu). */
+dparams make_params(const attn__cuda_launch *L, int splits);
+/* Merges the splits' states into o and lse (decode.cu). */
+int combine(const attn__cuda_launch *L, const dparams &P);
+
+/* The blocks' grid: x = (split * rblocks + row block) * hkv + KV head (heads
+ * fastest, so that the blocks running together read the same key rows of
+ * every head), y = sequence. */
+__device__ __forceinline__ void block_coords(const dparams &P, int *hk, int *rb, int *split) {
+  int x = blockIdx.x;
+  *hk = x % P.hkv;
+  x /= P.hkv;
+  *rb = x % P.rblocks;
+  *split = x / P.rblocks;
+}
+
+/* Sequence b as the kernels see it. */
+struct dseq {
+  int nq, nk;     /* query rows; keys attended (used + appended, or the capacity) */
+  long long q0;   /* first row in q, o and lse (varlen), else 0 */
+  long long k0;   /* first row in k and v (varlen, not paged), else 0 */
+  long long row0; /* first row over the batch: the workspace's */
+};
+
+__device__ __forceinline__ dseq seq_of(const dparams &P, int b) {
+  dseq s;
+  int cap;
+  if (P.cu_q) {
+    s.q0 = P.cu_q[b];
+    s.nq = P.cu_q[b + 1] - P.cu_q[b];
+    s.row0 = s.q0;
+  } else {
+    s.q0 = 0;
+    s.nq = P.seqlen_q;
+    s.row0 = (long long)b * P.seqlen_q;
+  }
+  if (P.cu_k) {
+    s.k0 = P.cu_k[b];
+    cap = P.cu_k[b + 1] - P.cu_k[b];
+  } else {
+    s.k0 = 0;
+    cap = P.seqlen_k;
+  }
+  s.nk = P.used ? seq_used(P.used, P.used_sb, b, cap, P.nnew) + P.nnew : cap;
+  return s;
+}
+
+/* The element offset of key row j of sequence b in k or v (t), before the
+ * head and column terms. */
+template <bool PAGED>
+__device__ __forceinline__ long long key_row(const dparams &P, const dtensor &t, int b,
+                                             const dseq &s, int j) {
+  if (PAGED) return paged_row(P.bt, P.bt_sb, P.bt_ss, b, j, P.page_size, P.num_pages, t.sb, t.ss);
+  return (long long)b * t.sb + (s.k0 + j) * t.ss;
+}
+
+/* Whether query row i sees a key, by the mask. */
+__device__ __forceinline__ bool mask_seen(const dparams &P, int i, const dseq &s) {
+  int lo, hi;
+  key_range(diag(i, s.nq, s.nk), s.nk, P.wl, P.wr, &lo, &hi);
+  return lo < hi;
+}
+
+/* A row's last step, from its max m (log2 domain) and sum l over all its
+ * keys: the sink folded in (common.cuh), whether it saw a key, its natural
+ * lse as (m, l) for lse_store, and the factor of its accumulator. */
+struct row_end {
+  float m, l, mul;
+  bool seen;
+};
+__device__ __forceinline__ row_end finish_row(const dparams &P, int h, bool mask, float m_log2,
+                                              float l) {
+  row_end e;
+  e.m = m_log2 * kLn2;
+  e.l = l;
+  float a = 1.f;
+  if (P.sinks) {
+    a = sink_fold(__ldg(P.sinks + h * P.sinks_sh), &e.m, &e.l);
+    e.seen = true; /* the sink is always seen: no key gives o = 0, lse = sink */
+  } else {
+    e.seen = row_seen(mask, P.has_bias != 0, e.m);
+  }
+  /* seen with l = 0 (every score -inf without a bias: infinite inputs)
+   * gives 0 * inf = NaN, as lse_store's NaN. */
+  e.mul = e.seen ? a / e.l : 0.f;
+  return e;
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+/* Query row i of head h, sequence b: its o row and its lse. */
+template <typename T>
+__device__ __forceinline__ T *o_row(const dparams &P, int b, const dseq &s, int i, int h) {
+  return (T *)P.o.p + (long long)b * P.o.sb + (s.q0 + i) * P.o.ss + (long long)h * P.o.sh;
+}
+__device__ __forceinline__ float *lse_row(const dparams &P, int b, const dseq &s, int i, int h) {
+  return (float *)P.lse.p + (long long)b * P.lse.sb + (s.q0 + i) * P.lse.ss +
+         (long long)h * P.lse.sh;
+}
+
+/* Row stride of the warps' O in shared memory (floats): 4 past D, so that
+ * the 8 rows a quad-strided store touches fall in distinct banks. */
+template <int D>
+__host__ __device__ constexpr int acc_ld() {
+  return D + 4;
+}
+
+/* The block's last step. The NW warps' states are in shared memory: O as
+ * [NW][kRows][acc_ld<D>()] floats (relative to each warp's m), m (log2)
+ * and l as [NW][kRows]. Row by row they merge (FlashAttention's rescaling:
+ * a warp with m = -inf weighs 0, and 0 * NaN keeps a NaN it carries);
+ * then an unsplit block finishes the row into o and lse, a split block
+ * writes (m, l, O) for combine_kernel. The block's threads take the rows'
+ * columns four at a time (d is a multiple of 4). */
+template <typename T, int D, int NW>
+__device__ __forceinline__ void block_end(const dparams &P, const float *sAcc, const float *sM,
+                                          const float *sL, int b, const dseq &sq, int hk, int r0,
+                                          int rn, int split) {
+  constexpr int C4 = D / 4, ALD = acc_ld<D>();
+  for (int it = threadIdx.x; it < rn * C4; it += NW * 32) {
+    const int row = it / C4, c = (it % C4) * 4;
+    if (c >= P.d) continue;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NW; ++w)
+      M = fmaxf(M, sM[w * kRows + row]);
+    float L = 0.f;
+    float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float mw = sM[w * kRows + row];
+      const float f = mw == -INFINITY ? 0.f : ex2(mw - M);
+      const float4 a = *(const float4 *)(sAcc + (w * kRows + row) * ALD + c);
+      L += f * sL[w * kRows + row];
+      O.x += f * a.x;
+      O.y += f * a.y;
+      O.z += f * a.z;
+      O.w += f * a.w;
+    }
+    const int rr = r0 + row, i = rr / P.group, h = hk * P.group + rr % P.group;
+    if (P.splits > 1) {
+      const long long at = split * P.rows + (sq.row0 + i) * P.hq + h;
+      *(float4 *)(P.ws_acc + at * P.d + c) = O;
+      if (c == 0) P.ws_ml[at] = make_float2(M, L);
+      continue;
+    }
+    const row_end e = finish_row(P, h, mask_seen(P, i, sq), M, L);
+    T *orow = o_row<T>(P, b, sq, i, h) + c * P.o.sd;
+    orow[0] = from_float<T>(O.x * e.mul);
+    orow[P.o.sd] = from_float<T>(O.y * e.mul);
+    orow[2 * P.o.sd] = from_float<T>(O.z * e.mul);
+    orow[3 * P.o.sd] = from_float<T>(O.w * e.mul);
+    if (c == 0 && P.has_lse) lse_store(lse_row(P, b, sq, i, h), P.lse.sd, e.seen, e.m, e.l);
+  }
+}
+
+/* The split of the block's keys [jlo, jhi) (those its rows see) that split
+ * s of n takes, as whole tiles [*tb, *te) of kTile keys: the same count to
+ * every split but the last ones, which may have fewer or none. */
+__device__ __forceinline__ void split_tiles(int jlo, int jhi, int s, int n, int *tb, int *te) {
+  *tb = *te = 0;
+  if (jlo >= jhi) return;
+  const int t0 = jlo / kTile, t1 = (jhi + kTile - 1) / kTile;
+  const int per = (t1 - t0 + n - 1) / n;
+  *tb = min(t1, t0 + s * per);
+  *te = min(t1, *tb + per);
+}
+
+}  // namespace attn_decode
+
+#endif /* ATTN_CUDA_DECODE_CUH */
