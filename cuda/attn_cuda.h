@@ -93,6 +93,7 @@ extern const attn__cuda_rows attn__cuda_general_rows_f32;
 extern const attn__cuda_rows attn__cuda_general_rows_f16;
 extern const attn__cuda_rows attn__cuda_general_rows_bf16;
 extern const attn__cuda_rows attn__cuda_decode_rows;
+extern const attn__cuda_rows attn__cuda_decode_rows_f32;
 
 /* The head dim a family's kernels are built for: the exact one for the
  * tensor cores, else the next of 32, 64, 96, 128, 192, 256. */

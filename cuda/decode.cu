@@ -59,7 +59,6 @@ __global__ void __launch_bounds__(kWarps * 32) mma_kernel(const dparams P) {
   constexpr int LD = D + kPad;
   constexpr int KD = D / 16; /* k-steps of Q K^T */
   constexpr int NO = D / 8;  /* n-tiles of O */
-  constexpr int CH = D / 8;  /* 16-byte chunks a row */
   constexpr int SLOT = 2 * kTile * LD;
   /* Q's fragments stay in registers up to d = 128; at 256 O alone takes
    * 128 of them, and Q is read from shared memory per tile. */
@@ -117,53 +116,12 @@ __global__ void __launch_bounds__(kWarps * 32) mma_kernel(const dparams P) {
     }
   }
 
-  /* Q: rows past the block's and columns past d are zeros. */
-  for (int c = tid; c < kRows * CH; c += NT) {
-    const int r = c / CH, col = (c % CH) * 8;
-    T *dst = sQ + r * LD + col;
-    if (col >= P.d) {
-      *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
-      continue;
-    }
-    const T *src = (const T *)P.q.p;
-    if (r < rn) {
-      const int rr = r0 + r, i = rr / P.group, h = hk * P.group + rr % P.group;
-      src += (long long)b * P.q.sb + (sq.q0 + i) * P.q.ss + (long long)h * P.q.sh + col;
-    }
-    cp_async16(dst, src, r < rn);
-  }
+  load_q<T, D, LD, NT>(sQ, P, b, sq, hk, r0, rn);
   cp_async_commit();
-  /* Columns past d of this warp's slots stay zero (the loads never write
-   * them), so K's never meet Q's in a NaN. */
-  if (P.d < D)
-    for (int c = lane; c < kStages * 2 * kTile * CH; c += 32) {
-      const int r = c / CH, col = (c % CH) * 8;
-      if (col >= P.d) *(uint4 *)(sW + r * LD + col) = make_uint4(0u, 0u, 0u, 0u);
-    }
-
-  /* Tile `tile` into slot `slot`: the warp's 32 lanes take a row's 16-byte
-   * chunks side by side (a row's d elements in one request). Keys outside
-   * [jlo, jhi) are zero-filled without reading the cache. */
-  const T *gk = (const T *)P.k.p + (long long)hk * P.k.sh;
-  const T *gv = (const T *)P.v.p + (long long)hk * P.v.sh;
+  zero_pad<T, D, LD>(sW, kStages * 2 * kTile, P.d);
   auto load = [&](int tile, int slot) {
-    T *sk = sW + slot * SLOT, *sv = sk + kTile * LD;
-    const int j0 = tile * kTile;
-#pragma unroll
-    for (int e = 0; e < kTile * CH / 32; ++e) {
-      const int idx = lane + 32 * e, r = idx / CH, col = (idx % CH) * 8;
-      if (col < P.d) {
-        const int j = j0 + r;
-        const bool in = j >= jlo && j < jhi;
-        const T *ks = (const T *)P.k.p, *vs = (const T *)P.v.p;
-        if (in) {
-          ks = gk + key_row<PAGED>(P, P.k, b, sq, j) + col;
-          vs = gv + key_row<PAGED>(P, P.v, b, sq, j) + col;
-        }
-        cp_async16(sk + r * LD + col, ks, in);
-        cp_async16(sv + r * LD + col, vs, in);
-      }
-    }
+    T *sk = sW + slot * SLOT;
+    load_kv<T, D, LD, PAGED>(sk, sk + kTile * LD, P, b, sq, hk, tile * kTile, jlo, jhi);
   };
 
   /* Prologue: kStages - 1 tiles in flight (one commit group each, empty

@@ -28,6 +28,7 @@
 
 #include "attn_cuda.h"
 #include "common.cuh"
+#include "mma_common.cuh" /* cp.async */
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -244,6 +245,74 @@ __device__ __forceinline__ void block_end(const dparams &P, const float *sAcc, c
     orow[2 * P.o.sd] = from_float<T>(O.z * e.mul);
     orow[3 * P.o.sd] = from_float<T>(O.w * e.mul);
     if (c == 0 && P.has_lse) lse_store(lse_row(P, b, sq, i, h), P.lse.sd, e.seen, e.m, e.l);
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Tiles in shared memory, as 16-byte chunks by cp.async (the plan gives    */
+/* this family rows of 16-byte chunks: d a multiple of 16 / sizeof(T))      */
+/* ---------------------------------------------------------------------- */
+
+/* The block's kRows query rows into sQ ([kRows][LD]) by its NT threads:
+ * padding rows and the columns past d are zeros. One commit group, the
+ * caller's to commit and wait for. */
+template <typename T, int D, int LD, int NT>
+__device__ __forceinline__ void load_q(T *sQ, const dparams &P, int b, const dseq &sq, int hk,
+                                       int r0, int rn) {
+  constexpr int E = 16 / sizeof(T), CH = D / E;
+  for (int c = threadIdx.x; c < kRows * CH; c += NT) {
+    const int r = c / CH, col = (c % CH) * E;
+    T *dst = sQ + r * LD + col;
+    if (col >= P.d) {
+      *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
+      continue;
+    }
+    const T *src = (const T *)P.q.p;
+    if (r < rn) {
+      const int rr = r0 + r, i = rr / P.group, h = hk * P.group + rr % P.group;
+      src += (long long)b * P.q.sb + (sq.q0 + i) * P.q.ss + (long long)h * P.q.sh + col;
+    }
+    attn_mma::cp_async16(dst, src, r < rn);
+  }
+}
+
+/* Zeros in the columns past d of `rows` rows of a tile ([rows][LD]), which
+ * the loads never write: K's padding then never meets Q's in a NaN. By the
+ * warp's lanes. */
+template <typename T, int D, int LD>
+__device__ __forceinline__ void zero_pad(T *s, int rows, int d) {
+  constexpr int E = 16 / sizeof(T), CH = D / E;
+  if (d < D)
+    for (int c = threadIdx.x % 32; c < rows * CH; c += 32) {
+      const int r = c / CH, col = (c % CH) * E;
+      if (col >= d) *(uint4 *)(s + r * LD + col) = make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+/* Keys j0 .. j0 + kTile - 1 of KV head hk into sk and sv ([kTile][LD]) by
+ * the warp's lanes, side by side along a row (a row's d elements in one
+ * request). Keys outside [jlo, jhi) are zero-filled without reading the
+ * cache, so no row past the used ones (or a bad page) is ever touched. */
+template <typename T, int D, int LD, bool PAGED>
+__device__ __forceinline__ void load_kv(T *sk, T *sv, const dparams &P, int b, const dseq &sq,
+                                        int hk, int j0, int jlo, int jhi) {
+  constexpr int E = 16 / sizeof(T), CH = D / E;
+  static_assert(kTile * CH % 32 == 0, "a tile is whole rounds of the warp");
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int e = 0; e < kTile * CH / 32; ++e) {
+    const int idx = lane + 32 * e, r = idx / CH, col = (idx % CH) * E;
+    if (col < P.d) {
+      const int j = j0 + r;
+      const bool in = j >= jlo && j < jhi;
+      const T *ks = (const T *)P.k.p, *vs = (const T *)P.v.p;
+      if (in) {
+        ks += key_row<PAGED>(P, P.k, b, sq, j) + (long long)hk * P.k.sh + col;
+        vs += key_row<PAGED>(P, P.v, b, sq, j) + (long long)hk * P.v.sh + col;
+      }
+      attn_mma::cp_async16(sk + r * LD + col, ks, in);
+      attn_mma::cp_async16(sv + r * LD + col, vs, in);
+    }
   }
 }
 

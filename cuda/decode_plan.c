@@ -18,8 +18,10 @@ int attn__cuda_decode_covers(const attn__problem *pb) {
   if (pb->seqlen_q >= lim || pb->seqlen_k >= lim || pb->total_q >= lim || pb->num_pages > INT32_MAX)
     return 0;
   if (pb->heads_q / pb->heads_kv * pb->seqlen_q > ATTN__CUDA_DECODE_MAX_ROWS) return 0;
-  if (pb->dtype == ATTN_F32) return 0;
-  /* The tensor-core kernel loads rows as 16-byte chunks. */
+  /* The kernels load rows as 16-byte chunks. */
+  if (pb->dtype == ATTN_F32)
+    return attn__cuda_rows4(&pb->q, pb) && attn__cuda_rows4(&pb->k, pb) &&
+           attn__cuda_rows4(&pb->v, pb);
   return pb->head_dim % 8 == 0 && attn__cuda_aligned16(&pb->q) && attn__cuda_aligned16(&pb->k) &&
          attn__cuda_aligned16(&pb->v);
 }
