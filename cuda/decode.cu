@@ -118,10 +118,10 @@ __global__ void __launch_bounds__(kWarps * 32) mma_kernel(const dparams P) {
 
   load_q<T, D, LD, NT>(sQ, P, b, sq, hk, r0, rn);
   cp_async_commit();
-  zero_pad<T, D, LD>(sW, kStages * 2 * kTile, P.d);
+  const kv_src<T, PAGED> src(P, b, sq, hk);
   auto load = [&](int tile, int slot) {
     T *sk = sW + slot * SLOT;
-    load_kv<T, D, LD, PAGED>(sk, sk + kTile * LD, P, b, sq, hk, tile * kTile, jlo, jhi);
+    load_kv<T, D, LD, PAGED>(sk, sk + kTile * LD, P, src, b, sq, tile * kTile, jlo, jhi);
   };
 
   /* Prologue: kStages - 1 tiles in flight (one commit group each, empty

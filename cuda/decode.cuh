@@ -254,7 +254,7 @@ __device__ __forceinline__ void block_end(const dparams &P, const float *sAcc, c
 /* ---------------------------------------------------------------------- */
 
 /* The block's kRows query rows into sQ ([kRows][LD]) by its NT threads:
- * padding rows and the columns past d are zeros. One commit group, the
+ * padding rows and the columns past d are zero-filled. One commit group, the
  * caller's to commit and wait for. */
 template <typename T, int D, int LD, int NT>
 __device__ __forceinline__ void load_q(T *sQ, const dparams &P, int b, const dseq &sq, int hk,
@@ -262,57 +262,72 @@ __device__ __forceinline__ void load_q(T *sQ, const dparams &P, int b, const dse
   constexpr int E = 16 / sizeof(T), CH = D / E;
   for (int c = threadIdx.x; c < kRows * CH; c += NT) {
     const int r = c / CH, col = (c % CH) * E;
-    T *dst = sQ + r * LD + col;
-    if (col >= P.d) {
-      *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
-      continue;
-    }
+    const bool in = r < rn && col < P.d;
     const T *src = (const T *)P.q.p;
-    if (r < rn) {
+    if (in) {
       const int rr = r0 + r, i = rr / P.group, h = hk * P.group + rr % P.group;
       src += (long long)b * P.q.sb + (sq.q0 + i) * P.q.ss + (long long)h * P.q.sh + col;
     }
-    attn_mma::cp_async16(dst, src, r < rn);
+    attn_mma::cp_async16(sQ + r * LD + col, src, in);
   }
 }
 
-/* Zeros in the columns past d of `rows` rows of a tile ([rows][LD]), which
- * the loads never write: K's padding then never meets Q's in a NaN. By the
- * warp's lanes. */
-template <typename T, int D, int LD>
-__device__ __forceinline__ void zero_pad(T *s, int rows, int d) {
-  constexpr int E = 16 / sizeof(T), CH = D / E;
-  if (d < D)
-    for (int c = threadIdx.x % 32; c < rows * CH; c += 32) {
-      const int r = c / CH, col = (c % CH) * E;
-      if (col >= d) *(uint4 *)(s + r * LD + col) = make_uint4(0u, 0u, 0u, 0u);
+/* Where a warp's tiles of KV head hk of sequence b come from: for a
+ * contiguous cache, key row 0 of the sequence; for a paged one, the head's
+ * offset within a page. */
+template <typename T, bool PAGED>
+struct kv_src {
+  const T *k, *v;
+  __device__ __forceinline__ kv_src(const dparams &P, int b, const dseq &sq, int hk) {
+    k = (const T *)P.k.p + (long long)hk * P.k.sh;
+    v = (const T *)P.v.p + (long long)hk * P.v.sh;
+    if (!PAGED) {
+      k += key_row<false>(P, P.k, b, sq, 0);
+      v += key_row<false>(P, P.v, b, sq, 0);
     }
-}
+  }
+};
 
-/* Keys j0 .. j0 + kTile - 1 of KV head hk into sk and sv ([kTile][LD]) by
- * the warp's lanes, side by side along a row (a row's d elements in one
- * request). Keys outside [jlo, jhi) are zero-filled without reading the
- * cache, so no row past the used ones (or a bad page) is ever touched. */
+/* Keys j0 .. j0 + kTile - 1 (j0 a multiple of kTile) into sk and sv
+ * ([kTile][LD]) by the warp's lanes, side by side along a row (a row's d
+ * elements in one request). Keys outside [jlo, jhi) and the columns past d
+ * are zero-filled without a read, so no row past the used ones is touched
+ * and K's padding never meets Q's in a NaN. The tile overlaps [jlo, jhi),
+ * so j0 and jlo are keys of the sequence: an address computed for them is
+ * one the block table has. */
 template <typename T, int D, int LD, bool PAGED>
-__device__ __forceinline__ void load_kv(T *sk, T *sv, const dparams &P, int b, const dseq &sq,
-                                        int hk, int j0, int jlo, int jhi) {
+__device__ __forceinline__ void load_kv(T *sk, T *sv, const dparams &P, const kv_src<T, PAGED> &src,
+                                        int b, const dseq &sq, int j0, int jlo, int jhi) {
   constexpr int E = 16 / sizeof(T), CH = D / E;
   static_assert(kTile * CH % 32 == 0, "a tile is whole rounds of the warp");
   const int lane = threadIdx.x % 32;
+  /* Pages of whole tiles (a multiple of kTile rows): the tile lies in one
+   * page, whose rows are ss apart, and one look-up serves it. */
+  const bool one_page = PAGED && P.page_size % kTile == 0;
+  long long k0 = 0, v0 = 0;
+  if (one_page) {
+    k0 = key_row<PAGED>(P, P.k, b, sq, j0);
+    v0 = key_row<PAGED>(P, P.v, b, sq, j0);
+  }
 #pragma unroll
   for (int e = 0; e < kTile * CH / 32; ++e) {
     const int idx = lane + 32 * e, r = idx / CH, col = (idx % CH) * E;
-    if (col < P.d) {
-      const int j = j0 + r;
-      const bool in = j >= jlo && j < jhi;
-      const T *ks = (const T *)P.k.p, *vs = (const T *)P.v.p;
-      if (in) {
-        ks += key_row<PAGED>(P, P.k, b, sq, j) + (long long)hk * P.k.sh + col;
-        vs += key_row<PAGED>(P, P.v, b, sq, j) + (long long)hk * P.v.sh + col;
-      }
-      attn_mma::cp_async16(sk + r * LD + col, ks, in);
-      attn_mma::cp_async16(sv + r * LD + col, vs, in);
+    const int j = j0 + r;
+    const bool in = j >= jlo && j < jhi && col < P.d;
+    const int jj = in ? j : jlo, cc = in ? col : 0;
+    long long ko, vo;
+    if (!PAGED) {
+      ko = (long long)jj * P.k.ss;
+      vo = (long long)jj * P.v.ss;
+    } else if (one_page) {
+      ko = k0 + (long long)r * P.k.ss;
+      vo = v0 + (long long)r * P.v.ss;
+    } else {
+      ko = key_row<PAGED>(P, P.k, b, sq, jj);
+      vo = key_row<PAGED>(P, P.v, b, sq, jj);
     }
+    attn_mma::cp_async16(sk + r * LD + col, src.k + ko + cc, in);
+    attn_mma::cp_async16(sv + r * LD + col, src.v + vo + cc, in);
   }
 }
 

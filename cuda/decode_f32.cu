@@ -103,10 +103,10 @@ __global__ void __launch_bounds__(f32_warps<D>() * 32) f32_kernel(const dparams 
 
   load_q<float, D, LD, NT>(sQ, P, b, sq, hk, r0, rn);
   cp_async_commit();
-  zero_pad<float, D, LD>(sW, kF32Stages * 2 * kTile, P.d);
+  const kv_src<float, PAGED> src(P, b, sq, hk);
   auto load = [&](int tile, int slot) {
     float *sk = sW + slot * SLOT;
-    load_kv<float, D, LD, PAGED>(sk, sk + kTile * LD, P, b, sq, hk, tile * kTile, jlo, jhi);
+    load_kv<float, D, LD, PAGED>(sk, sk + kTile * LD, P, src, b, sq, tile * kTile, jlo, jhi);
   };
   if (nit > 0) load(tb + warp, 0);
   cp_async_commit();
