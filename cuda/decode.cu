@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const dparams 
   float l = 0.f;
   for (int s = tid; s < P.splits; s += kCombineThreads) {
     const float2 ml = P.ws_ml[s * P.rows + row];
-    const float f = ml.x == -INFINITY ? 0.f : ex2(ml.x - m);
+    const float f = ml.x == -INFINITY ? 0.f : ex2((ml.x - m) * units<T>::to_log2);
     sf[s] = f;
     l += f * ml.y;
   }
@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const dparams 
   for (int w = 0; w < kCombineThreads / 32; ++w)
     l += red[1][w];
 
-  const row_end e = finish_row(P, h, mask_seen(P, i, sq), m, l);
+  const row_end e = finish_row<T>(P, h, mask_seen(P, i, sq), m, l);
   T *orow = o_row<T>(P, b, sq, i, h);
   const float *acc = P.ws_acc + row * P.d;
   const long long sstride = P.rows * P.d;
@@ -418,6 +418,9 @@ dparams make_params(const attn__cuda_launch *L, int splits) {
    * the rest fit in int (lengths < 2^30, plan.c). */
   P.wl = (int)pb->window_left;
   P.wr = (int)pb->window_right;
+  P.scale = pb->scale;
+  P.softcap = pb->softcap;
+  P.inv_softcap = pb->softcap > 0.f ? 1.f / pb->softcap : 0.f;
   P.scale_log2 = pb->scale * kLog2e;
   P.softcap_log2 = pb->softcap * kLog2e;
   P.softcap_inv = pb->softcap > 0.f ? pb->scale / pb->softcap : 0.f;

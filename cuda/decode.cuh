@@ -19,8 +19,9 @@
  * unnormalized O) to the workspace and combine_kernel (decode.cu) merges the
  * splits the same way and finishes the rows.
  *
- * Scores are in the log2 domain as in the tensor-core family (score_log2;
- * the bias joins as bias * log2(e)); m_i is kept in it until a row is
+ * Scores are in log2 units for f16/bf16, as in the tensor-core family
+ * (score_log2; the bias joins as bias * log2(e)), and natural for f32, as in
+ * the general family (score); m_i keeps the kernel's units until a row is
  * finished, where it becomes natural for sink_fold and lse_store.
  */
 #ifndef ATTN_CUDA_DECODE_CUH
@@ -67,11 +68,12 @@ struct dparams {
   int seqlen_q, seqlen_k; /* bshd lengths (seqlen_k the capacity); varlen: the longest */
   int nnew;               /* rows appended this call (already in the cache) */
   int page_size, num_pages;
-  int wl, wr; /* -1 = unbounded */
-  float scale_log2, softcap_log2, softcap_inv;
-  int rblocks; /* blocks of kRows rows per KV head */
+  int wl, wr;                                  /* -1 = unbounded */
+  float scale, softcap, inv_softcap;           /* natural units (f32) */
+  float scale_log2, softcap_log2, softcap_inv; /* log2 units (f16, bf16) */
+  int rblocks;                                 /* blocks of kRows rows per KV head */
   int splits;
-  /* Split blocks' states: (m in the log2 domain, l) per [split][row] and
+  /* Split blocks' states: (m in the kernel's units, l) per [split][row] and
    * the unnormalized O per [split][row][d], row = global query row * hq +
    * head. */
   float2 *ws_ml;
@@ -142,17 +144,33 @@ __device__ __forceinline__ bool mask_seen(const dparams &P, int i, const dseq &s
   return lo < hi;
 }
 
-/* A row's last step, from its max m (log2 domain) and sum l over all its
- * keys: the sink folded in (common.cuh), whether it saw a key, its natural
- * lse as (m, l) for lse_store, and the factor of its accumulator. */
+/* The units of a kernel's scores and row maxima. f16/bf16 (the tensor-core
+ * kernel) work in log2 units, as the tensor-core family: the scale folds
+ * into one multiply. f32 works in natural units, as the general family: a
+ * large logit converted to log2 units is rounded once more, and exp(s -
+ * lse) loses those bits (the big_logits golden case). to_log2 takes a
+ * difference of scores to ex2's units, to_nat a max to natural units. */
+template <typename T>
+struct units {
+  static constexpr float to_log2 = 1.f, to_nat = kLn2;
+};
+template <>
+struct units<float> {
+  static constexpr float to_log2 = kLog2e, to_nat = 1.f;
+};
+
+/* A row's last step, from its max m (in T's kernel's units) and sum l over
+ * all its keys: the sink folded in (common.cuh), whether it saw a key, its
+ * natural lse as (m, l) for lse_store, and the factor of its accumulator. */
 struct row_end {
   float m, l, mul;
   bool seen;
 };
-__device__ __forceinline__ row_end finish_row(const dparams &P, int h, bool mask, float m_log2,
+template <typename T>
+__device__ __forceinline__ row_end finish_row(const dparams &P, int h, bool mask, float m,
                                               float l) {
   row_end e;
-  e.m = m_log2 * kLn2;
+  e.m = m * units<T>::to_nat;
   e.l = l;
   float a = 1.f;
   if (P.sinks) {
@@ -223,7 +241,7 @@ __device__ __forceinline__ void block_end(const dparams &P, const float *sAcc, c
 #pragma unroll
     for (int w = 0; w < NW; ++w) {
       const float mw = sM[w * kRows + row];
-      const float f = mw == -INFINITY ? 0.f : ex2(mw - M);
+      const float f = mw == -INFINITY ? 0.f : ex2((mw - M) * units<T>::to_log2);
       const float4 a = *(const float4 *)(sAcc + (w * kRows + row) * ALD + c);
       L += f * sL[w * kRows + row];
       O.x += f * a.x;
@@ -238,7 +256,7 @@ __device__ __forceinline__ void block_end(const dparams &P, const float *sAcc, c
       if (c == 0) P.ws_ml[at] = make_float2(M, L);
       continue;
     }
-    const row_end e = finish_row(P, h, mask_seen(P, i, sq), M, L);
+    const row_end e = finish_row<T>(P, h, mask_seen(P, i, sq), M, L);
     T *orow = o_row<T>(P, b, sq, i, h) + c * P.o.sd;
     orow[0] = from_float<T>(O.x * e.mul);
     orow[P.o.sd] = from_float<T>(O.y * e.mul);

@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(f32_warps<D>() * 32) f32_kernel(const dparams 
     const int rr = r0 + tid, i = rr / P.group, h = hk * P.group + rr % P.group;
     sDg[tid] = diag(i, sq.nq, sq.nk);
     key_range(sDg[tid], sq.nk, P.wl, P.wr, &sLo[tid], &sHi[tid]);
-    sSlope[tid] = SCORED && P.alibi ? __ldg(P.alibi + h) * kLog2e : 0.f;
+    sSlope[tid] = SCORED && P.alibi ? __ldg(P.alibi + h) : 0.f;
     sBrow[tid] = (long long)b * P.bias.sb + (long long)h * P.bias.sh + (long long)i * P.bias.ss;
   }
 
@@ -154,7 +154,8 @@ __global__ void __launch_bounds__(f32_warps<D>() * 32) f32_kernel(const dparams 
         }
     }
 
-    /* Scores (log2 domain), the mask, the online softmax. */
+    /* Scores (natural units: score, common.cuh), the mask, the online
+     * softmax; exponentials of differences, which are small. */
     const bool full = j0 >= lo_l && j0 + kTile <= hi_f;
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
@@ -164,12 +165,11 @@ __global__ void __launch_bounds__(f32_warps<D>() * 32) f32_kernel(const dparams 
         float v;
         if (SCORED) {
           float th;
-          v = score_log2(s[r], P.scale_log2, P.softcap_log2 > 0.f, P.softcap_log2, P.softcap_inv,
-                         sSlope[r], sDg[r] - j, &th);
+          v = score(s[r], P.scale, P.softcap, P.inv_softcap, sSlope[r], sDg[r] - j, &th);
           if (P.has_bias && vis)
-            v += kLog2e * load_any(P.bias.p, P.bias_dtype, sBrow[r] + (long long)j * P.bias.sd);
+            v += load_any(P.bias.p, P.bias_dtype, sBrow[r] + (long long)j * P.bias.sd);
         } else {
-          v = s[r] * P.scale_log2;
+          v = __fmul_rn(s[r], P.scale); /* as score() rounds it */
         }
         v = vis ? v : -INFINITY;
         float mx = v;
@@ -177,11 +177,11 @@ __global__ void __launch_bounds__(f32_warps<D>() * 32) f32_kernel(const dparams 
         for (int x = 8; x > 0; x >>= 1)
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
         const float mn = fmaxf(m_i[r], mx);
-        /* No visible key yet: max -inf, and exp2(-inf - 0) = 0, not NaN. */
+        /* No visible key yet: max -inf, and exp(-inf - 0) = 0, not NaN. */
         const float mu = mn == -INFINITY ? 0.f : mn;
-        const float alpha = ex2(m_i[r] - mu);
+        const float alpha = ex2((m_i[r] - mu) * kLog2e);
         m_i[r] = mn;
-        const float p = ex2(v - mu);
+        const float p = ex2((v - mu) * kLog2e);
         /* Both halves hold the tile's 16 keys: l_i is a half's sum. */
         l_i[r] = l_i[r] * alpha + p;
 #pragma unroll
