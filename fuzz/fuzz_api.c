@@ -553,6 +553,13 @@ static int64_t capacity(const harness *h, int64_t b) {
   return k->ndim == 4 ? k->shape[1] : 0;
 }
 
+/* Sizes the entries are picked around, kept where the harness's own
+ * arithmetic on them cannot overflow (entries are int32 anyway). */
+static int64_t tame(int64_t x) {
+  const int64_t big = (int64_t)1 << 40;
+  return x < -big ? -big : x > big ? big : x;
+}
+
 /* The block table's entries: mostly pages that exist (entry f of the
  * table gets page f + c, so that sequences share none while there are
  * enough), else the edges of the range and of int32. */
@@ -561,7 +568,7 @@ static void fill_table(harness *h, fz_bytes *b) {
   unsigned char *m = slot_mem(h, s);
   if (!m) return;
   const attn_tensor *k = &h->s[T_K].t;
-  const int64_t pages = k->ndim == 4 && k->shape[0] > 0 ? k->shape[0] : 1;
+  const int64_t pages = k->ndim == 4 && k->shape[0] > 0 ? tame(k->shape[0]) : 1;
   const int64_t edge[] = {-1, pages, INT32_MIN, INT32_MAX, pages - 1, pages + 1, -pages, 0};
   size_t es = esize_of(s->t.dtype);
   walk w;
@@ -579,12 +586,12 @@ static void fill_seqused(harness *h, fz_bytes *b) {
   unsigned char *m = slot_mem(h, s);
   if (!m) return;
   const attn_tensor *kn = h->p.k_new;
-  const int64_t n_new = kn && kn->ndim >= 2 && kn->shape[1] > 0 ? kn->shape[1] : 0;
+  const int64_t n_new = kn && kn->ndim >= 2 && kn->shape[1] > 0 ? tame(kn->shape[1]) : 0;
   size_t es = esize_of(s->t.dtype);
   walk w;
   int64_t e, f = 0;
   for (walk_start(&w, &s->t, CAP_BYTES); walk_next(&w, &e); f++) {
-    const int64_t cap = capacity(h, f), room = cap - n_new;
+    const int64_t cap = tame(capacity(h, f)), room = cap - n_new;
     const int64_t edge[] = {-1, room + 1, cap, cap + 1, INT32_MIN, INT32_MAX, 0, -room};
     uint8_t c = fz_u8(b);
     int64_t v = c < 128   ? room - c % 4
