@@ -33,8 +33,8 @@
  *     which then hold k_new's and v_new's values;
  *   - a validation error of attn_supports is the error of the call itself;
  *     where attn_supports passed validation, the call fails validation only
- *     over what attn_supports does not take (o, lse, do, dq, dk, dv, and
- *     dbias's memory), and its verdict on the plan is attn_supports's
+ *     over what attn_supports does not take (o, lse, do, dq, dk, dv), and
+ *     its verdict on the plan is attn_supports's
  *     (ATTN_OK then no ATTN_EUNSUPPORTED, and the other way round);
  *   - attn_forward refuses dbias and dsinks, attn_backward the KV-cache
  *     fields; attn_merge refuses n outside 1..ATTN_MAX_MERGE;
@@ -100,6 +100,9 @@ enum {
 enum { KEEP, WRITTEN, APPENDED, APPENDED_AGAIN };
 
 static attn_context *cpu, *other, *failed;
+/* FUZZ_API_TRACE=1: each call's status and message on stderr, to see what
+ * a seed reaches (fuzz/api_seeds.py). */
+static int trace;
 
 typedef struct slot {
   attn_tensor t;
@@ -158,6 +161,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
   make_pattern();
+  trace = getenv("FUZZ_API_TRACE") != NULL;
   if (attn_context_create("cpu", &cpu) != ATTN_OK ||
       attn_context_create("cpu", &other) != ATTN_OK) {
     fprintf(stderr, "fuzz_api: no CPU context: %s\n", attn_errmsg(cpu));
@@ -763,6 +767,7 @@ static int is_validation(int rc) {
 }
 
 static void check_status(attn_context *ctx, int rc, const char *call) {
+  if (trace) fprintf(stderr, "%s: %s: %s\n", call, attn_status_name(rc), attn_errmsg(ctx));
   char what[128];
   snprintf(what, sizeof what, "%s: status in the table", call);
   check(strcmp(attn_status_name(rc), "ATTN_UNKNOWN") != 0, what, rc, NULL);
@@ -784,8 +789,7 @@ static void check_status(attn_context *ctx, int rc, const char *call) {
  * that attn_supports does not take (it names them first). */
 static int about_extras(const char *msg, int op) {
   static const char *const fwd[] = {"o", "lse", NULL};
-  static const char *const bwd[] = {
-      "o", "lse", "do", "dq", "dk", "dv", "params.dbias", "params.dsinks", NULL};
+  static const char *const bwd[] = {"o", "lse", "do", "dq", "dk", "dv", NULL};
   for (const char *const *n = op == OP_FORWARD ? fwd : bwd; *n; n++) {
     size_t len = strlen(*n);
     if (strncmp(msg, *n, len) == 0 && (msg[len] == ' ' || msg[len] == ':')) return 1;
