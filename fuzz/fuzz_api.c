@@ -786,13 +786,16 @@ static void check_status(attn_context *ctx, int rc, const char *call) {
 }
 
 /* Whether a validation message is about one of the call's own arguments
- * that attn_supports does not take (it names them first). */
+ * that attn_supports does not take: it names one first, or, for aliasing,
+ * last ("params.dbias shares memory with dv"). */
 static int about_extras(const char *msg, int op) {
   static const char *const fwd[] = {"o", "lse", NULL};
   static const char *const bwd[] = {"o", "lse", "do", "dq", "dk", "dv", NULL};
+  const char *with = strstr(msg, " shares memory with ");
   for (const char *const *n = op == OP_FORWARD ? fwd : bwd; *n; n++) {
     size_t len = strlen(*n);
     if (strncmp(msg, *n, len) == 0 && (msg[len] == ' ' || msg[len] == ':')) return 1;
+    if (with && strcmp(with + strlen(" shares memory with "), *n) == 0) return 1;
   }
   return 0;
 }
