@@ -26,7 +26,8 @@
  *   - attn_supports writes no memory at all;
  *   - a call failing validation (ATTN_EUNSUPPORTED included) writes no
  *     memory at all;
- *   - a call that succeeds writes its outputs' elements and nothing else:
+ *   - a call that succeeds writes every element of its outputs (each held a
+ *     signalling NaN before) and nothing else:
  *     every input element, and every byte between elements, is as it was
  *     (an output that shared bytes with an input should have been EALIAS);
  *     when the forward appends, k and v change only in the appended rows,
@@ -842,15 +843,40 @@ static int64_t key_elem(const harness *h, const attn_tensor *k, int64_t b, int64
   return row + hh * k->stride[nd - 2] + x * k->stride[nd - 1];
 }
 
-static void mark_written(harness *h, int i) {
+/* What every output element holds before the call: a signalling NaN, which
+ * no arithmetic gives (it makes quiet ones). */
+static uint32_t sentinel(attn_dtype dt) {
+  return dt == ATTN_F16 ? 0x7D5Au : dt == ATTN_BF16 ? 0x7FA5u : 0x7FA5A5A5u;
+}
+
+static void fill_sentinel(harness *h, int i) {
   const slot *s = &h->s[i];
-  if (!s->present) return;
-  size_t es = attn_dtype_size(s->t.dtype);
-  unsigned char *may = h->a[s->alloc].may + s->off;
+  unsigned char *m = slot_mem(h, s);
+  if (!m) return;
+  const size_t es = esize_of(s->t.dtype);
+  const uint32_t v = sentinel(s->t.dtype);
   walk w;
   int64_t e;
-  for (walk_start(&w, &s->t, INT64_MAX); walk_next(&w, &e);)
+  for (walk_start(&w, &s->t, CAP_BYTES); walk_next(&w, &e);)
+    memcpy(m + e * (int64_t)es, &v, es < 4 ? es : 4);
+}
+
+/* After a success: marks an output's elements as ones the call may write,
+ * and checks that it wrote each of them. */
+static void outputs_written(harness *h, int i, int rc, const char *msg) {
+  const slot *s = &h->s[i];
+  if (!s->present) return;
+  const size_t es = attn_dtype_size(s->t.dtype);
+  const uint32_t v = sentinel(s->t.dtype);
+  unsigned char *may = h->a[s->alloc].may + s->off, *m = h->a[s->alloc].mem + s->off;
+  walk w;
+  int64_t e;
+  for (walk_start(&w, &s->t, INT64_MAX); walk_next(&w, &e);) {
+    uint32_t got = 0;
+    memcpy(&got, m + e * (int64_t)es, es);
+    check(got != v, "a successful call writes every element of its outputs", rc, msg);
     memset(may + e * (int64_t)es, WRITTEN, es);
+  }
 }
 
 /* Marks (check == 0) or checks (check == 1) the rows appended to k or v:
@@ -1029,6 +1055,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tp[i] = tensor_of(&h, i);
   const attn_params *pp = params_null ? NULL : &h.p;
   const char *msg = NULL;
+  static const int fwd_out[] = {T_O, T_LSE}, bwd_out[] = {T_DQ, T_DK, T_DV, T_DBIAS, T_DSINKS};
+  const int *outs = op == OP_BACKWARD ? bwd_out : fwd_out; /* attn_merge's too */
+  const int n_outs = op == OP_BACKWARD ? 5 : 2;
+  if (op != OP_SUPPORTS)
+    for (int i = 0; i < n_outs; i++)
+      fill_sentinel(&h, outs[i]);
 
   snapshot(&h);
   if (op == OP_MERGE) {
@@ -1044,8 +1076,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (rc == ATTN_OK) {
       for (int i = 0; i < h.na; i++)
         if (!(h.a[i].may = calloc(h.a[i].bytes, 1))) abort();
-      mark_written(&h, T_O);
-      mark_written(&h, T_LSE);
+      outputs_written(&h, T_O, rc, msg);
+      outputs_written(&h, T_LSE, rc, msg);
       check_writes(&h, rc, msg);
     }
     release(&h);
@@ -1096,11 +1128,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (rc == ATTN_OK) {
       for (int i = 0; i < h.na; i++)
         if (!(h.a[i].may = calloc(h.a[i].bytes, 1))) abort();
-      static const int fwd_out[] = {T_O, T_LSE}, bwd_out[] = {T_DQ, T_DK, T_DV, T_DBIAS, T_DSINKS};
-      const int *outs = op == OP_FORWARD ? fwd_out : bwd_out;
-      const int n_outs = op == OP_FORWARD ? 2 : 5;
       for (int i = 0; i < n_outs; i++)
-        mark_written(&h, outs[i]);
+        outputs_written(&h, outs[i], rc, msg);
       if (op == OP_FORWARD && appending) {
         appended(&h, T_K, 0, rc, msg);
         appended(&h, T_V, 0, rc, msg);
