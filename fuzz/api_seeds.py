@@ -88,6 +88,17 @@ def main():
                                         PLAIN * 2 + BUFFER + [225, 224, 0, 226, 227, 0] + app +
                                         seqused(full, BUFFER))
     seeds["seed_paged_backward"] = head(BACKWARD) + [0, PAGED] + paged
+    # Keys enough for several key blocks of 64: split in 3 parts, and on a
+    # paged cache of 64-row pages with appended rows, in 4 (GQA 4:1, one
+    # query row: the CPU packs the group's heads into a tile).
+    long = dict(B=1, nq=1, nk=256, hq=4, hkv=1, d=16)
+    seeds["seed_splits_long_keys"] = head(FORWARD, **long) + [0, SPLITS, 3]
+    seeds["seed_paged_long_splits"] = (head(FORWARD, **long) +
+                                       [0, PAGED | APPEND | SEQUSED | SPLITS] + [7] + size(64) +
+                                       [3] + PLAIN * 3 + [0] * 4 + [0] + PLAIN * 2 +
+                                       seqused([100], BUFFER) + [4])
+    seeds["seed_bias_sinks_long_keys"] = (head(FORWARD, causal=True, **long) +
+                                          [0, BIAS | SINKS, 4 << 5] + PLAIN + PLAIN + [0])
     # num_splits: 2, then INT_MIN.
     seeds["seed_splits"] = head(FORWARD) + [0, SPLITS, 2]
     seeds["seed_splits_negative"] = head(FORWARD) + [0, SPLITS, 10]
