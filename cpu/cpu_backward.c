@@ -320,7 +320,7 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
 
       /* S^T = scale K Q^T, the forward's call; P^T = exp(S^T - lse) */
       if (br <= sh->few_rows)
-        attn__cpu_qk_few(pb, &pb->k, b, j0, bc, h, 1, br, q, ldq, t->s, ld);
+        attn__cpu_qk_few(pb, &pb->k, NULL, b, j0, bc, h, 1, br, q, ldq, t->s, ld);
       else
         attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk,
                        cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0), ld, 0.0f, t->s, ld);

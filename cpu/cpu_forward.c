@@ -195,7 +195,7 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
     int ldk = 0, ldv = 0;
     const float *k = NULL, *v = NULL;
     if (few) {
-      attn__cpu_qk_few(pb, &pb->k, x.b, j0, bc, x.h0, x.nh, nr, t->qt, d, t->st, ld);
+      attn__cpu_qk_few(pb, &pb->k, &pb->v, x.b, j0, bc, x.h0, x.nh, nr, t->qt, d, t->st, ld);
     } else {
       k = attn__cpu_view_keys(pb, &pb->k, x.b, j0, bc, x.hk, t->k, &ldk);
       v = attn__cpu_view_keys(pb, &pb->v, x.b, j0, bc, x.hk, t->v, &ldv);

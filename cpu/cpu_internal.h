@@ -121,12 +121,15 @@ void attn__cpu_store_lse(const attn__problem *pb, int64_t b, int64_t row, int64_
  * product changes with n in a third of the elements, measured with
  * OpenBLAS 0.3.21), so the forward can compute the scores of many heads at
  * once and the backward those of one, and agree to the bit. Which query
- * blocks take this path is the config's few_rows, in both passes. Keys are
+ * blocks take this path is the config's few_rows, in both passes. v, when
+ * not NULL, is the values the caller reads next (attn__cpu_pv_few), which
+ * may be fetched meanwhile. Keys are
  * converted row by row in L1, with no tile gathered, and a tile that spans
  * every kv head reads k's rows whole, in address order: a decoding step
  * streams the cache at memory speed. */
-void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,
-                      int64_t h0, int nh, int nr, const float *q, int64_t ldq, float *st, int ld);
+void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn__tensor *v,
+                      int64_t b, int64_t j0, int bc, int64_t h0, int nh, int nr, const float *q,
+                      int64_t ldq, float *st, int ld);
 /* O += P V, the same way: P^T (keys down, the tile's columns across, row
  * stride ld), V read straight from v, O f32 with a row of d per column. */
 void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,

@@ -560,25 +560,43 @@ CPU_FMA static inline __attribute__((always_inline)) void cpu_qk_row_fma(
     const float *q1 = c + 1 < c1 ? q0 + ldq : q0;
     const float *q2 = c + 2 < c1 ? q0 + 2 * ldq : q1;
     const float *q3 = c + 3 < c1 ? q0 + 3 * ldq : q2;
-    float out[4];
-    _mm_storeu_ps(out, _mm_mul_ps(sc, cpu_dot4_fma(k, kdt, q0, q1, q2, q3, d)));
-    for (int x = 0; x < 4 && c + x < c1; x++)
-      srow[c + x] = out[x];
+    const __m128 s4 = _mm_mul_ps(sc, cpu_dot4_fma(k, kdt, q0, q1, q2, q3, d));
+    if (c + 4 <= c1) {
+      _mm_storeu_ps(srow + c, s4);
+    } else {
+      float out[4];
+      _mm_storeu_ps(out, s4);
+      for (int x = 0; c + x < c1; x++)
+        srow[c + x] = out[x];
+    }
   }
 }
 
-CPU_FMA static void cpu_qk_few_fma(const attn__problem *pb, const attn__tensor *t, int64_t b,
-                                   int64_t j0, int bc, int64_t h0, int nh, int nr, const float *q,
-                                   int64_t ldq, float scale, float *st, int ld) {
+CPU_FMA static void cpu_qk_few_fma(const attn__problem *pb, const attn__tensor *t,
+                                   const attn__tensor *v, int64_t b, int64_t j0, int bc, int64_t h0,
+                                   int nh, int nr, const float *q, int64_t ldq, float scale,
+                                   float *st, int ld) {
   const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
   const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
   const attn_dtype dt = t->dtype;
   const ptrdiff_t hstep = (ptrdiff_t)t->sh * (ptrdiff_t)attn_dtype_size(dt);
   float kf[ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
   const __m128 sc = _mm_set1_ps(scale);
+  /* With 16-bit keys, the value rows of the block are fetched meanwhile
+   * (pv, when not NULL), so that attn__cpu_pv_few finds them in cache:
+   * measured, one thread, least CPU time of 8 runs decoding B=1 Hq=32
+   * Hkv=8 d=128 32k keys: bf16 15.8 ms against 17.7; f32 24.7 against
+   * 21.6 (twice the lines in flight beside the keys' own), so not there. */
+  const attn__tensor *pv = attn_dtype_size(dt) == 2 && t->sd == 1 && pb->v.sd == 1 ? v : NULL;
+  const int64_t span = (hk1 - hk0) * t->sh * (int64_t)attn_dtype_size(dt) + d * 2;
   for (int a = 0; a < bc; a++) {
     float *srow = st + (size_t)a * ld;
     const char *base = cpu_key_at(pb, t, b, j0 + a, 0);
+    if (pv) {
+      const char *r = cpu_key_at(pb, pv, b, j0 + a, hk0);
+      for (int64_t x = 0; x < span; x += 64)
+        __builtin_prefetch(r + x);
+    }
     for (int64_t hk = hk0; hk <= hk1; hk++) {
       int c0, c1;
       cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
@@ -606,56 +624,110 @@ CPU_FMA static void cpu_qk_few_fma(const attn__problem *pb, const attn__tensor *
   }
 }
 
+/* O[c] += sum_a P[a][c] V[a] over keys [a0, a1) for n (1..4) columns
+ * from c, the output rows held in registers over those keys: sixteen
+ * elements of four columns are eight accumulators. Each V row (dtype dt,
+ * unit stride) is converted in registers as it is read. */
+CPU_FMA static inline __attribute__((always_inline)) void cpu_pv_cols_fma(
+    const char *const *rows, ptrdiff_t off, attn_dtype dt, int a0, int a1, const float *pt, int ld,
+    int c, int n, float *o, int64_t d) {
+  int64_t x = 0;
+  for (; x + 16 <= d; x += 16) {
+    __m256 acc[4][2];
+    for (int y = 0; y < n; y++) {
+      acc[y][0] = _mm256_loadu_ps(o + (size_t)(c + y) * d + x);
+      acc[y][1] = _mm256_loadu_ps(o + (size_t)(c + y) * d + x + 8);
+    }
+    for (int a = a0; a < a1; a++) {
+      const char *row = rows[a] + off;
+      const __m256 v0 = cpu_load8(row, dt, x), v1 = cpu_load8(row, dt, x + 8);
+      for (int y = 0; y < n; y++) {
+        const __m256 p = _mm256_broadcast_ss(pt + (size_t)a * ld + c + y);
+        acc[y][0] = _mm256_fmadd_ps(p, v0, acc[y][0]);
+        acc[y][1] = _mm256_fmadd_ps(p, v1, acc[y][1]);
+      }
+    }
+    for (int y = 0; y < n; y++) {
+      _mm256_storeu_ps(o + (size_t)(c + y) * d + x, acc[y][0]);
+      _mm256_storeu_ps(o + (size_t)(c + y) * d + x + 8, acc[y][1]);
+    }
+  }
+  if (x < d) {
+    __m256 acc[4];
+    for (int y = 0; y < n; y++)
+      acc[y] = _mm256_loadu_ps(o + (size_t)(c + y) * d + x);
+    for (int a = a0; a < a1; a++) {
+      const __m256 v0 = cpu_load8(rows[a] + off, dt, x);
+      for (int y = 0; y < n; y++)
+        acc[y] = _mm256_fmadd_ps(_mm256_broadcast_ss(pt + (size_t)a * ld + c + y), v0, acc[y]);
+    }
+    for (int y = 0; y < n; y++)
+      _mm256_storeu_ps(o + (size_t)(c + y) * d + x, acc[y]);
+  }
+}
+
+/* The columns count and the dtype as constants, so that the loops above
+ * keep their accumulators in registers. */
+#define CPU_PV_N(dt)                                              \
+  switch (n) {                                                    \
+    case 1:                                                       \
+      cpu_pv_cols_fma(rows, off, dt, a0, a1, pt, ld, c, 1, o, d); \
+      break;                                                      \
+    case 2:                                                       \
+      cpu_pv_cols_fma(rows, off, dt, a0, a1, pt, ld, c, 2, o, d); \
+      break;                                                      \
+    case 3:                                                       \
+      cpu_pv_cols_fma(rows, off, dt, a0, a1, pt, ld, c, 3, o, d); \
+      break;                                                      \
+    default:                                                      \
+      cpu_pv_cols_fma(rows, off, dt, a0, a1, pt, ld, c, 4, o, d); \
+      break;                                                      \
+  }
+
+/* Keys are taken 8 at a time, all kv heads of the tile before the next 8:
+ * the cache is read in address order, and the 8 rows a pass over a chunk
+ * of elements touches stay in L1 (rows of one kv head are Hkv * d elements
+ * apart, often a multiple of 4 KiB, and then all fall in one set of the
+ * 8-way L1: 64 keys at once thrashed it, and f32 decoding ran 1.6x
+ * slower). */
+#define CPU_PV_KEYS 8
+
 CPU_FMA static void cpu_pv_few_fma(const attn__problem *pb, const attn__tensor *t, int64_t b,
                                    int64_t j0, int bc, int64_t h0, int nh, int nr, const float *pt,
                                    int ld, float *o) {
   const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
   const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
-  const int f16c = t->dtype == ATTN_F16, direct = t->dtype == ATTN_F32 && t->sd == 1;
-  static const float zero[ATTN_MAX_HEAD_DIM];
-  float vf[4][ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
   const ptrdiff_t hstep = (ptrdiff_t)t->sh * (ptrdiff_t)attn_dtype_size(t->dtype);
-  for (int a = 0; a < bc; a += 4) {
-    const char *base[4] = {NULL, NULL, NULL, NULL};
-    for (int y = 0; y < 4 && a + y < bc; y++)
-      base[y] = cpu_key_at(pb, t, b, j0 + a + y, 0);
+  const char *rows[ATTN__CPU_TILE_MAX];
+  for (int a = 0; a < bc; a++)
+    rows[a] = cpu_key_at(pb, t, b, j0 + a, 0);
+  for (int a0 = 0; a0 < bc; a0 += CPU_PV_KEYS) {
+    const int a1 = a0 + CPU_PV_KEYS < bc ? a0 + CPU_PV_KEYS : bc;
     for (int64_t hk = hk0; hk <= hk1; hk++) {
       int c0, c1;
       cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
-      /* Four keys (past the block's end: zero rows of weight 0). */
-      const float *v[4];
-      for (int y = 0; y < 4; y++) {
-        if (a + y >= bc) {
-          v[y] = zero;
-          continue;
-        }
-        const char *row = base[y] + hk * hstep;
-        v[y] = (const float *)row;
-        if (!direct) {
-          cpu_row_f32(row, t->dtype, t->sd, d, f16c, vf[y]);
-          v[y] = vf[y];
-        }
-      }
-      for (int c = c0; c < c1; c++) {
-        __m256 p[4];
-        for (int y = 0; y < 4; y++)
-          p[y] = _mm256_set1_ps(a + y < bc ? pt[(size_t)(a + y) * ld + c] : 0.0f);
-        float *orow = o + (size_t)c * d;
-        for (int64_t x = 0; x < d; x += 8) {
-          __m256 acc = _mm256_loadu_ps(orow + x);
-          acc = _mm256_fmadd_ps(p[0], _mm256_loadu_ps(v[0] + x), acc);
-          acc = _mm256_fmadd_ps(p[1], _mm256_loadu_ps(v[1] + x), acc);
-          acc = _mm256_fmadd_ps(p[2], _mm256_loadu_ps(v[2] + x), acc);
-          acc = _mm256_fmadd_ps(p[3], _mm256_loadu_ps(v[3] + x), acc);
-          _mm256_storeu_ps(orow + x, acc);
+      const ptrdiff_t off = hk * hstep;
+      for (int c = c0; c < c1; c += 4) {
+        const int n = c1 - c < 4 ? c1 - c : 4;
+        switch (t->dtype) {
+          case ATTN_F16:
+            CPU_PV_N(ATTN_F16);
+            break;
+          case ATTN_BF16:
+            CPU_PV_N(ATTN_BF16);
+            break;
+          default:
+            CPU_PV_N(ATTN_F32);
+            break;
         }
       }
     }
   }
 }
+#undef CPU_PV_N
 #else
 #define CPU_HAVE_FMA() 0
-#define cpu_qk_few_fma(pb, t, b, j0, bc, h0, nh, nr, q, ldq, scale, st, ld) ((void)0)
+#define cpu_qk_few_fma(pb, t, v, b, j0, bc, h0, nh, nr, q, ldq, scale, st, ld) ((void)0)
 #define cpu_pv_few_fma(pb, t, b, j0, bc, h0, nh, nr, pt, ld, o) ((void)0)
 #endif
 
@@ -663,17 +735,20 @@ static int cpu_few_fma(const attn__problem *pb) {
   return pb->head_dim % 8 == 0 && CPU_HAVE_FMA();
 }
 
-void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,
-                      int64_t h0, int nh, int nr, const float *q, int64_t ldq, float *st, int ld) {
+void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn__tensor *v,
+                      int64_t b, int64_t j0, int bc, int64_t h0, int nh, int nr, const float *q,
+                      int64_t ldq, float *st, int ld) {
   if (cpu_few_fma(pb))
-    cpu_qk_few_fma(pb, t, b, j0, bc, h0, nh, nr, q, ldq, pb->scale, st, ld);
+    cpu_qk_few_fma(pb, t, v, b, j0, bc, h0, nh, nr, q, ldq, pb->scale, st, ld);
   else
     cpu_qk_few_clones(pb, t, b, j0, bc, h0, nh, nr, q, ldq, pb->scale, st, ld);
 }
 
 void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,
                       int64_t h0, int nh, int nr, const float *pt, int ld, float *o) {
-  if (cpu_few_fma(pb))
+  /* Any rounding does here (no pass recomputes O), so the portable loops
+   * take only what these cannot: rows of other strides. */
+  if (cpu_few_fma(pb) && t->sd == 1)
     cpu_pv_few_fma(pb, t, b, j0, bc, h0, nh, nr, pt, ld, o);
   else
     cpu_pv_few_clones(pb, t, b, j0, bc, h0, nh, nr, pt, ld, o);
