@@ -76,6 +76,11 @@ def main():
                                    seqused(full))
     seeds["seed_append_varlen_too_short"] = (head(FORWARD, varlen=True) + [0, APPEND | SEQUSED] +
                                              [2] + PLAIN + PLAIN + seqused(full, BUFFER))
+    # The same with sequence 0's length 0: clamped to its room, -1, the
+    # append wrote before k (ASan: heap-buffer-overflow in the CPU's append).
+    seeds["seed_append_varlen_too_short_first"] = (head(FORWARD, varlen=True) +
+                                                   [0, APPEND | SEQUSED] + [2] + PLAIN + PLAIN +
+                                                   seqused([224 + 6, 0], BUFFER))
     # Paged: 6 pages of 2 rows, a table of 3 pages per sequence.
     paged = [5, 1, 2] + PLAIN + PLAIN + PLAIN + [0] * (B * 3)
     seeds["seed_paged"] = head(FORWARD) + [0, PAGED] + paged

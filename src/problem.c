@@ -541,7 +541,8 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
                        p->flags & ~KNOWN_FLAGS);
 
   /* Score terms: the bias (its own float dtype, size-1 dimensions
-   * broadcasting) and the sinks; their gradients are backward outputs. */
+   * broadcasting) and the sinks; their gradients are backward outputs, which
+   * the reference takes beside its own (it writes those) and leaves alone. */
   region rbias = {0}, rdbias = {0}, rsink = {0}, rdsink = {0};
   if (p->bias) {
     const attn_tensor *t = p->bias;
@@ -562,7 +563,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
     if (rc) return rc;
   }
   if (p->dbias) {
-    if (op != ATTN__BACKWARD && op != ATTN__SUPPORTS_BACKWARD)
+    if (op == ATTN__FORWARD || op == ATTN__SUPPORTS)
       return attn__error(ctx, ATTN_EINVAL, "params.dbias is set, but it is a backward output");
     if (!p->bias)
       return attn__error(ctx, ATTN_EINVAL, "params.dbias is set without params.bias");
@@ -576,7 +577,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
     if (rc) return rc;
   }
   if (p->dsinks) {
-    if (op != ATTN__BACKWARD && op != ATTN__SUPPORTS_BACKWARD)
+    if (op == ATTN__FORWARD || op == ATTN__SUPPORTS)
       return attn__error(ctx, ATTN_EINVAL, "params.dsinks is set, but it is a backward output");
     if (!p->sinks)
       return attn__error(ctx, ATTN_EINVAL, "params.dsinks is set without params.sinks");
