@@ -7,11 +7,15 @@
 #   git archive --prefix=base/ BASE | tar -x -C .device    # here: the base tree
 #   bash bench/h200_suite.sh                  # there (carry: [".device"]); logs under $OUT
 #
-# STEPS picks what runs (default all): build ctest envs golden torch ab; AB_ROWS
+# STEPS picks what runs (default: build ctest envs golden torch ab); AB_ROWS
 # (a regular expression on "backend dtype N d mask", mask one of none, causal,
 # softcap, alibi) which rows ab times. envs runs the suites that depend on what
 # is present with CUDA hidden (OpenCL only) and with the OpenCL library hidden
-# (CUDA only).
+# (CUDA only). decode, asked for by name (STEPS="build decode", or "decode"
+# alone, which builds only the program), is the decoding table of
+# bench/decode_bench.py: attn beside torch's flash and cuDNN, paged caches, the
+# device copy rate, NVIDIA OpenCL, the full-bias prefill; $OUT/decode.md and
+# decode.json.
 set -u -o pipefail
 OUT=${OUT:-/tmp/attn-out}
 # Logs go into one archive, $OUT/logs.tgz (the device tool brings back 8 files).
@@ -129,6 +133,17 @@ opencl f16 4096 64 causal
 cpu f32 1024 64 none
 cpu bf16 1024 128 causal
 CONFIGS
+fi
+if has decode; then
+  stamp decode
+  if [ ! -x build-h200/tools/attn ]; then
+    (cfg . build-h200 -DATTN_BUILD_TESTS=OFF && cmake --build build-h200 -j16 --target attn_cli) \
+      >"$LOG/build_decode.log" 2>&1 || echo "decode: build FAILED"
+  fi
+  python3 bench/decode_bench.py --gpu --opencl --attn build-h200/tools/attn --json "$OUT/decode.json" \
+    --log "$LOG/decode_runs.log" >"$LOG/decode.txt" 2>&1
+  echo "decode_bench.py: exit $?"
+  grep -v '^{' "$LOG/decode.txt" | tee "$OUT/decode.md"
 fi
 stamp done
 tar czf "$OUT/logs.tgz" -C "$LOG" .

@@ -552,7 +552,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
     if (rc) return rc;
   }
   if (p->dbias) {
-    if (op != ATTN__BACKWARD)
+    if (op != ATTN__BACKWARD && op != ATTN__SUPPORTS)
       return attn__error(ctx, ATTN_EINVAL, "params.dbias is set, but it is a backward output");
     if (!p->bias)
       return attn__error(ctx, ATTN_EINVAL, "params.dbias is set without params.bias");
@@ -566,7 +566,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
     if (rc) return rc;
   }
   if (p->dsinks) {
-    if (op != ATTN__BACKWARD)
+    if (op != ATTN__BACKWARD && op != ATTN__SUPPORTS)
       return attn__error(ctx, ATTN_EINVAL, "params.dsinks is set, but it is a backward output");
     if (!p->sinks)
       return attn__error(ctx, ATTN_EINVAL, "params.dsinks is set without params.sinks");

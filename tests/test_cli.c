@@ -3,9 +3,11 @@
  * or damaged golden file gives one line on stderr and exit status 2, prints
  * nothing on stdout, and returns at once (no crash, no hang, no attempt at a
  * huge allocation). And `attn run` shows the reference's progress on stderr
- * when it takes more than a second, and only then. The program runs in a
- * child process (posix_spawn) with the CPU backend; backend-independent
- * ("common" tests only).
+ * when it takes more than a second, and only then; runs each inference
+ * option (KV cache, pages, appending, bias, sinks, splits) to its check; exits
+ * 1 on a result outside the tolerance; and `attn bandwidth` reports a rate.
+ * The program runs in a child process (posix_spawn) with the CPU backend;
+ * backend-independent ("common" tests only).
  */
 #define _XOPEN_SOURCE 700 /* mkdtemp, posix_openpt */
 
@@ -213,6 +215,18 @@ static void absurd_sizes_are_refused_before_allocating(at_backend *b) {
       {{"run", "--softcap", "1e39"}, "1e39"},
       {{"run", "--softcap", "1e-50"}, "1e-50"},
       {{"run", "--scale", "-1"}, "--scale -1"},
+      {{"run", "--page-size", "0"}, "--page-size 0"},
+      {{"run", "--page-size", "2147483648"}, "2147483648"},
+      {{"run", "--cache-extra", "-1"}, "--cache-extra -1"},
+      {{"run", "--cache-extra", "2147483647", "--seqlen", "2"}, "2^31-1"},
+      {{"run", "--seqlen-k", "3000000000", "--append", "--seqlen-q", "1"}, "2^31-1"},
+      {{"run", "--page-size", "1", "--batch", "3000", "--seqlen", "1000000"}, "2^31-1"},
+      {{"run", "--cache-extra", "2000000000", "--seqlen", "8"}, "would need"},
+      {{"run", "--splits", "0"}, "--splits 0"},
+      {{"run", "--splits", "-2"}, "--splits -2"},
+      {{"bandwidth", "--size", "0"}, "--size 0"},
+      {{"bandwidth", "--size", "99999999999"}, "--size 99999999999"},
+      {{"bandwidth", "--repeat", "0"}, "--repeat 0"},
   };
   check_table(t, sizeof t / sizeof t[0]);
 }
@@ -220,16 +234,31 @@ static void absurd_sizes_are_refused_before_allocating(at_backend *b) {
 static void malformed_values_are_refused(at_backend *b) {
   (void)b;
   static const bad_call t[] = {
-      {{"run", "--seqlen", "abc"}, "abc"},       {{"run", "--seqlen", "12abc"}, "12abc"},
-      {{"run", "--seqlen", ""}, "--seqlen"},     {{"run", "--seqlen", " 12"}, "--seqlen"},
-      {{"run", "--seqlen", "0x10"}, "0x10"},     {{"run", "--dim", "6.5"}, "6.5"},
-      {{"run", "--seed", "1e3"}, "1e3"},         {{"run", "--repeat", "+"}, "--repeat"},
-      {{"run", "--window", "128"}, "128"},       {{"run", "--window", "1,x"}, "--window R"},
-      {{"run", "--window", ",0"}, "--window L"}, {{"run", "--scale", "nan"}, "nan"},
-      {{"run", "--softcap", "inf"}, "inf"},      {{"run", "--scale", "0.1x"}, "0.1x"},
-      {{"run", "--dtype", "f64"}, "f64"},        {{"run", "--dtype", ""}, "--dtype"},
-      {{"run", "--backend", ""}, "--backend"},   {{"run", "--backend", "nonsense"}, "nonsense"},
+      {{"run", "--seqlen", "abc"}, "abc"},
+      {{"run", "--seqlen", "12abc"}, "12abc"},
+      {{"run", "--seqlen", ""}, "--seqlen"},
+      {{"run", "--seqlen", " 12"}, "--seqlen"},
+      {{"run", "--seqlen", "0x10"}, "0x10"},
+      {{"run", "--dim", "6.5"}, "6.5"},
+      {{"run", "--seed", "1e3"}, "1e3"},
+      {{"run", "--repeat", "+"}, "--repeat"},
+      {{"run", "--window", "128"}, "128"},
+      {{"run", "--window", "1,x"}, "--window R"},
+      {{"run", "--window", ",0"}, "--window L"},
+      {{"run", "--scale", "nan"}, "nan"},
+      {{"run", "--softcap", "inf"}, "inf"},
+      {{"run", "--scale", "0.1x"}, "0.1x"},
+      {{"run", "--dtype", "f64"}, "f64"},
+      {{"run", "--dtype", ""}, "--dtype"},
+      {{"run", "--backend", ""}, "--backend"},
+      {{"run", "--backend", "nonsense"}, "nonsense"},
       {{"vit", "--batch", "-3"}, "--batch -3"},
+      {{"run", "--bias", "bogus"}, "bogus"},
+      {{"run", "--splits", "x"}, "\"x\""},
+      {{"run", "--splits", "2.5"}, "2.5"},
+      {{"run", "--page-size", "1x"}, "1x"},
+      {{"bandwidth", "--size", "1e3"}, "1e3"},
+      {{"bandwidth", "--backend", "nonsense"}, "nonsense"},
   };
   check_table(t, sizeof t / sizeof t[0]);
 }
@@ -237,11 +266,14 @@ static void malformed_values_are_refused(at_backend *b) {
 static void missing_option_values_are_refused(at_backend *b) {
   (void)b;
   static const bad_call t[] = {
-      {{"run", "--seqlen"}, "--seqlen"}, {{"run", "--dim"}, "--dim"},
-      {{"run", "--repeat"}, "--repeat"}, {{"run", "--seed"}, "--seed"},
-      {{"run", "--window"}, "--window"}, {{"run", "--scale"}, "--scale"},
-      {{"run", "--dtype"}, "--dtype"},   {{"run", "--backend"}, "--backend"},
-      {{"vit", "--batch"}, "--batch"},   {{"check", "--backend"}, "--backend"},
+      {{"run", "--seqlen"}, "--seqlen"},         {{"run", "--dim"}, "--dim"},
+      {{"run", "--repeat"}, "--repeat"},         {{"run", "--seed"}, "--seed"},
+      {{"run", "--window"}, "--window"},         {{"run", "--scale"}, "--scale"},
+      {{"run", "--dtype"}, "--dtype"},           {{"run", "--backend"}, "--backend"},
+      {{"vit", "--batch"}, "--batch"},           {{"check", "--backend"}, "--backend"},
+      {{"run", "--page-size"}, "--page-size"},   {{"run", "--cache-extra"}, "--cache-extra"},
+      {{"run", "--splits"}, "--splits"},         {{"bandwidth", "--size"}, "--size"},
+      {{"bandwidth", "--backend"}, "--backend"},
   };
   check_table(t, sizeof t / sizeof t[0]);
 }
@@ -258,6 +290,21 @@ static void unknown_commands_and_flags_are_refused(at_backend *b) {
       {{"vit", "--seqlen", "5"}, "--seqlen"},
       {{"info", "--bogus"}, "--bogus"},
       {{"check", "--bogus"}, "--bogus"},
+      {{"bandwidth", "--bogus"}, "--bogus"},
+      {{"vit", "--bias"}, "--bias"},
+      {{"vit", "--page-size", "16"}, "--page-size"},
+  };
+  check_table(t, sizeof t / sizeof t[0]);
+}
+
+/* The options that cannot go together, each refused naming the clash. */
+static void clashing_inference_options_are_refused(at_backend *b) {
+  (void)b;
+  static const bad_call t[] = {
+      {{"run", "--page-size", "16", "--backward"}, "--backward"},
+      {{"run", "--cache-extra", "0", "--backward"}, "--backward"},
+      {{"run", "--append", "--backward"}, "--backward"},
+      {{"run", "--append", "--seqlen-q", "5", "--seqlen-k", "4"}, "--append"},
   };
   check_table(t, sizeof t / sizeof t[0]);
 }
@@ -575,12 +622,169 @@ static void quick_reference_shows_no_progress(at_backend *b) {
   at_free(r);
 }
 
+/* ---------------------------------------------------------------------- */
+/* The inference options                                                    */
+/* ---------------------------------------------------------------------- */
+
+/* Runs attn run with args (ending with NULL) and --check: status 0, a rate in
+ * GB/s beside GFLOP/s, and every check line "ok". A backend that lacks the
+ * feature refuses it (ATTN_EUNSUPPORTED, status 2): the test then skips,
+ * saying so, until the CPU backend has it. */
+static void run_checked(outcome *r, const char *const *args) {
+  const char *argv[24];
+  int n = 0;
+  argv[n++] = "run";
+  for (; args[n - 1]; n++) {
+    assert_true(n < 20);
+    argv[n] = args[n - 1];
+  }
+  argv[n++] = "--repeat";
+  argv[n++] = "2";
+  argv[n++] = "--check";
+  argv[n] = NULL;
+  run_attn_on(r, QUICK_S, 0, argv);
+  if (r->status == 2 && strstr(r->err, "ATTN_EUNSUPPORTED"))
+    at_skip("the CPU backend does not have this yet: %.*s", (int)strcspn(r->err, "\n"), r->err);
+  if (r->status != 0 || !strstr(r->out, " GB/s\n") || !strstr(r->out, "  error     o max|err|") ||
+      strstr(r->out, "FAIL") || r->err[0])
+    fail_msg("attn run with an inference option: status %d (want 0), stdout:\n%s\nstderr:\n%s",
+             r->status, r->out, r->err);
+  for (const char *p = strstr(r->out, "  error"); p; p = strstr(p + 1, "  error")) {
+    size_t l = strcspn(p, "\n");
+    if (l < 4 || strncmp(p + l - 4, ": ok", 4) != 0)
+      fail_msg("a check line does not end in \": ok\": %.*s", (int)l, p);
+  }
+}
+
+#define RUN_CHECKED(r, ...)                          \
+  do {                                               \
+    const char *const args_[] = {__VA_ARGS__, NULL}; \
+    run_checked((r), args_);                         \
+  } while (0)
+
+/* A decoding-like shape: a few query rows over a longer cache, GQA, three
+ * sequences (their lengths differ with --cache-extra). */
+#define DECODE \
+  "--batch", "3", "--seqlen-q", "2", "--seqlen-k", "70", "--heads", "4", "--heads-kv", "2"
+
+static void every_run_prints_gb_per_s_beside_gflop_per_s(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN(r, QUICK_S, 0, "run", "--seqlen", "16", "--heads", "1", "--repeat", "1", "--backward");
+  assert_int_equal(r->status, 0);
+  if (!strstr(r->out, "GFLOP/s, ") || count_char(r->out, '\n') < 4 ||
+      !strstr(r->out, " GB/s\n  backward") || !strstr(r->out, "GB/s\n  error"))
+    fail_msg("the forward and backward lines lack GB/s:\n%s", r->out);
+  at_free(r);
+}
+
+static void a_cache_with_used_lengths_passes_its_check(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN_CHECKED(r, DECODE, "--cache-extra", "9");
+  /* The first sequence uses 70 keys, the others between 35 and 70. */
+  assert_non_null(strstr(r->out, "  cache     79 rows per sequence, keys used "));
+  at_free(r);
+}
+
+static void a_paged_cache_passes_its_check(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN_CHECKED(r, DECODE, "--page-size", "16");
+  /* 70 keys in pages of 16: 5 pages a sequence, the last in part. */
+  assert_non_null(strstr(r->out, "paged: 5 pages of 16 each, 15 in a shuffled block table"));
+  RUN_CHECKED(r, DECODE, "--page-size", "7", "--cache-extra", "20", "--causal");
+  at_free(r);
+}
+
+static void appended_rows_are_checked_in_the_cache(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN_CHECKED(r, DECODE, "--append");
+  assert_non_null(strstr(r->out, "  cache     k and v hold the 6 appended rows in place"));
+  RUN_CHECKED(r, DECODE, "--append", "--page-size", "4", "--cache-extra", "10", "--causal");
+  assert_non_null(strstr(r->out, "  cache     k and v hold the 6 appended rows in place"));
+  at_free(r);
+}
+
+static void each_bias_form_passes_its_check(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN_CHECKED(r, "--batch", "2", "--seqlen", "40", "--heads", "2", "--bias");
+  assert_non_null(strstr(r->out, "bias full [2,2,40,40]"));
+  RUN_CHECKED(r, "--batch", "2", "--seqlen", "40", "--heads", "2", "--bias", "heads", "--causal");
+  assert_non_null(strstr(r->out, "bias heads [1,2,40,40]"));
+  RUN_CHECKED(r, "--batch", "2", "--seqlen", "40", "--heads", "2", "--bias", "keys", "--dtype",
+              "bf16");
+  assert_non_null(strstr(r->out, "bias keys [2,1,1,40]"));
+  /* Over a cache, the bias spans its capacity. */
+  RUN_CHECKED(r, DECODE, "--bias", "--cache-extra", "5");
+  assert_non_null(strstr(r->out, "bias full [3,4,2,75]"));
+  at_free(r);
+}
+
+static void sinks_pass_their_check(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN_CHECKED(r, "--seqlen", "40", "--heads", "2", "--sinks", "--causal");
+  assert_non_null(strstr(r->out, ", sinks"));
+  at_free(r);
+}
+
+static void the_backward_checks_dbias_and_dsinks(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN_CHECKED(r, "--seqlen", "30", "--heads", "2", "--bias", "--sinks", "--backward");
+  assert_non_null(strstr(r->out, "  error     dq "));
+  assert_non_null(strstr(r->out, "  error     dbias "));
+  assert_non_null(strstr(r->out, ", dsinks "));
+  RUN_CHECKED(r, "--batch", "2", "--seqlen", "30", "--heads", "2", "--bias", "heads", "--backward",
+              "--dtype", "f16");
+  assert_non_null(strstr(r->out, "  error     dbias "));
+  at_free(r);
+}
+
+static void key_splits_pass_their_check(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN_CHECKED(r, DECODE, "--splits", "3");
+  assert_non_null(strstr(r->out, ", 3 splits"));
+  RUN_CHECKED(r, DECODE, "--splits", "1");
+  RUN_CHECKED(r, DECODE, "--splits", "auto");
+  at_free(r);
+}
+
+/* A float32 score overflows at scale 3e38, which the library answers with
+ * NaN (attn.h) and the double reference does not: the check must fail, say
+ * so on stdout and stderr, and exit 1. */
+static void a_result_outside_the_tolerance_exits_1(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN(r, QUICK_S, 0, "run", "--seqlen", "16", "--heads", "1", "--repeat", "1", "--scale", "3e38",
+      "--check");
+  if (r->status != 1 || !strstr(r->out, ": FAIL (o, lse)") ||
+      !strstr(r->err, "attn run: o, lse outside the tolerance") || count_char(r->err, '\n') != 1)
+    fail_msg("status %d (want 1), stdout:\n%s\nstderr:\n%s", r->status, r->out, r->err);
+  at_free(r);
+}
+
+static void bandwidth_reports_a_read_rate(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN(r, QUICK_S, 0, "bandwidth", "--size", "64", "--repeat", "3");
+  if (r->status != 0 || !strstr(r->out, "  read      ") || !strstr(r->out, " GB/s median of 3 ") ||
+      r->err[0])
+    fail_msg("status %d, stdout:\n%s\nstderr:\n%s", r->status, r->out, r->err);
+  at_free(r);
+}
+
 int main(int argc, char **argv) {
   const at_test common[] = {
       AT_TEST(absurd_sizes_are_refused_before_allocating),
       AT_TEST(malformed_values_are_refused),
       AT_TEST(missing_option_values_are_refused),
       AT_TEST(unknown_commands_and_flags_are_refused),
+      AT_TEST(clashing_inference_options_are_refused),
       AT_TEST(each_damaged_case_is_refused_naming_its_file),
       AT_TEST(check_runs_the_good_case_beside_broken_ones),
       AT_TEST(missing_folders_and_files_are_refused),
@@ -588,6 +792,16 @@ int main(int argc, char **argv) {
       AT_TEST(slow_reference_shows_progress_on_stderr),
       AT_TEST(progress_on_a_terminal_rewrites_one_line),
       AT_TEST(quick_reference_shows_no_progress),
+      AT_TEST(every_run_prints_gb_per_s_beside_gflop_per_s),
+      AT_TEST(a_cache_with_used_lengths_passes_its_check),
+      AT_TEST(a_paged_cache_passes_its_check),
+      AT_TEST(appended_rows_are_checked_in_the_cache),
+      AT_TEST(each_bias_form_passes_its_check),
+      AT_TEST(sinks_pass_their_check),
+      AT_TEST(the_backward_checks_dbias_and_dsinks),
+      AT_TEST(key_splits_pass_their_check),
+      AT_TEST(a_result_outside_the_tolerance_exits_1),
+      AT_TEST(bandwidth_reports_a_read_rate),
   };
   return at_main(argc, argv, "cli", NULL, 0, common, sizeof common / sizeof common[0]);
 }

@@ -1,8 +1,11 @@
 /*
  * Golden cases: every case folder under ATTN_GOLDEN_DIR, forward and backward,
  * on every backend, held to the golden README's tolerance rule (F times the
- * peer implementation's error). The cases are the project's external ground
- * truth, computed in float64 by another implementation.
+ * peer implementation's error), the forward once per num_splits of
+ * at_golden_splits; a backend that declines a case is skipped with its
+ * reason. The cases are the project's external ground truth, computed in
+ * float64 by another implementation; the common tests hold the test kit's own
+ * reference to them, backend independent.
  */
 #include "golden.h"
 #include "testutil.h"
@@ -22,44 +25,87 @@ static void print_report(const at_golden *g, const at_golden_report *rep, int fr
     const at_golden_result *r = &rep->r[i];
     /* The README's F achieved: max_err / peer (NaN where no peer figure). */
     double F = r->ratio * (r->output[0] == 'd' ? 3.0 : 2.0);
-    print_message("  %-14s %-3s max_err %.3g bound %.3g F %.2f %s\n", g->name, r->output,
-                  r->max_err, r->bound, F, r->pass ? "ok" : "FAIL");
+    char splits[32] = "";
+    if (r->num_splits >= 0) snprintf(splits, sizeof splits, " (num_splits %d)", r->num_splits);
+    print_message("  %-26s %-6s max_err %.3g bound %.3g F %.2f%s %s\n", g->name, r->output,
+                  r->max_err, r->bound, F, splits, r->pass ? "ok" : "FAIL");
   }
 }
 
-/* Runs one case; forward checks o and lse, backward dq, dk and dv. */
+/* Fails the test with the first result of [from, to) that is out of bounds. */
+static void expect_within(at_golden *g, const at_golden_report *rep, int from, int to,
+                          const char *who) {
+  for (int i = from; i < to; i++)
+    if (!rep->r[i].pass) {
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s: %s: %s max error %.3g exceeds the bound %.3g", who, g->name,
+               rep->r[i].output, rep->r[i].max_err, rep->r[i].bound);
+      at_golden_free(g);
+      fail_msg("%s", msg);
+    }
+}
+
+static void load_case(const golden_case *c, at_golden *g) {
+  char err[1024];
+  if (at_golden_load(c->dir, g, err, sizeof err) != 0) fail_msg("%s", err);
+  if (c->backward && !g->dq) {
+    at_golden_free(g);
+    at_skip("%s has no dq/dk/dv references", c->dir);
+  }
+}
+
+/* Runs one case; forward checks o and lse (and the cache after an append)
+ * for every num_splits of at_golden_splits, backward dq, dk, dv (and dbias,
+ * dsinks). */
 static void golden_case_matches_within_tolerance(at_backend *b) {
   const golden_case *c = at_arg();
   at_golden g;
-  char err[1024];
-  if (at_golden_load(c->dir, &g, err, sizeof err) != 0) fail_msg("%s", err);
-  if (c->backward && !g.dq) {
-    at_golden_free(&g);
-    at_skip("%s has no dq/dk/dv references", c->dir);
-  }
+  load_case(c, &g);
   at_golden_report rep;
   int st = at_golden_run(b->ctx, &g, !c->backward, &rep);
-  if (st == ATTN_EUNSUPPORTED) {
+  if (rep.skipped) {
     at_golden_free(&g);
-    /* A backend may refuse a combination, with a reason; never compute it wrong. */
+    /* A backend may decline a combination, with a reason; never compute it wrong. */
+    assert_int_equal(st, ATTN_EUNSUPPORTED);
     assert_true(rep.message[0] != '\0');
-    at_skip("%s refuses %s: %s", b->name, c->dir, rep.message);
+    at_skip("%s: %s", b->name, rep.message);
   }
   if (st != ATTN_OK) {
     at_golden_free(&g);
     fail_msg("%s: %s: %s", c->dir, attn_status_name(st), rep.message);
   }
-  int from = c->backward ? 2 : 0, to = c->backward ? rep.n : 2;
+  int from = c->backward ? rep.n_forward : 0, to = c->backward ? rep.n : rep.n_forward;
   print_report(&g, &rep, from, to);
-  assert_int_equal(rep.n, c->backward ? 5 : 2);
-  for (int i = from; i < to; i++)
-    if (!rep.r[i].pass) {
-      char msg[512];
-      snprintf(msg, sizeof msg, "%s: %s max error %.3g exceeds the bound %.3g", g.name,
-               rep.r[i].output, rep.r[i].max_err, rep.r[i].bound);
-      at_golden_free(&g);
-      fail_msg("%s", msg);
-    }
+  assert_true(rep.n_forward >= 2);
+  if (c->backward) assert_true(rep.n >= rep.n_forward + 3);
+  expect_within(&g, &rep, from, to, b->name);
+  at_golden_free(&g);
+}
+
+/* The test kit's float64 reference reproduces the case within the same
+ * rule: the golden cases (NumPy) and testkit/ref.c (C) agree on the
+ * semantics, whatever any backend does. */
+static void golden_case_reference_matches_within_tolerance(at_backend *b) {
+  (void)b;
+  const golden_case *c = at_arg();
+  at_golden g;
+  load_case(c, &g);
+  attn_context *ctx = NULL;
+  if (attn_context_create("cpu", &ctx) != ATTN_OK) {
+    attn_context_free(ctx);
+    at_golden_free(&g);
+    fail_msg("no cpu context to carry the reference's messages");
+  }
+  at_golden_report rep;
+  int st = at_golden_run_reference(ctx, &g, !c->backward, &rep);
+  attn_context_free(ctx);
+  if (st != ATTN_OK) {
+    at_golden_free(&g);
+    fail_msg("%s: %s: %s", c->dir, attn_status_name(st), rep.message);
+  }
+  int from = c->backward ? rep.n_forward : 0, to = c->backward ? rep.n : rep.n_forward;
+  print_report(&g, &rep, from, to);
+  expect_within(&g, &rep, from, to, "reference");
   at_golden_free(&g);
 }
 
@@ -80,29 +126,38 @@ int main(int argc, char **argv) {
     at_test t[] = {AT_TEST(golden_folder_holds_cases)};
     return at_main(argc, argv, "golden", t, 1, NULL, 0);
   }
+  /* Per backend: each case forward and backward; common: the reference on each. */
   golden_case *cases = calloc((size_t)n * 2, sizeof *cases);
   at_test *tests = calloc((size_t)n * 2, sizeof *tests);
-  char **names = calloc((size_t)n * 2, sizeof *names);
-  if (!cases || !tests || !names) return 1;
+  at_test *common = calloc((size_t)n * 2, sizeof *common);
+  char **names = calloc((size_t)n * 4, sizeof *names);
+  if (!cases || !tests || !common || !names) return 1;
   for (int i = 0; i < 2 * n; i++) {
     const char *dir = dirs[i / 2];
     const char *base = strrchr(dir, '/');
     base = base ? base + 1 : dir;
     int bwd = i % 2;
-    size_t len = strlen(base) + sizeof "_backward_matches_within_tolerance";
+    size_t len = strlen(base) + sizeof "_reference_backward_matches_within_tolerance";
     names[i] = malloc(len);
-    if (!names[i]) return 1;
+    names[2 * n + i] = malloc(len);
+    if (!names[i] || !names[2 * n + i]) return 1;
     snprintf(names[i], len, "%s_%s_matches_within_tolerance", base, bwd ? "backward" : "forward");
+    snprintf(names[2 * n + i], len, "%s_reference_%s_matches_within_tolerance", base,
+             bwd ? "backward" : "forward");
     cases[i].dir = dirs[i / 2];
     cases[i].backward = bwd;
     tests[i].name = names[i];
     tests[i].fn = golden_case_matches_within_tolerance;
     tests[i].arg = &cases[i];
+    common[i].name = names[2 * n + i];
+    common[i].fn = golden_case_reference_matches_within_tolerance;
+    common[i].arg = &cases[i];
   }
-  int rc = at_main(argc, argv, "golden", tests, (size_t)n * 2, NULL, 0);
-  for (int i = 0; i < 2 * n; i++)
+  int rc = at_main(argc, argv, "golden", tests, (size_t)n * 2, common, (size_t)n * 2);
+  for (int i = 0; i < 4 * n; i++)
     free(names[i]);
   free(names);
+  free(common);
   free(tests);
   free(cases);
   at_golden_list_free(dirs, n);

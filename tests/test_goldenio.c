@@ -9,6 +9,7 @@
 #include "golden.h"
 #include "testutil.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -296,6 +297,247 @@ static void bad_json_values_are_refused_with_the_key(at_backend *b) {
   remove_copy(&c);
 }
 
+/* ---------------------------------------------------------------------- */
+/* The inference path's fields and files                                    */
+/* ---------------------------------------------------------------------- */
+
+/* A writable copy of every file of a case folder. */
+typedef struct copy_all {
+  char dir[256];
+} copy_all;
+
+static void copy_whole_case(copy_all *c, const char *name) {
+  char src[2048], path[2400];
+  snprintf(src, sizeof src, "%s/%s", at_golden_dir(), name);
+  DIR *d = opendir(src);
+  if (!d) at_skip("no golden case %s", src);
+  snprintf(c->dir, sizeof c->dir, "/tmp/attn-goldenio-XXXXXX");
+  assert_non_null(mkdtemp(c->dir));
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    size_t len;
+    snprintf(path, sizeof path, "%s/%s", src, e->d_name);
+    unsigned char *bytes = at_read_file(path, &len);
+    assert_non_null(bytes);
+    snprintf(path, sizeof path, "%s/%s", c->dir, e->d_name);
+    at_write_file(path, bytes, len);
+    at_free(bytes);
+  }
+  closedir(d);
+}
+
+static void remove_whole_copy(copy_all *c) {
+  char path[600];
+  DIR *d = opendir(c->dir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "%s/%s", c->dir, e->d_name);
+    unlink(path);
+  }
+  closedir(d);
+  rmdir(c->dir);
+}
+
+/* Replaces the first `from` in the copy's file by `to`; fails the test if there is none. */
+static void edit_file(const copy_all *c, const char *file, const char *from, const char *to) {
+  char path[600];
+  size_t len;
+  snprintf(path, sizeof path, "%s/%s", c->dir, file);
+  unsigned char *text = at_read_file(path, &len);
+  assert_non_null(text);
+  const char *hit = strstr((const char *)text, from);
+  if (!hit) fail_msg("%s has no %s", path, from);
+  size_t pre = (size_t)(hit - (const char *)text), fl = strlen(from), tl = strlen(to);
+  char *buf = at_malloc(len - fl + tl + 1);
+  memcpy(buf, text, pre);
+  memcpy(buf + pre, to, tl);
+  memcpy(buf + pre + tl, hit + fl, len - pre - fl);
+  at_write_file(path, buf, len - fl + tl);
+  at_free(buf);
+  at_free(text);
+}
+
+static void load_named(const char *name, at_golden *g) {
+  char dir[2048], err[512];
+  snprintf(dir, sizeof dir, "%s/%s", at_golden_dir(), name);
+  if (access(dir, F_OK) != 0) at_skip("no golden case %s", dir);
+  if (at_golden_load(dir, g, err, sizeof err) != 0) fail_msg("%s", err);
+}
+
+static void paged_case_loads_its_table_and_used_lengths(at_backend *b) {
+  (void)b;
+  at_golden g;
+  load_named("paged_p16_varlen_q", &g);
+  assert_int_equal(g.varlen, 1);
+  assert_int_equal(g.page_size, 16);
+  assert_int_equal(g.max_pages, 3);
+  assert_int_equal(g.num_pages, 11);
+  assert_int_equal(g.total_k, 11 * 16);
+  assert_null(g.params.cu_seqlens_k);
+  assert_non_null(g.params.block_table);
+  assert_int_equal(g.params.block_table->shape[0], 4);
+  assert_int_equal(g.params.block_table->shape[1], 3);
+  assert_int_equal(g.params.block_table->dtype, ATTN_I32);
+  assert_non_null(g.params.seqused_k);
+  assert_int_equal(((const int32_t *)g.params.seqused_k->data)[3], 48);
+  assert_null(g.params.k_new);
+  /* A KV cache is forward only. */
+  assert_null(g.dout);
+  assert_null(g.dq);
+  at_golden_free(&g);
+}
+
+static void append_case_loads_new_rows_and_expected_cache(at_backend *b) {
+  (void)b;
+  at_golden g;
+  load_named("kvcache_append_causal", &g);
+  assert_int_equal(g.seqlen_new, 3);
+  assert_non_null(g.params.k_new);
+  assert_non_null(g.params.v_new);
+  assert_int_equal(g.params.k_new->shape[1], 3);
+  assert_non_null(g.k_out);
+  assert_non_null(g.v_out);
+  assert_int_equal(g.seqused_k[1], 21);
+  assert_null(g.params.block_table);
+  at_golden_free(&g);
+}
+
+static void bias_and_sinks_case_loads_its_terms(at_backend *b) {
+  (void)b;
+  at_golden g;
+  load_named("sinks_bias_gqa_backward", &g);
+  assert_int_equal(g.bias_dtype, ATTN_BF16);
+  assert_int_equal(g.bias_shape[0], 2);
+  assert_int_equal(g.bias_shape[1], 1);
+  assert_int_equal(g.bias_shape[2], 1);
+  assert_int_equal(g.bias_shape[3], 20);
+  assert_non_null(g.params.bias);
+  assert_int_equal(g.params.bias->dtype, ATTN_BF16);
+  assert_non_null(g.params.sinks);
+  assert_true(g.sinks[0] == 1.5f && g.sinks[3] == 3.0f);
+  assert_non_null(g.dbias);
+  assert_non_null(g.dsinks);
+  assert_true(isfinite(g.peer_dbias) && isfinite(g.peer_dsinks));
+  assert_null(g.params.dbias); /* the checker's to set */
+  at_golden_free(&g);
+  /* Without a feature, its fields stay off. */
+  load_named("tiny", &g);
+  assert_null(g.params.bias);
+  assert_null(g.params.sinks);
+  assert_null(g.params.seqused_k);
+  assert_int_equal(g.page_size, 0);
+  assert_true(isnan(g.peer_dbias));
+  at_golden_free(&g);
+}
+
+static void a_feature_without_its_file_is_refused_naming_it(at_backend *b) {
+  (void)b;
+  const struct {
+    const char *name, *file;
+  } cases[] = {{"kvcache_append_causal", "k_out.npy"},
+               {"kvcache_append_causal", "v_new.npy"},
+               {"bias_full_f32", "bias.npy"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    copy_all c;
+    copy_whole_case(&c, cases[i].name);
+    char path[600], err[512] = "";
+    snprintf(path, sizeof path, "%s/%s", c.dir, cases[i].file);
+    unlink(path);
+    at_golden g;
+    if (at_golden_load(c.dir, &g, err, sizeof err) == 0)
+      fail_msg("%s without %s accepted", cases[i].name, cases[i].file);
+    if (!strstr(err, cases[i].file))
+      fail_msg("the message should name %s: %s", cases[i].file, err);
+    remove_whole_copy(&c);
+  }
+}
+
+static void a_cache_case_with_gradients_is_refused(at_backend *b) {
+  (void)b;
+  copy_all c;
+  copy_whole_case(&c, "kvcache_decode");
+  char src[600], dst[600], err[512] = "";
+  size_t len;
+  snprintf(src, sizeof src, "%s/q.npy", c.dir);
+  snprintf(dst, sizeof dst, "%s/do.npy", c.dir);
+  unsigned char *q = at_read_file(src, &len);
+  assert_non_null(q);
+  at_write_file(dst, q, len);
+  at_free(q);
+  at_golden g;
+  if (at_golden_load(c.dir, &g, err, sizeof err) == 0)
+    fail_msg("a KV-cache case with do.npy was accepted");
+  if (!strstr(err, "forward only")) fail_msg("the message should say why: %s", err);
+  remove_whole_copy(&c);
+}
+
+static void bad_feature_values_are_refused_with_the_key(at_backend *b) {
+  (void)b;
+  const struct {
+    const char *name, *from, *to, *key;
+  } edits[] = {
+      {"kvcache_decode", "\"seqused_k\": [\n  17,", "\"seqused_k\": [\n  -1,", "seqused_k"},
+      {"kvcache_append_causal", "\"seqlen_new\": 3", "\"seqlen_new\": -3", "seqlen_new"},
+      {"paged_p1", "\"max_pages\": 20", "\"max_pages\": 19", "block_table"},
+      {"paged_p1", "\"page_size\": 1", "\"page_size\": 0", "page_size"},
+      {"bias_full_f32", "\"bias_dtype\": \"f32\"", "\"bias_dtype\": \"f64\"", "bias_dtype"},
+      {"bias_full_f32", "\"bias_shape\": [\n  2,", "\"bias_shape\": [\n  3,", "bias_shape"},
+      {"sinks_causal", "\"sinks\": [\n  -1.0,", "\"sinks\": [\n  -1.0, 1,", "sinks"},
+  };
+  for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+    copy_all c;
+    copy_whole_case(&c, edits[i].name);
+    edit_file(&c, "case.json", edits[i].from, edits[i].to);
+    char err[512] = "";
+    at_golden g;
+    if (at_golden_load(c.dir, &g, err, sizeof err) == 0)
+      fail_msg("%s with %s accepted", edits[i].name, edits[i].to);
+    if (!strstr(err, edits[i].key)) fail_msg("the message should name %s: %s", edits[i].key, err);
+    remove_whole_copy(&c);
+  }
+}
+
+/* The reference check is a check: with a field changed, the case's answers
+ * no longer hold, so each feature is passed through and not ignored. */
+static void reference_check_fails_when_a_feature_changes(at_backend *b) {
+  (void)b;
+  const struct {
+    const char *name, *from, *to;
+    int backward;
+  } edits[] = {
+      {"kvcache_decode", "\"seqused_k\": [\n  17,", "\"seqused_k\": [\n  16,", 0},
+      {"kvcache_append_causal", "\"seqused_k\": [\n  5,", "\"seqused_k\": [\n  4,", 0},
+      {"paged_p3_append", "\"block_table\": [\n  [\n   0,", "\"block_table\": [\n  [\n   11,", 0},
+      {"sinks_causal", "\"sinks\": [\n  -1.0,", "\"sinks\": [\n  -1.5,", 0},
+      {"sinks_causal", "\"sinks\": [\n  -1.0,", "\"sinks\": [\n  -1.5,", 1},
+      {"bias_full_f32", "\"seed\": 207", "\"seed\": 207, \"sinks\": [0.0, 0.0]", 0},
+  };
+  attn_context *ctx = NULL;
+  assert_int_equal(attn_context_create("cpu", &ctx), ATTN_OK);
+  for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+    copy_all c;
+    copy_whole_case(&c, edits[i].name);
+    char err[512] = "";
+    at_golden g;
+    at_golden_report rep;
+    /* Unchanged, it passes. */
+    if (at_golden_load(c.dir, &g, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_int_equal(at_golden_run_reference(ctx, &g, !edits[i].backward, &rep), ATTN_OK);
+    assert_true(rep.pass);
+    at_golden_free(&g);
+    edit_file(&c, "case.json", edits[i].from, edits[i].to);
+    if (at_golden_load(c.dir, &g, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_int_equal(at_golden_run_reference(ctx, &g, !edits[i].backward, &rep), ATTN_OK);
+    if (rep.pass) fail_msg("%s with %s still passes", edits[i].name, edits[i].to);
+    at_golden_free(&g);
+    remove_whole_copy(&c);
+  }
+  attn_context_free(ctx);
+}
+
 int main(int argc, char **argv) {
   const at_test common[] = {
       AT_TEST(tiny_case_loads_as_described),
@@ -308,6 +550,13 @@ int main(int argc, char **argv) {
       AT_TEST(wrong_npy_shape_dtype_and_order_are_refused),
       AT_TEST(missing_gradient_files_leave_backward_out),
       AT_TEST(bad_json_values_are_refused_with_the_key),
+      AT_TEST(paged_case_loads_its_table_and_used_lengths),
+      AT_TEST(append_case_loads_new_rows_and_expected_cache),
+      AT_TEST(bias_and_sinks_case_loads_its_terms),
+      AT_TEST(a_feature_without_its_file_is_refused_naming_it),
+      AT_TEST(a_cache_case_with_gradients_is_refused),
+      AT_TEST(bad_feature_values_are_refused_with_the_key),
+      AT_TEST(reference_check_fails_when_a_feature_changes),
   };
   return at_main(argc, argv, "goldenio", NULL, 0, common, sizeof common / sizeof common[0]);
 }

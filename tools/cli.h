@@ -7,6 +7,8 @@
 
 #include "attn.h"
 
+#include <stddef.h>
+
 /* Exit statuses: 1 when something failed while running (a device, memory, a
  * case outside its tolerance), 2 when what was asked for is wrong (usage, a
  * value, a damaged input file) and running again unchanged cannot help. */
@@ -26,10 +28,23 @@ int cli_fail_ctx(attn_context *ctx, int rc, const char *what);
 /* Says so; returns EXIT_FAILED. */
 int cli_out_of_host_memory(void);
 
+/* The number parser of every integer option: the whole of s, base 10, within
+ * [lo, hi]; otherwise a sentence naming the option and the value on stderr,
+ * and -1. run_options.c */
+int cli_parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
+
+/* Bytes this process may still allocate (MemAvailable, else the physical
+ * memory, capped by an address-space limit): a bound for refusing absurd
+ * sizes before allocating. main.c */
+double cli_memory_available(void);
+/* "1.5 GB": bytes in decimal units, written into buf. */
+const char *cli_human_bytes(double bytes, char *buf, size_t len);
+
 /* The commands: argv[0] is the command's name; each returns the exit status. */
-int cmd_info(int argc, char **argv);  /* cmd_info.c */
-int cmd_run(int argc, char **argv);   /* cmd_run.c */
-int cmd_vit(int argc, char **argv);   /* cmd_run.c */
-int cmd_check(int argc, char **argv); /* cmd_check.c */
+int cmd_info(int argc, char **argv);      /* cmd_info.c */
+int cmd_run(int argc, char **argv);       /* cmd_run.c */
+int cmd_vit(int argc, char **argv);       /* cmd_run.c */
+int cmd_check(int argc, char **argv);     /* cmd_check.c */
+int cmd_bandwidth(int argc, char **argv); /* cmd_bandwidth.c */
 
 #endif /* ATTN_TOOLS_CLI_H */

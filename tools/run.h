@@ -1,7 +1,7 @@
 /*
  * What attn run and attn vit share between their files: the problem as the
- * options give it, the tensors of a run, and the reference check. Private to
- * tools/.
+ * options give it, its KV cache, the tensors of a run, the work a call must
+ * do, and the reference check. Private to tools/.
  */
 #ifndef ATTN_TOOLS_RUN_H
 #define ATTN_TOOLS_RUN_H
@@ -12,16 +12,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* --bias FORM: which dimensions of [batch, heads, seqlen_q, keys] it has;
+ * the others broadcast. */
+enum run_bias { RUN_BIAS_NONE, RUN_BIAS_FULL, RUN_BIAS_HEADS, RUN_BIAS_KEYS };
+
 typedef struct run_opts {
   const char *backend;
   attn_dtype dtype;
   int64_t batch, nq, nk, hq, hkv, d;
-  attn_params params;
+  attn_params params; /* num_splits included (--splits) */
   int alibi;
   int backward;
   int64_t repeat;
   int check; /* -1 auto, 0 no, 1 yes */
   uint64_t seed;
+  /* The inference options. nk is then the keys the longest sequence
+   * attends to, appended rows included. */
+  int64_t page_size;   /* --page-size; 0 = not paged */
+  int64_t cache_extra; /* --cache-extra; -1 = not given */
+  int append;          /* --append: seqlen_q rows appended through k_new/v_new */
+  enum run_bias bias;
+  int sinks;
   char sizes[256]; /* the size options given, for messages: "--seqlen 99999999999" */
 } run_opts;
 
@@ -33,6 +44,37 @@ int run_parse(int argc, char **argv, run_opts *o, int vit);
 /* The --help text of attn run. */
 extern const char run_help[];
 
+/* ---------------------------------------------------------------------- */
+/* The KV cache (run_cache.c)                                               */
+/* ---------------------------------------------------------------------- */
+
+/* Whether the options ask for a KV cache in any form. */
+int run_has_cache(const run_opts *o);
+/* The key rows per sequence the library sees (k's seqlen; paged: max_pages *
+ * page_size) and, paged, the block table's columns; -1 when a count passes
+ * what int32 lengths and page numbers hold. */
+int64_t run_cache_capacity(const run_opts *o, int64_t *max_pages);
+
+typedef struct run_cache {
+  int64_t cap;       /* run_cache_capacity */
+  int64_t max_pages; /* block table columns; 0 unless paged */
+  int64_t num_pages; /* pages of k and v: batch * max_pages */
+  int64_t *lens;     /* [batch]: keys sequence b attends to, appended rows included */
+  int32_t *seqused;  /* [batch]: lens minus the appended rows; NULL when not needed */
+  int32_t *table;    /* [batch][max_pages]: every page once, shuffled; NULL unless paged */
+} run_cache;
+
+/* The lengths, and the block table, drawn from --seed. Returns -1 when out
+ * of memory. */
+int run_cache_make(const run_opts *o, run_cache *c);
+void run_cache_free(run_cache *c);
+/* Rows of k (and of v): batch * cap, or num_pages * page_size. */
+int64_t run_cache_rows(const run_opts *o, const run_cache *c);
+
+/* ---------------------------------------------------------------------- */
+/* Tensors                                                                  */
+/* ---------------------------------------------------------------------- */
+
 /* A tensor of a run: its device buffer and one host copy of its contents. */
 typedef struct device_tensor {
   attn_buffer *buf;
@@ -41,14 +83,48 @@ typedef struct device_tensor {
   size_t bytes;
 } device_tensor;
 
+/* Every tensor of a run; buf is NULL for one the options leave out. k and v
+ * are the cache when there is one (paged: [pages, page_size, heads, d]). */
+typedef struct run_tensors {
+  device_tensor q, k, v, o, lse;
+  device_tensor k_new, v_new, seqused, table, bias, sinks;
+  device_tensor dout, dq, dk, dv, dbias, dsinks;
+} run_tensors;
+
+/* The same tensor over its host copy (for the reference). */
+attn_tensor run_host_tensor(const device_tensor *t);
+
 /* Seconds on a monotonic clock. cmd_run.c */
 double run_now_s(void);
 
+/* ---------------------------------------------------------------------- */
+/* Work of a call (run_work.c)                                              */
+/* ---------------------------------------------------------------------- */
+
+/* Query-key pairs the mask leaves visible, over every sequence, for one
+ * head: the FLOPs follow them. The backward pass has no cache (lens NULL:
+ * every sequence has nk keys). */
+double run_pairs(const run_opts *o, const int64_t *lens);
+/* Bytes a call must move at the least: the K and V rows some query row sees
+ * (each once), q, o, lse, the bias entries of visible pairs, the sinks, and
+ * appended rows read from k_new/v_new and written to the cache. The
+ * backward: q, k, v, o, do, lse, the visible bias entries read, dq, dk, dv,
+ * dbias, dsinks written. */
+double run_bytes_forward(const run_opts *o, const run_cache *c);
+double run_bytes_backward(const run_opts *o);
+/* The bias's shape for the options: [batch or 1, heads or 1, seqlen_q or 1,
+ * keys]. */
+void run_bias_shape(const run_opts *o, int64_t keys, int64_t shape[4]);
+
+/* ---------------------------------------------------------------------- */
+/* The check (run_reference.c)                                              */
+/* ---------------------------------------------------------------------- */
+
 /* Prints the error of the outputs (read back from the buffers) against the
- * double reference; returns the exit status. run_reference.c */
-int run_check_reference(attn_context *ctx, const run_opts *o, const attn_params *p,
-                        device_tensor *q, device_tensor *k, device_tensor *v, device_tensor *out,
-                        device_tensor *lse, device_tensor *dout, device_tensor *dq,
-                        device_tensor *dk, device_tensor *dv);
+ * double reference, and with --append whether the cache holds the appended
+ * rows; returns the exit status (EXIT_FAILED outside the tolerance). p is
+ * the forward's parameters, over the device tensors of t. */
+int run_check_reference(attn_context *ctx, const run_opts *o, const run_cache *c,
+                        const attn_params *p, run_tensors *t);
 
 #endif /* ATTN_TOOLS_RUN_H */

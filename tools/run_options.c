@@ -24,9 +24,7 @@ static int integer_syntax(const char *s, int sign) {
   return 1;
 }
 
-/* The number parser of every integer option: the whole of s, base 10, within
- * [lo, hi]; otherwise a sentence naming the option and the value. */
-static int parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+int cli_parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
   if (!s) return cli_complain("%s needs a value", opt), -1;
   if (!integer_syntax(s, 1)) return cli_complain("%s \"%s\" is not an integer", opt, s), -1;
   errno = 0;
@@ -87,16 +85,20 @@ static int parse_window(const char *opt, const char *s, int64_t *l, int64_t *r) 
     return cli_complain("%s \"%s\" is not L,R (e.g. 128,0; -1 = unbounded)", opt, s), -1;
   memcpy(left, s, (size_t)(comma - s));
   left[comma - s] = 0;
-  if (parse_int("--window L", left, -1, INT64_MAX, l)) return -1;
-  return parse_int("--window R", comma + 1, -1, INT64_MAX, r);
+  if (cli_parse_int("--window L", left, -1, INT64_MAX, l)) return -1;
+  return cli_parse_int("--window R", comma + 1, -1, INT64_MAX, r);
 }
 
 const char run_help[] =
     "usage: attn run [options]\n"
     "A random problem on the selected backend: median time of --repeat calls, GFLOP/s\n"
-    "(4 * batch * heads * visible query-key pairs * head_dim; backward 2.5x that), and the\n"
-    "error against the double-precision reference when the problem is small enough (its\n"
-    "progress goes to stderr when it takes more than a second).\n"
+    "(4 * heads * visible query-key pairs * head_dim; backward 2.5x that), GB/s (the bytes\n"
+    "a call must move at the least: the K and V rows some query row sees, each once, q, o,\n"
+    "lse, the bias entries of visible pairs, appended rows read and written; backward: every\n"
+    "input read and every gradient written once), and the error against the double-precision\n"
+    "reference when the problem is small enough (its progress goes to stderr when it takes\n"
+    "more than a second), held to the golden README's tolerance rule without a peer figure:\n"
+    "max|err| <= 1e-5 (f32), 1e-2 (f16), 2e-2 (bf16) times max(1, max|ref|); lse 1e-5.\n"
     "  --backend SPEC      auto, cpu, opencl, cuda[:N] (default: ATTN_BACKEND, else auto)\n"
     "  --batch B           sequences (1)\n"
     "  --seqlen N          query and key length (1024)\n"
@@ -110,11 +112,25 @@ const char run_help[] =
     "  --softcap C         soft-capping of the scores\n"
     "  --alibi             ALiBi with the standard geometric slopes\n"
     "  --scale S           score scale (default 1/sqrt(D))\n"
-    "  --backward          also time the backward pass\n"
+    "  --bias [FORM]       an additive bias in q's dtype over the cache's capacity: full\n"
+    "                      [B,H,Nq,Nk] (the default), heads [1,H,Nq,Nk], keys [B,1,1,Nk]\n"
+    "  --sinks             an attention sink per query head (random logits)\n"
+    "  --backward          also time the backward pass (with dbias, dsinks for --bias, --sinks)\n"
+    "  --splits N|auto     forward key splits: N parts, 1 = none, auto = the backend's (auto)\n"
     "  --repeat R          timed calls, 1 to 1000000 (10)\n"
     "  --check / --no-check   force or skip the reference comparison\n"
     "  --seed S            random seed, 0 to 2^64-1 (1)\n"
-    "Exit status: 0 done, 1 a failure while running, 2 a wrong option or value.\n";
+    "A KV cache (forward only); seqlen_k is then the keys the longest sequence attends to,\n"
+    "appended rows included:\n"
+    "  --cache-extra E     a cache of seqlen_k + E rows per sequence, used in part: the first\n"
+    "                      sequence attends to seqlen_k keys, each other one to a length\n"
+    "                      drawn from the seed between seqlen_k/2 and seqlen_k (seqused_k)\n"
+    "  --page-size P       paged K/V: pages of P rows, enough per sequence for the capacity,\n"
+    "                      handed out in a shuffled block table\n"
+    "  --append            seqlen_q new rows per sequence appended through k_new/v_new (the\n"
+    "                      check then also reads back the cache)\n"
+    "Exit status: 0 done, 1 a failure while running or a result outside the tolerance,\n"
+    "2 a wrong option or value.\n";
 
 /* A million timed calls is already hours at the smallest problem worth timing;
  * the bound keeps the per-call timing arrays small. */
@@ -141,7 +157,7 @@ int run_parse(int argc, char **argv, run_opts *o, int vit) {
     } else if (!strcmp(a, "--batch")) {
       size = &o->batch;
     } else if (!strcmp(a, "--repeat")) {
-      if (parse_int(a, val, 1, RUN_MAX_REPEAT, &o->repeat)) return -1;
+      if (cli_parse_int(a, val, 1, RUN_MAX_REPEAT, &o->repeat)) return -1;
       i++;
     } else if (!strcmp(a, "--dtype")) {
       if (val && !strcmp(val, "f32")) {
@@ -168,7 +184,7 @@ int run_parse(int argc, char **argv, run_opts *o, int vit) {
     } else if (vit) {
       return cli_complain("unknown option \"%s\" (see attn vit --help)", a), -1;
     } else if (!strcmp(a, "--seqlen")) {
-      if (parse_int(a, val, 1, INT64_MAX, &o->nq)) return -1;
+      if (cli_parse_int(a, val, 1, INT64_MAX, &o->nq)) return -1;
       o->nk = o->nq;
       note_size(o, a, val);
       i++;
@@ -181,7 +197,7 @@ int run_parse(int argc, char **argv, run_opts *o, int vit) {
     } else if (!strcmp(a, "--heads-kv")) {
       size = &o->hkv;
     } else if (!strcmp(a, "--dim")) {
-      if (parse_int(a, val, 1, ATTN_MAX_HEAD_DIM, &o->d)) return -1;
+      if (cli_parse_int(a, val, 1, ATTN_MAX_HEAD_DIM, &o->d)) return -1;
       note_size(o, a, val);
       i++;
     } else if (!strcmp(a, "--causal")) {
@@ -197,11 +213,51 @@ int run_parse(int argc, char **argv, run_opts *o, int vit) {
     } else if (!strcmp(a, "--scale")) {
       if (parse_scalar(a, val, &o->params.scale)) return -1;
       i++;
+    } else if (!strcmp(a, "--bias")) {
+      /* The form is optional: a value that is not an option is one. */
+      o->bias = RUN_BIAS_FULL;
+      if (val && strncmp(val, "--", 2) != 0) {
+        if (!strcmp(val, "full")) {
+          o->bias = RUN_BIAS_FULL;
+        } else if (!strcmp(val, "heads")) {
+          o->bias = RUN_BIAS_HEADS;
+        } else if (!strcmp(val, "keys")) {
+          o->bias = RUN_BIAS_KEYS;
+        } else {
+          return cli_complain("--bias \"%s\" is not full, heads or keys", val), -1;
+        }
+        i++;
+      }
+    } else if (!strcmp(a, "--sinks")) {
+      o->sinks = 1;
+    } else if (!strcmp(a, "--page-size")) {
+      if (cli_parse_int(a, val, 1, INT32_MAX, &o->page_size)) return -1;
+      note_size(o, a, val);
+      i++;
+    } else if (!strcmp(a, "--cache-extra")) {
+      if (cli_parse_int(a, val, 0, INT32_MAX, &o->cache_extra)) return -1;
+      note_size(o, a, val);
+      i++;
+    } else if (!strcmp(a, "--append")) {
+      o->append = 1;
+    } else if (!strcmp(a, "--splits")) {
+      int64_t n = 0;
+      if (val && !strcmp(val, "auto")) {
+        n = 0;
+      } else if (!val) {
+        return cli_complain("--splits needs a value (a count of parts from 1, or auto)"), -1;
+      } else if (!integer_syntax(val, 1)) {
+        return cli_complain("--splits \"%s\" is not a count of parts from 1, or auto", val), -1;
+      } else if (cli_parse_int(a, val, 1, INT32_MAX, &n)) {
+        return -1;
+      }
+      o->params.num_splits = (int)n;
+      i++;
     } else {
       return cli_complain("unknown option \"%s\" (see attn run --help)", a), -1;
     }
     if (size) {
-      if (parse_int(a, val, 1, INT64_MAX, size)) return -1;
+      if (cli_parse_int(a, val, 1, INT64_MAX, size)) return -1;
       note_size(o, a, val);
       i++;
     }
@@ -211,6 +267,26 @@ int run_parse(int argc, char **argv, run_opts *o, int vit) {
     return cli_complain("--heads %lld is not a multiple of --heads-kv %lld", (long long)o->hq,
                         (long long)o->hkv),
            -1;
+  if (run_has_cache(o)) {
+    if (o->backward)
+      return cli_complain(
+                 "--backward takes no KV-cache option (--page-size, --cache-extra, --append): "
+                 "the cache is the forward pass's"),
+             -1;
+    if (o->append && o->nq > o->nk)
+      return cli_complain(
+                 "--append appends seqlen_q (%lld) rows, more than the %lld keys "
+                 "(seqlen_k) that hold them",
+                 (long long)o->nq, (long long)o->nk),
+             -1;
+    int64_t pages;
+    if (run_cache_capacity(o, &pages) < 0)
+      return cli_complain(
+                 "%s: the cache would hold more rows or pages than int32 lengths and "
+                 "block table entries can count (2^31-1)",
+                 o->sizes[0] ? o->sizes : "the problem"),
+             -1;
+  }
   /* A window wider than both sequences sees every key: the same problem
    * with bounds that cannot overflow the key-range arithmetic. */
   int64_t span = o->nq > o->nk ? o->nq : o->nk;
@@ -230,4 +306,5 @@ void run_defaults(run_opts *o) {
   o->repeat = 10;
   o->check = -1;
   o->seed = 1;
+  o->cache_extra = -1;
 }

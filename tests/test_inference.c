@@ -1,0 +1,692 @@
+/*
+ * The inference path on every backend: a KV cache with used lengths, rows
+ * appended in place, paged K/V, key splitting, an additive bias and its
+ * gradient, attention sinks and theirs, attn_merge, and metadata in device
+ * buffers. Each result is held to the float64 reference (testkit/ref.c);
+ * a backend that declines a feature (attn_supports) is skipped, saying so.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+/* ---------------------------------------------------------------------- */
+/* Problems                                                                 */
+/* ---------------------------------------------------------------------- */
+
+enum { BIAS_BATCH = 1, BIAS_HEADS = 2, BIAS_ROWS = 4 }; /* dimensions that broadcast */
+
+typedef struct icase {
+  attn_dtype dt;
+  int64_t B, Nq, cap, Hq, Hkv, d; /* cap: rows of k and v a sequence can hold */
+  int32_t used[4];                /* used rows per sequence; has_used */
+  int has_used;
+  int64_t nnew;      /* rows appended */
+  int64_t page;      /* page size; 0 = contiguous cache */
+  unsigned flags;    /* ATTN_CAUSAL */
+  int64_t wl, wr;    /* window, when win */
+  int win;
+  double softcap;
+  int alibi;
+  int bias;          /* 0 none, else 1 + BIAS_* bits */
+  attn_dtype bias_dt;
+  int hide_row;      /* bias -inf over every key of query row 0 of sequence 0, head 0 */
+  int sinks;
+  int splits;        /* params.num_splits */
+  int device_meta;   /* seqused_k, block_table, bias, sinks in device buffers */
+} icase;
+
+/* Everything one case allocates. */
+typedef struct ibuf {
+  icase c;
+  attn_params p;
+  int64_t pages, max_pages;
+  void *q, *k, *v, *kn, *vn, *o, *bias, *k0, *v0;
+  float *lse, *sinks;
+  int32_t *used, *table;
+  size_t kbytes, obytes;
+  attn_tensor tq, tk, tv, tkn, tvn, to, tlse, tbias, tsinks, tused, ttable;
+  attn_buffer *bufs[4];
+  attn_tensor dbias_t, dused, dtable, dsinks_t; /* device copies of metadata */
+} ibuf;
+
+static uint64_t rng_state;
+static double urand(void) {
+  rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+  return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+static void fill(void *p, attn_dtype dt, int64_t n, double amp) {
+  for (int64_t i = 0; i < n; i++)
+    attn__store(p, dt, i, (float)((2 * urand() - 1) * amp));
+}
+
+static void fill_nan(void *p, attn_dtype dt, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    attn__store(p, dt, i, NAN);
+}
+
+/* A metadata tensor moved into a device buffer of the context. */
+static attn_tensor on_device(at_backend *b, ibuf *x, int slot, const attn_tensor *t) {
+  size_t bytes = (size_t)at_count(t) * attn_dtype_size(t->dtype);
+  assert_int_equal(attn_buffer_create(b->ctx, bytes, &x->bufs[slot]), ATTN_OK);
+  assert_int_equal(attn_buffer_write(b->ctx, x->bufs[slot], 0, t->data, bytes), ATTN_OK);
+  return attn_tensor_on(*t, x->bufs[slot], 0);
+}
+
+static void ibuf_init(at_backend *b, ibuf *x, const icase *c) {
+  memset(x, 0, sizeof *x);
+  x->c = *c;
+  rng_state = 0x9e3779b97f4a7c15ull ^ (uint64_t)(c->B * 131 + c->cap * 7 + c->page);
+  const size_t es = attn_dtype_size(c->dt);
+  const int64_t B = c->B, Nq = c->Nq, d = c->d, Hq = c->Hq, Hkv = c->Hkv;
+  attn_params_init(&x->p);
+  x->p.flags = c->flags;
+  x->p.softcap = c->softcap;
+  x->p.num_splits = c->splits;
+  if (c->win) {
+    x->p.window_left = c->wl;
+    x->p.window_right = c->wr;
+  }
+  if (c->alibi) {
+    static float slopes[64];
+    for (int64_t h = 0; h < Hq; h++)
+      slopes[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)Hq);
+    x->p.alibi_slopes = slopes;
+    x->p.alibi_count = Hq;
+  }
+  x->q = at_malloc((size_t)(B * Nq * Hq * d) * es);
+  fill(x->q, c->dt, B * Nq * Hq * d, 1.5);
+  x->tq = attn_tensor_bshd(x->q, c->dt, B, Nq, Hq, d);
+  x->obytes = (size_t)(B * Nq * Hq * d) * es;
+  x->o = at_malloc(x->obytes);
+  fill_nan(x->o, c->dt, B * Nq * Hq * d);
+  x->to = attn_tensor_bshd(x->o, c->dt, B, Nq, Hq, d);
+  x->lse = at_malloc(sizeof(float) * (size_t)(B * Hq * Nq));
+  fill_nan(x->lse, ATTN_F32, B * Hq * Nq);
+  x->tlse = attn_tensor_lse(x->lse, B, Hq, Nq);
+
+  /* The cache: every row nobody may read (past the used rows) is NaN, so a
+   * backend that reads one shows it in o. */
+  int64_t rows;
+  if (c->page) {
+    x->max_pages = (c->cap + c->page - 1) / c->page;
+    x->pages = B * x->max_pages + 3;
+    rows = x->pages * c->page;
+  } else {
+    rows = B * c->cap;
+  }
+  const int64_t n = rows * Hkv * d;
+  x->kbytes = (size_t)n * es;
+  x->k = at_malloc(x->kbytes);
+  x->v = at_malloc(x->kbytes);
+  fill_nan(x->k, c->dt, n);
+  fill_nan(x->v, c->dt, n);
+  if (c->page) {
+    /* A shuffled table: sequence b's page p is some page of the pool. */
+    x->table = at_malloc(sizeof(int32_t) * (size_t)(B * x->max_pages));
+    int32_t *perm = at_malloc(sizeof(int32_t) * (size_t)x->pages);
+    for (int64_t i = 0; i < x->pages; i++)
+      perm[i] = (int32_t)i;
+    for (int64_t i = x->pages - 1; i > 0; i--) {
+      int64_t j = (int64_t)(urand() * (double)(i + 1));
+      int32_t t = perm[i];
+      perm[i] = perm[j];
+      perm[j] = t;
+    }
+    for (int64_t i = 0; i < B * x->max_pages; i++)
+      x->table[i] = perm[i];
+    x->ttable = attn_tensor_2d(x->table, ATTN_I32, B, x->max_pages);
+    x->p.block_table = &x->ttable;
+    x->tk = attn_tensor_bshd(x->k, c->dt, x->pages, c->page, Hkv, d);
+    x->tv = attn_tensor_bshd(x->v, c->dt, x->pages, c->page, Hkv, d);
+  } else {
+    x->tk = attn_tensor_bshd(x->k, c->dt, B, c->cap, Hkv, d);
+    x->tv = attn_tensor_bshd(x->v, c->dt, B, c->cap, Hkv, d);
+  }
+  /* Used rows get values: row j of sequence b, through the table when paged. */
+  for (int64_t bb = 0; bb < B; bb++) {
+    const int64_t u = c->has_used ? c->used[bb] : c->cap;
+    for (int64_t j = 0; j < u; j++) {
+      int64_t row = c->page ? (int64_t)x->table[bb * x->max_pages + j / c->page] * c->page +
+                                  j % c->page
+                            : bb * c->cap + j;
+      fill((char *)x->k + (size_t)(row * Hkv * d) * es, c->dt, Hkv * d, 1.5);
+      fill((char *)x->v + (size_t)(row * Hkv * d) * es, c->dt, Hkv * d, 1.0);
+    }
+  }
+  x->k0 = at_malloc(x->kbytes);
+  x->v0 = at_malloc(x->kbytes);
+  memcpy(x->k0, x->k, x->kbytes);
+  memcpy(x->v0, x->v, x->kbytes);
+  if (c->has_used) {
+    x->used = at_malloc(sizeof(int32_t) * (size_t)B);
+    memcpy(x->used, c->used, sizeof(int32_t) * (size_t)B);
+    x->tused = attn_tensor_1d(x->used, ATTN_I32, B);
+    x->p.seqused_k = &x->tused;
+  }
+  if (c->nnew) {
+    x->kn = at_malloc((size_t)(B * c->nnew * Hkv * d) * es);
+    x->vn = at_malloc((size_t)(B * c->nnew * Hkv * d) * es);
+    fill(x->kn, c->dt, B * c->nnew * Hkv * d, 1.5);
+    fill(x->vn, c->dt, B * c->nnew * Hkv * d, 1.0);
+    x->tkn = attn_tensor_bshd(x->kn, c->dt, B, c->nnew, Hkv, d);
+    x->tvn = attn_tensor_bshd(x->vn, c->dt, B, c->nnew, Hkv, d);
+    x->p.k_new = &x->tkn;
+    x->p.v_new = &x->tvn;
+  }
+  if (c->bias) {
+    const int m = c->bias - 1;
+    const int64_t bb = m & BIAS_BATCH ? 1 : B, bh = m & BIAS_HEADS ? 1 : Hq,
+                  bq = m & BIAS_ROWS ? 1 : Nq, bk = c->page ? x->max_pages * c->page : c->cap;
+    const int64_t nb = bb * bh * bq * bk;
+    x->bias = at_malloc((size_t)nb * attn_dtype_size(c->bias_dt));
+    fill(x->bias, c->bias_dt, nb, 2.0);
+    if (c->hide_row)
+      for (int64_t j = 0; j < bk; j++)
+        attn__store(x->bias, c->bias_dt, j, -INFINITY);
+    x->tbias = attn_tensor_bias(x->bias, c->bias_dt, bb, bh, bq, bk);
+    x->p.bias = &x->tbias;
+  }
+  if (c->sinks) {
+    x->sinks = at_malloc(sizeof(float) * (size_t)Hq);
+    for (int64_t h = 0; h < Hq; h++)
+      x->sinks[h] = (float)(3 * urand() - 1);
+    x->tsinks = attn_tensor_1d(x->sinks, ATTN_F32, Hq);
+    x->p.sinks = &x->tsinks;
+  }
+  if (c->device_meta) {
+    if (c->has_used) x->dused = on_device(b, x, 0, &x->tused), x->p.seqused_k = &x->dused;
+    if (c->page) x->dtable = on_device(b, x, 1, &x->ttable), x->p.block_table = &x->dtable;
+    if (c->bias) x->dbias_t = on_device(b, x, 2, &x->tbias), x->p.bias = &x->dbias_t;
+    if (c->sinks) x->dsinks_t = on_device(b, x, 3, &x->tsinks), x->p.sinks = &x->dsinks_t;
+  }
+}
+
+static void ibuf_free(ibuf *x) {
+  for (int i = 0; i < 4; i++)
+    attn_buffer_free(x->bufs[i]);
+}
+
+/* The reference reads host memory: the case's params with host metadata. */
+static attn_params host_params(const ibuf *x) {
+  attn_params p = x->p;
+  if (x->c.has_used) p.seqused_k = &x->tused;
+  if (x->c.page) p.block_table = &x->ttable;
+  if (x->c.bias) p.bias = &x->tbias;
+  if (x->c.sinks) p.sinks = &x->tsinks;
+  return p;
+}
+
+/* Skips when the backend declines the case, with its reason. */
+static int declined(at_backend *b, const attn_params *p, const attn_tensor *q,
+                    const attn_tensor *k, const attn_tensor *v, int backward) {
+  int rc = attn_supports(b->ctx, p, q, k, v, backward);
+  if (rc == ATTN_EUNSUPPORTED) return 1;
+  assert_int_equal(rc, ATTN_OK);
+  return 0;
+}
+#define SKIP_IF_DECLINED(b, p, q, k, v, bwd)                                          \
+  do {                                                                                \
+    if (declined(b, p, q, k, v, bwd)) at_skip("%s declines: %s", b->name, attn_errmsg(b->ctx)); \
+  } while (0)
+
+/* max |got - ref| over n elements against tol * max(1, max|ref|); -inf in
+ * ref must be -inf in got; NaN nowhere. */
+static void expect_near(const char *what, const void *got, attn_dtype dt, const double *ref,
+                        int64_t n, double tol) {
+  double mx = 1, err = 0;
+  int64_t worst = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (isfinite(ref[i]) && fabs(ref[i]) > mx) mx = fabs(ref[i]);
+  for (int64_t i = 0; i < n; i++) {
+    const double g = attn__load(got, dt, i);
+    if (isnan(g)) fail_msg("%s[%lld] is NaN; the reference is %g", what, (long long)i, ref[i]);
+    if (isinf(ref[i])) {
+      if (g != ref[i]) fail_msg("%s[%lld] is %g; want %g", what, (long long)i, g, ref[i]);
+      continue;
+    }
+    if (fabs(g - ref[i]) > err) err = fabs(g - ref[i]), worst = i;
+  }
+  if (err > tol * mx)
+    fail_msg("%s: max error %.3g > %.3g (tol %.2g * max(1, max|ref|) %.3g) at [%lld]: got %.9g, "
+             "want %.9g",
+             what, err, tol * mx, tol, mx, (long long)worst, attn__load(got, dt, worst),
+             ref[worst]);
+}
+
+/* Runs the case's forward and holds o and lse to the reference; with an
+ * append, the cache must then hold the new rows where they belong and be
+ * unchanged elsewhere. */
+static void run_forward(at_backend *b, const icase *c) {
+  ibuf x;
+  ibuf_init(b, &x, c);
+  SKIP_IF_DECLINED(b, &x.p, &x.tq, &x.tk, &x.tv, 0);
+  const int64_t no = c->B * c->Nq * c->Hq * c->d, nl = c->B * c->Hq * c->Nq;
+  double *ro = at_malloc(sizeof(double) * (size_t)no), *rl = at_malloc(sizeof(double) * (size_t)nl);
+  attn_params hp = host_params(&x);
+  assert_int_equal(at_ref_forward(b->ctx, &hp, &x.tq, &x.tk, &x.tv, ro, rl), ATTN_OK);
+  int rc = attn_forward(b->ctx, &x.p, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse);
+  if (rc) fail_msg("attn_forward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+  expect_near("o", x.o, c->dt, ro, no, at_tol_o(c->dt));
+  double *rlse = rl;
+  float *lse = x.lse;
+  for (int64_t i = 0; i < nl; i++)
+    if (isinf(rlse[i]) != isinf((double)lse[i]) ||
+        (isfinite(rlse[i]) && fabs(lse[i] - rlse[i]) > 1e-4 * fmax(1, fabs(rlse[i]))))
+      fail_msg("lse[%lld] is %.9g; want %.9g", (long long)i, lse[i], rlse[i]);
+  /* A row the reference says saw no key is exactly 0. */
+  for (int64_t bb = 0; bb < c->B; bb++)
+    for (int64_t h = 0; h < c->Hq; h++)
+      for (int64_t i = 0; i < c->Nq; i++)
+        if (rlse[(bb * c->Hq + h) * c->Nq + i] == -INFINITY)
+          for (int64_t col = 0; col < c->d; col++) {
+            double g = attn__load(x.o, c->dt, ((bb * c->Nq + i) * c->Hq + h) * c->d + col);
+            if (g != 0) fail_msg("o is %g in a row that sees no key (b %lld h %lld i %lld)", g,
+                                 (long long)bb, (long long)h, (long long)i);
+          }
+  if (c->nnew) {
+    /* Where each new row must now be, the rest unchanged. */
+    const size_t es = attn_dtype_size(c->dt), rowb = (size_t)(c->Hkv * c->d) * es;
+    for (int64_t bb = 0; bb < c->B; bb++)
+      for (int64_t r = 0; r < c->nnew; r++) {
+        const int64_t j = c->used[bb] + r;
+        const int64_t row = c->page ? (int64_t)x.table[bb * x.max_pages + j / c->page] * c->page +
+                                          j % c->page
+                                    : bb * c->cap + j;
+        memcpy((char *)x.k0 + (size_t)row * rowb, (char *)x.kn + (size_t)(bb * c->nnew + r) * rowb,
+               rowb);
+        memcpy((char *)x.v0 + (size_t)row * rowb, (char *)x.vn + (size_t)(bb * c->nnew + r) * rowb,
+               rowb);
+      }
+  }
+  /* NaN-filled rows compare equal as bytes. */
+  if (memcmp(x.k0, x.k, x.kbytes) != 0)
+    fail_msg("k: the cache differs from what it should hold after the call");
+  if (memcmp(x.v0, x.v, x.kbytes) != 0)
+    fail_msg("v: the cache differs from what it should hold after the call");
+  ibuf_free(&x);
+}
+
+/* ---------------------------------------------------------------------- */
+/* KV cache                                                                 */
+/* ---------------------------------------------------------------------- */
+
+static void decode_reads_only_the_used_rows(at_backend *b) {
+  icase c = {.dt = ATTN_F32, .B = 3, .Nq = 1, .cap = 100, .Hq = 8, .Hkv = 2, .d = 64,
+             .used = {37, 100, 1}, .has_used = 1};
+  run_forward(b, &c);
+  c.dt = ATTN_BF16;
+  c.d = 128;
+  run_forward(b, &c);
+}
+
+static void causal_rows_align_to_the_used_length(at_backend *b) {
+  icase c = {.dt = ATTN_F16, .B = 2, .Nq = 4, .cap = 70, .Hq = 4, .Hkv = 4, .d = 32,
+             .used = {9, 66}, .has_used = 1, .flags = ATTN_CAUSAL};
+  run_forward(b, &c);
+  c.win = 1, c.wl = 5, c.wr = 0;
+  run_forward(b, &c);
+}
+
+static void appended_rows_land_in_the_cache_and_are_seen(at_backend *b) {
+  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 3, .cap = 40, .Hq = 6, .Hkv = 2, .d = 64,
+             .used = {0, 30}, .has_used = 1, .nnew = 3, .flags = ATTN_CAUSAL};
+  run_forward(b, &c);
+  c.dt = ATTN_BF16;
+  c.nnew = 3;
+  c.used[1] = 37; /* the last rows of the capacity */
+  run_forward(b, &c);
+}
+
+static void paged_cache_any_page_size(at_backend *b) {
+  const int64_t sizes[] = {1, 3, 16, 64};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    icase c = {.dt = ATTN_BF16, .B = 3, .Nq = 1, .cap = 90, .Hq = 8, .Hkv = 2, .d = 64,
+               .used = {90, 17, 1}, .has_used = 1, .page = sizes[i]};
+    run_forward(b, &c);
+    if (b->small) break;
+  }
+}
+
+static void paged_cache_without_used_lengths(at_backend *b) {
+  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 5, .cap = 48, .Hq = 2, .Hkv = 1, .d = 32, .page = 16,
+             .flags = ATTN_CAUSAL};
+  run_forward(b, &c);
+}
+
+static void paged_append_with_causal_rows(at_backend *b) {
+  icase c = {.dt = ATTN_F16, .B = 2, .Nq = 2, .cap = 50, .Hq = 4, .Hkv = 2, .d = 64,
+             .used = {15, 31}, .has_used = 1, .nnew = 2, .page = 16, .flags = ATTN_CAUSAL};
+  run_forward(b, &c);
+}
+
+static void metadata_in_device_buffers(at_backend *b) {
+  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 1, .cap = 64, .Hq = 4, .Hkv = 2, .d = 32,
+             .used = {20, 64}, .has_used = 1, .page = 8, .bias = 1, .bias_dt = ATTN_F32,
+             .sinks = 1, .device_meta = 1};
+  run_forward(b, &c);
+}
+
+static void splits_give_the_same_answer(at_backend *b) {
+  const int splits[] = {1, 2, 3, 0, 64};
+  for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++) {
+    icase c = {.dt = ATTN_F32, .B = 1, .Nq = 1, .cap = 300, .Hq = 8, .Hkv = 2, .d = 64,
+               .used = {300}, .has_used = 1, .splits = splits[i], .sinks = 1};
+    run_forward(b, &c);
+    c.flags = ATTN_CAUSAL, c.Nq = 3, c.bias = 1, c.bias_dt = ATTN_F32;
+    run_forward(b, &c);
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Score terms                                                              */
+/* ---------------------------------------------------------------------- */
+
+static void bias_full_and_broadcast(at_backend *b) {
+  const int forms[] = {1, 1 + BIAS_BATCH, 1 + BIAS_HEADS, 1 + BIAS_BATCH + BIAS_HEADS + BIAS_ROWS};
+  for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+    icase c = {.dt = ATTN_F32, .B = 2, .Nq = 33, .cap = 47, .Hq = 4, .Hkv = 2, .d = 32,
+               .bias = forms[i], .bias_dt = i % 2 ? ATTN_BF16 : ATTN_F32};
+    run_forward(b, &c);
+    c.dt = ATTN_BF16, c.flags = ATTN_CAUSAL, c.softcap = 20, c.alibi = 1;
+    run_forward(b, &c);
+  }
+}
+
+static void bias_minus_inf_hides_a_whole_row(at_backend *b) {
+  icase c = {.dt = ATTN_F16, .B = 1, .Nq = 20, .cap = 20, .Hq = 2, .Hkv = 1, .d = 64,
+             .bias = 1, .bias_dt = ATTN_F32, .hide_row = 1, .flags = ATTN_CAUSAL};
+  run_forward(b, &c);
+  c.sinks = 1; /* the hidden row then has lse = sink */
+  run_forward(b, &c);
+}
+
+static void sinks_join_the_denominator(at_backend *b) {
+  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 30, .cap = 25, .Hq = 4, .Hkv = 2, .d = 64,
+             .sinks = 1, .win = 1, .wl = 2, .wr = 0}; /* rows 0..4 see no key: lse = sink */
+  run_forward(b, &c);
+  c.dt = ATTN_BF16, c.win = 0, c.flags = ATTN_CAUSAL;
+  run_forward(b, &c);
+}
+
+/* Forward then backward with the bias and sink gradients, against the
+ * reference. */
+static void run_backward(at_backend *b, const icase *c) {
+  ibuf x;
+  ibuf_init(b, &x, c);
+  const int64_t nq = c->B * c->Nq * c->Hq * c->d, nk = c->B * c->cap * c->Hkv * c->d;
+  const size_t es = attn_dtype_size(c->dt);
+  void *dout = at_malloc((size_t)nq * es), *dq = at_malloc((size_t)nq * es),
+       *dk = at_malloc((size_t)nk * es), *dv = at_malloc((size_t)nk * es);
+  fill(dout, c->dt, nq, 1.0);
+  attn_tensor tdo = attn_tensor_bshd(dout, c->dt, c->B, c->Nq, c->Hq, c->d);
+  attn_tensor tdq = attn_tensor_bshd(dq, c->dt, c->B, c->Nq, c->Hq, c->d);
+  attn_tensor tdk = attn_tensor_bshd(dk, c->dt, c->B, c->cap, c->Hkv, c->d);
+  attn_tensor tdv = attn_tensor_bshd(dv, c->dt, c->B, c->cap, c->Hkv, c->d);
+  int64_t nb = c->bias ? at_count(&x.tbias) : 0;
+  float *dbias = c->bias ? at_malloc(sizeof(float) * (size_t)nb) : NULL;
+  float *dsinks = c->sinks ? at_malloc(sizeof(float) * (size_t)c->Hq) : NULL;
+  attn_tensor tdb, tds;
+  if (dbias) {
+    fill_nan(dbias, ATTN_F32, nb);
+    tdb = x.tbias;
+    tdb.data = dbias;
+    tdb.dtype = ATTN_F32;
+    x.p.dbias = &tdb;
+  }
+  if (dsinks) {
+    fill_nan(dsinks, ATTN_F32, c->Hq);
+    tds = attn_tensor_1d(dsinks, ATTN_F32, c->Hq);
+    x.p.dsinks = &tds;
+  }
+  SKIP_IF_DECLINED(b, &x.p, &x.tq, &x.tk, &x.tv, 1);
+  attn_params fp = x.p;
+  fp.dbias = NULL, fp.dsinks = NULL;
+  int rc = attn_forward(b->ctx, &fp, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse);
+  if (rc) fail_msg("attn_forward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+  rc = attn_backward(b->ctx, &x.p, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse, &tdo, &tdq, &tdk, &tdv);
+  if (rc) fail_msg("attn_backward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+  double *rq = at_malloc(sizeof(double) * (size_t)nq), *rk = at_malloc(sizeof(double) * (size_t)nk),
+         *rv = at_malloc(sizeof(double) * (size_t)nk);
+  double *rb = nb ? at_malloc(sizeof(double) * (size_t)nb) : NULL;
+  double *rs = c->sinks ? at_malloc(sizeof(double) * (size_t)c->Hq) : NULL;
+  attn_params hp = host_params(&x);
+  assert_int_equal(at_ref_backward_terms(b->ctx, &hp, &x.tq, &x.tk, &x.tv, &tdo, rq, rk, rv, rb,
+                                         rs, NULL, NULL),
+                   ATTN_OK);
+  const double tol = at_tol_grad(c->dt);
+  expect_near("dq", dq, c->dt, rq, nq, tol);
+  expect_near("dk", dk, c->dt, rk, nk, tol);
+  expect_near("dv", dv, c->dt, rv, nk, tol);
+  if (rb) expect_near("dbias", dbias, ATTN_F32, rb, nb, tol);
+  if (rs) expect_near("dsinks", dsinks, ATTN_F32, rs, c->Hq, tol);
+  ibuf_free(&x);
+}
+
+static void bias_gradient_sums_over_broadcast(at_backend *b) {
+  const int forms[] = {1, 1 + BIAS_BATCH + BIAS_HEADS, 1 + BIAS_ROWS};
+  for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+    icase c = {.dt = ATTN_F32, .B = 2, .Nq = 40, .cap = 40, .Hq = 4, .Hkv = 2, .d = 32,
+               .bias = forms[i], .bias_dt = ATTN_F32, .flags = ATTN_CAUSAL};
+    run_backward(b, &c);
+    c.dt = ATTN_BF16, c.d = 64, c.flags = 0, c.softcap = 15;
+    run_backward(b, &c);
+  }
+}
+
+static void sink_gradient(at_backend *b) {
+  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 37, .cap = 37, .Hq = 4, .Hkv = 1, .d = 64, .sinks = 1,
+             .flags = ATTN_CAUSAL};
+  run_backward(b, &c);
+  c.dt = ATTN_F16, c.bias = 1 + BIAS_BATCH, c.bias_dt = ATTN_F16;
+  run_backward(b, &c);
+}
+
+static void deterministic_bias_gradient_repeats_exactly(at_backend *b) {
+  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 64, .cap = 64, .Hq = 4, .Hkv = 4, .d = 32,
+             .bias = 1 + BIAS_BATCH + BIAS_HEADS, .bias_dt = ATTN_F32,
+             .flags = ATTN_DETERMINISTIC, .sinks = 1};
+  ibuf x;
+  ibuf_init(b, &x, &c);
+  const int64_t nq = c.B * c.Nq * c.Hq * c.d;
+  float *dout = at_malloc(sizeof(float) * (size_t)nq), *dq = at_malloc(sizeof(float) * (size_t)nq),
+        *dk = at_malloc(sizeof(float) * (size_t)nq), *dv = at_malloc(sizeof(float) * (size_t)nq);
+  fill(dout, ATTN_F32, nq, 1.0);
+  attn_tensor tdo = attn_tensor_bshd(dout, ATTN_F32, c.B, c.Nq, c.Hq, c.d),
+              tdq = attn_tensor_bshd(dq, ATTN_F32, c.B, c.Nq, c.Hq, c.d),
+              tdk = attn_tensor_bshd(dk, ATTN_F32, c.B, c.cap, c.Hkv, c.d),
+              tdv = attn_tensor_bshd(dv, ATTN_F32, c.B, c.cap, c.Hkv, c.d);
+  const int64_t nb = at_count(&x.tbias);
+  float *db[2] = {at_malloc(sizeof(float) * (size_t)nb), at_malloc(sizeof(float) * (size_t)nb)};
+  float *ds[2] = {at_malloc(sizeof(float) * 4), at_malloc(sizeof(float) * 4)};
+  attn_tensor tdb = x.tbias, tds;
+  tdb.dtype = ATTN_F32;
+  SKIP_IF_DECLINED(b, &x.p, &x.tq, &x.tk, &x.tv, 1);
+  assert_int_equal(attn_forward(b->ctx, &x.p, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse), ATTN_OK);
+  for (int r = 0; r < 2; r++) {
+    tdb.data = db[r];
+    tds = attn_tensor_1d(ds[r], ATTN_F32, 4);
+    attn_params p = x.p;
+    p.dbias = &tdb;
+    p.dsinks = &tds;
+    assert_int_equal(
+        attn_backward(b->ctx, &p, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse, &tdo, &tdq, &tdk, &tdv),
+        ATTN_OK);
+  }
+  assert_memory_equal(db[0], db[1], sizeof(float) * (size_t)nb);
+  assert_memory_equal(ds[0], ds[1], sizeof(float) * 4);
+  ibuf_free(&x);
+}
+
+/* ---------------------------------------------------------------------- */
+/* attn_merge                                                               */
+/* ---------------------------------------------------------------------- */
+
+/* Attention over keys [0, 40) equals the merge of attention over [0, 25)
+ * and [25, 40), computed as two calls on slices of k and v; a third part
+ * in which one sequence sees no key (lse -inf) adds nothing. */
+static void merge_of_parts_is_the_whole(at_backend *b) {
+  const int64_t B = 2, N = 40, H = 4, d = 32, cut = 25, Nq = 3;
+  const attn_dtype dts[] = {ATTN_F32, ATTN_BF16};
+  for (int di = 0; di < 2; di++) {
+    const attn_dtype dt = dts[di];
+    const size_t es = attn_dtype_size(dt);
+    rng_state = 77 + (uint64_t)di;
+    void *q = at_malloc((size_t)(B * Nq * H * d) * es), *k = at_malloc((size_t)(B * N * H * d) * es),
+         *v = at_malloc((size_t)(B * N * H * d) * es);
+    fill(q, dt, B * Nq * H * d, 1.5);
+    fill(k, dt, B * N * H * d, 1.5);
+    fill(v, dt, B * N * H * d, 1.0);
+    attn_tensor tq = attn_tensor_bshd(q, dt, B, Nq, H, d), tk = attn_tensor_bshd(k, dt, B, N, H, d),
+                tv = attn_tensor_bshd(v, dt, B, N, H, d);
+    attn_params p;
+    attn_params_init(&p);
+    void *op[3];
+    float *lp[3];
+    attn_tensor to[3], tl[3];
+    const int64_t lo[3] = {0, cut, 0}, hi[3] = {cut, N, 1};
+    int32_t zero_used[2] = {0, 1};
+    attn_tensor tz = attn_tensor_1d(zero_used, ATTN_I32, B);
+    for (int s = 0; s < 3; s++) {
+      attn_tensor ks = tk, vs = tv;
+      ks.shape[1] = vs.shape[1] = hi[s] - lo[s];
+      ks.data = (char *)k + (size_t)(lo[s] * H * d) * es;
+      vs.data = (char *)v + (size_t)(lo[s] * H * d) * es;
+      op[s] = at_malloc((size_t)(B * Nq * H * d) * es);
+      lp[s] = at_malloc(sizeof(float) * (size_t)(B * H * Nq));
+      to[s] = attn_tensor_bshd(op[s], dt, B, Nq, H, d);
+      tl[s] = attn_tensor_lse(lp[s], B, H, Nq);
+      attn_params ps = p;
+      if (s == 2) ps.seqused_k = &tz; /* sequence 0 sees no key of this part */
+      if (s == 2 && declined(b, &ps, &tq, &ks, &vs, 0))
+        at_skip("%s declines: %s", b->name, attn_errmsg(b->ctx));
+      int rc = attn_forward(b->ctx, &ps, &tq, &ks, &vs, &to[s], &tl[s]);
+      if (rc) fail_msg("part %d: %s: %s", s, attn_status_name(rc), attn_errmsg(b->ctx));
+    }
+    void *o = at_malloc((size_t)(B * Nq * H * d) * es);
+    float *l = at_malloc(sizeof(float) * (size_t)(B * H * Nq));
+    attn_tensor tom = attn_tensor_bshd(o, dt, B, Nq, H, d), tlm = attn_tensor_lse(l, B, H, Nq);
+    int rc = attn_merge(b->ctx, 2, to, tl, &tom, &tlm);
+    if (rc == ATTN_EUNSUPPORTED) at_skip("%s declines attn_merge: %s", b->name, attn_errmsg(b->ctx));
+    if (rc) fail_msg("attn_merge: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+    double *ro = at_malloc(sizeof(double) * (size_t)(B * Nq * H * d)),
+           *rl = at_malloc(sizeof(double) * (size_t)(B * H * Nq));
+    assert_int_equal(at_ref_forward(b->ctx, &p, &tq, &tk, &tv, ro, rl), ATTN_OK);
+    expect_near("merged o", o, dt, ro, B * Nq * H * d, at_tol_o(dt));
+    expect_near("merged lse", l, ATTN_F32, rl, B * H * Nq, 1e-5);
+    /* The part whose sequence 0 saw nothing leaves sequence 0 as it was; for
+     * sequence 1 it adds key 0 again, which the reference cannot say: only
+     * sequence 0 is compared. */
+    assert_int_equal(attn_merge(b->ctx, 3, to, tl, &tom, &tlm), ATTN_OK);
+    expect_near("merged o with an empty part", o, dt, ro, Nq * H * d, at_tol_o(dt));
+    /* One part is itself. */
+    assert_int_equal(attn_merge(b->ctx, 1, to, tl, &tom, NULL), ATTN_OK);
+    assert_memory_equal(o, op[0], (size_t)(B * Nq * H * d) * es);
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Bad input                                                                */
+/* ---------------------------------------------------------------------- */
+
+/* The call fails with want and a message naming name, and o is untouched. */
+static void expect_refused(at_backend *b, ibuf *x, int want, const char *name) {
+  int rc = attn_forward(b->ctx, &x->p, &x->tq, &x->tk, &x->tv, &x->to, &x->tlse);
+  if (rc != want)
+    fail_msg("got %s (%s), want %s", attn_status_name(rc), attn_errmsg(b->ctx),
+             attn_status_name(want));
+  if (!at_mentions(attn_errmsg(b->ctx), name))
+    fail_msg("the message \"%s\" does not name %s", attn_errmsg(b->ctx), name);
+  for (int64_t i = 0; i < x->c.B * x->c.Nq * x->c.Hq * x->c.d; i++)
+    if (!isnan(attn__load(x->o, x->c.dt, i))) fail_msg("o[%lld] was written", (long long)i);
+}
+
+static void cache_entries_out_of_range_are_refused(at_backend *b) {
+  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 1, .cap = 32, .Hq = 2, .Hkv = 1, .d = 16,
+             .used = {32, 5}, .has_used = 1, .page = 8};
+  ibuf x;
+  ibuf_init(b, &x, &c);
+  x.used[0] = 33;
+  expect_refused(b, &x, ATTN_ECACHE, "params.seqused_k");
+  x.used[0] = -1;
+  expect_refused(b, &x, ATTN_ECACHE, "params.seqused_k");
+  x.used[0] = 32;
+  x.table[1] = (int32_t)x.pages;
+  expect_refused(b, &x, ATTN_ECACHE, "params.block_table");
+  ibuf_free(&x);
+}
+
+static void inconsistent_inference_params_are_refused(at_backend *b) {
+  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 2, .cap = 32, .Hq = 2, .Hkv = 1, .d = 16,
+             .used = {3, 5}, .has_used = 1, .nnew = 2};
+  ibuf x;
+  ibuf_init(b, &x, &c);
+  attn_params keep = x.p;
+  x.p.seqused_k = NULL;
+  expect_refused(b, &x, ATTN_EINVAL, "params.k_new");
+  x.p = keep;
+  x.p.v_new = NULL;
+  expect_refused(b, &x, ATTN_ENULL, "params.v_new");
+  x.p = keep;
+  x.p.num_splits = -1;
+  expect_refused(b, &x, ATTN_EINVAL, "params.num_splits");
+  x.p = keep;
+  float bias[2 * 2 * 2 * 31];
+  attn_tensor tb = attn_tensor_bias(bias, ATTN_F32, 2, 2, 2, 31);
+  x.p.bias = &tb;
+  expect_refused(b, &x, ATTN_ESHAPE, "params.bias");
+  tb = attn_tensor_bias(bias, ATTN_F32, 2, 3, 1, 32);
+  expect_refused(b, &x, ATTN_ESHAPE, "params.bias");
+  x.p = keep;
+  x.p.dbias = &tb;
+  expect_refused(b, &x, ATTN_EINVAL, "params.dbias");
+  x.p = keep;
+  float s[3];
+  attn_tensor ts = attn_tensor_1d(s, ATTN_F32, 3);
+  x.p.sinks = &ts;
+  expect_refused(b, &x, ATTN_ESHAPE, "params.sinks");
+  x.p = keep;
+  x.p.k_new = &x.tk; /* the new rows may not be the cache itself */
+  x.p.v_new = &x.tv;
+  int rc = attn_forward(b->ctx, &x.p, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse);
+  assert_int_not_equal(rc, ATTN_OK);
+  ibuf_free(&x);
+}
+
+static void merge_arguments_are_checked(at_backend *b) {
+  float o[2 * 3 * 4 * 8], l[2 * 4 * 3], o2[2 * 3 * 4 * 8], l2[2 * 4 * 2];
+  attn_tensor to = attn_tensor_bshd(o, ATTN_F32, 2, 3, 4, 8), tl = attn_tensor_lse(l, 2, 4, 3);
+  attn_tensor po = attn_tensor_bshd(o2, ATTN_F32, 2, 3, 4, 8), pl = attn_tensor_lse(l2, 2, 4, 2);
+  assert_int_equal(attn_merge(b->ctx, 0, &po, &pl, &to, &tl), ATTN_ESIZE);
+  assert_int_equal(attn_merge(b->ctx, 1, &po, &pl, &to, &tl), ATTN_ESHAPE);
+  assert_true(at_mentions(attn_errmsg(b->ctx), "lse_parts"));
+  assert_int_equal(attn_merge(b->ctx, 1, &to, &tl, &to, &tl), ATTN_EALIAS);
+}
+
+static const at_test tests[] = {
+    AT_TEST(decode_reads_only_the_used_rows),
+    AT_TEST(causal_rows_align_to_the_used_length),
+    AT_TEST(appended_rows_land_in_the_cache_and_are_seen),
+    AT_TEST(paged_cache_any_page_size),
+    AT_TEST(paged_cache_without_used_lengths),
+    AT_TEST(paged_append_with_causal_rows),
+    AT_TEST(metadata_in_device_buffers),
+    AT_TEST(splits_give_the_same_answer),
+    AT_TEST(bias_full_and_broadcast),
+    AT_TEST(bias_minus_inf_hides_a_whole_row),
+    AT_TEST(sinks_join_the_denominator),
+    AT_TEST(bias_gradient_sums_over_broadcast),
+    AT_TEST(sink_gradient),
+    AT_TEST(deterministic_bias_gradient_repeats_exactly),
+    AT_TEST(merge_of_parts_is_the_whole),
+    AT_TEST(cache_entries_out_of_range_are_refused),
+    AT_TEST(inconsistent_inference_params_are_refused),
+    AT_TEST(merge_arguments_are_checked),
+};
+
+int main(int argc, char **argv) {
+  return at_main(argc, argv, "inference", tests, sizeof tests / sizeof tests[0], NULL, 0);
+}
