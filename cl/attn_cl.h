@@ -228,7 +228,7 @@ typedef struct attn__cl_workspace {
   int64_t tq;   /* rows of delta per head: every query row of every sequence */
   size_t delta; /* backward: delta = rowsum(dO * O) of every row and head */
   size_t work;  /* decode: the splits' o parts; backward: dbias's row-block sums */
-  size_t work2; /* decode: the splits' lse parts */
+  size_t work2; /* decode: the splits' m_i and l_i */
 } attn__cl_workspace;
 
 /* How a decode runs: nsplit parts of each row's keys, nrb blocks of DR

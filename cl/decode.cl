@@ -17,10 +17,14 @@
  *                                      of the keys)
  *                      With one split the work-group ends its rows (O / l_i,
  *                      lse, sinks) as fwd.cl does; with several each writes
- *                      its part (o_s, lse_s) to the workspace.
+ *                      its part (O, m_i, l_i) to the workspace.
  *   attn_decode_merge  one work-group per (query row, head): the parts
- *                      merged by their lse (merge_max, merge_scale), then the
- *                      row ended as above.
+ *                      merged (merge_max, merge_scale), then the row ended
+ *                      as above.
+ * A part keeps m_i and l_i rather than its lse = m_i + log l_i: a float lse
+ * would round the row's maximum, and every P of the backward pass with it,
+ * by up to half an ulp of the logits (see lse_split). The weight of a part,
+ * exp(lse_s - m) in merge_scale's terms, is l_s merge_scale(m_s, m).
  *
  * Splitting the keys (flash-decoding) is what fills the device when the
  * sequences and heads alone give too few work-groups: the host chooses the
@@ -176,6 +180,8 @@ inline int keys_of(seq_info seq, int b KV_USED_ARGS) {
 /* Where a part's (o_s, lse_s) of query row qrow (over all sequences) of
  * head h is in the workspace. */
 #define PART_ROW(s, h, heads, tq, qrow) (((long)(s) * (heads) + (h)) * (tq) + (qrow))
+/* A part's O at part_o[PART_ROW * HD + c]; its m_i and l_i at
+ * part_ml[2 PART_ROW] and the float after. */
 
 __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
     __global const T *q, long qo, long4 qs, __global const RAW *k, long ko, long4 ks,
@@ -183,7 +189,7 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
     long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k,
     __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,
     float softcap, int wl, int wr, int nsplit, int nrb, int vec, __global float *part_o,
-    __global float *part_lse, int tq KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS) {
+    __global float *part_ml, int tq KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS) {
   /* The K and V tiles, and at the end the key slices' sums. */
   __local uint4 tiles[TILES4];
   __local uint4 *Ks4 = tiles, *Vs4 = tiles + NTD * KSTR4;
@@ -386,11 +392,12 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
         if (ls.s3) lp[ls.s3] = lse_lo;
       }
     } else {
-      /* The part: o_s normalized, lse_s; -inf and 0 where no key of this
-       * split had a finite score, NaN where one was NaN. */
       const long pr = PART_ROW(split, h, heads, tq, seq.qflat + i);
-      part_o[pr * HD + c] = lr > 0.0f ? a / lr : lr == 0.0f ? 0.0f : NAN;
-      if (c == 0) part_lse[pr] = lr > 0.0f ? mr + log(lr) : lr == 0.0f ? -INFINITY : NAN;
+      part_o[pr * HD + c] = a;
+      if (c == 0) {
+        part_ml[2 * pr] = mr;
+        part_ml[2 * pr + 1] = lr;
+      }
     }
   }
 }
@@ -400,7 +407,7 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
 __kernel __attribute__((reqd_work_group_size(NTM, 1, 1))) void attn_decode_merge(
     __global T *o, long oo, long4 os, __global float *lse, long lo_, long4 ls,
     __global const int *cu_q, __global const int *cu_k, int nq_all, int nk_all, int d, int wl,
-    int wr, int nsplit, __global const float *part_o, __global const float *part_lse,
+    int wr, int nsplit, __global const float *part_o, __global const float *part_ml,
     int tq KV_USED_ARGS SINK_ARGS) {
   __local float scale_s[MAX_SPLITS];
   const int lid = get_local_id(0), r = get_group_id(0), h = get_group_id(1), b = get_group_id(2);
@@ -412,13 +419,13 @@ __kernel __attribute__((reqd_work_group_size(NTM, 1, 1))) void attn_decode_merge
 
   float mx = -INFINITY;
   for (int s = 0; s < nsplit; ++s)
-    mx = merge_max(mx, part_lse[pr0 + s * pstride]);
+    mx = merge_max(mx, part_ml[2 * (pr0 + s * pstride)]);
   for (int s = lid; s < nsplit; s += NTM)
-    scale_s[s] = merge_scale(part_lse[pr0 + s * pstride], mx);
+    scale_s[s] = merge_scale(part_ml[2 * (pr0 + s * pstride)], mx);
   barrier(CLK_LOCAL_MEM_FENCE);
   float l = 0.0f;
   for (int s = 0; s < nsplit; ++s)
-    l += scale_s[s];
+    l = fma(scale_s[s], part_ml[2 * (pr0 + s * pstride) + 1], l);
 
   int klo, khi;
   key_range(diag(r, seq.nq, nk), nk, wl, wr, &klo, &khi);

@@ -296,7 +296,7 @@ void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const att
     if (dec.nsplit > 1) {
       const size_t parts = (size_t)dec.nsplit * (size_t)pb->heads_q * (size_t)ws->tq;
       ws->work = parts * (size_t)c->hd * sizeof(float);
-      ws->work2 = parts * sizeof(float);
+      ws->work2 = 2 * parts * sizeof(float);
     }
   }
   if (plan->backward && pb->has_dbias && dbias_over_rows(pb)) {
