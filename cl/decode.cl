@@ -80,6 +80,12 @@ inline FV unpack(uint4 u) {
 #define NKS (NCH < NTD ? NTD / NCH : 1)
 /* The row maximum: IPR items per row, each over DR keys. */
 #define IPR (NTD / DR)
+/* S and P: item lid owns keys lid % KG + KG u (u < KPI) against rows
+ * lid / KG * RPI .. + RPI - 1: two keys per item read each Q chunk for
+ * two, and neighbouring items still read neighbouring K rows. */
+#define KPI (DR > 1 ? 2 : 1)
+#define RPI (DR / KPI)
+#define KG (NTD / KPI)
 #define TILES4 MAX4(2 * NTD * KSTR4, NKS * DR * HD / 4)
 #define MAX4(a, b) ((a) > (b) ? (a) : (b))
 
@@ -111,17 +117,30 @@ inline float fv_at(FV a, int e) {
 #endif
 }
 
+/* Where key jj of the tile (key j) is in a tensor of strides s: through
+ * the tile's pages (page, row in it), found once per key and tile, when
+ * paged. */
+#if PAGED
+#define TILE_PAGES_PARAM , __local const int2 *pg
+#define TILE_PAGES , pg
+#define TILE_ROW(jj, j, s) (pg[jj].x * (s).s0 + pg[jj].y * (s).s1)
+#else
+#define TILE_PAGES_PARAM
+#define TILE_PAGES
+#define TILE_ROW(jj, j, s) ((j) * (s).s1)
+#endif
+
 /* Keys j0 .. j0 + NTD - 1 of one head of k or v (p: its row 0 of the head,
  * as raw elements) into a local tile, zero past nk and past d. vec: the
  * host found every row 16-byte aligned with contiguous columns and d a
  * multiple of CH, so a chunk is one load. */
 inline void stage_tile(__local uint4 *dst, __global const RAW *p, long4 s, int j0, int nk, int d,
-                       int vec, int lid KEY_PAGES_PARAM) {
+                       int vec, int lid TILE_PAGES_PARAM) {
   for (int e = lid; e < NTD * NCH; e += NTD) {
     const int jj = e / NCH, c = e % NCH, j = j0 + jj;
     uint4 u = (uint4)(0u);
     if (j < nk && c * CH < d) {
-      __global const RAW *row = p + KEY_ROW(j, s);
+      __global const RAW *row = p + TILE_ROW(jj, j, s);
       if (vec) {
         u = *(__global const uint4 *)(row + c * CH);
       } else {
@@ -194,8 +213,12 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
   __local uint4 tiles[TILES4];
   __local uint4 *Ks4 = tiles, *Vs4 = tiles + NTD * KSTR4;
   __local FV Qv[DR * NCH];
-  __local float Ss[NTD * DR]; /* S, then P, key-major */
-  __local float red[NTD];     /* the rows' partial maxima, then their new m_i */
+  __local float4 Ss4[(NTD * DR + 3) / 4]; /* S, then P, key-major */
+  __local float *Ss = (__local float *)Ss4;
+  __local float red[NTD]; /* the rows' partial maxima, then their new m_i */
+#if PAGED
+  __local int2 pg[NTD]; /* the tile's keys' pages and rows in them */
+#endif
 
   const int lid = get_local_id(0);
   const int rb = get_group_id(0) % nrb, split = get_group_id(0) / nrb;
@@ -230,56 +253,81 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
   const int first = lo / NTD, ntiles = lo < hi ? (hi + NTD - 1) / NTD - first : 0;
   const int t0 = first + split * ntiles / nsplit, t1 = first + (split + 1) * ntiles / nsplit;
 
-  /* Per row: the diagonal, ALiBi slope, bias row and the running m_i, l_i
-   * (l_i over this item's key slice). */
-  int dg[DR];
-  float slope[DR], m[DR], l[DR], acc[DR][CPI * CH];
-#if HAS_BIAS
-  long brow[DR];
-#endif
+  /* Per row: the running m_i, l_i (over this item's key slice) and O; per
+   * row of the item's S: its diagonal, ALiBi slope and bias row. */
+  const int kg = lid % KG, rg = lid / KG * RPI;
+  float m[DR], l[DR], acc[DR][CPI * CH];
 #pragma unroll
   for (int rr = 0; rr < DR; ++rr) {
-    dg[rr] = diag(w.ri[rr], nq, nk);
-    slope[rr] = alibi ? alibi[w.hh[rr]] : 0.0f;
     m[rr] = -INFINITY;
     l[rr] = 0.0f;
 #pragma unroll
     for (int e = 0; e < CPI * CH; ++e)
       acc[rr][e] = 0.0f;
+  }
+  int dg[RPI], live[RPI];
+  float slope[RPI];
 #if HAS_BIAS
-    brow[rr] = bias_o + b * bias_s.s0 + w.hh[rr] * bias_s.s1 + w.ri[rr] * bias_s.s2;
+  long brow[RPI];
+#endif
+#pragma unroll
+  for (int v = 0; v < RPI; ++v) {
+    dg[v] = diag(w.ri[rg + v], nq, nk);
+    live[v] = rg + v < w.nr;
+    slope[v] = alibi ? alibi[w.hh[rg + v]] : 0.0f;
+#if HAS_BIAS
+    brow[v] = bias_o + b * bias_s.s0 + w.hh[rg + v] * bias_s.s1 + w.ri[rg + v] * bias_s.s2;
 #endif
   }
 
   for (int t = t0; t < t1; ++t) {
     const int j0 = t * NTD;
+#if PAGED
+    if (j0 + lid < nk) /* the page alone: paged_row with t_sb 1, t_ss 0 */
+      pg[lid] = (int2)((int)paged_row(kpg.bt, kpg.bt_sb, kpg.bt_ss, b, j0 + lid, kpg.size,
+                                      kpg.count, 1, 0),
+                       (j0 + lid) % kpg.size);
+#endif
     barrier(CLK_LOCAL_MEM_FENCE); /* the last tile's reads are done */
-    stage_tile(Ks4, kp, ks, j0, nk, d, vec, lid KEY_PAGES);
-    stage_tile(Vs4, vp, vs, j0, nk, d, vec, lid KEY_PAGES);
+    stage_tile(Ks4, kp, ks, j0, nk, d, vec, lid TILE_PAGES);
+    stage_tile(Vs4, vp, vs, j0, nk, d, vec, lid TILE_PAGES);
     barrier(CLK_LOCAL_MEM_FENCE);
 
-    /* S for key j = j0 + lid against every row. */
-    const int j = j0 + lid;
-    float s[DR];
+    /* S of the item's keys and rows, masked. */
+    float s[KPI][RPI];
 #pragma unroll
-    for (int rr = 0; rr < DR; ++rr)
-      s[rr] = 0.0f;
+    for (int u = 0; u < KPI; ++u)
+#pragma unroll
+      for (int v = 0; v < RPI; ++v)
+        s[u][v] = 0.0f;
     for (int c = 0; c < NCH; ++c) {
-      const FV kf = unpack(Ks4[lid * KSTR4 + c]);
+      FV kf[KPI];
 #pragma unroll
-      for (int rr = 0; rr < DR; ++rr)
-        s[rr] = dot_fv(Qv[rr * NCH + c], kf, s[rr]);
+      for (int u = 0; u < KPI; ++u)
+        kf[u] = unpack(Ks4[(kg + u * KG) * KSTR4 + c]);
+#pragma unroll
+      for (int v = 0; v < RPI; ++v) {
+        const FV qf = Qv[(rg + v) * NCH + c];
+#pragma unroll
+        for (int u = 0; u < KPI; ++u)
+          s[u][v] = dot_fv(qf, kf[u], s[u][v]);
+      }
     }
 #pragma unroll
-    for (int rr = 0; rr < DR; ++rr) {
-      float th;
-      const float x = score(s[rr], scale, softcap, slope[rr], dg[rr] - j, &th);
-      const int in = rr < w.nr && j >= lo && j < hi && key_visible(dg[rr], j, wl, wr);
+    for (int u = 0; u < KPI; ++u) {
+      const int jj = kg + u * KG, j = j0 + jj;
+#pragma unroll
+      for (int v = 0; v < RPI; ++v) {
+        float th;
+        const float x = score(s[u][v], scale, softcap, slope[v], dg[v] - j, &th);
+        const int in = live[v] && j >= lo && j < hi && key_visible(dg[v], j, wl, wr);
 #if HAS_BIAS
-      Ss[lid * DR + rr] = in ? x + load_any(bias, BIAS_DTYPE, brow[rr] + j * bias_s.s3) : -INFINITY;
+        Ss[jj * DR + rg + v] =
+            in ? x + load_any(bias, BIAS_DTYPE, brow[v] + j * bias_s.s3) : -INFINITY;
 #else
-      Ss[lid * DR + rr] = in ? x : -INFINITY;
+        Ss[jj * DR + rg + v] = in ? x : -INFINITY;
 #endif
+      }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -303,8 +351,18 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
     if (lid < DR) red[lid] = mx;
     barrier(CLK_LOCAL_MEM_FENCE);
 
-    /* P for this item's key; the rows' accumulators rescaled. A row with no
-     * visible key yet keeps m_i = -inf and subtracts 0 (exp stays 0). */
+    /* P of the item's keys and rows; every row's accumulators rescaled. A
+     * row with no visible key yet keeps m_i = -inf and subtracts 0 (exp
+     * stays 0). */
+#pragma unroll
+    for (int v = 0; v < RPI; ++v) {
+      const float mn = red[rg + v], mu = mn == -INFINITY ? 0.0f : mn;
+#pragma unroll
+      for (int u = 0; u < KPI; ++u) {
+        const int e = (kg + u * KG) * DR + rg + v;
+        Ss[e] = exp(Ss[e] - mu);
+      }
+    }
 #pragma unroll
     for (int rr = 0; rr < DR; ++rr) {
       const float mn = red[rr], mu = mn == -INFINITY ? 0.0f : mn;
@@ -314,29 +372,41 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
 #pragma unroll
       for (int e = 0; e < CPI * CH; ++e)
         acc[rr][e] *= alpha;
-      Ss[lid * DR + rr] = exp(Ss[lid * DR + rr] - mu);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 
     /* O += P V over this item's chunks and key slice. */
     for (int jj = lid / NCH % NKS; jj < NTD; jj += NKS) {
+      float p[DR];
+#if DR % 4 == 0
+#pragma unroll
+      for (int u = 0; u < DR / 4; ++u) {
+        const float4 p4 = Ss4[jj * (DR / 4) + u];
+        p[4 * u] = p4.s0;
+        p[4 * u + 1] = p4.s1;
+        p[4 * u + 2] = p4.s2;
+        p[4 * u + 3] = p4.s3;
+      }
+#else
+#pragma unroll
+      for (int rr = 0; rr < DR; ++rr)
+        p[rr] = Ss[jj * DR + rr];
+#endif
 #pragma unroll
       for (int cc = 0; cc < CPI; ++cc) {
         const int c = lid % NCH + cc * NTD;
         if (c < NCH) {
           const FV vf = unpack(Vs4[jj * KSTR4 + c]);
 #pragma unroll
-          for (int rr = 0; rr < DR; ++rr) {
-            const float p = Ss[jj * DR + rr];
+          for (int rr = 0; rr < DR; ++rr)
 #pragma unroll
             for (int e = 0; e < CH; ++e)
-              acc[rr][cc * CH + e] = fma(p, fv_at(vf, e), acc[rr][cc * CH + e]);
-          }
+              acc[rr][cc * CH + e] = fma(p[rr], fv_at(vf, e), acc[rr][cc * CH + e]);
         }
       }
 #pragma unroll
       for (int rr = 0; rr < DR; ++rr)
-        l[rr] += Ss[jj * DR + rr];
+        l[rr] += p[rr];
     }
   }
 
@@ -376,7 +446,7 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
     const float mr = m[rr];
     if (nsplit == 1) {
       int klo, khi;
-      key_range(dg[rr], nk, wl, wr, &klo, &khi);
+      key_range(diag(i, nq, nk), nk, wl, wr, &klo, &khi);
 #if HAS_SINKS
       const float sink = sinks[sinks_o + h * sinks_sh];
 #else

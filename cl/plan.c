@@ -99,13 +99,13 @@ static size_t dbias_local_bytes(int bb) {
 
 /* decode.cl's local memory for elements of es bytes: the K and V tiles
  * (rows of 16-byte chunks, one spare) or the key slices' sums, whichever
- * is larger; Q; S; the row maxima. */
+ * is larger; Q; S; the row maxima; the tile's pages when paged. */
 static size_t decode_local_bytes(int hd, int es, int dr, int ntd) {
   const size_t ch = 16u / (size_t)es, nch = (size_t)hd / ch;
   const size_t nks = nch < (size_t)ntd ? (size_t)ntd / nch : 1;
   const size_t tiles = 2u * (size_t)ntd * (nch + 1) * 16u, sums = nks * (size_t)dr * hd * 4u;
   return (tiles > sums ? tiles : sums) + (size_t)dr * hd * 4u + (size_t)ntd * dr * 4u +
-         (size_t)ntd * 4u;
+         (size_t)ntd * 4u + (size_t)ntd * 8u;
 }
 
 /* ATTN_CL_TILES=BR,TM,BC,DK,JK in place of the row's forward tiles
