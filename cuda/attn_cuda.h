@@ -110,6 +110,12 @@ static inline int attn__cuda_rows4(const attn__tensor *t, const attn__problem *p
          t->sb % 4 == 0 && attn__cuda_base(t) % (4 * attn_dtype_size(pb->dtype)) == 0;
 }
 
+/* The shared memory that a bias of elements of `size` bytes adds to a row
+ * of the tensor-core forward (mma_fwd.cu) or backward (mma_bwd.cu): the
+ * bias tiles that ride with K and V. */
+size_t attn__cuda_mma_fwd_bias_smem(const attn__cuda_config *c, size_t size);
+size_t attn__cuda_mma_bwd_bias_smem(const attn__cuda_config *c, size_t size);
+
 /* The plan (plan.c): the row to run, or NULL with a sentence in why. */
 const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,
                                          int backward, char *why, size_t why_len);
@@ -127,6 +133,15 @@ static inline size_t attn__cuda_workspace(attn__cuda_kernel k, const attn__probl
   if (k == ATTN__CUDA_MMA_BACKWARD) return 2 * per + dq;
   if (k == ATTN__CUDA_GENERAL_BACKWARD) return per + dq;
   return 0;
+}
+
+/* Whether dbias sums over a broadcast dimension (stride 0 where the problem
+ * has more than one sequence, head or query row): dK/dV's pass then adds
+ * into it with atomics, or, deterministic, a pass of its own sums in order. */
+static inline int attn__cuda_dbias_sums(const attn__problem *pb) {
+  const attn__tensor *t = &pb->dbias;
+  return pb->has_dbias && ((t->sb == 0 && pb->batch > 1) || (t->sh == 0 && pb->heads_q > 1) ||
+                           (t->ss == 0 && pb->seqlen_q > 1));
 }
 
 #ifdef __cplusplus
