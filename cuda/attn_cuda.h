@@ -69,12 +69,12 @@ typedef int (*attn__cuda_launcher)(const attn__cuda_launch *L, const attn__cuda_
 struct attn__cuda_config {
   attn__cuda_kernel kernel;
   attn_dtype dtype;
-  int dim;          /* head dims d with bucket(d) == dim (see attn__cuda_dim_bucket) */
-  int cc;           /* the lowest compute capability it runs on */
-  int threads;      /* a block */
-  int br, bc;       /* query rows and keys a block (or a step) */
-  size_t smem;      /* dynamic shared memory, its largest kernel */
-  size_t smem_det;  /* backward: and its deterministic pass's, 0 if none */
+  int dim;           /* head dims d with bucket(d) == dim (see attn__cuda_dim_bucket) */
+  int cc;            /* the lowest compute capability it runs on */
+  int threads;       /* a block */
+  int br, bc;        /* query rows and keys a block (or a step) */
+  size_t smem;       /* dynamic shared memory, its largest kernel */
+  size_t smem_det;   /* backward: and its deterministic pass's, 0 if none */
   unsigned features; /* the ATTN__USES_* bits (attn_internal.h) its kernels implement */
   const char *name;  /* family and tiles in words */
   attn__cuda_launcher launch;
@@ -123,6 +123,12 @@ static inline int attn__cuda_aligned16(const attn__tensor *t) {
          t->sh % 8 == 0 && t->sb % 8 == 0;
 }
 
+/* The shared memory that a bias of elements of `size` bytes adds to a row
+ * of the tensor-core forward (mma_fwd.cu) or backward (mma_bwd.cu): the
+ * bias tiles that ride with K and V. */
+size_t attn__cuda_mma_fwd_bias_smem(const attn__cuda_config *c, size_t size);
+size_t attn__cuda_mma_bwd_bias_smem(const attn__cuda_config *c, size_t size);
+
 /* The plan (plan.c): the row to run, or NULL with a sentence in why. */
 const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,
                                          int backward, char *why, size_t why_len);
@@ -164,6 +170,15 @@ size_t attn__cuda_decode_workspace(const attn__cuda_device *dev, const attn__cud
 int attn__cuda_append(const attn__cuda_launch *L);
 size_t attn__cuda_merge_workspace(const attn__merge *m);
 int attn__cuda_merge(const attn__merge *m, cudaStream_t stream, void *workspace);
+
+/* Whether dbias sums over a broadcast dimension (stride 0 where the problem
+ * has more than one sequence, head or query row): dK/dV's pass then adds
+ * into it with atomics, or, deterministic, a pass of its own sums in order. */
+static inline int attn__cuda_dbias_sums(const attn__problem *pb) {
+  const attn__tensor *t = &pb->dbias;
+  return pb->has_dbias && ((t->sb == 0 && pb->batch > 1) || (t->sh == 0 && pb->heads_q > 1) ||
+                           (t->ss == 0 && pb->seqlen_q > 1));
+}
 
 #ifdef __cplusplus
 }
