@@ -59,9 +59,10 @@ void attn__cl_release_programs(attn__cl_impl *im) {
   im->nprog = 0;
 }
 
-/* The sources, -D options and kernels of a program of config c. */
+/* The sources (*nsrc of them), -D options and kernels (returned: how
+ * many, by slot) of a program of config c. */
 static int program_parts(const attn__cl_config *c, int kind, unsigned f, const char **srcs,
-                         char *opts, size_t n, int *slots) {
+                         int *nsrc, char *opts, size_t n, int *slots) {
   const attn__cl_tiles *t = &c->t;
   int ns = 1, nk = 0;
   srcs[0] = attn__cl_src_common;
@@ -111,12 +112,8 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
   if (f & ATTN__CL_F_SINKS) len += snprintf(opts + len, n - (size_t)len, " -DHAS_SINKS=1");
   if (f & (ATTN__CL_F_DBIAS1 | ATTN__CL_F_DBIAS2))
     snprintf(opts + len, n - (size_t)len, " -DDBIAS=%d", f & ATTN__CL_F_DBIAS1 ? 1 : 2);
-  (void)ns;
+  *nsrc = ns;
   return nk;
-}
-
-static int program_sources(int kind) {
-  return kind == ATTN__CL_PROG_ATTN ? 3 : 2;
 }
 
 /* Builds the program of (c, kind, f) into the next entry. *narrow is set
@@ -135,13 +132,13 @@ static int build_program(attn_context *ctx, const attn__cl_config *c, int kind, 
   char opts[320];
   const char *srcs[3];
   int slots[ATTN__CL_K_COUNT];
-  const int nk = program_parts(c, kind, f, srcs, opts, sizeof opts, slots);
+  int nsrc;
+  const int nk = program_parts(c, kind, f, srcs, &nsrc, opts, sizeof opts, slots);
   const char *names[ATTN__CL_K_COUNT];
   cl_kernel ks[ATTN__CL_K_COUNT];
   for (int i = 0; i < nk; ++i)
     names[i] = kernel_names[slots[i]];
-  int st = attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, program_sources(kind), opts, names,
-                          nk, &p.prog, ks);
+  int st = attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, nsrc, opts, names, nk, &p.prog, ks);
   if (st) return st;
   cl->clRetainContext(im->ctx);
   p.clctx = im->ctx;
@@ -469,8 +466,7 @@ static int rows_aligned(const attn__problem *pb, size_t es) {
   return 1;
 }
 
-static int decode(attn_context *ctx, const attn__problem *pb, const attn__plan *plan,
-                  const call *c) {
+static int decode(attn_context *ctx, const attn__problem *pb, const call *c) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
   const attn__cl_program *p = c->p;
   attn__cl_decode dec;
@@ -511,7 +507,6 @@ static int decode(attn_context *ctx, const attn__problem *pb, const attn__plan *
   arg_mem(&m, im->work2.mem);
   arg_int(&m, (cl_int)c->ws.tq);
   arg_features(&m, pb, c->features & (ATTN__CL_F_USED | ATTN__CL_F_SINKS));
-  (void)plan;
   return launch(ctx, m.k, &m, "attn_decode_merge", (size_t)pb->seqlen_q * 64, (size_t)pb->heads_q,
                 (size_t)pb->batch, 64);
 }
@@ -522,7 +517,7 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
   int st = prepare(ctx, pb, plan, &c);
   if (st) return st;
   if (plan->kernel == ATTN__CL_DECODE) {
-    st = decode(ctx, pb, plan, &c);
+    st = decode(ctx, pb, &c);
     return st ? st : finish(ctx, pb);
   }
   const attn__cl_program *p = c.p;
