@@ -71,6 +71,9 @@ const char *attn__cl_errname(cl_int err);
 extern const char attn__cl_src_common[];
 extern const char attn__cl_src_fwd[];
 extern const char attn__cl_src_bwd[];
+extern const char attn__cl_src_decode[];
+extern const char attn__cl_src_append[];
+extern const char attn__cl_src_merge[];
 extern const char attn__cl_src_selftest[];
 
 /* Builds a program for one device from sources concatenated in order, with
@@ -102,12 +105,59 @@ typedef struct attn__cl_tiles {
   int tm;     /* forward: query rows per work-item (16 * Br / TM work-items) */
   int dk, jk; /* forward: Q/K columns and V rows per staging step */
   int bb;     /* backward: Br = Bc = BB */
+  int dr;     /* decode: query rows per work-group (DR); 0: no decode kernel fits */
+  int ntd;    /* decode: work-items and keys per tile (NTD) */
 } attn__cl_tiles;
 
 /* attn__plan.kernel: the kernel family that runs. */
 enum attn__cl_kernel {
-  ATTN__CL_FWD, /* attn_fwd */
-  ATTN__CL_BWD  /* attn_bwd_pre, then attn_bwd_dkdv and attn_bwd_dq */
+  ATTN__CL_FWD,    /* attn_fwd */
+  ATTN__CL_BWD,    /* attn_bwd_pre, then attn_bwd_dkdv and attn_bwd_dq */
+  ATTN__CL_DECODE, /* attn_decode, then attn_decode_merge when the keys are split */
+  ATTN__CL_FAMILIES
+};
+
+/* The programs a config is built into: which sources, which kernels. The
+ * plain attention program holds the forward and backward kernels together;
+ * a problem using an optional feature gets a program of its pass alone,
+ * built with the feature's -D values (attn__cl_features). */
+enum attn__cl_prog_kind {
+  ATTN__CL_PROG_ATTN,   /* common.cl fwd.cl bwd.cl, no feature */
+  ATTN__CL_PROG_FWD,    /* common.cl fwd.cl */
+  ATTN__CL_PROG_BWD,    /* common.cl bwd.cl */
+  ATTN__CL_PROG_DECODE, /* common.cl decode.cl */
+  ATTN__CL_PROG_APPEND, /* common.cl append.cl */
+  ATTN__CL_PROG_MERGE   /* common.cl merge.cl */
+};
+
+/* The optional features a program is built with (common.cl's and bwd.cl's
+ * -D values). */
+enum {
+  ATTN__CL_F_USED = 1u << 0,   /* KV_USED */
+  ATTN__CL_F_PAGED = 1u << 1,  /* PAGED */
+  ATTN__CL_F_BIAS = 1u << 2,   /* HAS_BIAS, with the dtype in ATTN__CL_F_BIAS_DTYPE */
+  ATTN__CL_F_SINKS = 1u << 3,  /* HAS_SINKS (backward: the dsinks kernel) */
+  ATTN__CL_F_DBIAS1 = 1u << 4, /* DBIAS 1: added tile by tile, launches in order */
+  ATTN__CL_F_DBIAS2 = 1u << 5, /* DBIAS 2: through row-block sums */
+  ATTN__CL_F_BIAS_SHIFT = 6    /* the bias's attn_dtype, 2 bits */
+};
+
+/* Every kernel of every program, by slot; a program has those of its kind
+ * and features, NULL elsewhere. */
+enum attn__cl_kernel_slot {
+  ATTN__CL_K_FWD,
+  ATTN__CL_K_PRE,
+  ATTN__CL_K_DKDV,
+  ATTN__CL_K_DQ,
+  ATTN__CL_K_ZERO,
+  ATTN__CL_K_DBIAS_SUM,
+  ATTN__CL_K_DSINKS,
+  ATTN__CL_K_DECODE,
+  ATTN__CL_K_DECODE_MERGE,
+  ATTN__CL_K_APPEND,
+  ATTN__CL_K_MERGE_MAX,
+  ATTN__CL_K_MERGE_ADD,
+  ATTN__CL_K_COUNT
 };
 
 /* What plan() decided for one (dtype, head-dim bucket) on a context's
@@ -118,18 +168,20 @@ typedef struct attn__cl_config {
   int dtype, hd;
   int narrow; /* the device's 128-work-item row rather than its GPU row */
   attn__cl_tiles t;
-  char name[2][96]; /* by kernel family, for attn__plan.name */
+  char name[ATTN__CL_FAMILIES][96]; /* by kernel family, for attn__plan.name */
 } attn__cl_config;
 
 /* The head-dim buckets a context plans for: 32, 64, 96, .. */
 #define ATTN__CL_BUCKETS (ATTN_MAX_HEAD_DIM / 32)
-#define ATTN__CL_MAX_PROGRAMS 64
+#define ATTN__CL_MAX_PROGRAMS 256
 
 typedef struct attn__cl_program {
   cl_context clctx;
   const attn__cl_config *config;
+  int kind;          /* attn__cl_prog_kind */
+  unsigned features; /* ATTN__CL_F_* */
   cl_program prog;
-  cl_kernel fwd, pre, dkdv, dq;
+  cl_kernel k[ATTN__CL_K_COUNT];
 } attn__cl_program;
 
 typedef struct attn__cl_scratch {
@@ -148,6 +200,8 @@ typedef struct attn__cl_impl {
   attn__cl_program progs[ATTN__CL_MAX_PROGRAMS];
   int nprog;
   attn__cl_scratch cu_q, cu_k, alibi, delta;
+  attn__cl_scratch work, work2; /* partial results: the decode's splits, dbias's row blocks,
+                                 * attn_merge's sums */
 } attn__cl_impl;
 
 static inline attn__cl_impl *attn__cl_impl_of(attn_context *ctx) {
@@ -173,9 +227,23 @@ typedef struct attn__cl_workspace {
   size_t alibi; /* the slopes, uploaded */
   int64_t tq;   /* rows of delta per head: every query row of every sequence */
   size_t delta; /* backward: delta = rowsum(dO * O) of every row and head */
+  size_t work;  /* decode: the splits' o parts; backward: dbias's row-block sums */
+  size_t work2; /* decode: the splits' m_i and l_i */
 } attn__cl_workspace;
 
-void attn__cl_workspace_of(const attn__problem *pb, int backward, attn__cl_workspace *ws);
+/* How a decode runs: nsplit parts of each row's keys, nrb blocks of DR
+ * rows per key/value head. */
+typedef struct attn__cl_decode {
+  int nsplit, nrb;
+} attn__cl_decode;
+
+/* The features of a problem's pass (ATTN__CL_F_*); its program kind. */
+unsigned attn__cl_features(const attn__problem *pb, int backward);
+/* The decode's splits and row blocks for pb under config c. */
+void attn__cl_decode_of(attn_context *ctx, const attn__problem *pb, const attn__cl_config *c,
+                        attn__cl_decode *dec);
+void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const attn__plan *plan,
+                           attn__cl_workspace *ws);
 
 /* The backend's plan(): the config for the problem's dtype and head-dim
  * bucket, chosen once per context. */
@@ -186,13 +254,22 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
  * config pointer then names what runs. 0 when no narrower row fits. */
 int attn__cl_config_narrow(attn_context *ctx, attn__cl_config *config);
 
-/* The plan's program in the context's cl_context, built on first use (a
- * GPU config whose kernels cannot run its work-group narrowed once, in
- * place); called by the plan, so that launches only find it. */
-int attn__cl_program_of(attn_context *ctx, const attn__plan *plan, attn__cl_program **out);
+/* The program of (config, kind, features) in the context's cl_context,
+ * built on first use (a GPU config whose forward kernel cannot run its
+ * work-group narrowed once, in place); called by the plan, so that
+ * launches only find it. */
+int attn__cl_program_of(attn_context *ctx, attn__cl_config *config, int kind, unsigned features,
+                        attn__cl_program **out);
+/* The program kind of a plan's family and features. */
+int attn__cl_prog_kind(int family, unsigned features);
+/* The context's config for (dtype, head_dim), chosen on first use; NULL
+ * with a sentence on ctx when the device can run no row. */
+attn__cl_config *attn__cl_config_for(attn_context *ctx, attn_dtype dtype, int64_t head_dim);
 
 int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan);
 int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan);
+int attn__cl_append(attn_context *ctx, const attn__problem *pb);
+int attn__cl_merge(attn_context *ctx, const attn__merge *m);
 void attn__cl_release_programs(attn__cl_impl *im);
 
 #endif /* ATTN_CL_H */

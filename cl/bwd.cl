@@ -12,6 +12,19 @@
  * order, with no atomics, so the gradients are bit-identical run to run; the
  * price is computing S and dP twice (once per kernel).
  *
+ * The score terms' gradients, each compiled in only when asked for:
+ *   dbias          attn_bwd_dq adds each tile's dS (before softcap's
+ *                  derivative: the bias is added after it) to dbias, zeroed
+ *                  first by attn_bwd_zero. Where dbias broadcasts over the
+ *                  batch or the heads, the host launches attn_bwd_dq once per
+ *                  sequence or head, in order, so no two work-groups of a
+ *                  launch add to one element (DBIAS 1). Where it broadcasts
+ *                  over the query rows, each work-group sums its block's rows
+ *                  into a slot of its own in a partial buffer, which
+ *                  attn_bwd_dbias_sum then adds up slot by slot (DBIAS 2).
+ *   dsinks         attn_bwd_dsinks: one work-group per head sums sink_grad
+ *                  over every row, in a fixed order.
+ *
  * All four operand tiles of a step (Q, dO, K, V: BB x HD) sit in local memory
  * with a row stride of HD + 4: rows stay float4-aligned, and the float4s that
  * neighbouring work-items read from neighbouring rows fall in distinct banks.
@@ -29,6 +42,10 @@
 #endif
 #ifndef BB
 #define BB 32 /* Br = Bc: query rows and keys per tile, with BB * HD a multiple of NTB */
+#endif
+
+#ifndef DBIAS
+#define DBIAS 0 /* dbias: 0 none, 1 added tile by tile, 2 through row-block sums */
 #endif
 
 #define NTB 128
@@ -51,12 +68,30 @@ inline void stage_rows(__local float *dst, __global const T *src, long ss, long 
 }
 
 /* P and dS for query rows i0.. and keys j0.. of one sequence. */
+#if HAS_BIAS
+/* The bias rows of one (sequence, head): element (i, j) at bias_bh + i s2 +
+ * j s3. */
+#define TILE_BIAS_PARAM , __global const uchar *bias, long bias_bh, long4 bias_s
+#define TILE_BIAS(bh) , bias, (bh), bias_s
+#else
+#define TILE_BIAS_PARAM
+#define TILE_BIAS(bh)
+#endif
+#if DBIAS
+/* dS before softcap's derivative, the bias's gradient. */
+#define TILE_DR_PARAM , __local float *dRs
+#define TILE_DR , dRs
+#else
+#define TILE_DR_PARAM
+#define TILE_DR
+#endif
+
 inline void tile_p_ds(__local const float4 *Qs4, __local const float4 *dOs4,
                       __local const float4 *Ks4, __local const float4 *Vs4,
                       __local const float *lse_s, __local const float *lo_s,
                       __local const float *delta_s, __local float *Ps, __local float *dSs, int i0,
                       int j0, int nq, int nk, int d, float scale, float softcap, float slope,
-                      int wl, int wr, int lid) {
+                      int wl, int wr, int lid TILE_BIAS_PARAM TILE_DR_PARAM) {
   const int j = lid % BB, ib = lid / BB;
   float sq[PP], dp[PP];
 #pragma unroll
@@ -88,15 +123,24 @@ inline void tile_p_ds(__local const float4 *Qs4, __local const float4 *dOs4,
     if (i < BB) {
       const int r = i0 + i, kj = j0 + j, dg = diag(r, nq, nk);
       const float li = lse_s[i];
-      float p = 0.0f, ds = 0.0f;
+      float p = 0.0f, ds = 0.0f, dr = 0.0f;
       if (r < nq && kj < nk && key_visible(dg, kj, wl, wr) && li != -INFINITY) {
         float t;
+#if HAS_BIAS
+        const float x = score(sq[k], scale, softcap, slope, dg - kj, &t) +
+                        load_any(bias, BIAS_DTYPE, bias_bh + r * bias_s.s2 + kj * bias_s.s3);
+#else
         const float x = score(sq[k], scale, softcap, slope, dg - kj, &t);
+#endif
         p = exp((x - li) - lo_s[i]); /* see lse_split */
-        ds = score_grad(p * (dp[k] - delta_s[i]), t, softcap);
+        dr = p * (dp[k] - delta_s[i]);
+        ds = score_grad(dr, t, softcap);
       }
       Ps[i * SS + j] = p;
       dSs[i * SS + j] = ds;
+#if DBIAS
+      dRs[i * SS + j] = dr;
+#endif
     }
   }
 }
@@ -137,7 +181,7 @@ inline void stage_row_stats(__local float *lse_s, __local float *lo_s, __local f
       __global const T *v, long vo, long4 vs, __global const T *dout, long go, long4 gs,           \
       __global const float *lse, long lo_, long4 ls, __global const float *delta,                  \
       __global const int *cu_q, __global const int *cu_k, __global const float *alibi, int nq_all, \
-      int nk_all, int group, int d, float scale, float softcap, int wl, int wr, int tq
+      int nk_all, int group, int d, float scale, float softcap, int wl, int wr, int tq BIAS_ARGS
 
 /* A step's local memory: the Q, dO, K and V tiles (float4 rows for
  * tile_p_ds, float words for the sums), P and dS, and the rows' stats. */
@@ -145,7 +189,13 @@ inline void stage_row_stats(__local float *lse_s, __local float *lo_s, __local f
   __local float4 Qs4[BB * DS / 4], dOs4[BB * DS / 4], Ks4[BB * DS / 4], Vs4[BB * DS / 4]; \
   __local float *Qs = (__local float *)Qs4, *dOs = (__local float *)dOs4;                 \
   __local float *Ks = (__local float *)Ks4, *Vs = (__local float *)Vs4;                   \
-  __local float Ps[BB * SS], dSs[BB * SS], lse_s[BB], lo_s[BB], delta_s[BB]
+  __local float Ps[BB * SS], dSs[BB * SS], lse_s[BB], lo_s[BB], delta_s[BB] BWD_DR_TILE
+
+#if DBIAS
+#define BWD_DR_TILE , dRs[BB * SS]
+#else
+#define BWD_DR_TILE
+#endif
 
 __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
     BWD_ARGS, __global T *dk, long dko, long4 dks, __global T *dv, long dvo, long4 dvs) {
@@ -172,6 +222,9 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
   for (int hh = 0; hh < group; ++hh) {
     const int h = hk * group + hh;
     const float slope = alibi ? alibi[h] : 0.0f;
+#if HAS_BIAS
+    const long bias_bh = bias_o + b * bias_s.s0 + h * bias_s.s1;
+#endif
     __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
     __global const T *gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
     for (int i0 = (ilo / BB) * BB; i0 < ihi; i0 += BB) {
@@ -181,7 +234,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
       stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, lid);
       barrier(CLK_LOCAL_MEM_FENCE);
       tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, lo_s, delta_s, Ps, dSs, i0, j0, nq, nk, d, scale,
-                softcap, slope, wl, wr, lid);
+                softcap, slope, wl, wr, lid TILE_BIAS(bias_bh) TILE_DR);
       barrier(CLK_LOCAL_MEM_FENCE);
 #if NTB % HD == 0
       /* Item owns column lid % HD of keys lid / HD + u * NTB / HD. */
@@ -222,11 +275,27 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
   }
 }
 
+#if DBIAS
+/* dbias[dbias_o + b s0 + h s1 + i s2 + j s3]; this launch's first sequence
+ * and head (b0, h0: see DBIAS 1); part, DBIAS 2's partial buffer: the
+ * work-group (qb, h, b) owns the nk_all floats from
+ * ((b * heads + h) * query blocks + qb) * nk_all. */
+#define DBIAS_ARGS \
+  , __global float *dbias, long dbias_o, long4 dbias_s, int b0, int h0, __global float *part
+#else
+#define DBIAS_ARGS
+#endif
+
 __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_ARGS, __global T *dq,
-                                                                           long dqo, long4 dqs) {
+                                                                           long dqo,
+                                                                           long4 dqs DBIAS_ARGS) {
   BWD_TILES;
   const int lid = get_local_id(0);
+#if DBIAS
+  const int b = get_group_id(2) + b0, h = get_group_id(1) + h0, i0 = get_group_id(0) * BB;
+#else
   const int b = get_group_id(2), h = get_group_id(1), i0 = get_group_id(0) * BB;
+#endif
   const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
   const int nq = seq.nq, nk = seq.nk;
   if (i0 >= nq) return;
@@ -236,6 +305,15 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
   __global const T *gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
   __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
   __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
+#if HAS_BIAS
+  const long bias_bh = bias_o + b * bias_s.s0 + h * bias_s.s1;
+#endif
+#if DBIAS == 1
+  __global float *dbp = dbias + dbias_o + b * dbias_s.s0 + h * dbias_s.s1;
+#elif DBIAS == 2
+  __global float *dbp =
+      part + (((long)b * get_num_groups(1) + h) * get_num_groups(0) + get_group_id(0)) * nk_all;
+#endif
   stage_rows(Qs, qp, qs.s1, qs.s3, i0, nq, d, lid);
   stage_rows(dOs, gp, gs.s1, gs.s3, i0, nq, d, lid);
   stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, lid);
@@ -255,8 +333,24 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
     stage_rows(Vs, vp, vs.s1, vs.s3, j0, nk, d, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
     tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, lo_s, delta_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap,
-              slope, wl, wr, lid);
+              slope, wl, wr, lid TILE_BIAS(bias_bh) TILE_DR);
     barrier(CLK_LOCAL_MEM_FENCE);
+#if DBIAS == 1
+    /* The launch's only adder of these elements. */
+    for (int e = lid; e < BB * BB; e += NTB) {
+      const int i = e / BB, j = e % BB;
+      if (i0 + i < nq && j0 + j < nk)
+        dbp[(i0 + i) * dbias_s.s2 + (j0 + j) * dbias_s.s3] += dRs[i * SS + j];
+    }
+#elif DBIAS == 2
+    /* The block's rows summed in order, into the work-group's own slot. */
+    if (lid < BB && j0 + lid < nk) {
+      float sum = 0.0f;
+      for (int i = 0; i < BB; ++i)
+        sum += dRs[i * SS + lid];
+      dbp[j0 + lid] = sum;
+    }
+#endif
 #if NTB % HD == 0
     for (int j = 0; j < BB; ++j) {
       const float kk = Ks[j * DS + lid % HD];
@@ -283,3 +377,62 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
     if (i0 + i < nq && c < d) STORE(dqp, (i0 + i) * dqs.s1 + c * dqs.s3, dq_acc[u] * scale);
   }
 }
+
+#if DBIAS
+/* Zeroes a float tensor of shape (n0, n1, n2, n3) and strides s from p + o:
+ * item (x, y, z) is element (z / n1, z % n1, y, x). */
+__kernel void attn_bwd_zero(__global float *p, long o, long4 s, int n1, int n2, int n3) {
+  const int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
+  if (x >= n3 || y >= n2) return;
+  p[o + (z / n1) * s.s0 + (z % n1) * s.s1 + y * s.s2 + x * s.s3] = 0.0f;
+}
+#endif
+
+#if DBIAS == 2
+/* dbias (b', h', 0, j) over query rows broadcast: the sum of part's slots
+ * of every sequence b (all of them where dbias broadcasts over the batch,
+ * bb = 1; else b'), head h (likewise, bh) and query block, in that order.
+ * Item (j, h', b'). */
+__kernel void attn_bwd_dbias_sum(__global const float *part, int batch, int heads, int nqb,
+                                 int nk_all, int bb, int bh, __global float *dbias, long dbias_o,
+                                 long4 dbias_s) {
+  const int j = get_global_id(0), h1 = get_global_id(1), b1 = get_global_id(2);
+  if (j >= nk_all) return;
+  float sum = 0.0f;
+  for (int b = bb ? 0 : b1; b < (bb ? batch : b1 + 1); ++b)
+    for (int h = bh ? 0 : h1; h < (bh ? heads : h1 + 1); ++h)
+      for (int qb = 0; qb < nqb; ++qb)
+        sum += part[(((long)b * heads + h) * nqb + qb) * nk_all + j];
+  dbias[dbias_o + b1 * dbias_s.s0 + h1 * dbias_s.s1 + j * dbias_s.s3] = sum;
+}
+#endif
+
+#if HAS_SINKS
+#define NTS 64 /* work-items summing one head's dsinks */
+
+/* dsinks[h] = the sum over every row of sink_grad(sink, lse, delta): item
+ * lid takes rows lid, lid + NTS, .. of each sequence in order, then the
+ * items' sums are added in a fixed tree. One work-group per head. */
+__kernel __attribute__((reqd_work_group_size(NTS, 1, 1))) void attn_bwd_dsinks(
+    __global const float *lse, long lo_, long4 ls, __global const float *delta,
+    __global const int *cu_q, int nq_all, int batch, int tq, __global const float *sinks,
+    long sinks_o, long sinks_sh, __global float *dsinks, long dsinks_o, long dsinks_sh) {
+  __local float red[NTS];
+  const int lid = get_local_id(0), h = get_group_id(1);
+  const float sink = sinks[sinks_o + h * sinks_sh];
+  float acc = 0.0f;
+  for (int b = 0; b < batch; ++b) {
+    const seq_info seq = seq_info_of(cu_q, NULL, b, nq_all, 0);
+    for (int r = lid; r < seq.nq; r += NTS) {
+      __global const float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + r);
+      acc += sink_grad(sink, lp[0], delta[h * (long)tq + seq.qflat + r]);
+    }
+  }
+  red[lid] = acc;
+  for (int w = NTS / 2; w > 0; w /= 2) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < w) red[lid] += red[lid + w];
+  }
+  if (lid == 0) dsinks[dsinks_o + h * dsinks_sh] = red[0];
+}
+#endif

@@ -4,7 +4,11 @@
  * passes run entirely in f32 whatever the storage type; where a sequence's
  * rows are; and the attention rules, each written once, under the names
  * every language uses (tests/rules_table.h): diag, key_range, query_range,
- * key_block_range, query_block_range, key_visible, score, score_grad.
+ * key_block_range, query_block_range, key_visible, score, score_grad; and
+ * those of the KV cache and the score terms, named as src/rules.h and
+ * cuda/common.cuh name them: seq_used, paged_row, load_any, row_seen,
+ * sink_fold, sink_grad, and the merging of partial results (merge_max,
+ * merge_scale).
  *
  * f16 goes through vload_half/vstore_half, which OpenCL C 1.2 has without
  * cl_khr_fp16; bf16 is the upper half of an f32, so it is a shift, rounded
@@ -14,16 +18,71 @@
 #define DTYPE 0 /* storage type of q, k, v, o and the gradients: 0 f32, 1 f16, 2 bf16 */
 #endif
 
+/* The optional features a program is built with. Each is compiled in only
+ * where a problem uses it, so the kernels of a problem without them are
+ * exactly those without them; each adds its arguments at the end of the
+ * kernels' lists, in this order (*_ARGS). */
+#ifndef KV_USED
+#define KV_USED 0 /* 1: seqused_k gives each sequence's used cache rows */
+#endif
+#ifndef PAGED
+#define PAGED 0 /* 1: k and v are pages, found through a block table */
+#endif
+#ifndef HAS_BIAS
+#define HAS_BIAS 0 /* 1: an additive bias, of dtype BIAS_DTYPE */
+#endif
+#ifndef BIAS_DTYPE
+#define BIAS_DTYPE 0 /* the bias's dtype: 0 f32, 1 f16, 2 bf16 */
+#endif
+#ifndef HAS_SINKS
+#define HAS_SINKS 0 /* 1: one sink logit per query head */
+#endif
+
+#if KV_USED
+/* used[used_o + b * used_sb]: sequence b's used rows; nnew rows appended
+ * after them. */
+#define KV_USED_ARGS , __global const int *used, long used_o, long used_sb, int nnew
+#define KV_USED_VALS , used, used_o, used_sb, nnew
+#else
+#define KV_USED_ARGS
+#define KV_USED_VALS
+#endif
+#if PAGED
+/* Key row j of sequence b is row j % page_size of page
+ * bt[bt_o + b * bt_sb + (j / page_size) * bt_ss], of num_pages. */
+#define PAGED_ARGS \
+  , __global const int *bt, long bt_o, long bt_sb, long bt_ss, int page_size, int num_pages
+#else
+#define PAGED_ARGS
+#endif
+#if HAS_BIAS
+/* bias[bias_o + b * s0 + h * s1 + i * s2 + j * s3], a broadcast stride 0. */
+#define BIAS_ARGS , __global const uchar *bias, long bias_o, long4 bias_s
+#else
+#define BIAS_ARGS
+#endif
+#if HAS_SINKS
+/* sinks[sinks_o + h * sinks_sh] */
+#define SINK_ARGS , __global const float *sinks, long sinks_o, long sinks_sh
+#else
+#define SINK_ARGS
+#endif
+
+/* RAW: an element's bits, for kernels that move elements without reading
+ * them (the cache append, the decode kernel's tiles). */
 #if DTYPE == 0
 typedef float T;
+typedef uint RAW;
 #define LOAD(p, i) ((p)[i])
 #define STORE(p, i, x) ((p)[i] = (x))
 #elif DTYPE == 1
 typedef half T;
+typedef ushort RAW;
 #define LOAD(p, i) vload_half((size_t)(i), (p))
 #define STORE(p, i, x) vstore_half_rte((x), (size_t)(i), (p))
 #else
 typedef ushort T;
+typedef ushort RAW;
 #define LOAD(p, i) as_float((uint)(p)[i] << 16)
 #define STORE(p, i, x) ((p)[i] = bf16_from_float(x))
 #endif
@@ -141,4 +200,119 @@ inline float score(float dot, float scale, float softcap, float slope, int dist,
 /* ds times d(score)/d(dot * scale): softcap's tanh contributes 1 - t^2. */
 inline float score_grad(float ds, float t, float softcap) {
   return softcap > 0.0f ? ds * (1.0f - t * t) : ds;
+}
+
+/* The KV cache (src/rules.h: attn__seq_used, attn__key_row). Lengths and
+ * block-table entries on the device are never checked on the host, so they
+ * are clamped here: a bad one reads a wrong row, never outside the tensors. */
+
+/* Sequence b's used cache rows (used: entry b at b * sb), clamped to
+ * [0, cap - nnew], cap being the rows the sequence can hold and nnew the rows
+ * appended in the same call. */
+inline int seq_used(__global const int *used, long sb, int b, int cap, int nnew) {
+  const int u = used[b * sb], hi = cap - nnew;
+  return u < 0 ? 0 : u > hi ? hi : u;
+}
+
+/* The element offset of key row j of sequence b in a paged k or v with page
+ * stride t_sb and row stride t_ss: row j % page_size of page
+ * bt[b * bt_sb + (j / page_size) * bt_ss], clamped to [0, num_pages). */
+inline long paged_row(__global const int *bt, long bt_sb, long bt_ss, int b, int j, int page_size,
+                      int num_pages, long t_sb, long t_ss) {
+  long page = bt[b * bt_sb + (j / page_size) * bt_ss];
+  page = page < 0 ? 0 : page >= num_pages ? num_pages - 1 : page;
+  return page * t_sb + (long)(j % page_size) * t_ss;
+}
+
+#if PAGED
+/* A sequence's key rows in a paged k or v, for KEY_ROW. */
+typedef struct key_pages {
+  __global const int *bt;
+  long bt_sb, bt_ss;
+  int b, size, count;
+} key_pages;
+#define KEY_PAGES_PARAM , key_pages kpg
+#define KEY_PAGES , kpg
+/* The element offset of key row j in a tensor of strides s (sb, ss, ..). */
+#define KEY_ROW(j, s) \
+  paged_row(kpg.bt, kpg.bt_sb, kpg.bt_ss, kpg.b, (j), kpg.size, kpg.count, (s).s0, (s).s1)
+#else
+#define KEY_PAGES_PARAM
+#define KEY_PAGES
+#define KEY_ROW(j, s) ((j) * (s).s1)
+#endif
+
+/* The score terms after the epilogue: an additive bias (score += bias,
+ * after scale, softcap and ALiBi) and attention sinks. */
+
+/* Element i of a bias in any float dtype (attn_dtype's codes: 0 f32, 1 f16,
+ * 2 bf16), as a float; a kernel passes a compile-time dtype, which folds the
+ * choice away. */
+inline float load_any(__global const uchar *base, int dtype, long i) {
+  if (dtype == 1) return vload_half((size_t)i, (__global const half *)base);
+  if (dtype == 2) return as_float((uint)((__global const ushort *)base)[i] << 16);
+  return ((__global const float *)base)[i];
+}
+
+/* Whether a row saw a key: the mask says so (seen), and with a bias a row
+ * whose scores were all -inf (its max m still -inf) saw none. The kernels'
+ * running max skips NaN (fmax), so they pass m as NaN where the row's sum is
+ * NaN: such a row saw a NaN score and is NaN, not empty. */
+inline int row_seen(int seen, int has_bias, float m) {
+  return seen && !(has_bias && m == -INFINITY);
+}
+
+/* Folds a sink logit into a row's final max m and sum l (l = sum of
+ * exp(s - m)), as attn__sink_fold: afterwards lse = m + log(l), and the
+ * output accumulator, taken relative to the old m, is multiplied by the
+ * returned factor before dividing by l. A row with no key (m = -inf, l = 0)
+ * gets m = sink, l = 1, factor 0: o = 0 and lse = sink. NaN in l stays. */
+inline float sink_fold(float sink, float *m, float *l) {
+  const float mn = *m > sink ? *m : sink;
+  const float a = *m == -INFINITY ? 0.0f : exp(*m - mn);
+  *l = *l * a + exp(sink - mn);
+  *m = mn;
+  return a;
+}
+
+/* A row's term of d(loss)/d(sink) (attn__sink_grad): the sink's
+ * probability exp(sink - lse) times -D, D = rowsum(dO * O). */
+inline float sink_grad(float sink, float lse, float dsum) {
+  return lse == -INFINITY ? 0.0f : -exp(sink - lse) * dsum;
+}
+
+/* Merging partial results (o_s, lse_s) of one row, each over a part of its
+ * keys (attn__merge_lse): with m the largest lse_s, the row ends as one pass
+ * over all the keys would, with sum l = sum_s exp(lse_s - m) and output
+ * accumulator sum_s exp(lse_s - m) o_s. merge_max takes m one part further
+ * (start from -inf); a NaN part makes it NaN for good. merge_scale is a
+ * part's exp(lse_s - m): 0 for a part with no key, and for all of them when
+ * every part is -inf (the row then has l = 0, o = 0, lse = -inf). */
+inline float merge_max(float m, float lse_s) {
+  return (m != m || lse_s != lse_s) ? NAN : fmax(m, lse_s);
+}
+
+inline float merge_scale(float lse_s, float m) {
+  return m == -INFINITY ? 0.0f : exp(lse_s - m);
+}
+
+/* A row's end, from its max m and sum l over the keys it saw (seen: the
+ * mask let it see one): o = acc * (returned factor) / *div, and lse as the
+ * pair (*hi, *lo) (lse_split). With sinks, the sink joins the denominator,
+ * so every row has an lse, a row without keys the sink's alone. Without,
+ * a row that saw no key has o = 0 and lse = -inf, and one whose sum is 0
+ * or NaN though it saw keys (infinite or NaN scores) is NaN. */
+inline float row_end(float m, float l, int seen, float sink, float *div, float *hi, float *lo) {
+#if HAS_SINKS
+  const float a = sink_fold(sink, &m, &l);
+  *div = l;
+  *hi = lse_split(m, log(l), lo);
+  return a;
+#else
+  seen = row_seen(seen, HAS_BIAS, l != l ? NAN : m);
+  *div = seen ? l : 1.0f;
+  *lo = 0.0f;
+  *hi = !seen ? -INFINITY : l > 0.0f ? lse_split(m, log(l), lo) : (*lo = NAN);
+  return seen ? 1.0f : 0.0f;
+#endif
 }

@@ -118,8 +118,8 @@ int attn__cl_fail(attn_context *ctx, const char *what, cl_int err) {
 }
 
 static void release_scratch(attn__cl_impl *im) {
-  attn__cl_scratch *all[4] = {&im->cu_q, &im->cu_k, &im->alibi, &im->delta};
-  for (int i = 0; i < 4; ++i) {
+  attn__cl_scratch *all[6] = {&im->cu_q, &im->cu_k, &im->alibi, &im->delta, &im->work, &im->work2};
+  for (int i = 0; i < 6; ++i) {
     if (all[i]->mem) im->cl->clReleaseMemObject(all[i]->mem);
     all[i]->mem = NULL;
     all[i]->bytes = 0;
@@ -365,7 +365,7 @@ static int cl_selftest(attn_context *ctx) {
 /* The backend                                                              */
 /* ---------------------------------------------------------------------- */
 
-/* plan, forward and backward are plan.c's and launch.c's. */
+/* plan is plan.c's; forward, backward, append and merge launch.c's. */
 const attn__backend attn__backend_opencl = {
     .kind = ATTN_BACKEND_OPENCL,
     .name = "opencl",
@@ -385,4 +385,6 @@ const attn__backend attn__backend_opencl = {
     .plan = attn__cl_plan,
     .forward = attn__cl_forward,
     .backward = attn__cl_backward,
+    .append = attn__cl_append,
+    .merge = attn__cl_merge,
 };

@@ -81,7 +81,8 @@
 /* The next Q and K chunk (columns c0.. of query rows r0.. and keys j0..)
  * into registers, zero past the ends. */
 inline void load_qk(float *qreg, float *kreg, __global const T *qp, long4 qs, __global const T *kp,
-                    long4 ks, int r0, int j0, int c0, int sc, int sr, int nq, int nk, int d) {
+                    long4 ks, int r0, int j0, int c0, int sc, int sr, int nq, int nk,
+                    int d KEY_PAGES_PARAM) {
   const int cc = c0 + sc;
 #pragma unroll
   for (int u = 0; u < QPT; ++u) {
@@ -91,7 +92,7 @@ inline void load_qk(float *qreg, float *kreg, __global const T *qp, long4 qs, __
 #pragma unroll
   for (int u = 0; u < KPT; ++u) {
     const int j = j0 + sr + u * RS;
-    kreg[u] = (j < nk && cc < d) ? LOAD(kp, j * ks.s1 + cc * ks.s3) : 0.0f;
+    kreg[u] = (j < nk && cc < d) ? LOAD(kp, KEY_ROW(j, ks) + cc * ks.s3) : 0.0f;
   }
 }
 
@@ -109,11 +110,12 @@ inline void load_rows(float *a, __local const float4 *p) {
 }
 
 /* The next V chunk (keys jv .. jv+JK-1, all columns) into registers. */
-inline void load_v(float *vreg, __global const T *vp, long4 vs, int jv, int lid, int nk, int d) {
+inline void load_v(float *vreg, __global const T *vp, long4 vs, int jv, int lid, int nk,
+                   int d KEY_PAGES_PARAM) {
 #pragma unroll
   for (int u = 0; u < VPT; ++u) {
     const int e = lid + u * NT, c = e % HD, j = jv + e / HD;
-    vreg[u] = (e < JK * HD && j < nk && c < d) ? LOAD(vp, j * vs.s1 + c * vs.s3) : 0.0f;
+    vreg[u] = (e < JK * HD && j < nk && c < d) ? LOAD(vp, KEY_ROW(j, vs) + c * vs.s3) : 0.0f;
   }
 }
 
@@ -122,7 +124,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
     __global const T *v, long vo, long4 vs, __global T *o, long oo, long4 os, __global float *lse,
     long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k,
     __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,
-    float softcap, int wl, int wr) {
+    float softcap, int wl, int wr KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS) {
   /* Q and K chunks live only during Q K^T, P and V only during P V, with a
    * barrier between the phases: they share one buffer. */
   __local float4 tiles4[MAX4(QK4, PV4)];
@@ -139,12 +141,25 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
   const int b = get_group_id(2), h = get_group_id(1);
   const int r0 = get_group_id(0) * BR;
   const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
+#if KV_USED
+  const int nq = seq.nq, nk = seq_used(used + used_o, used_sb, b, seq.nk, nnew) + nnew;
+#else
   const int nq = seq.nq, nk = seq.nk;
+#endif
   if (r0 >= nq) return; /* the whole group leaves: no barrier is skipped */
   const int hk = h / group;
   __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
+#if PAGED
+  const key_pages kpg = {bt + bt_o, bt_sb, bt_ss, b, page_size, num_pages};
+  __global const T *kp = k + ko + hk * ks.s2;
+  __global const T *vp = v + vo + hk * vs.s2;
+#else
   __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
   __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
+#endif
+#if HAS_BIAS
+  const long bias_h = bias_o + b * bias_s.s0 + h * bias_s.s1; /* row i, key j: + i s2 + j s3 */
+#endif
 
   /* The keys some row of the block can see. */
   int lo, hi;
@@ -173,7 +188,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
   const int sc = lid % DK, sr = lid / DK;
   float qreg[QPT], kreg[KPT], vreg[VPT];
   int j0 = (lo / BC) * BC;
-  if (j0 < hi) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, 0, sc, sr, nq, nk, d);
+  if (j0 < hi) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, 0, sc, sr, nq, nk, d KEY_PAGES);
   for (; j0 < hi; j0 += BC) {
     /* S = Q K^T, DK columns of the head dimension at a time. */
     float s[TM][TN];
@@ -190,7 +205,8 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
       for (int u = 0; u < KPT; ++u)
         Ks[(sr + u * RS) * KSTR + sc] = kreg[u];
       barrier(CLK_LOCAL_MEM_FENCE);
-      if (c0 + DK < d) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, c0 + DK, sc, sr, nq, nk, d);
+      if (c0 + DK < d)
+        load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, c0 + DK, sc, sr, nq, nk, d KEY_PAGES);
 #pragma unroll
       for (int c4 = 0; c4 < DK; c4 += 4) {
         float4 k4[TN];
@@ -216,7 +232,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
       barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-    load_v(vreg, vp, vs, j0, lid, nk, d); /* in flight during the softmax */
+    load_v(vreg, vp, vs, j0, lid, nk, d KEY_PAGES); /* in flight during the softmax */
 
     /* Scores, mask, and this item's share of each row's maximum. */
     const int whole = plain && j0 >= all_lo && j0 + BC <= all_hi;
@@ -230,12 +246,23 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
         float t;
         /* One product for both paths, before the branch. */
         const float x = s[i][n] * scale;
+#if HAS_BIAS
+        if (whole) {
+          s[i][n] = x + load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + j * bias_s.s3);
+        } else {
+          const int in = r < nq && j < nk && key_visible(dg, j, wl, wr);
+          const float v = score_scaled(x, softcap, slope, dg - j, &t);
+          s[i][n] = in ? v + load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + j * bias_s.s3)
+                       : -INFINITY;
+        }
+#else
         if (whole) {
           s[i][n] = x;
         } else {
           const float v = score_scaled(x, softcap, slope, dg - j, &t);
           s[i][n] = (r < nq && j < nk && key_visible(dg, j, wl, wr)) ? v : -INFINITY;
         }
+#endif
         mt = fmax(mt, s[i][n]);
       }
       red[(ty * TM + i) * TX + tx] = mt;
@@ -276,9 +303,9 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
         if (lid + u * NT < JK * HD) Vs[lid + u * NT] = vreg[u];
       barrier(CLK_LOCAL_MEM_FENCE);
       if (jj + JK < BC && j0 + jj + JK < nk)
-        load_v(vreg, vp, vs, j0 + jj + JK, lid, nk, d);
+        load_v(vreg, vp, vs, j0 + jj + JK, lid, nk, d KEY_PAGES);
       else if (j0 + BC < hi)
-        load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0 + BC, 0, sc, sr, nq, nk, d);
+        load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0 + BC, 0, sc, sr, nq, nk, d KEY_PAGES);
 #pragma unroll
       for (int jr = 0; jr < JK; ++jr) {
         float a[TM], vb[TD];
@@ -318,6 +345,30 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
     float l = 0.0f;
     for (int t = 0; t < TX; ++t)
       l += red[(ty * TM + i) * TX + t];
+#if HAS_SINKS || HAS_BIAS
+    /* The row's end by the rules (row_end): with a bias, a row whose scores
+     * the bias all hid saw no key; with sinks, every row has an lse. */
+    int klo, khi;
+    key_range(diag(r, nq, nk), nk, wl, wr, &klo, &khi);
+#if HAS_SINKS
+    const float sink = sinks[sinks_o + h * sinks_sh];
+#else
+    const float sink = 0.0f;
+#endif
+    float div, lse_hi, lse_lo;
+    const float fold = row_end(m_i[i], l, klo < khi, sink, &div, &lse_hi, &lse_lo);
+    if (r < nq) {
+      for (int n = 0; n < TD; ++n) {
+        const int c = OCOL(tx, n);
+        if (c < d) STORE(op, r * os.s1 + c * os.s3, acc[i][n] * fold / div);
+      }
+      if (lse && tx == 0) {
+        __global float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + r);
+        lp[0] = lse_hi;
+        if (ls.s3) lp[ls.s3] = lse_lo;
+      }
+    }
+#else
     /* The mask says whether the row saw a key, not l: a NaN or inf among its
      * scores leaves l NaN (or 0 when all are -inf), and the row must then
      * come out NaN rather than as a row that saw nothing. */
@@ -337,5 +388,6 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
         if (ls.s3) lp[ls.s3] = lo;
       }
     }
+#endif
   }
 }

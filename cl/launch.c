@@ -1,13 +1,16 @@
 /*
- * The OpenCL backend's launches: the attention programs (common.cl, fwd.cl
- * and bwd.cl built with the plan's tiles), the kernels' arguments, and the
- * forward and backward passes enqueued on the context's queue.
+ * The OpenCL backend's launches: the programs (common.cl followed by fwd.cl
+ * and bwd.cl, decode.cl, append.cl or merge.cl, built with the plan's tiles
+ * and the problem's features), the kernels' arguments, and the passes
+ * enqueued on the context's queue: the forward (attn_fwd, or attn_decode
+ * and its merge), the backward, the KV-cache append and attn_merge.
  *
- * Programs are built per (cl_context, config) on first use and kept for the
- * context's life.
+ * Programs are built per (cl_context, config, kind, features) on first use
+ * and kept for the context's life.
  *
  * Backward is always deterministic here: dQ and dK/dV come from separate
- * kernels that each own their outputs (bwd.cl), with or without
+ * kernels that each own their outputs (bwd.cl), dbias is summed in launch
+ * order or through row-block sums, dsinks in a fixed tree, with or without
  * ATTN_DETERMINISTIC.
  */
 #include "attn_cl.h"
@@ -18,10 +21,33 @@
 /* Programs                                                                 */
 /* ---------------------------------------------------------------------- */
 
+static const char *const kernel_names[ATTN__CL_K_COUNT] = {
+    [ATTN__CL_K_FWD] = "attn_fwd",
+    [ATTN__CL_K_PRE] = "attn_bwd_pre",
+    [ATTN__CL_K_DKDV] = "attn_bwd_dkdv",
+    [ATTN__CL_K_DQ] = "attn_bwd_dq",
+    [ATTN__CL_K_ZERO] = "attn_bwd_zero",
+    [ATTN__CL_K_DBIAS_SUM] = "attn_bwd_dbias_sum",
+    [ATTN__CL_K_DSINKS] = "attn_bwd_dsinks",
+    [ATTN__CL_K_DECODE] = "attn_decode",
+    [ATTN__CL_K_DECODE_MERGE] = "attn_decode_merge",
+    [ATTN__CL_K_APPEND] = "attn_append",
+    [ATTN__CL_K_MERGE_MAX] = "attn_merge_max",
+    [ATTN__CL_K_MERGE_ADD] = "attn_merge_add",
+};
+
+/* The work-items per group each kernel is launched with (the forward's
+ * depend on its tiles: 0 here). */
+static const size_t kernel_items[ATTN__CL_K_COUNT] = {
+    [ATTN__CL_K_FWD] = 0,     [ATTN__CL_K_PRE] = 64,      [ATTN__CL_K_DKDV] = 128,
+    [ATTN__CL_K_DQ] = 128,    [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,
+    [ATTN__CL_K_DSINKS] = 64, [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_DECODE_MERGE] = 64,
+    [ATTN__CL_K_APPEND] = 64, [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,
+};
+
 static void release_one(attn__cl_impl *im, attn__cl_program *p) {
-  cl_kernel ks[4] = {p->fwd, p->pre, p->dkdv, p->dq};
-  for (int j = 0; j < 4; ++j)
-    if (ks[j]) im->cl->clReleaseKernel(ks[j]);
+  for (int j = 0; j < ATTN__CL_K_COUNT; ++j)
+    if (p->k[j]) im->cl->clReleaseKernel(p->k[j]);
   if (p->prog) im->cl->clReleaseProgram(p->prog);
   if (p->clctx) im->cl->clReleaseContext(p->clctx);
   memset(p, 0, sizeof *p);
@@ -33,38 +59,100 @@ void attn__cl_release_programs(attn__cl_impl *im) {
   im->nprog = 0;
 }
 
-/* Builds the program of config c into the next entry. *narrow is set when
- * the compiled forward kernel cannot run the GPU row's 256 work-items. */
-static int build_program(attn_context *ctx, const attn__cl_config *c, int *narrow,
-                         attn__cl_program **out) {
+/* The sources (*nsrc of them), -D options and kernels (returned: how
+ * many, by slot) of a program of config c. */
+static int program_parts(const attn__cl_config *c, int kind, unsigned f, const char **srcs,
+                         int *nsrc, char *opts, size_t n, int *slots) {
+  const attn__cl_tiles *t = &c->t;
+  int ns = 1, nk = 0;
+  srcs[0] = attn__cl_src_common;
+  int len = snprintf(opts, n, "-cl-std=CL1.2 -DDTYPE=%d -DHD=%d", c->dtype, c->hd);
+  switch (kind) {
+    case ATTN__CL_PROG_ATTN:
+    case ATTN__CL_PROG_FWD:
+    case ATTN__CL_PROG_BWD:
+      len +=
+          snprintf(opts + len, n - (size_t)len, " -DBR=%d -DBC=%d -DTM=%d -DDK=%d -DJK=%d -DBB=%d",
+                   t->br, t->bc, t->tm, t->dk, t->jk, t->bb);
+      if (kind != ATTN__CL_PROG_BWD) {
+        srcs[ns++] = attn__cl_src_fwd;
+        slots[nk++] = ATTN__CL_K_FWD;
+      }
+      if (kind != ATTN__CL_PROG_FWD) {
+        srcs[ns++] = attn__cl_src_bwd;
+        slots[nk++] = ATTN__CL_K_PRE;
+        slots[nk++] = ATTN__CL_K_DKDV;
+        slots[nk++] = ATTN__CL_K_DQ;
+        if (f & (ATTN__CL_F_DBIAS1 | ATTN__CL_F_DBIAS2)) slots[nk++] = ATTN__CL_K_ZERO;
+        if (f & ATTN__CL_F_DBIAS2) slots[nk++] = ATTN__CL_K_DBIAS_SUM;
+        if (f & ATTN__CL_F_SINKS) slots[nk++] = ATTN__CL_K_DSINKS;
+      }
+      break;
+    case ATTN__CL_PROG_DECODE:
+      len += snprintf(opts + len, n - (size_t)len, " -DDR=%d -DNTD=%d", t->dr, t->ntd);
+      srcs[ns++] = attn__cl_src_decode;
+      slots[nk++] = ATTN__CL_K_DECODE;
+      slots[nk++] = ATTN__CL_K_DECODE_MERGE;
+      break;
+    case ATTN__CL_PROG_APPEND:
+      srcs[ns++] = attn__cl_src_append;
+      slots[nk++] = ATTN__CL_K_APPEND;
+      break;
+    default:
+      srcs[ns++] = attn__cl_src_merge;
+      slots[nk++] = ATTN__CL_K_MERGE_MAX;
+      slots[nk++] = ATTN__CL_K_MERGE_ADD;
+      break;
+  }
+  if (f & ATTN__CL_F_USED) len += snprintf(opts + len, n - (size_t)len, " -DKV_USED=1");
+  if (f & ATTN__CL_F_PAGED) len += snprintf(opts + len, n - (size_t)len, " -DPAGED=1");
+  if (f & ATTN__CL_F_BIAS)
+    len += snprintf(opts + len, n - (size_t)len, " -DHAS_BIAS=1 -DBIAS_DTYPE=%u",
+                    (f >> ATTN__CL_F_BIAS_SHIFT) & 3u);
+  if (f & ATTN__CL_F_SINKS) len += snprintf(opts + len, n - (size_t)len, " -DHAS_SINKS=1");
+  if (f & (ATTN__CL_F_DBIAS1 | ATTN__CL_F_DBIAS2))
+    snprintf(opts + len, n - (size_t)len, " -DDBIAS=%d", f & ATTN__CL_F_DBIAS1 ? 1 : 2);
+  *nsrc = ns;
+  return nk;
+}
+
+/* Builds the program of (c, kind, f) into the next entry. *narrow is set
+ * when the compiled forward kernel cannot run the GPU row's 256 items. */
+static int build_program(attn_context *ctx, const attn__cl_config *c, int kind, unsigned f,
+                         int *narrow, attn__cl_program **out) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
   const attn__cl_api *cl = im->cl;
   const attn__cl_tiles *t = &c->t;
   attn__cl_program p;
   memset(&p, 0, sizeof p);
   p.config = c;
+  p.kind = kind;
+  p.features = f;
   *narrow = 0;
-  char opts[256];
-  snprintf(opts, sizeof opts,
-           "-cl-std=CL1.2 -DDTYPE=%d -DHD=%d -DBR=%d -DBC=%d -DTM=%d -DDK=%d -DJK=%d -DBB=%d",
-           c->dtype, c->hd, t->br, t->bc, t->tm, t->dk, t->jk, t->bb);
-  const char *srcs[3] = {attn__cl_src_common, attn__cl_src_fwd, attn__cl_src_bwd};
-  const char *names[4] = {"attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv", "attn_bwd_dq"};
-  cl_kernel ks[4];
-  int st = attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, 3, opts, names, 4, &p.prog, ks);
+  char opts[320];
+  const char *srcs[3];
+  int slots[ATTN__CL_K_COUNT];
+  int nsrc;
+  const int nk = program_parts(c, kind, f, srcs, &nsrc, opts, sizeof opts, slots);
+  const char *names[ATTN__CL_K_COUNT];
+  cl_kernel ks[ATTN__CL_K_COUNT];
+  for (int i = 0; i < nk; ++i)
+    names[i] = kernel_names[slots[i]];
+  int st = attn__cl_build(ctx, cl, im->ctx, im->dev->id, srcs, nsrc, opts, names, nk, &p.prog, ks);
   if (st) return st;
   cl->clRetainContext(im->ctx);
   p.clctx = im->ctx;
-  p.fwd = ks[0];
-  p.pre = ks[1];
-  p.dkdv = ks[2];
-  p.dq = ks[3];
-  for (int i = 0; i < 4 && !st; ++i) {
+  for (int i = 0; i < nk; ++i)
+    p.k[slots[i]] = ks[i];
+  for (int i = 0; i < nk && !st; ++i) {
+    const int slot = slots[i];
     size_t wg = 0;
     cl->clGetKernelWorkGroupInfo(ks[i], im->dev->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
                                  NULL);
-    const size_t need = i == 0 ? (size_t)(16 * (t->br / t->tm)) : i == 1 ? 64 : 128;
-    if (wg < need && i == 0 && need > 128 && !c->narrow) {
+    const size_t need = slot == ATTN__CL_K_FWD      ? (size_t)(16 * (t->br / t->tm))
+                        : slot == ATTN__CL_K_DECODE ? (size_t)t->ntd
+                                                    : kernel_items[slot];
+    if (wg < need && slot == ATTN__CL_K_FWD && need > 128 && !c->narrow) {
       attn__debug("opencl: attn_fwd runs at most %zu work-items per group; retrying with 128", wg);
       *narrow = 1;
     }
@@ -85,16 +173,12 @@ static int build_program(attn_context *ctx, const attn__cl_config *c, int *narro
   return ATTN_OK;
 }
 
-/* The program of the plan's config in the context's cl_context. A GPU
- * config whose forward kernel cannot run its work-group is replaced, once,
- * by the device's 128-item row (attn__cl_config_narrow), so that the plan's
- * config still names what runs. */
-int attn__cl_program_of(attn_context *ctx, const attn__plan *plan, attn__cl_program **out) {
+int attn__cl_program_of(attn_context *ctx, attn__cl_config *c, int kind, unsigned features,
+                        attn__cl_program **out) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
-  attn__cl_config *c = (attn__cl_config *)plan->config; /* the context's own */
   for (int i = 0; i < im->nprog; ++i) {
     attn__cl_program *p = &im->progs[i];
-    if (p->clctx == im->ctx && p->config == c) {
+    if (p->clctx == im->ctx && p->config == c && p->kind == kind && p->features == features) {
       *out = p;
       return ATTN_OK;
     }
@@ -102,8 +186,18 @@ int attn__cl_program_of(attn_context *ctx, const attn__plan *plan, attn__cl_prog
   if (im->nprog == ATTN__CL_MAX_PROGRAMS)
     return attn__error(ctx, ATTN_EINTERNAL, "too many OpenCL program variants in one context");
   int narrow = 0;
-  int st = build_program(ctx, c, &narrow, out);
-  if (st && narrow && attn__cl_config_narrow(ctx, c)) st = build_program(ctx, c, &narrow, out);
+  int st = build_program(ctx, c, kind, features, &narrow, out);
+  /* A narrowed config is another config: programs built for the old one
+   * go, so that none is found for it again. */
+  if (st && narrow && attn__cl_config_narrow(ctx, c)) {
+    for (int i = im->nprog - 1; i >= 0; --i)
+      if (im->progs[i].config == c) {
+        release_one(im, &im->progs[i]);
+        im->progs[i] = im->progs[--im->nprog];
+        memset(&im->progs[im->nprog], 0, sizeof im->progs[0]);
+      }
+    st = build_program(ctx, c, kind, features, &narrow, out);
+  }
   return st;
 }
 
@@ -118,6 +212,11 @@ typedef struct args {
   cl_int err;
 } args;
 
+static args args_of(attn__cl_impl *im, cl_kernel k) {
+  args a = {im->cl, k, 0, CL_SUCCESS};
+  return a;
+}
+
 static void arg(args *a, size_t size, const void *value) {
   if (a->err == CL_SUCCESS) a->err = a->cl->clSetKernelArg(a->k, a->i, size, value);
   a->i++;
@@ -131,22 +230,44 @@ static void arg_int(args *a, cl_int x) {
   arg(a, sizeof x, &x);
 }
 
+static void arg_long(args *a, cl_long x) {
+  arg(a, sizeof x, &x);
+}
+
 static void arg_float(args *a, float x) {
   arg(a, sizeof x, &x);
 }
 
-/* A tensor is three arguments: the buffer, its offset and its strides, in
- * elements. */
-static void arg_tensor(args *a, const attn__tensor *t, size_t esize) {
-  cl_long off = (cl_long)(t->offset / esize);
+static void arg_long4(args *a, int64_t s0, int64_t s1, int64_t s2, int64_t s3) {
   cl_long4 st;
-  st.s[0] = t->sb;
-  st.s[1] = t->ss;
-  st.s[2] = t->sh;
-  st.s[3] = t->sd;
-  arg_mem(a, (cl_mem)t->native);
-  arg(a, sizeof off, &off);
+  st.s[0] = s0;
+  st.s[1] = s1;
+  st.s[2] = s2;
+  st.s[3] = s3;
   arg(a, sizeof st, &st);
+}
+
+/* A tensor is three arguments: the buffer, its offset and its strides
+ * (sb, ss, sh, sd), in elements. */
+static void arg_tensor(args *a, const attn__tensor *t, size_t esize) {
+  arg_mem(a, (cl_mem)t->native);
+  arg_long(a, (cl_long)(t->offset / esize));
+  arg_long4(a, t->sb, t->ss, t->sh, t->sd);
+}
+
+/* A bias or dbias: the buffer, its offset, and its strides in the order
+ * of its dimensions (b, h, i, j). */
+static void arg_bias(args *a, const attn__tensor *t) {
+  arg_mem(a, (cl_mem)t->native);
+  arg_long(a, (cl_long)(t->offset / attn_dtype_size(t->dtype)));
+  arg_long4(a, t->sb, t->sh, t->ss, t->sd);
+}
+
+/* A 1-d tensor (sinks, dsinks): buffer, offset, stride. */
+static void arg_vector(args *a, const attn__tensor *t) {
+  arg_mem(a, (cl_mem)t->native);
+  arg_long(a, (cl_long)(t->offset / 4));
+  arg_long(a, t->sh);
 }
 
 static size_t esize_of(attn_dtype dt) {
@@ -179,27 +300,43 @@ static int check_tensor(attn_context *ctx, const char *name, const attn__tensor 
   return ATTN_OK;
 }
 
-/* The native handles are checked only by forward and backward: plan()
- * also sees problems whose host tensors are not staged yet. */
+/* The native handles are checked only by the launches: plan() also sees
+ * problems whose host tensors are not staged yet. */
 static int check_tensors(attn_context *ctx, const attn__problem *pb, int backward) {
   const size_t es = esize_of(pb->dtype);
+  const size_t bes = pb->has_bias ? attn_dtype_size(pb->bias.dtype) : 4;
   struct {
     const char *name;
     const attn__tensor *t;
     size_t es;
-  } ts[9] = {{"q", &pb->q, es},   {"k", &pb->k, es},    {"v", &pb->v, es},
-             {"o", &pb->o, es},   {"lse", &pb->lse, 4}, {"dout", &pb->dout, es},
-             {"dq", &pb->dq, es}, {"dk", &pb->dk, es},  {"dv", &pb->dv, es}};
-  int n = backward ? 9 : 5;
-  for (int i = 0; i < n; ++i) {
+    int backward; /* 0 both passes, 1 backward only, -1 forward only */
+  } ts[] = {{"q", &pb->q, es, 0},
+            {"k", &pb->k, es, 0},
+            {"v", &pb->v, es, 0},
+            {"o", &pb->o, es, 0},
+            {"lse", &pb->lse, 4, 0},
+            {"params.bias", &pb->bias, bes, 0},
+            {"params.sinks", &pb->sinks, 4, 0},
+            {"params.seqused_k", &pb->seqused_k, 4, -1},
+            {"params.block_table", &pb->block_table, 4, -1},
+            {"params.k_new", &pb->k_new, es, -1},
+            {"params.v_new", &pb->v_new, es, -1},
+            {"do", &pb->dout, es, 1},
+            {"dq", &pb->dq, es, 1},
+            {"dk", &pb->dk, es, 1},
+            {"dv", &pb->dv, es, 1},
+            {"params.dbias", &pb->dbias, 4, 1},
+            {"params.dsinks", &pb->dsinks, 4, 1}};
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; ++i) {
+    if (ts[i].backward == (backward ? -1 : 1)) continue;
     int st = check_tensor(ctx, ts[i].name, ts[i].t, ts[i].es);
     if (st) return st;
   }
   return ATTN_OK;
 }
 
-/* Uploads cu_seqlens and slopes, and sizes delta; NULL handles for what
- * the problem lacks. */
+/* Uploads cu_seqlens and slopes, and sizes delta and the partial results;
+ * NULL handles for what the problem lacks. */
 static int upload_params(attn_context *ctx, const attn__problem *pb, const attn__cl_workspace *ws,
                          cl_mem *cu_q, cl_mem *cu_k, cl_mem *alibi) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
@@ -209,13 +346,15 @@ static int upload_params(attn_context *ctx, const attn__problem *pb, const attn_
     if ((st = attn__cl_scratch_put(ctx, &im->cu_q, ws->cu, pb->cu_q))) return st;
     if ((st = attn__cl_scratch_put(ctx, &im->cu_k, ws->cu, pb->cu_k))) return st;
     *cu_q = im->cu_q.mem;
-    *cu_k = im->cu_k.mem;
+    *cu_k = pb->cu_k ? im->cu_k.mem : NULL;
   }
   if (ws->alibi) {
     if ((st = attn__cl_scratch_put(ctx, &im->alibi, ws->alibi, pb->alibi))) return st;
     *alibi = im->alibi.mem;
   }
-  if (ws->delta) st = attn__cl_scratch_put(ctx, &im->delta, ws->delta, NULL);
+  if (ws->delta && (st = attn__cl_scratch_put(ctx, &im->delta, ws->delta, NULL))) return st;
+  if (ws->work && (st = attn__cl_scratch_put(ctx, &im->work, ws->work, NULL))) return st;
+  if (ws->work2) st = attn__cl_scratch_put(ctx, &im->work2, ws->work2, NULL);
   return st;
 }
 
@@ -238,13 +377,18 @@ static int launch(attn_context *ctx, cl_kernel k, const args *a, const char *nam
   return ATTN_OK;
 }
 
+/* Items covering n, in whole groups of l. */
+static size_t cover(int64_t n, size_t l) {
+  return ((size_t)n + l - 1) / l * l;
+}
+
 static int finish(attn_context *ctx, const attn__problem *pb) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
   cl_int err = pb->async ? im->cl->clFlush(im->queue) : im->cl->clFinish(im->queue);
   return err == CL_SUCCESS ? ATTN_OK : attn__cl_fail(ctx, pb->async ? "clFlush" : "clFinish", err);
 }
 
-/* The arguments fwd.cl and bwd.cl share after the tensors. */
+/* The arguments fwd.cl, decode.cl and bwd.cl share after the tensors. */
 static void arg_common(args *a, const attn__problem *pb, cl_mem cu_q, cl_mem cu_k, cl_mem alibi) {
   arg_mem(a, cu_q);
   arg_mem(a, cu_k);
@@ -259,23 +403,112 @@ static void arg_common(args *a, const attn__problem *pb, cl_mem cu_q, cl_mem cu_
   arg_int(a, window_arg(pb->window_right, pb));
 }
 
+/* KV_USED_ARGS, PAGED_ARGS, BIAS_ARGS and SINK_ARGS (common.cl), for the
+ * features f a program has. */
+static void arg_features(args *a, const attn__problem *pb, unsigned f) {
+  if (f & ATTN__CL_F_USED) {
+    arg_mem(a, (cl_mem)pb->seqused_k.native);
+    arg_long(a, (cl_long)(pb->seqused_k.offset / 4));
+    arg_long(a, pb->seqused_k.sb);
+    arg_int(a, (cl_int)pb->seqlen_new);
+  }
+  if (f & ATTN__CL_F_PAGED) {
+    arg_mem(a, (cl_mem)pb->block_table.native);
+    arg_long(a, (cl_long)(pb->block_table.offset / 4));
+    arg_long(a, pb->block_table.sb);
+    arg_long(a, pb->block_table.ss);
+    arg_int(a, (cl_int)pb->page_size);
+    arg_int(a, (cl_int)pb->num_pages);
+  }
+  if (f & ATTN__CL_F_BIAS) arg_bias(a, &pb->bias);
+  if (f & ATTN__CL_F_SINKS) arg_vector(a, &pb->sinks);
+}
+
 /* What a pass runs with: the plan's program and tiles, and the uploads. */
 typedef struct call {
   attn__cl_workspace ws;
   attn__cl_program *p;
   const attn__cl_tiles *t;
+  unsigned features;
   size_t es; /* bytes per element of q, k, v, o and the gradients */
   cl_mem cu_q, cu_k, alibi;
 } call;
 
 static int prepare(attn_context *ctx, const attn__problem *pb, const attn__plan *plan, call *c) {
-  attn__cl_workspace_of(pb, plan->backward, &c->ws);
+  attn__cl_workspace_of(ctx, pb, plan, &c->ws);
+  c->features = attn__cl_features(pb, plan->backward);
+  attn__cl_config *config = (attn__cl_config *)plan->config; /* the context's own */
   int st = check_tensors(ctx, pb, plan->backward);
-  if (!st) st = attn__cl_program_of(ctx, plan, &c->p);
+  if (!st)
+    st = attn__cl_program_of(ctx, config, attn__cl_prog_kind(plan->kernel, c->features),
+                             c->features, &c->p);
   if (!st) st = upload_params(ctx, pb, &c->ws, &c->cu_q, &c->cu_k, &c->alibi);
   if (!st) c->t = &c->p->config->t;
   c->es = esize_of(pb->dtype);
   return st;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Forward                                                                  */
+/* ---------------------------------------------------------------------- */
+
+/* Whether every row of k and v starts 16 bytes aligned with contiguous
+ * columns, so that attn_decode reads 16-byte chunks whole. */
+static int rows_aligned(const attn__problem *pb, size_t es) {
+  const attn__tensor *ts[2] = {&pb->k, &pb->v};
+  if ((size_t)pb->head_dim * es % 16) return 0;
+  for (int i = 0; i < 2; ++i) {
+    const attn__tensor *t = ts[i];
+    if (t->sd != 1 || t->offset % 16 || (size_t)t->ss * es % 16 || (size_t)t->sh * es % 16 ||
+        (size_t)t->sb * es % 16)
+      return 0;
+  }
+  return 1;
+}
+
+static int decode(attn_context *ctx, const attn__problem *pb, const call *c) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  const attn__cl_program *p = c->p;
+  attn__cl_decode dec;
+  attn__cl_decode_of(ctx, pb, p->config, &dec);
+  attn__tensor no_lse;
+  memset(&no_lse, 0, sizeof no_lse);
+  const size_t ntd = (size_t)c->t->ntd;
+  args a = args_of(im, p->k[ATTN__CL_K_DECODE]);
+  arg_tensor(&a, &pb->q, c->es);
+  arg_tensor(&a, &pb->k, c->es);
+  arg_tensor(&a, &pb->v, c->es);
+  arg_tensor(&a, &pb->o, c->es);
+  arg_tensor(&a, pb->has_lse ? &pb->lse : &no_lse, 4);
+  arg_common(&a, pb, c->cu_q, c->cu_k, c->alibi);
+  arg_int(&a, dec.nsplit);
+  arg_int(&a, dec.nrb);
+  arg_int(&a, rows_aligned(pb, c->es));
+  arg_mem(&a, dec.nsplit > 1 ? im->work.mem : NULL);
+  arg_mem(&a, dec.nsplit > 1 ? im->work2.mem : NULL);
+  arg_int(&a, (cl_int)c->ws.tq);
+  arg_features(&a, pb, c->features);
+  int st = launch(ctx, a.k, &a, "attn_decode", (size_t)dec.nsplit * (size_t)dec.nrb * ntd,
+                  (size_t)pb->heads_kv, (size_t)pb->batch, ntd);
+  if (st || dec.nsplit == 1) return st;
+
+  args m = args_of(im, p->k[ATTN__CL_K_DECODE_MERGE]);
+  arg_tensor(&m, &pb->o, c->es);
+  arg_tensor(&m, pb->has_lse ? &pb->lse : &no_lse, 4);
+  arg_mem(&m, c->cu_q);
+  arg_mem(&m, c->cu_k);
+  arg_int(&m, (cl_int)pb->seqlen_q);
+  arg_int(&m, (cl_int)pb->seqlen_k);
+  arg_int(&m, (cl_int)pb->head_dim);
+  arg_int(&m, window_arg(pb->window_left, pb));
+  arg_int(&m, window_arg(pb->window_right, pb));
+  arg_int(&m, dec.nsplit);
+  arg_mem(&m, im->work.mem);
+  arg_mem(&m, im->work2.mem);
+  arg_int(&m, (cl_int)c->ws.tq);
+  arg_features(&m, pb, c->features & (ATTN__CL_F_USED | ATTN__CL_F_SINKS));
+  return launch(ctx, m.k, &m, "attn_decode_merge", (size_t)pb->seqlen_q * 64, (size_t)pb->heads_q,
+                (size_t)pb->batch, 64);
 }
 
 int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
@@ -283,10 +516,14 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
   call c;
   int st = prepare(ctx, pb, plan, &c);
   if (st) return st;
+  if (plan->kernel == ATTN__CL_DECODE) {
+    st = decode(ctx, pb, &c);
+    return st ? st : finish(ctx, pb);
+  }
   const attn__cl_program *p = c.p;
   const attn__cl_tiles *t = c.t;
   const size_t es = c.es;
-  args a = {im->cl, p->fwd, 0, CL_SUCCESS};
+  args a = args_of(im, p->k[ATTN__CL_K_FWD]);
   arg_tensor(&a, &pb->q, es);
   arg_tensor(&a, &pb->k, es);
   arg_tensor(&a, &pb->v, es);
@@ -295,10 +532,90 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
   memset(&no_lse, 0, sizeof no_lse);
   arg_tensor(&a, pb->has_lse ? &pb->lse : &no_lse, 4);
   arg_common(&a, pb, c.cu_q, c.cu_k, c.alibi);
+  arg_features(&a, pb, c.features);
   const size_t nt = 16 * (size_t)(t->br / t->tm);
   const size_t blocks = (size_t)((pb->seqlen_q + t->br - 1) / t->br);
-  st = launch(ctx, p->fwd, &a, "attn_fwd", blocks * nt, (size_t)pb->heads_q, (size_t)pb->batch, nt);
+  st = launch(ctx, a.k, &a, "attn_fwd", blocks * nt, (size_t)pb->heads_q, (size_t)pb->batch, nt);
   return st ? st : finish(ctx, pb);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Backward                                                                 */
+/* ---------------------------------------------------------------------- */
+
+/* Zeroes a float tensor of shape (n0, n1, n2, n3) and strides s. */
+static int zero(attn_context *ctx, const call *c, cl_mem mem, int64_t off, const int64_t s[4],
+                const int64_t n[4]) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  args a = args_of(im, c->p->k[ATTN__CL_K_ZERO]);
+  arg_mem(&a, mem);
+  arg_long(&a, off);
+  arg_long4(&a, s[0], s[1], s[2], s[3]);
+  arg_int(&a, (cl_int)n[1]);
+  arg_int(&a, (cl_int)n[2]);
+  arg_int(&a, (cl_int)n[3]);
+  return launch(ctx, a.k, &a, "attn_bwd_zero", cover(n[3], 64), (size_t)n[2], (size_t)(n[0] * n[1]),
+                64);
+}
+
+/* dq, and dbias with it: one launch, or one per sequence and head over
+ * which dbias broadcasts (DBIAS 1), or one into row-block sums added up
+ * after (DBIAS 2). */
+static int backward_dq(attn_context *ctx, const attn__problem *pb, const call *c, args *b) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  const size_t blocks = (size_t)((pb->seqlen_q + c->t->bb - 1) / c->t->bb);
+  arg_tensor(b, &pb->dq, c->es);
+  if (!(c->features & (ATTN__CL_F_DBIAS1 | ATTN__CL_F_DBIAS2)))
+    return launch(ctx, b->k, b, "attn_bwd_dq", blocks * 128, (size_t)pb->heads_q, (size_t)pb->batch,
+                  128);
+
+  /* dbias's shape: 1 where it broadcasts. */
+  const attn__tensor *db = &pb->dbias;
+  const int64_t n[4] = {db->sb ? pb->batch : 1, db->sh ? pb->heads_q : 1, db->ss ? pb->seqlen_q : 1,
+                        pb->seqlen_k};
+  const int64_t s[4] = {db->sb, db->sh, db->ss, db->sd};
+  const int over_b = n[0] < pb->batch, over_h = n[1] < pb->heads_q;
+  int st = ATTN_OK;
+  arg_bias(b, db);
+  const cl_uint i_b0 = b->i;
+  arg_int(b, 0);
+  arg_int(b, 0);
+  if (c->features & ATTN__CL_F_DBIAS2) {
+    const int64_t ps[4] = {pb->heads_q * (int64_t)blocks * pb->seqlen_k,
+                           (int64_t)blocks * pb->seqlen_k, pb->seqlen_k, 1};
+    const int64_t pn[4] = {pb->batch, pb->heads_q, (int64_t)blocks, pb->seqlen_k};
+    arg_mem(b, im->work.mem);
+    st = zero(ctx, c, im->work.mem, 0, ps, pn);
+    if (!st)
+      st = launch(ctx, b->k, b, "attn_bwd_dq", blocks * 128, (size_t)pb->heads_q, (size_t)pb->batch,
+                  128);
+    if (st) return st;
+    args a = args_of(im, c->p->k[ATTN__CL_K_DBIAS_SUM]);
+    arg_mem(&a, im->work.mem);
+    arg_int(&a, (cl_int)pb->batch);
+    arg_int(&a, (cl_int)pb->heads_q);
+    arg_int(&a, (cl_int)blocks);
+    arg_int(&a, (cl_int)pb->seqlen_k);
+    arg_int(&a, over_b);
+    arg_int(&a, over_h);
+    arg_bias(&a, db);
+    return launch(ctx, a.k, &a, "attn_bwd_dbias_sum", cover(pb->seqlen_k, 64), (size_t)n[1],
+                  (size_t)n[0], 64);
+  }
+  arg_mem(b, NULL);
+  st = zero(ctx, c, (cl_mem)db->native, (int64_t)(db->offset / 4), s, n);
+  /* In order over the sequences and heads dbias sums over, each launch
+   * adding to every element at most once. */
+  const int64_t nb = over_b ? pb->batch : 1, nh = over_h ? pb->heads_q : 1;
+  for (int64_t b0 = 0; b0 < nb && !st; ++b0)
+    for (int64_t h0 = 0; h0 < nh && !st; ++h0) {
+      const cl_int v[2] = {(cl_int)b0, (cl_int)h0};
+      for (int j = 0; j < 2 && b->err == CL_SUCCESS; ++j)
+        b->err = im->cl->clSetKernelArg(b->k, i_b0 + (cl_uint)j, sizeof v[j], &v[j]);
+      st = launch(ctx, b->k, b, "attn_bwd_dq", blocks * 128, over_h ? 1 : (size_t)pb->heads_q,
+                  over_b ? 1 : (size_t)pb->batch, 128);
+    }
+  return st;
 }
 
 int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
@@ -308,9 +625,10 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
   if (st) return st;
   const int64_t tq = c.ws.tq;
   const size_t es = c.es;
+  const attn__cl_program *p = c.p;
 
   /* delta = rowsum(dO * O) */
-  args a = {im->cl, c.p->pre, 0, CL_SUCCESS};
+  args a = args_of(im, p->k[ATTN__CL_K_PRE]);
   arg_tensor(&a, &pb->o, es);
   arg_tensor(&a, &pb->dout, es);
   arg_mem(&a, im->delta.mem);
@@ -318,13 +636,13 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
   arg_int(&a, (cl_int)pb->seqlen_q);
   arg_int(&a, (cl_int)pb->head_dim);
   arg_int(&a, (cl_int)tq);
-  st = launch(ctx, c.p->pre, &a, "attn_bwd_pre", (size_t)(pb->seqlen_q + 63) / 64 * 64,
-              (size_t)pb->heads_q, (size_t)pb->batch, 64);
+  st = launch(ctx, a.k, &a, "attn_bwd_pre", cover(pb->seqlen_q, 64), (size_t)pb->heads_q,
+              (size_t)pb->batch, 64);
   if (st) return st;
 
-  cl_kernel ks[2] = {c.p->dkdv, c.p->dq};
+  const int slots[2] = {ATTN__CL_K_DKDV, ATTN__CL_K_DQ};
   for (int w = 0; w < 2; ++w) {
-    args b = {im->cl, ks[w], 0, CL_SUCCESS};
+    args b = args_of(im, p->k[slots[w]]);
     arg_tensor(&b, &pb->q, es);
     arg_tensor(&b, &pb->k, es);
     arg_tensor(&b, &pb->v, es);
@@ -333,19 +651,122 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
     arg_mem(&b, im->delta.mem);
     arg_common(&b, pb, c.cu_q, c.cu_k, c.alibi);
     arg_int(&b, (cl_int)tq);
+    if (c.features & ATTN__CL_F_BIAS) arg_bias(&b, &pb->bias);
     if (w == 0) {
       arg_tensor(&b, &pb->dk, es);
       arg_tensor(&b, &pb->dv, es);
-      st = launch(ctx, ks[w], &b, "attn_bwd_dkdv",
+      st = launch(ctx, b.k, &b, "attn_bwd_dkdv",
                   (size_t)((pb->seqlen_k + c.t->bb - 1) / c.t->bb) * 128, (size_t)pb->heads_kv,
                   (size_t)pb->batch, 128);
     } else {
-      arg_tensor(&b, &pb->dq, es);
-      st = launch(ctx, ks[w], &b, "attn_bwd_dq",
-                  (size_t)((pb->seqlen_q + c.t->bb - 1) / c.t->bb) * 128, (size_t)pb->heads_q,
-                  (size_t)pb->batch, 128);
+      st = backward_dq(ctx, pb, &c, &b);
     }
     if (st) return st;
   }
+
+  if (c.features & ATTN__CL_F_SINKS) {
+    args s = args_of(im, p->k[ATTN__CL_K_DSINKS]);
+    arg_tensor(&s, &pb->lse, 4);
+    arg_mem(&s, im->delta.mem);
+    arg_mem(&s, c.cu_q);
+    arg_int(&s, (cl_int)pb->seqlen_q);
+    arg_int(&s, (cl_int)pb->batch);
+    arg_int(&s, (cl_int)tq);
+    arg_vector(&s, &pb->sinks);
+    arg_vector(&s, &pb->dsinks);
+    st = launch(ctx, s.k, &s, "attn_bwd_dsinks", 64, (size_t)pb->heads_q, 1, 64);
+    if (st) return st;
+  }
   return finish(ctx, pb);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The KV-cache append and attn_merge                                       */
+/* ---------------------------------------------------------------------- */
+
+int attn__cl_append(attn_context *ctx, const attn__problem *pb) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  attn__cl_config *c = attn__cl_config_for(ctx, pb->dtype, pb->head_dim);
+  if (!c) return ATTN_EUNSUPPORTED;
+  const unsigned f = pb->page_size ? ATTN__CL_F_PAGED : 0u;
+  const size_t es = esize_of(pb->dtype);
+  attn__cl_program *p;
+  int st = check_tensors(ctx, pb, 0);
+  if (!st) st = attn__cl_program_of(ctx, c, ATTN__CL_PROG_APPEND, f, &p);
+  cl_mem cu_k = NULL;
+  if (!st && pb->cu_k) {
+    st = attn__cl_scratch_put(ctx, &im->cu_k, (size_t)(pb->batch + 1) * sizeof(int32_t), pb->cu_k);
+    cu_k = im->cu_k.mem;
+  }
+  if (st) return st;
+  args a = args_of(im, p->k[ATTN__CL_K_APPEND]);
+  arg_tensor(&a, &pb->k_new, es);
+  arg_tensor(&a, &pb->v_new, es);
+  arg_tensor(&a, &pb->k, es);
+  arg_tensor(&a, &pb->v, es);
+  arg_mem(&a, cu_k);
+  arg_int(&a, (cl_int)pb->seqlen_k);
+  arg_int(&a, (cl_int)pb->seqlen_new);
+  arg_int(&a, (cl_int)pb->heads_kv);
+  arg_int(&a, (cl_int)pb->head_dim);
+  arg_mem(&a, (cl_mem)pb->seqused_k.native);
+  arg_long(&a, (cl_long)(pb->seqused_k.offset / 4));
+  arg_long(&a, pb->seqused_k.sb);
+  arg_features(&a, pb, f);
+  /* The forward pass follows on the same in-order queue. */
+  return launch(ctx, a.k, &a, "attn_append", cover(pb->head_dim, 64),
+                (size_t)(pb->seqlen_new * pb->heads_kv), (size_t)pb->batch, 64);
+}
+
+int attn__cl_merge(attn_context *ctx, const attn__merge *m) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  attn__cl_config *c = attn__cl_config_for(ctx, m->dtype, m->head_dim);
+  if (!c) return ATTN_EUNSUPPORTED;
+  const size_t es = esize_of(m->dtype);
+  const int64_t rows = m->batch * m->seqlen * m->heads;
+  int st = check_tensor(ctx, "o", &m->o, es);
+  if (!st && m->has_lse) st = check_tensor(ctx, "lse", &m->lse, 4);
+  for (int s = 0; s < m->n && !st; ++s) {
+    st = check_tensor(ctx, "o_parts", &m->o_parts[s], es);
+    if (!st) st = check_tensor(ctx, "lse_parts", &m->lse_parts[s], 4);
+  }
+  attn__cl_program *p;
+  if (!st) st = attn__cl_program_of(ctx, c, ATTN__CL_PROG_MERGE, 0u, &p);
+  /* work: the sums of o; work2: each row's m, then l twice (read from one,
+   * written to the other). */
+  if (!st)
+    st = attn__cl_scratch_put(ctx, &im->work, (size_t)(rows * m->head_dim) * sizeof(float), NULL);
+  if (!st) st = attn__cl_scratch_put(ctx, &im->work2, (size_t)(3 * rows) * sizeof(float), NULL);
+  if (st) return st;
+  attn__tensor no_lse;
+  memset(&no_lse, 0, sizeof no_lse);
+  const size_t y = (size_t)(m->seqlen * m->heads);
+  for (int s = 0; s < m->n && !st; ++s) {
+    args a = args_of(im, p->k[ATTN__CL_K_MERGE_MAX]);
+    arg_tensor(&a, &m->lse_parts[s], 4);
+    arg_mem(&a, im->work2.mem);
+    arg_int(&a, (cl_int)m->seqlen);
+    arg_int(&a, (cl_int)m->heads);
+    arg_int(&a, s == 0);
+    st = launch(ctx, a.k, &a, "attn_merge_max", 1, y, (size_t)m->batch, 1);
+  }
+  for (int s = 0; s < m->n && !st; ++s) {
+    args a = args_of(im, p->k[ATTN__CL_K_MERGE_ADD]);
+    arg_tensor(&a, &m->o_parts[s], es);
+    arg_tensor(&a, &m->lse_parts[s], 4);
+    arg_mem(&a, im->work2.mem);
+    arg_mem(&a, im->work.mem);
+    arg_tensor(&a, &m->o, es);
+    arg_tensor(&a, m->has_lse ? &m->lse : &no_lse, 4);
+    arg_int(&a, (cl_int)m->seqlen);
+    arg_int(&a, (cl_int)m->heads);
+    arg_int(&a, (cl_int)m->head_dim);
+    arg_int(&a, s == 0);
+    arg_int(&a, s == m->n - 1);
+    arg_int(&a, s % 2);
+    st = launch(ctx, a.k, &a, "attn_merge_add", cover(m->head_dim, 64), y, (size_t)m->batch, 64);
+  }
+  if (st) return st;
+  cl_int err = im->cl->clFinish(im->queue);
+  return err == CL_SUCCESS ? ATTN_OK : attn__cl_fail(ctx, "clFinish", err);
 }

@@ -1,9 +1,11 @@
 /*
  * What runs (ggml's "best kernel"): for a validated problem on a context's
- * device, the kernel family (attn_fwd, or attn_bwd_pre/dkdv/dq), the tiles
- * it is built with and the workspace it takes. plan() (attn_supports()),
- * the workspace sizing and the launches all read the one config decided
- * here, once per (dtype, head-dim bucket) and context.
+ * device, the kernel family (attn_fwd, attn_decode for few query rows, or
+ * attn_bwd_pre/dkdv/dq), the tiles it is built with, the optional features
+ * compiled into it, the key splits of a decode and the workspace it takes.
+ * plan() (attn_supports()), the workspace sizing and the launches all read
+ * the one config decided here, once per (dtype, head-dim bucket) and
+ * context, and derive the rest from the problem by the functions here.
  *
  * The tiles are data: a row of the tuning table, keyed by dtype, head-dim
  * bucket and device class, then fitted to the device's local memory and
@@ -11,6 +13,7 @@
  * forward tiles, for tuning on a new device.
  */
 #include "attn_cl.h"
+#include "rules.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -43,15 +46,19 @@ enum { CLASS_GPU, CLASS_CPU };
  * Br = 128 beat Br = 64 by 14 % at HD = 64 and 19 % at HD = 128, and
  * Bc = 128 or DK = 32 at Br = 64 by 7-35 %. Above HD = 128, TM is halved to
  * stay within the register file. Backward: BB is the largest square tile
- * up to the row's that fits (see fit()). */
+ * up to the row's that fits (see fit()). Decode: DR = 8 rows per
+ * work-group holds a GQA group of 8 query heads at one query row (Llama's
+ * 64/8) in one work-group, and costs 2 * 8 FMAs per K and V element, which
+ * an H200 issues faster than it reads f16 K/V; NTD = 64 keys per tile,
+ * halved until the tiles fit (see fit()). */
 static const struct tiles_row {
   int cls, dtype, hd_max;
-  attn__cl_tiles t; /* br, bc, tm, dk, jk, bb */
+  attn__cl_tiles t; /* br, bc, tm, dk, jk, bb, dr, ntd */
 } tiles_table[] = {
-    {CLASS_GPU, ANY_DTYPE, 128, {128, 64, 8, 16, 8, 32}},
-    {CLASS_GPU, ANY_DTYPE, ATTN_MAX_HEAD_DIM, {32, 64, 4, 16, 16, 32}},
-    {CLASS_CPU, ANY_DTYPE, 128, {64, 64, 8, 16, 16, 32}},
-    {CLASS_CPU, ANY_DTYPE, ATTN_MAX_HEAD_DIM, {32, 64, 4, 16, 16, 32}},
+    {CLASS_GPU, ANY_DTYPE, 128, {128, 64, 8, 16, 8, 32, 8, 64}},
+    {CLASS_GPU, ANY_DTYPE, ATTN_MAX_HEAD_DIM, {32, 64, 4, 16, 16, 32, 8, 64}},
+    {CLASS_CPU, ANY_DTYPE, 128, {64, 64, 8, 16, 16, 32, 8, 64}},
+    {CLASS_CPU, ANY_DTYPE, ATTN_MAX_HEAD_DIM, {32, 64, 4, 16, 16, 32, 8, 64}},
 };
 
 static const attn__cl_tiles *table_row(int cls, int dtype, int hd) {
@@ -85,6 +92,22 @@ static size_t bwd_local_bytes(int hd, int bb) {
   return 4u * (4u * (size_t)bb * (hd + 4) + 2u * (size_t)bb * (bb + 1) + 3u * (size_t)bb);
 }
 
+/* What dbias adds to it: dS before softcap's derivative. */
+static size_t dbias_local_bytes(int bb) {
+  return 4u * (size_t)bb * (bb + 1);
+}
+
+/* decode.cl's local memory for elements of es bytes: the K and V tiles
+ * (rows of 16-byte chunks, one spare) or the key slices' sums, whichever
+ * is larger; Q; S; the row maxima; the tile's pages when paged. */
+static size_t decode_local_bytes(int hd, int es, int dr, int ntd) {
+  const size_t ch = 16u / (size_t)es, nch = (size_t)hd / ch;
+  const size_t nks = nch < (size_t)ntd ? (size_t)ntd / nch : 1;
+  const size_t tiles = 2u * (size_t)ntd * (nch + 1) * 16u, sums = nks * (size_t)dr * hd * 4u;
+  return (tiles > sums ? tiles : sums) + (size_t)dr * hd * 4u + (size_t)ntd * dr * 4u +
+         (size_t)ntd * 4u + (size_t)ntd * 8u;
+}
+
 /* ATTN_CL_TILES=BR,TM,BC,DK,JK in place of the row's forward tiles
  * (bench/opencl_h200.sh sweeps it); a value the kernel cannot take is
  * ignored. */
@@ -105,7 +128,7 @@ static void override_tiles(const attn__cl_device *dev, const char *tiles, attn__
  * steps, then the key tile; the backward tile is the largest square whose
  * four operand tiles fit, with at least one output element per work-item.
  * 0 when nothing fits the device. */
-static int fit(const attn__cl_device *dev, int hd, attn__cl_tiles *t) {
+static int fit(const attn__cl_device *dev, int dtype, int hd, attn__cl_tiles *t) {
   size_t lmem = (size_t)dev->local_mem;
   while (fwd_local_bytes(hd, t) > lmem || !fwd_staging_fits(t)) {
     if (t->jk > 4)
@@ -121,6 +144,13 @@ static int fit(const attn__cl_device *dev, int hd, attn__cl_tiles *t) {
   for (int b = t->bb; b >= 4 && !bb; b /= 2)
     if (bwd_local_bytes(hd, b) <= lmem && (b * hd) % 128 == 0) bb = b;
   t->bb = bb;
+  /* The decode kernel is an option, not a need: without it, the forward
+   * kernel runs every problem. */
+  const int es = dtype == ATTN_F32 ? 4 : 2;
+  while (t->ntd >= 16 &&
+         ((size_t)t->ntd > dev->max_wg || decode_local_bytes(hd, es, t->dr, t->ntd) > lmem))
+    t->ntd /= 2;
+  if (t->ntd < 16 || t->ntd < t->dr) t->dr = t->ntd = 0;
   return bb != 0 && dev->max_wg >= 128 && dev->max_wg >= (size_t)(16 * (t->br / t->tm));
 }
 
@@ -131,7 +161,7 @@ static int choose(attn_context *ctx, int cls, int dtype, int hd, attn__cl_config
   if (!row) return 0;
   attn__cl_tiles t = *row;
   override_tiles(im->dev, ctx->settings.cl_tiles, &t);
-  if (!fit(im->dev, hd, &t)) return 0;
+  if (!fit(im->dev, dtype, hd, &t)) return 0;
   c->valid = 1;
   c->dtype = dtype;
   c->hd = hd;
@@ -140,6 +170,8 @@ static int choose(attn_context *ctx, int cls, int dtype, int hd, attn__cl_config
   snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
            "opencl attn_fwd HD=%d Br=%d Bc=%d TM=%d DK=%d JK=%d", hd, t.br, t.bc, t.tm, t.dk, t.jk);
   snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd HD=%d BB=%d", hd, t.bb);
+  snprintf(c->name[ATTN__CL_DECODE], sizeof c->name[0], "opencl attn_decode HD=%d DR=%d NTD=%d", hd,
+           t.dr, t.ntd);
   return 1;
 }
 
@@ -165,46 +197,157 @@ static attn__cl_config *config_for(attn_context *ctx, int dtype, int hd) {
   return NULL;
 }
 
-void attn__cl_workspace_of(const attn__problem *pb, int backward, attn__cl_workspace *ws) {
+attn__cl_config *attn__cl_config_for(attn_context *ctx, attn_dtype dtype, int64_t head_dim) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  attn__cl_config *c = config_for(ctx, (int)dtype, hd_bucket(head_dim));
+  if (!c)
+    attn__error(ctx, ATTN_EUNSUPPORTED,
+                "the OpenCL device %s has too little local memory (%llu bytes) or too "
+                "small work-groups (%zu) for head_dim %lld",
+                im->dev->info.name, (unsigned long long)im->dev->local_mem, im->dev->max_wg,
+                (long long)head_dim);
+  return c;
+}
+
+/* Whether dbias sums over query rows (its rows dimension broadcasts over
+ * more than one row): then through row-block sums (DBIAS 2). */
+static int dbias_over_rows(const attn__problem *pb) {
+  return pb->dbias.ss == 0 && pb->seqlen_q > 1;
+}
+
+unsigned attn__cl_features(const attn__problem *pb, int backward) {
+  unsigned f = 0;
+  if (pb->has_bias) f |= ATTN__CL_F_BIAS | (unsigned)pb->bias.dtype << ATTN__CL_F_BIAS_SHIFT;
+  if (backward) {
+    if (pb->has_dbias) f |= dbias_over_rows(pb) ? ATTN__CL_F_DBIAS2 : ATTN__CL_F_DBIAS1;
+    if (pb->has_dsinks) f |= ATTN__CL_F_SINKS;
+    return f;
+  }
+  if (pb->has_seqused) f |= ATTN__CL_F_USED;
+  if (pb->page_size) f |= ATTN__CL_F_PAGED;
+  if (pb->has_sinks) f |= ATTN__CL_F_SINKS;
+  return f;
+}
+
+int attn__cl_prog_kind(int family, unsigned features) {
+  if (family == ATTN__CL_DECODE) return ATTN__CL_PROG_DECODE;
+  if (!features) return ATTN__CL_PROG_ATTN;
+  return family == ATTN__CL_BWD ? ATTN__CL_PROG_BWD : ATTN__CL_PROG_FWD;
+}
+
+/* decode.cl's MAX_SPLITS. */
+#define MAX_SPLITS 128
+/* The decode kernel runs problems of at most this many query rows per
+ * sequence; above it, attn_fwd's blocks of Br rows are no longer mostly
+ * padding. */
+#define DECODE_MAX_NQ 16
+
+/* The most keys a sequence attends to, as far as the host can tell: the
+ * used lengths when they are in host memory, else the capacity. */
+static int64_t longest_keys(const attn__problem *pb) {
+  if (!pb->has_seqused || !pb->seqused_host) return pb->seqlen_k;
+  int64_t most = 0;
+  for (int64_t b = 0; b < pb->batch; ++b) {
+    const int64_t nk = attn__seq_k(pb, b);
+    most = nk > most ? nk : most;
+  }
+  return most;
+}
+
+void attn__cl_decode_of(attn_context *ctx, const attn__problem *pb, const attn__cl_config *c,
+                        attn__cl_decode *dec) {
+  const attn__cl_device *dev = attn__cl_impl_of(ctx)->dev;
+  const int64_t group = pb->heads_q / pb->heads_kv;
+  const int64_t rows = group * pb->seqlen_q;
+  dec->nrb = (int)((rows + c->t.dr - 1) / c->t.dr);
+  /* Splits of two tiles at least: fewer keys per part would cost more in
+   * parts written and merged than they gain. */
+  const int64_t tiles = (longest_keys(pb) + c->t.ntd - 1) / c->t.ntd;
+  int64_t most = tiles / 2 > 1 ? tiles / 2 : 1, n;
+  if (pb->num_splits == 1) {
+    n = 1;
+  } else if (pb->num_splits > 1) {
+    n = pb->num_splits;
+    most = tiles > 1 ? tiles : 1;
+  } else {
+    /* Enough work-groups for four per compute unit (a GPU hides its memory
+     * latency with several resident at once; a CPU device runs one per
+     * thread). */
+    const int64_t groups = pb->batch * pb->heads_kv * dec->nrb;
+    const int64_t want = (int64_t)(dev->info.is_gpu ? 4 : 1) * dev->info.compute_units;
+    n = groups >= want ? 1 : (want + groups - 1) / groups;
+  }
+  if (n > most) n = most;
+  if (n > MAX_SPLITS) n = MAX_SPLITS;
+  dec->nsplit = (int)(n < 1 ? 1 : n);
+}
+
+void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const attn__plan *plan,
+                           attn__cl_workspace *ws) {
+  memset(ws, 0, sizeof *ws);
+  const attn__cl_config *c = (const attn__cl_config *)plan->config;
   ws->cu = pb->cu_q ? (size_t)(pb->batch + 1) * sizeof(int32_t) : 0;
   ws->alibi = pb->alibi ? (size_t)pb->heads_q * sizeof(float) : 0;
   ws->tq = pb->cu_q ? pb->total_q : pb->batch * pb->seqlen_q;
-  ws->delta = backward ? (size_t)(pb->heads_q * ws->tq) * sizeof(float) : 0;
+  ws->delta = plan->backward ? (size_t)(pb->heads_q * ws->tq) * sizeof(float) : 0;
+  if (plan->kernel == ATTN__CL_DECODE) {
+    attn__cl_decode dec;
+    attn__cl_decode_of(ctx, pb, c, &dec);
+    if (dec.nsplit > 1) {
+      const size_t parts = (size_t)dec.nsplit * (size_t)pb->heads_q * (size_t)ws->tq;
+      ws->work = parts * (size_t)c->hd * sizeof(float);
+      ws->work2 = 2 * parts * sizeof(float);
+    }
+  }
+  if (plan->backward && pb->has_dbias && dbias_over_rows(pb)) {
+    const size_t nqb = (size_t)((pb->seqlen_q + c->t.bb - 1) / c->t.bb);
+    ws->work = (size_t)pb->batch * (size_t)pb->heads_q * nqb * (size_t)pb->seqlen_k * sizeof(float);
+  }
 }
 
 int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
   const int64_t big = INT_MAX / 4;
-  const unsigned missing = attn__problem_uses(pb);
-  if (missing) return attn__decline_features(ctx, "opencl", missing);
-  if (pb->seqlen_q > big || pb->seqlen_k > big || pb->total_q > big || pb->total_k > big)
+  if (pb->seqlen_q > big || pb->seqlen_k > big || pb->total_q > big || pb->total_k > big ||
+      pb->num_pages > big)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
                        "the OpenCL backend takes at most %lld rows per tensor", (long long)big);
   if (pb->batch > 65535 || pb->heads_q > 65535)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
                        "the OpenCL backend takes at most 65535 sequences and heads");
-  const int hd = hd_bucket(pb->head_dim);
-  const attn__cl_config *c = config_for(ctx, (int)pb->dtype, hd);
-  if (!c)
+  attn__cl_config *c = attn__cl_config_for(ctx, pb->dtype, pb->head_dim);
+  if (!c) return ATTN_EUNSUPPORTED;
+  const unsigned features = attn__cl_features(pb, backward);
+  if (backward && pb->has_dbias &&
+      bwd_local_bytes(c->hd, c->t.bb) + dbias_local_bytes(c->t.bb) > (size_t)im->dev->local_mem)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
-                       "the OpenCL device %s has too little local memory (%llu bytes) or too "
-                       "small work-groups (%zu) for head_dim %lld",
-                       im->dev->info.name, (unsigned long long)im->dev->local_mem, im->dev->max_wg,
+                       "the OpenCL device %s has too little local memory (%llu bytes) for dbias "
+                       "at head_dim %lld",
+                       im->dev->info.name, (unsigned long long)im->dev->local_mem,
                        (long long)pb->head_dim);
-  attn__cl_workspace ws;
-  attn__cl_workspace_of(pb, backward, &ws);
   memset(out, 0, sizeof *out);
   out->backward = backward;
-  out->kernel = backward ? ATTN__CL_BWD : ATTN__CL_FWD;
+  out->kernel = backward                                   ? ATTN__CL_BWD
+                : c->t.dr && pb->seqlen_q <= DECODE_MAX_NQ ? ATTN__CL_DECODE
+                                                           : ATTN__CL_FWD;
   out->config = c;
-  out->workspace = 2 * ws.cu + ws.alibi + ws.delta;
   /* The program is built here, not at launch: whether its kernels run the
    * config's work-groups is known only from the compiled kernels, and the
    * answer must be the plan's (attn_supports() is exact). Built once per
-   * config and context, and cached on disk. */
+   * (config, features) and context, and cached on disk. A decode kernel
+   * the device cannot run leaves the problem to attn_fwd. */
   attn__cl_program *prog;
-  int st = attn__cl_program_of(ctx, out, &prog);
+  int st = attn__cl_program_of(ctx, c, attn__cl_prog_kind(out->kernel, features), features, &prog);
+  if (st == ATTN_EUNSUPPORTED && out->kernel == ATTN__CL_DECODE) {
+    attn__debug("opencl: %s; the forward kernel runs it", ctx->errmsg);
+    ctx->errmsg[0] = 0;
+    out->kernel = ATTN__CL_FWD;
+    st = attn__cl_program_of(ctx, c, attn__cl_prog_kind(out->kernel, features), features, &prog);
+  }
   if (st) return st;
+  attn__cl_workspace ws;
+  attn__cl_workspace_of(ctx, pb, out, &ws);
+  out->workspace = 2 * ws.cu + ws.alibi + ws.delta + ws.work + ws.work2;
   out->name = c->name[out->kernel]; /* after a narrowing rebuild */
   return ATTN_OK;
 }

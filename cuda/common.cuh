@@ -221,4 +221,35 @@ __device__ __forceinline__ float sink_grad(float sink, float lse, float dsum) {
   return lse == -INFINITY ? 0.f : -__expf(sink - lse) * dsum;
 }
 
+/* The lse of n partial results of one row (lse[s * stride]) and each part's
+ * weight exp(lse_s - lse) in w, so that o = sum_s w[s] o_s (as
+ * attn__merge_lse): -inf when every part is -inf (weights 0); NaN in a part
+ * gives NaN. */
+__device__ inline float merge_lse(const float *lse, long long stride, int n, float *w) {
+  float mx = -INFINITY;
+  bool nan = false;
+  for (int s = 0; s < n; s++) {
+    const float x = lse[s * stride];
+    nan |= x != x;
+    mx = x > mx ? x : mx;
+  }
+  if (nan) {
+    for (int s = 0; s < n; s++)
+      w[s] = NAN;
+    return NAN;
+  }
+  if (mx == -INFINITY) {
+    for (int s = 0; s < n; s++)
+      w[s] = 0.f;
+    return -INFINITY;
+  }
+  float sum = 0.f;
+  for (int s = 0; s < n; s++)
+    sum += w[s] = expf(lse[s * stride] - mx);
+  const float out = mx + logf(sum);
+  for (int s = 0; s < n; s++)
+    w[s] /= sum;
+  return out;
+}
+
 #endif /* ATTN_CUDA_COMMON_CUH */

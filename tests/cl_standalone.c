@@ -28,6 +28,9 @@ int main(void) {
   } files[] = {{"common.cl", ""},
                {"fwd.cl", attn__cl_src_fwd},
                {"bwd.cl", attn__cl_src_bwd},
+               {"decode.cl", attn__cl_src_decode},
+               {"append.cl", attn__cl_src_append},
+               {"merge.cl", attn__cl_src_merge},
                {"selftest.cl", attn__cl_src_selftest}};
   int failed = 0;
   for (size_t i = 0; i < sizeof files / sizeof files[0]; ++i) {
