@@ -18,11 +18,13 @@ int attn__cuda_decode_covers(const attn__problem *pb) {
   if (pb->seqlen_q >= lim || pb->seqlen_k >= lim || pb->total_q >= lim || pb->num_pages > INT32_MAX)
     return 0;
   if (pb->heads_q / pb->heads_kv * pb->seqlen_q > ATTN__CUDA_DECODE_MAX_ROWS) return 0;
-  /* An f32 (hi, lo) lse promises the backward P exact to float32 at any
-   * logit size, which holds only when the backward recomputes each score
-   * bit for bit: the general family's, whose dot products run in another
-   * order than these kernels'. Inference asks for no such lse. */
-  if (pb->dtype == ATTN_F32 && pb->lse_hilo) return 0;
+  /* An f32 lse is the backward's: its P = exp(s - lse) is exact to float32
+   * (with the (hi, lo) form, at any logit size) only when the backward
+   * recomputes each score bit for bit, as the general family does its own,
+   * whose dot products run in another order than these kernels'. And the
+   * plain lse must be the (hi, lo) form's hi. So an f32 call that wants an
+   * lse runs there; inference, which wants none, runs here. */
+  if (pb->dtype == ATTN_F32 && pb->has_lse) return 0;
   /* The kernels load rows as 16-byte chunks. */
   if (pb->dtype == ATTN_F32)
     return attn__cuda_rows4(&pb->q, pb) && attn__cuda_rows4(&pb->k, pb) &&
