@@ -530,9 +530,11 @@ struct fwd_cfg {
 };
 
 /* X: built for the inference path (a KV cache with used lengths or pages,
- * a bias, sinks), which the plain kernel keeps no registers for. */
+ * a bias, sinks), which the plain kernel keeps no registers for; one block a
+ * multiprocessor (ptxas -v: under the two-block cap of 128 registers, the
+ * f32 64 x 64 tiles spill). */
 template <typename T, int DP, int MR, int MC, bool X>
-__global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC>::minb : 1))
+__global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 && !X ? fwd_cfg<DP, MR, MC>::minb : 1))
     fwd_kernel(const gparams P) {
   using C = fwd_cfg<DP, MR, MC>;
   constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP, NG = DP / 32;
