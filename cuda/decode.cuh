@@ -185,21 +185,6 @@ __device__ __forceinline__ row_end finish_row(const dparams &P, int h, bool mask
   return e;
 }
 
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
 /* Query row i of head h, sequence b: its o row and its lse. */
 template <typename T>
 __device__ __forceinline__ T *o_row(const dparams &P, int b, const dseq &s, int i, int h) {
