@@ -316,3 +316,19 @@ inline float row_end(float m, float l, int seen, float sink, float *div, float *
   return seen ? 1.0f : 0.0f;
 #endif
 }
+
+/* row_end for row i of a sequence of nq rows over nk keys, which saw a key
+ * when the window let it. */
+inline float row_end_at(int i, int nq, int nk, int wl, int wr, float sink, float m, float l,
+                        float *div, float *hi, float *lo) {
+  int klo, khi;
+  key_range(diag(i, nq, nk), nk, wl, wr, &klo, &khi);
+  return row_end(m, l, klo < khi, sink, div, hi, lo);
+}
+
+/* Query head h's sink in a kernel that takes SINK_ARGS; 0 without sinks. */
+#if HAS_SINKS
+#define SINK_OF(h) sinks[sinks_o + (h)*sinks_sh]
+#else
+#define SINK_OF(h) 0.0f
+#endif

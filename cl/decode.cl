@@ -445,15 +445,8 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
     const int h = w.hh[rr], i = w.ri[rr];
     const float mr = m[rr];
     if (nsplit == 1) {
-      int klo, khi;
-      key_range(diag(i, nq, nk), nk, wl, wr, &klo, &khi);
-#if HAS_SINKS
-      const float sink = sinks[sinks_o + h * sinks_sh];
-#else
-      const float sink = 0.0f;
-#endif
       float div, lse_hi, lse_lo;
-      const float fold = row_end(mr, lr, klo < khi, sink, &div, &lse_hi, &lse_lo);
+      const float fold = row_end_at(i, nq, nk, wl, wr, SINK_OF(h), mr, lr, &div, &lse_hi, &lse_lo);
       __global T *op = HEAD_ROWS(o, oo, os, b, h, seq.q0 + i);
       STORE(op, c * os.s3, a * fold / div);
       if (lse && c == 0) {
@@ -497,15 +490,8 @@ __kernel __attribute__((reqd_work_group_size(NTM, 1, 1))) void attn_decode_merge
   for (int s = 0; s < nsplit; ++s)
     l = fma(scale_s[s], part_ml[2 * (pr0 + s * pstride) + 1], l);
 
-  int klo, khi;
-  key_range(diag(r, seq.nq, nk), nk, wl, wr, &klo, &khi);
-#if HAS_SINKS
-  const float sink = sinks[sinks_o + h * sinks_sh];
-#else
-  const float sink = 0.0f;
-#endif
   float div, lse_hi, lse_lo;
-  const float fold = row_end(mx, l, klo < khi, sink, &div, &lse_hi, &lse_lo);
+  const float fold = row_end_at(r, seq.nq, nk, wl, wr, SINK_OF(h), mx, l, &div, &lse_hi, &lse_lo);
   __global T *op = HEAD_ROWS(o, oo, os, b, h, seq.q0 + r);
   for (int c = lid; c < d; c += NTM) {
     float a = 0.0f;

@@ -348,15 +348,8 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
 #if HAS_SINKS || HAS_BIAS
     /* The row's end by the rules (row_end): with a bias, a row whose scores
      * the bias all hid saw no key; with sinks, every row has an lse. */
-    int klo, khi;
-    key_range(diag(r, nq, nk), nk, wl, wr, &klo, &khi);
-#if HAS_SINKS
-    const float sink = sinks[sinks_o + h * sinks_sh];
-#else
-    const float sink = 0.0f;
-#endif
     float div, lse_hi, lse_lo;
-    const float fold = row_end(m_i[i], l, klo < khi, sink, &div, &lse_hi, &lse_lo);
+    const float fold = row_end_at(r, nq, nk, wl, wr, SINK_OF(h), m_i[i], l, &div, &lse_hi, &lse_lo);
     if (r < nq) {
       for (int n = 0; n < TD; ++n) {
         const int c = OCOL(tx, n);

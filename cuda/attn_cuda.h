@@ -27,6 +27,23 @@
 extern "C" {
 #endif
 
+/* A tensor as the decoding and cache kernels address it: its first element
+ * (NULL for an absent tensor) and its strides in elements. */
+typedef struct attn__cuda_view {
+  char *p;
+  long long sb, ss, sh, sd;
+} attn__cuda_view;
+
+static inline attn__cuda_view attn__cuda_view_of(const attn__tensor *t) {
+  attn__cuda_view v;
+  v.p = t->native ? (char *)t->native + t->offset : NULL;
+  v.sb = t->sb;
+  v.ss = t->ss;
+  v.sh = t->sh;
+  v.sd = t->sd;
+  return v;
+}
+
 /* What the plan needs of a device, queried once when a context opens. */
 typedef struct attn__cuda_device {
   int sm_count;

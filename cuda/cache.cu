@@ -24,13 +24,8 @@ namespace attn_cache {
 /* Append                                                                   */
 /* ---------------------------------------------------------------------- */
 
-struct view {
-  char *p;
-  long long sb, ss, sh, sd;
-};
-
 struct append_params {
-  view k, v, kn, vn;
+  attn__cuda_view k, v, kn, vn;
   const int32_t *cu_k; /* device; NULL for bshd and paged caches */
   const int32_t *used;
   long long used_sb;
@@ -72,16 +67,6 @@ __global__ void __launch_bounds__(32 * kAppendRows) append_kernel(const append_p
   }
 }
 
-static view view_of(const attn__tensor &t) {
-  view w;
-  w.p = (char *)t.native + t.offset;
-  w.sb = t.sb;
-  w.ss = t.ss;
-  w.sh = t.sh;
-  w.sd = t.sd;
-  return w;
-}
-
 /* ---------------------------------------------------------------------- */
 /* Merge                                                                    */
 /* ---------------------------------------------------------------------- */
@@ -98,7 +83,7 @@ struct merge_params {
   const part *parts; /* device, n */
   int n, d, has_lse;
   long long batch, seqlen, heads;
-  view o, lse;
+  attn__cuda_view o, lse;
 };
 
 constexpr int kMergeThreads = 128;
@@ -145,10 +130,10 @@ extern "C" int attn__cuda_append(const attn__cuda_launch *L) {
   const attn__problem *pb = L->pb;
   append_params A;
   memset(&A, 0, sizeof A);
-  A.k = view_of(pb->k);
-  A.v = view_of(pb->v);
-  A.kn = view_of(pb->k_new);
-  A.vn = view_of(pb->v_new);
+  A.k = attn__cuda_view_of(&pb->k);
+  A.v = attn__cuda_view_of(&pb->v);
+  A.kn = attn__cuda_view_of(&pb->k_new);
+  A.vn = attn__cuda_view_of(&pb->v_new);
   A.cu_k = pb->page_size ? nullptr : L->cu_k;
   A.used = (const int32_t *)((const char *)pb->seqused_k.native + pb->seqused_k.offset);
   A.used_sb = pb->seqused_k.sb;
@@ -209,8 +194,8 @@ extern "C" int attn__cuda_merge(const attn__merge *m, cudaStream_t stream, void 
   M.batch = m->batch;
   M.seqlen = m->seqlen;
   M.heads = m->heads;
-  M.o = view_of(m->o);
-  if (m->has_lse) M.lse = view_of(m->lse);
+  M.o = attn__cuda_view_of(&m->o);
+  if (m->has_lse) M.lse = attn__cuda_view_of(&m->lse);
   const long long rows = m->batch * m->seqlen * m->heads;
   const dim3 grid((unsigned)(rows < (1 << 20) ? rows : (1 << 20)));
   switch (m->dtype) {

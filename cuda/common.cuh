@@ -169,8 +169,8 @@ __device__ __forceinline__ I seq_used(const int *used, long long sb, I b, I cap,
  * page stride t_sb and row stride t_ss: row j % page_size of page
  * bt[b * bt_sb + (j / page_size) * bt_ss], clamped to [0, num_pages). */
 template <typename I>
-__device__ __forceinline__ long long paged_row(const int *bt, long long bt_sb, long long bt_ss,
-                                               I b, I j, I page_size, I num_pages, long long t_sb,
+__device__ __forceinline__ long long paged_row(const int *bt, long long bt_sb, long long bt_ss, I b,
+                                               I j, I page_size, I num_pages, long long t_sb,
                                                long long t_ss) {
   long long page = __ldg(bt + b * bt_sb + (j / page_size) * bt_ss);
   page = page < 0 ? 0 : page >= num_pages ? num_pages - 1 : page;
@@ -190,10 +190,12 @@ __device__ __forceinline__ float load_any(const void *base, int dtype, long long
   return ((const float *)base)[i];
 }
 
-/* Whether a row saw a key: the mask says so (seen), and with a bias a row
- * whose scores were all -inf (max m still -inf) saw none. */
-__device__ __forceinline__ bool row_seen(bool seen, bool has_bias, float m) {
-  return seen && !(has_bias && m == -INFINITY);
+/* Whether a row saw a key (attn__row_seen), by its final max m and sum l:
+ * the mask says so (seen), and with a bias a row whose scores were all -inf
+ * (m = -inf, l = 0) saw none; a NaN among them left l NaN, and the row is
+ * NaN. */
+__device__ __forceinline__ bool row_seen(bool seen, bool has_bias, float m, float l) {
+  return seen && !(has_bias && m == -INFINITY && l == 0.f);
 }
 
 /* Folds a sink logit into a row's final max m and sum l (as attn__sink_fold):

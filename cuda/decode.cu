@@ -76,24 +76,12 @@ __global__ void __launch_bounds__(kWarps * 32) mma_kernel(const dparams P) {
   T *sQ = (T *)smem_raw;
   T *sW = sQ + kRows * LD + warp * kStages * SLOT;
 
-  int hk, rb, split;
-  block_coords(P, &hk, &rb, &split);
-  const int b = blockIdx.y;
-  const dseq sq = seq_of(P, b);
-  const int r0 = rb * kRows;
-  if (r0 >= P.group * sq.nq) return;
-  const int rn = min(kRows, P.group * sq.nq - r0);
-  const int i_first = r0 / P.group, i_last = (r0 + rn - 1) / P.group;
-
-  /* The keys the block's rows see, this split's tiles of them, and this
-   * warp's share. A tile is visible to every row when it lies in the last
-   * row's lo and the first row's hi (both grow with the row). */
-  int jlo, jhi, lo_f, hi_f, lo_l, hi_l;
-  key_block_range(i_first, i_last + 1, sq.nq, sq.nk, P.wl, P.wr, &jlo, &jhi);
-  key_range(diag(i_first, sq.nq, sq.nk), sq.nk, P.wl, P.wr, &lo_f, &hi_f);
-  key_range(diag(i_last, sq.nq, sq.nk), sq.nk, P.wl, P.wr, &lo_l, &hi_l);
-  int tb, te;
-  split_tiles(jlo, jhi, split, P.splits, &tb, &te);
+  dblock k;
+  if (!block_of(P, &k)) return;
+  const dseq sq = k.sq;
+  const int hk = k.hk, b = k.b, split = k.split, r0 = k.r0, rn = k.rn, jlo = k.jlo, jhi = k.jhi,
+            hi_f = k.hi_f, lo_l = k.lo_l, tb = k.tb, te = k.te;
+  /* This warp's share of the split's tiles. */
   const int nit = te - tb > warp ? (te - tb - warp + kWarps - 1) / kWarps : 0;
 
   /* The thread's two rows of the m16 tile (g and g + 8): their visible keys
@@ -357,16 +345,6 @@ int combine(const attn__cuda_launch *L, const dparams &P) {
 /* Host side                                                                */
 /* ---------------------------------------------------------------------- */
 
-static dtensor ref_of(const attn__tensor &t) {
-  dtensor r;
-  r.p = t.native ? (char *)t.native + t.offset : nullptr;
-  r.sb = t.sb;
-  r.ss = t.ss;
-  r.sh = t.sh;
-  r.sd = t.sd;
-  return r;
-}
-
 static const int32_t *i32_of(const attn__tensor &t) {
   return (const int32_t *)((const char *)t.native + t.offset);
 }
@@ -375,16 +353,16 @@ dparams make_params(const attn__cuda_launch *L, int splits) {
   const attn__problem *pb = L->pb;
   dparams P;
   memset(&P, 0, sizeof P);
-  P.q = ref_of(pb->q);
-  P.k = ref_of(pb->k);
-  P.v = ref_of(pb->v);
-  P.o = ref_of(pb->o);
+  P.q = attn__cuda_view_of(&pb->q);
+  P.k = attn__cuda_view_of(&pb->k);
+  P.v = attn__cuda_view_of(&pb->v);
+  P.o = attn__cuda_view_of(&pb->o);
   if (pb->has_lse && pb->lse.native) {
-    P.lse = ref_of(pb->lse);
+    P.lse = attn__cuda_view_of(&pb->lse);
     P.has_lse = 1;
   }
   if (pb->has_bias) {
-    P.bias = ref_of(pb->bias);
+    P.bias = attn__cuda_view_of(&pb->bias);
     P.bias_dtype = (int)pb->bias.dtype;
     P.has_bias = 1;
   }

@@ -45,10 +45,7 @@ constexpr int kRows = 16;
 constexpr int kTile = 16;
 
 /* One operand: p already at (native + offset); strides in elements. */
-struct dtensor {
-  char *p;
-  long long sb, ss, sh, sd;
-};
+typedef attn__cuda_view dtensor;
 
 /* Everything the kernels read, by value. Lengths and key indices are int:
  * the plan gives this family no sequence of 2^30 rows or more and no more
@@ -177,7 +174,7 @@ __device__ __forceinline__ row_end finish_row(const dparams &P, int h, bool mask
     a = sink_fold(__ldg(P.sinks + h * P.sinks_sh), &e.m, &e.l);
     e.seen = true; /* the sink is always seen: no key gives o = 0, lse = sink */
   } else {
-    e.seen = row_seen(mask, P.has_bias != 0, e.m);
+    e.seen = row_seen(mask, P.has_bias != 0, e.m, e.l);
   }
   /* seen with l = 0 (every score -inf without a bias: infinite inputs)
    * gives 0 * inf = NaN, as lse_store's NaN. */
@@ -344,6 +341,36 @@ __device__ __forceinline__ void split_tiles(int jlo, int jhi, int s, int n, int 
   const int per = (t1 - t0 + n - 1) / n;
   *tb = min(t1, t0 + s * per);
   *te = min(t1, *tb + per);
+}
+
+/* What a block works on: its KV head, sequence and rows (rows r0 .. r0 + rn
+ * - 1 of the sequence's group * nq, query rows i_first .. i_last), the keys
+ * its rows see [jlo, jhi), its first and last rows' key ranges (a tile is
+ * visible to every row when it lies in lo_l and hi_f: both grow with the
+ * row), and its split's tiles [tb, te). */
+struct dblock {
+  int hk, b, split, r0, rn, i_first, i_last;
+  dseq sq;
+  int jlo, jhi, lo_f, hi_f, lo_l, hi_l, tb, te;
+};
+
+/* The block's work; false when its row block lies past its sequence's rows. */
+__device__ __forceinline__ bool block_of(const dparams &P, dblock *k) {
+  int rb;
+  block_coords(P, &k->hk, &rb, &k->split);
+  k->b = blockIdx.y;
+  k->sq = seq_of(P, k->b);
+  const int nq = k->sq.nq, nk = k->sq.nk;
+  k->r0 = rb * kRows;
+  if (k->r0 >= P.group * nq) return false;
+  k->rn = min(kRows, P.group * nq - k->r0);
+  k->i_first = k->r0 / P.group;
+  k->i_last = (k->r0 + k->rn - 1) / P.group;
+  key_block_range(k->i_first, k->i_last + 1, nq, nk, P.wl, P.wr, &k->jlo, &k->jhi);
+  key_range(diag(k->i_first, nq, nk), nk, P.wl, P.wr, &k->lo_f, &k->hi_f);
+  key_range(diag(k->i_last, nq, nk), nk, P.wl, P.wr, &k->lo_l, &k->hi_l);
+  split_tiles(k->jlo, k->jhi, k->split, P.splits, &k->tb, &k->te);
+  return true;
 }
 
 }  // namespace attn_decode

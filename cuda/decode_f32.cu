@@ -73,23 +73,12 @@ __global__ void __launch_bounds__(f32_warps<D>() * 32) f32_kernel(const dparams 
   float *sW = sQ + kRows * LD + warp * kF32Stages * SLOT;
   float *sP = sQ + kRows * LD + NW * kF32Stages * SLOT + warp * kRows * kTile;
 
-  int hk, rb, split;
-  block_coords(P, &hk, &rb, &split);
-  const int b = blockIdx.y;
-  const dseq sq = seq_of(P, b);
-  const int r0 = rb * kRows;
-  if (r0 >= P.group * sq.nq) return;
-  const int rn = min(kRows, P.group * sq.nq - r0);
-  const int i_first = r0 / P.group, i_last = (r0 + rn - 1) / P.group;
-
-  /* As in decode.cu's kernel: the block's keys, the split's tiles, the
-   * warp's share, and when a tile is visible to every row. */
-  int jlo, jhi, lo_f, hi_f, lo_l, hi_l;
-  key_block_range(i_first, i_last + 1, sq.nq, sq.nk, P.wl, P.wr, &jlo, &jhi);
-  key_range(diag(i_first, sq.nq, sq.nk), sq.nk, P.wl, P.wr, &lo_f, &hi_f);
-  key_range(diag(i_last, sq.nq, sq.nk), sq.nk, P.wl, P.wr, &lo_l, &hi_l);
-  int tb, te;
-  split_tiles(jlo, jhi, split, P.splits, &tb, &te);
+  dblock k;
+  if (!block_of(P, &k)) return;
+  const dseq sq = k.sq;
+  const int hk = k.hk, b = k.b, split = k.split, r0 = k.r0, rn = k.rn, jlo = k.jlo, jhi = k.jhi,
+            hi_f = k.hi_f, lo_l = k.lo_l, tb = k.tb, te = k.te;
+  /* This warp's share of the split's tiles. */
   const int nit = te - tb > warp ? (te - tb - warp + NW - 1) / NW : 0;
 
   /* The rows' visible keys and score terms, shared by every lane. */

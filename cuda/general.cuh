@@ -392,7 +392,7 @@ __device__ __forceinline__ void store_rows(const gparams &P, const seqinfo &S, i
     bool seen = klo < khi;
     float m = m_i[ii], inv;
     if constexpr (X) {
-      seen = row_seen(seen, P.bias.p != nullptr, m);
+      seen = row_seen(seen, P.bias.p != nullptr, m, l);
       float a = 1.f;
       if (P.sinks.p) {
         a = sink_fold(sink, &m, &l); /* a row with no key: m = sink, l = 1, a = 0 */

@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
       bool seen = klo < khi;
       float m = m_i[mt][r], inv;
       if constexpr (BIAS != 0 || CACHE) {
-        seen = row_seen(seen, BIAS != 0, m);
+        seen = row_seen(seen, BIAS != 0, m, l);
         float a = 1.f;
         if (CACHE && p.sinks) {
           a = sink_fold_log2(sink_log2, &m, &l); /* no key: m = sink, l = 1, a = 0 */

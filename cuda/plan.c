@@ -82,12 +82,6 @@ const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const att
       &attn__cuda_mma_backward_rows, &attn__cuda_f32_forward_rows,  &attn__cuda_general_rows_f32,
       &attn__cuda_general_rows_f16,  &attn__cuda_general_rows_bf16,
   };
-  /* The rows attend to what is in the cache; appending to it first is the
-   * backend's append. */
-  if (pb->seqlen_new > 0 && !attn__backend_cuda.append) {
-    snprintf(why, why_len, "cuda: appending to the KV cache is not implemented");
-    return NULL;
-  }
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
     const attn__cuda_config *c = first_row(table[i], dev, pb, backward);
     if (c) return c;
