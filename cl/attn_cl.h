@@ -139,7 +139,8 @@ enum {
   ATTN__CL_F_SINKS = 1u << 3,  /* HAS_SINKS (backward: the dsinks kernel) */
   ATTN__CL_F_DBIAS1 = 1u << 4, /* DBIAS 1: added tile by tile, launches in order */
   ATTN__CL_F_DBIAS2 = 1u << 5, /* DBIAS 2: through row-block sums */
-  ATTN__CL_F_BIAS_SHIFT = 6    /* the bias's attn_dtype, 2 bits */
+  ATTN__CL_F_BIAS_SHIFT = 6,   /* the bias's attn_dtype, 2 bits */
+  ATTN__CL_F_DR_SHIFT = 8      /* decode: log2 of its DR, 3 bits */
 };
 
 /* Every kernel of every program, by slot; a program has those of its kind
@@ -231,14 +232,15 @@ typedef struct attn__cl_workspace {
   size_t work2; /* decode: the splits' m_i and l_i */
 } attn__cl_workspace;
 
-/* How a decode runs: nsplit parts of each row's keys, nrb blocks of DR
- * rows per key/value head. */
+/* How a decode runs: nsplit parts of each row's keys, nrb blocks of dr
+ * rows (its DR) per key/value head. */
 typedef struct attn__cl_decode {
-  int nsplit, nrb;
+  int nsplit, nrb, dr;
 } attn__cl_decode;
 
-/* The features of a problem's pass (ATTN__CL_F_*); its program kind. */
-unsigned attn__cl_features(const attn__problem *pb, int backward);
+/* The features of a plan's program (ATTN__CL_F_*): the problem's, and a
+ * decode's DR. */
+unsigned attn__cl_features(attn_context *ctx, const attn__problem *pb, const attn__plan *plan);
 /* The decode's splits and row blocks for pb under config c. */
 void attn__cl_decode_of(attn_context *ctx, const attn__problem *pb, const attn__cl_config *c,
                         attn__cl_decode *dec);

@@ -89,7 +89,8 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
       }
       break;
     case ATTN__CL_PROG_DECODE:
-      len += snprintf(opts + len, n - (size_t)len, " -DDR=%d -DNTD=%d", t->dr, t->ntd);
+      len += snprintf(opts + len, n - (size_t)len, " -DDR=%d -DNTD=%d",
+                      1 << ((f >> ATTN__CL_F_DR_SHIFT) & 7u), t->ntd);
       srcs[ns++] = attn__cl_src_decode;
       slots[nk++] = ATTN__CL_K_DECODE;
       slots[nk++] = ATTN__CL_K_DECODE_MERGE;
@@ -436,7 +437,7 @@ typedef struct call {
 
 static int prepare(attn_context *ctx, const attn__problem *pb, const attn__plan *plan, call *c) {
   attn__cl_workspace_of(ctx, pb, plan, &c->ws);
-  c->features = attn__cl_features(pb, plan->backward);
+  c->features = attn__cl_features(ctx, pb, plan);
   attn__cl_config *config = (attn__cl_config *)plan->config; /* the context's own */
   int st = check_tensors(ctx, pb, plan->backward);
   if (!st)

@@ -170,8 +170,8 @@ static int choose(attn_context *ctx, int cls, int dtype, int hd, attn__cl_config
   snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
            "opencl attn_fwd HD=%d Br=%d Bc=%d TM=%d DK=%d JK=%d", hd, t.br, t.bc, t.tm, t.dk, t.jk);
   snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd HD=%d BB=%d", hd, t.bb);
-  snprintf(c->name[ATTN__CL_DECODE], sizeof c->name[0], "opencl attn_decode HD=%d DR=%d NTD=%d", hd,
-           t.dr, t.ntd);
+  snprintf(c->name[ATTN__CL_DECODE], sizeof c->name[0], "opencl attn_decode HD=%d DR<=%d NTD=%d",
+           hd, t.dr, t.ntd);
   return 1;
 }
 
@@ -215,7 +215,8 @@ static int dbias_over_rows(const attn__problem *pb) {
   return pb->dbias.ss == 0 && pb->seqlen_q > 1;
 }
 
-unsigned attn__cl_features(const attn__problem *pb, int backward) {
+/* The optional features a problem uses in one pass. */
+static unsigned problem_features(const attn__problem *pb, int backward) {
   unsigned f = 0;
   if (pb->has_bias) f |= ATTN__CL_F_BIAS | (unsigned)pb->bias.dtype << ATTN__CL_F_BIAS_SHIFT;
   if (backward) {
@@ -226,6 +227,19 @@ unsigned attn__cl_features(const attn__problem *pb, int backward) {
   if (pb->has_seqused) f |= ATTN__CL_F_USED;
   if (pb->page_size) f |= ATTN__CL_F_PAGED;
   if (pb->has_sinks) f |= ATTN__CL_F_SINKS;
+  return f;
+}
+
+unsigned attn__cl_features(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
+  unsigned f = problem_features(pb, plan->backward);
+  if (plan->kernel == ATTN__CL_DECODE) {
+    attn__cl_decode dec;
+    attn__cl_decode_of(ctx, pb, (const attn__cl_config *)plan->config, &dec);
+    unsigned lg = 0;
+    while ((1 << lg) < dec.dr)
+      ++lg;
+    f |= lg << ATTN__CL_F_DR_SHIFT;
+  }
   return f;
 }
 
@@ -259,7 +273,13 @@ void attn__cl_decode_of(attn_context *ctx, const attn__problem *pb, const attn__
   const attn__cl_device *dev = attn__cl_impl_of(ctx)->dev;
   const int64_t group = pb->heads_q / pb->heads_kv;
   const int64_t rows = group * pb->seqlen_q;
-  dec->nrb = (int)((rows + c->t.dr - 1) / c->t.dr);
+  /* As few rows per work-group as the rows of a key/value head need (a
+   * power of two): rows past them would cost their share of the
+   * arithmetic, reading nothing more. */
+  dec->dr = 1;
+  while (dec->dr < c->t.dr && dec->dr < rows)
+    dec->dr *= 2;
+  dec->nrb = (int)((rows + dec->dr - 1) / dec->dr);
   /* Splits of two tiles at least: fewer keys per part would cost more in
    * parts written and merged than they gain. */
   const int64_t tiles = (longest_keys(pb) + c->t.ntd - 1) / c->t.ntd;
@@ -317,7 +337,6 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
                        "the OpenCL backend takes at most 65535 sequences and heads");
   attn__cl_config *c = attn__cl_config_for(ctx, pb->dtype, pb->head_dim);
   if (!c) return ATTN_EUNSUPPORTED;
-  const unsigned features = attn__cl_features(pb, backward);
   if (backward && pb->has_dbias &&
       bwd_local_bytes(c->hd, c->t.bb) + dbias_local_bytes(c->t.bb) > (size_t)im->dev->local_mem)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
@@ -331,6 +350,7 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
                 : c->t.dr && pb->seqlen_q <= DECODE_MAX_NQ ? ATTN__CL_DECODE
                                                            : ATTN__CL_FWD;
   out->config = c;
+  unsigned features = attn__cl_features(ctx, pb, out);
   /* The program is built here, not at launch: whether its kernels run the
    * config's work-groups is known only from the compiled kernels, and the
    * answer must be the plan's (attn_supports() is exact). Built once per
@@ -342,6 +362,7 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
     attn__debug("opencl: %s; the forward kernel runs it", ctx->errmsg);
     ctx->errmsg[0] = 0;
     out->kernel = ATTN__CL_FWD;
+    features = attn__cl_features(ctx, pb, out);
     st = attn__cl_program_of(ctx, c, attn__cl_prog_kind(out->kernel, features), features, &prog);
   }
   if (st) return st;
