@@ -560,8 +560,9 @@ static int zero(attn_context *ctx, const call *c, cl_mem mem, int64_t off, const
 }
 
 /* dq, and dbias with it: one launch, or one per sequence and head over
- * which dbias broadcasts (DBIAS 1), or one into row-block sums added up
- * after (DBIAS 2). */
+ * which dbias broadcasts, in order, each adding to an element of dbias at
+ * most once (DBIAS 1); where dbias broadcasts over the query rows, each
+ * launch's row-block sums then added to it (DBIAS 2). */
 static int backward_dq(attn_context *ctx, const attn__problem *pb, const call *c, args *b) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
   const size_t blocks = (size_t)((pb->seqlen_q + c->t->bb - 1) / c->t->bb);
@@ -576,45 +577,40 @@ static int backward_dq(attn_context *ctx, const attn__problem *pb, const call *c
                         pb->seqlen_k};
   const int64_t s[4] = {db->sb, db->sh, db->ss, db->sd};
   const int over_b = n[0] < pb->batch, over_h = n[1] < pb->heads_q;
-  int st = ATTN_OK;
+  const int rows = (c->features & ATTN__CL_F_DBIAS2) != 0;
+  /* Each launch's grid: one sequence or head where dbias sums over them. */
+  const size_t gy = over_h ? 1 : (size_t)pb->heads_q, gz = over_b ? 1 : (size_t)pb->batch;
   arg_bias(b, db);
   const cl_uint i_b0 = b->i;
   arg_int(b, 0);
   arg_int(b, 0);
-  if (c->features & ATTN__CL_F_DBIAS2) {
-    const int64_t ps[4] = {pb->heads_q * (int64_t)blocks * pb->seqlen_k,
-                           (int64_t)blocks * pb->seqlen_k, pb->seqlen_k, 1};
-    const int64_t pn[4] = {pb->batch, pb->heads_q, (int64_t)blocks, pb->seqlen_k};
-    arg_mem(b, im->work.mem);
-    st = zero(ctx, c, im->work.mem, 0, ps, pn);
-    if (!st)
-      st = launch(ctx, b->k, b, "attn_bwd_dq", blocks * 128, (size_t)pb->heads_q, (size_t)pb->batch,
-                  128);
-    if (st) return st;
-    args a = args_of(im, c->p->k[ATTN__CL_K_DBIAS_SUM]);
+  arg_mem(b, rows ? im->work.mem : NULL);
+  int st = zero(ctx, c, (cl_mem)db->native, (int64_t)(db->offset / 4), s, n);
+  args a = args_of(im, rows ? c->p->k[ATTN__CL_K_DBIAS_SUM] : NULL);
+  const int64_t ps[4] = {(int64_t)(gy * blocks) * pb->seqlen_k, (int64_t)blocks * pb->seqlen_k,
+                         pb->seqlen_k, 1};
+  const int64_t pn[4] = {(int64_t)gz, (int64_t)gy, (int64_t)blocks, pb->seqlen_k};
+  const cl_uint i_sum_b0 = 3;
+  if (rows) {
     arg_mem(&a, im->work.mem);
-    arg_int(&a, (cl_int)pb->batch);
-    arg_int(&a, (cl_int)pb->heads_q);
     arg_int(&a, (cl_int)blocks);
     arg_int(&a, (cl_int)pb->seqlen_k);
-    arg_int(&a, over_b);
-    arg_int(&a, over_h);
+    arg_int(&a, 0);
+    arg_int(&a, 0);
     arg_bias(&a, db);
-    return launch(ctx, a.k, &a, "attn_bwd_dbias_sum", cover(pb->seqlen_k, 64), (size_t)n[1],
-                  (size_t)n[0], 64);
   }
-  arg_mem(b, NULL);
-  st = zero(ctx, c, (cl_mem)db->native, (int64_t)(db->offset / 4), s, n);
-  /* In order over the sequences and heads dbias sums over, each launch
-   * adding to every element at most once. */
   const int64_t nb = over_b ? pb->batch : 1, nh = over_h ? pb->heads_q : 1;
   for (int64_t b0 = 0; b0 < nb && !st; ++b0)
     for (int64_t h0 = 0; h0 < nh && !st; ++h0) {
       const cl_int v[2] = {(cl_int)b0, (cl_int)h0};
       for (int j = 0; j < 2 && b->err == CL_SUCCESS; ++j)
         b->err = im->cl->clSetKernelArg(b->k, i_b0 + (cl_uint)j, sizeof v[j], &v[j]);
-      st = launch(ctx, b->k, b, "attn_bwd_dq", blocks * 128, over_h ? 1 : (size_t)pb->heads_q,
-                  over_b ? 1 : (size_t)pb->batch, 128);
+      if (rows) st = zero(ctx, c, im->work.mem, 0, ps, pn);
+      if (!st) st = launch(ctx, b->k, b, "attn_bwd_dq", blocks * 128, gy, gz, 128);
+      if (st || !rows) continue;
+      for (int j = 0; j < 2 && a.err == CL_SUCCESS; ++j)
+        a.err = im->cl->clSetKernelArg(a.k, i_sum_b0 + (cl_uint)j, sizeof v[j], &v[j]);
+      st = launch(ctx, a.k, &a, "attn_bwd_dbias_sum", cover(pb->seqlen_k, 64), gy, gz, 64);
     }
   return st;
 }

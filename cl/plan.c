@@ -320,8 +320,12 @@ void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const att
     }
   }
   if (plan->backward && pb->has_dbias && dbias_over_rows(pb)) {
+    /* A row-block sum per work-group of one launch of attn_bwd_dq, which
+     * covers one sequence or head where dbias sums over them. */
     const size_t nqb = (size_t)((pb->seqlen_q + c->t.bb - 1) / c->t.bb);
-    ws->work = (size_t)pb->batch * (size_t)pb->heads_q * nqb * (size_t)pb->seqlen_k * sizeof(float);
+    const size_t gb = pb->dbias.sb ? (size_t)pb->batch : 1,
+                 gh = pb->dbias.sh ? (size_t)pb->heads_q : 1;
+    ws->work = gb * gh * nqb * (size_t)pb->seqlen_k * sizeof(float);
   }
 }
 
