@@ -30,7 +30,7 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_DBIAS_SUM] = "attn_bwd_dbias_sum",
     [ATTN__CL_K_DSINKS] = "attn_bwd_dsinks",
     [ATTN__CL_K_DECODE] = "attn_decode",
-    [ATTN__CL_K_DECODE_MERGE] = "attn_decode_merge",
+    [ATTN__CL_K_SPLIT_MERGE] = "attn_split_merge",
     [ATTN__CL_K_APPEND] = "attn_append",
     [ATTN__CL_K_MERGE_MAX] = "attn_merge_max",
     [ATTN__CL_K_MERGE_ADD] = "attn_merge_add",
@@ -41,7 +41,7 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
 static const size_t kernel_items[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_FWD] = 0,     [ATTN__CL_K_PRE] = 64,      [ATTN__CL_K_DKDV] = 128,
     [ATTN__CL_K_DQ] = 128,    [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,
-    [ATTN__CL_K_DSINKS] = 64, [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_DECODE_MERGE] = 64,
+    [ATTN__CL_K_DSINKS] = 64, [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 64,
     [ATTN__CL_K_APPEND] = 64, [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,
 };
 
@@ -78,6 +78,10 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
         srcs[ns++] = attn__cl_src_fwd;
         slots[nk++] = ATTN__CL_K_FWD;
       }
+      if (f & ATTN__CL_F_SPLIT) {
+        srcs[ns++] = attn__cl_src_split;
+        slots[nk++] = ATTN__CL_K_SPLIT_MERGE;
+      }
       if (kind != ATTN__CL_PROG_FWD) {
         srcs[ns++] = attn__cl_src_bwd;
         slots[nk++] = ATTN__CL_K_PRE;
@@ -92,8 +96,9 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
       len += snprintf(opts + len, n - (size_t)len, " -DDR=%d -DNTD=%d",
                       1 << ((f >> ATTN__CL_F_DR_SHIFT) & 7u), t->ntd);
       srcs[ns++] = attn__cl_src_decode;
+      srcs[ns++] = attn__cl_src_split;
       slots[nk++] = ATTN__CL_K_DECODE;
-      slots[nk++] = ATTN__CL_K_DECODE_MERGE;
+      slots[nk++] = ATTN__CL_K_SPLIT_MERGE;
       break;
     case ATTN__CL_PROG_APPEND:
       srcs[ns++] = attn__cl_src_append;
@@ -111,6 +116,7 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
     len += snprintf(opts + len, n - (size_t)len, " -DHAS_BIAS=1 -DBIAS_DTYPE=%u",
                     (f >> ATTN__CL_F_BIAS_SHIFT) & 3u);
   if (f & ATTN__CL_F_SINKS) len += snprintf(opts + len, n - (size_t)len, " -DHAS_SINKS=1");
+  if (f & ATTN__CL_F_SPLIT) len += snprintf(opts + len, n - (size_t)len, " -DSPLIT=1");
   if (f & (ATTN__CL_F_DBIAS1 | ATTN__CL_F_DBIAS2))
     snprintf(opts + len, n - (size_t)len, " -DDBIAS=%d", f & ATTN__CL_F_DBIAS1 ? 1 : 2);
   *nsrc = ns;
@@ -467,33 +473,12 @@ static int rows_aligned(const attn__problem *pb, size_t es) {
   return 1;
 }
 
-static int decode(attn_context *ctx, const attn__problem *pb, const call *c) {
+/* The rows' parts merged and the rows ended (split.cl). */
+static int split_merge(attn_context *ctx, const attn__problem *pb, const call *c, int nsplit) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
-  const attn__cl_program *p = c->p;
-  attn__cl_decode dec;
-  attn__cl_decode_of(ctx, pb, p->config, &dec);
   attn__tensor no_lse;
   memset(&no_lse, 0, sizeof no_lse);
-  const size_t ntd = (size_t)c->t->ntd;
-  args a = args_of(im, p->k[ATTN__CL_K_DECODE]);
-  arg_tensor(&a, &pb->q, c->es);
-  arg_tensor(&a, &pb->k, c->es);
-  arg_tensor(&a, &pb->v, c->es);
-  arg_tensor(&a, &pb->o, c->es);
-  arg_tensor(&a, pb->has_lse ? &pb->lse : &no_lse, 4);
-  arg_common(&a, pb, c->cu_q, c->cu_k, c->alibi);
-  arg_int(&a, dec.nsplit);
-  arg_int(&a, dec.nrb);
-  arg_int(&a, rows_aligned(pb, c->es));
-  arg_mem(&a, dec.nsplit > 1 ? im->work.mem : NULL);
-  arg_mem(&a, dec.nsplit > 1 ? im->work2.mem : NULL);
-  arg_int(&a, (cl_int)c->ws.tq);
-  arg_features(&a, pb, c->features);
-  int st = launch(ctx, a.k, &a, "attn_decode", (size_t)dec.nsplit * (size_t)dec.nrb * ntd,
-                  (size_t)pb->heads_kv, (size_t)pb->batch, ntd);
-  if (st || dec.nsplit == 1) return st;
-
-  args m = args_of(im, p->k[ATTN__CL_K_DECODE_MERGE]);
+  args m = args_of(im, c->p->k[ATTN__CL_K_SPLIT_MERGE]);
   arg_tensor(&m, &pb->o, c->es);
   arg_tensor(&m, pb->has_lse ? &pb->lse : &no_lse, 4);
   arg_mem(&m, c->cu_q);
@@ -503,12 +488,12 @@ static int decode(attn_context *ctx, const attn__problem *pb, const call *c) {
   arg_int(&m, (cl_int)pb->head_dim);
   arg_int(&m, window_arg(pb->window_left, pb));
   arg_int(&m, window_arg(pb->window_right, pb));
-  arg_int(&m, dec.nsplit);
+  arg_int(&m, nsplit);
   arg_mem(&m, im->work.mem);
   arg_mem(&m, im->work2.mem);
   arg_int(&m, (cl_int)c->ws.tq);
   arg_features(&m, pb, c->features & (ATTN__CL_F_USED | ATTN__CL_F_SINKS));
-  return launch(ctx, m.k, &m, "attn_decode_merge", (size_t)pb->seqlen_q * 64, (size_t)pb->heads_q,
+  return launch(ctx, m.k, &m, "attn_split_merge", (size_t)pb->seqlen_q * 64, (size_t)pb->heads_q,
                 (size_t)pb->batch, 64);
 }
 
@@ -517,26 +502,42 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
   call c;
   int st = prepare(ctx, pb, plan, &c);
   if (st) return st;
-  if (plan->kernel == ATTN__CL_DECODE) {
-    st = decode(ctx, pb, &c);
-    return st ? st : finish(ctx, pb);
-  }
   const attn__cl_program *p = c.p;
-  const attn__cl_tiles *t = c.t;
   const size_t es = c.es;
-  args a = args_of(im, p->k[ATTN__CL_K_FWD]);
+  const int decode = plan->kernel == ATTN__CL_DECODE;
+  attn__cl_split sp;
+  attn__cl_split_of(ctx, pb, plan, &sp);
+  attn__tensor no_lse;
+  memset(&no_lse, 0, sizeof no_lse);
+  args a = args_of(im, p->k[decode ? ATTN__CL_K_DECODE : ATTN__CL_K_FWD]);
   arg_tensor(&a, &pb->q, es);
   arg_tensor(&a, &pb->k, es);
   arg_tensor(&a, &pb->v, es);
   arg_tensor(&a, &pb->o, es);
-  attn__tensor no_lse;
-  memset(&no_lse, 0, sizeof no_lse);
   arg_tensor(&a, pb->has_lse ? &pb->lse : &no_lse, 4);
   arg_common(&a, pb, c.cu_q, c.cu_k, c.alibi);
+  if (decode) {
+    arg_int(&a, sp.nsplit);
+    arg_int(&a, sp.nrb);
+    arg_int(&a, rows_aligned(pb, es));
+    arg_mem(&a, sp.nsplit > 1 ? im->work.mem : NULL);
+    arg_mem(&a, sp.nsplit > 1 ? im->work2.mem : NULL);
+    arg_int(&a, (cl_int)c.ws.tq);
+  }
   arg_features(&a, pb, c.features);
-  const size_t nt = 16 * (size_t)(t->br / t->tm);
-  const size_t blocks = (size_t)((pb->seqlen_q + t->br - 1) / t->br);
-  st = launch(ctx, a.k, &a, "attn_fwd", blocks * nt, (size_t)pb->heads_q, (size_t)pb->batch, nt);
+  if (c.features & ATTN__CL_F_SPLIT) {
+    arg_int(&a, sp.nsplit);
+    arg_mem(&a, im->work.mem);
+    arg_mem(&a, im->work2.mem);
+    arg_int(&a, (cl_int)c.ws.tq);
+  }
+  /* Work-groups: the splits of each block of rows, per (key/value) head and
+   * sequence. */
+  const size_t items = decode ? (size_t)c.t->ntd : 16 * (size_t)(c.t->br / c.t->tm);
+  st = launch(ctx, a.k, &a, decode ? "attn_decode" : "attn_fwd",
+              (size_t)sp.nsplit * (size_t)sp.nrb * items,
+              (size_t)(decode ? pb->heads_kv : pb->heads_q), (size_t)pb->batch, items);
+  if (!st && sp.nsplit > 1) st = split_merge(ctx, pb, &c, sp.nsplit);
   return st ? st : finish(ctx, pb);
 }
 
