@@ -375,12 +375,15 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
    * config's work-groups is known only from the compiled kernels, and the
    * answer must be the plan's (attn_supports() is exact). Built once per
    * (config, features) and context, and cached on disk. A decode kernel
-   * the device cannot run leaves the problem to attn_fwd. */
+   * the device cannot run, or its compiler cannot build, leaves the
+   * problem to attn_fwd (ATTN_DEBUG says why). */
   attn__cl_program *prog;
   int st = attn__cl_program_of(ctx, c, attn__cl_prog_kind(out->kernel, features), features, &prog);
-  if (st == ATTN_EUNSUPPORTED && out->kernel == ATTN__CL_DECODE) {
-    attn__debug("opencl: %s; the forward kernel runs it", ctx->errmsg);
+  if ((st == ATTN_EUNSUPPORTED || st == ATTN_EBUILD) && out->kernel == ATTN__CL_DECODE) {
+    attn__debug("opencl: %s; the forward kernel runs it, and every later decode of the context",
+                ctx->errmsg);
     ctx->errmsg[0] = 0;
+    c->t.dr = 0; /* not tried again */
     out->kernel = ATTN__CL_FWD;
     features = attn__cl_features(ctx, pb, out);
     st = attn__cl_program_of(ctx, c, attn__cl_prog_kind(out->kernel, features), features, &prog);
