@@ -9,7 +9,7 @@
  *                      query head. Per tile of NTD keys:
  *                        K, V tiles -> local memory (16-byte loads, each
  *                                      row's chunks on neighbouring items)
- *                        S = Q K^T    (item j: key j against the DR rows)
+ *                        S = Q K^T    (item: two keys against half the rows)
  *                        S -> scale, softcap, ALiBi, bias, mask
  *                        m_i' = max(m_i, rowmax S), P = exp(S - m_i')
  *                        O = O e^(m_i - m_i') + P V (item: a 16-byte chunk
@@ -77,6 +77,9 @@ inline FV unpack(uint4 u) {
 #define TILES4 MAX4(2 * NTD * KSTR4, NKS * DR * HD / 4)
 #define MAX4(a, b) ((a) > (b) ? (a) : (b))
 
+/* acc + a . b, column by column: S then comes out as the backward pass
+ * recomputes it (bwd.cl's tile_p_ds), bit for bit, which exp(S - lse)
+ * needs at large logits. */
 inline float dot_fv(FV a, FV b, float acc) {
 #if CH == 4
   return fma(a.s3, b.s3, fma(a.s2, b.s2, fma(a.s1, b.s1, fma(a.s0, b.s0, acc))));
