@@ -166,42 +166,106 @@ static int cpu_selftest(attn_context *ctx) {
  * (78/82 GFLOP/s forward, 83/88 backward; the others 71-82 and 74-84), and
  * it keeps units small enough to spread short sequences (ViT's 197 tokens)
  * over the threads. f16 and bf16 tiles are converted to f32 when loaded, so
- * their products are the f32 ones. */
-#define CPU_ROW(dt)                                                       \
-  {                                                                       \
-    .dtype = (dt), .max_head_dim = ATTN_MAX_HEAD_DIM, .br = 64, .bc = 64, \
-    .forward_name = "cpu blockwise forward, Br 64 Bc 64",                 \
-    .backward_name = "cpu blockwise backward, Br 64 Bc 64"                \
+ * their products are the f32 ones.
+ *
+ * Key splitting: 4 work items per thread let dynamic scheduling even out
+ * tiles of unequal length; a part of at least 4 key blocks (256 keys) makes
+ * its merge (one row of d per part) cost under 1 % of the part. At most 64
+ * MiB of parts: only an explicit num_splits on a large problem gets near
+ * it, and splitting such a problem gains nothing on a CPU. */
+#define CPU_ROW(dt)                                                                        \
+  {                                                                                        \
+    .dtype = (dt), .max_head_dim = ATTN_MAX_HEAD_DIM, .br = 64, .bc = 64, .split_fill = 4, \
+    .split_min_blocks = 4, .few_rows = 4, .split_workspace = (size_t)64 << 20,             \
+    .forward_name = "cpu blockwise forward, Br 64 Bc 64",                                  \
+    .backward_name = "cpu blockwise backward, Br 64 Bc 64"                                 \
   }
 static const attn__cpu_config cpu_configs[] = {CPU_ROW(ATTN_F32), CPU_ROW(ATTN_F16),
                                                CPU_ROW(ATTN_BF16)};
 #undef CPU_ROW
 
+attn__cpu_schedule attn__cpu_schedule_forward(const attn__problem *pb, const attn__cpu_config *cfg,
+                                              int nthreads) {
+  attn__cpu_schedule sc = {.heads = 1, .rows = cfg->br, .splits = 1, .tiles = 0};
+  const int64_t group = pb->heads_q / pb->heads_kv;
+  /* GQA packing when a head's rows leave the tile part empty (decoding):
+   * one block of rows per sequence, and as many heads of the group beside
+   * each other as fit. The row blocks are then the unpacked ones (a
+   * sequence's rows all in one block), which the backward's recomputed
+   * scores rely on. */
+  if (pb->seqlen_q > 0 && pb->seqlen_q <= cfg->few_rows) {
+    /* Few rows (decoding): the products of few rows (attn__cpu_qk_few),
+     * which take any heads, so a tile holds whole groups of as many kv
+     * heads as fit, all of them when they do, and reads the cache's rows
+     * whole. */
+    sc.rows = (int)pb->seqlen_q;
+    const int64_t fit = cfg->br / sc.rows;
+    sc.heads = (int)(fit >= pb->heads_q ? pb->heads_q : fit >= group ? fit / group * group : fit);
+  } else if (group > 1 && pb->seqlen_q > 0 && pb->seqlen_q < cfg->br) {
+    sc.rows = (int)pb->seqlen_q;
+    sc.heads = (int)(group < cfg->br / sc.rows ? group : cfg->br / sc.rows);
+  }
+  const int64_t heads = sc.heads > group ? (pb->heads_q + sc.heads - 1) / sc.heads
+                                         : pb->heads_kv * ((group + sc.heads - 1) / sc.heads);
+  for (int64_t b = 0; b < pb->batch; b++)
+    sc.tiles += heads * ((attn__seq_q(pb, b) + sc.rows - 1) / sc.rows);
+
+  /* Splits, counted on the key capacity: the plan looks at shapes only. */
+  const int64_t kblocks = (pb->seqlen_k + cfg->bc - 1) / cfg->bc;
+  int64_t parts = 1;
+  if (pb->num_splits >= 2) {
+    parts = pb->num_splits;
+  } else if (pb->num_splits == 0 && sc.tiles > 0) {
+    const int64_t target = (int64_t)cfg->split_fill * nthreads;
+    if (sc.tiles < target) parts = (target + sc.tiles - 1) / sc.tiles;
+    const int64_t most = kblocks / cfg->split_min_blocks;
+    if (parts > most) parts = most;
+  }
+  if (parts > kblocks) parts = kblocks;
+  if (parts > ATTN_MAX_MERGE) parts = ATTN_MAX_MERGE; /* the most attn_merge takes */
+  const size_t per_part = (size_t)sc.tiles * (size_t)cfg->br * (size_t)(pb->head_dim + 1) * 4;
+  if (parts > 1 && per_part && (size_t)parts > cfg->split_workspace / per_part)
+    parts = (int64_t)(cfg->split_workspace / per_part);
+  sc.splits = parts > 1 ? (int)parts : 1;
+  return sc;
+}
+
+static const attn__cpu_config *cpu_config(const attn__problem *pb) {
+  for (size_t i = 0; i < sizeof cpu_configs / sizeof cpu_configs[0]; i++)
+    if (cpu_configs[i].dtype == pb->dtype && pb->head_dim <= cpu_configs[i].max_head_dim)
+      return &cpu_configs[i];
+  return &cpu_configs[0];
+}
+
 static int cpu_plan(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out) {
   /* The CPU is the backend of last resort: every valid problem, any dtype,
-   * stride, window, softcap, ALiBi, GQA or varlen layout, so some row
-   * always fits. */
-  const attn__cpu_config *cfg = &cpu_configs[0];
-  const unsigned missing = attn__problem_uses(pb);
-  if (missing) return attn__decline_features(ctx, "cpu", missing);
-  for (size_t i = 0; i < sizeof cpu_configs / sizeof cpu_configs[0]; i++)
-    if (cpu_configs[i].dtype == pb->dtype && pb->head_dim <= cpu_configs[i].max_head_dim) {
-      cfg = &cpu_configs[i];
-      break;
-    }
+   * stride, window, softcap, ALiBi, GQA or varlen layout, KV cache, bias or
+   * sinks, so some row always fits. */
+  const attn__cpu_config *cfg = cpu_config(pb);
+  const int nthreads = attn__cpu_threads();
   memset(out, 0, sizeof *out);
   out->backward = backward;
-  out->kernel = backward ? ATTN__CPU_BLOCKWISE_BACKWARD : ATTN__CPU_BLOCKWISE_FORWARD;
   out->config = cfg;
-  out->name = backward ? cfg->backward_name : cfg->forward_name;
-  const size_t per_thread =
-      backward ? attn__cpu_backward_scratch(pb, cfg) : attn__cpu_forward_scratch(pb, cfg);
-  out->workspace = (size_t)attn__cpu_threads() * per_thread;
+  if (backward) {
+    out->kernel = ATTN__CPU_BLOCKWISE_BACKWARD;
+    out->name = cfg->backward_name;
+    out->workspace = (size_t)nthreads * attn__cpu_backward_scratch(pb, cfg);
+  } else {
+    const attn__cpu_schedule sc = attn__cpu_schedule_forward(pb, cfg, nthreads);
+    out->kernel = ATTN__CPU_BLOCKWISE_FORWARD;
+    out->name = cfg->forward_name;
+    out->workspace = attn__cpu_forward_workspace(pb, cfg, &sc, nthreads);
+  }
   return ATTN_OK;
 }
 
 static int cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
-  return attn__cpu_forward(ctx, pb, (const attn__cpu_config *)plan->config);
+  /* The plan's schedule, made again from what made it: the same problem,
+   * config row and thread count (attn__cpu_threads answers the same on the
+   * calling thread). */
+  const attn__cpu_config *cfg = (const attn__cpu_config *)plan->config;
+  const attn__cpu_schedule sc = attn__cpu_schedule_forward(pb, cfg, attn__cpu_threads());
+  return attn__cpu_forward(ctx, pb, cfg, &sc);
 }
 
 static int cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
@@ -226,4 +290,6 @@ const attn__backend attn__backend_cpu = {
     .plan = cpu_plan,
     .forward = cpu_forward,
     .backward = cpu_backward,
+    .append = attn__cpu_append,
+    .merge = attn__cpu_merge,
 };

@@ -14,11 +14,13 @@
  *        P^T  = exp(S^T - lse)
  *        dV  += P^T dO
  *        dP^T = V dO^T
- *        dS^T = P^T * (dP^T - D)  (times 1 - tanh^2(s/softcap) with softcap)
+ *        dS^T = P^T * (dP^T - D)  (dbias += dS; then times 1 - tanh^2(s/softcap)
+ *                                   with softcap)
  *        dK  += dS^T Q
  *        dQ  += dS K              (into the accumulator, in key-block order)
  *      and dK is scaled by `scale` once at the end.
- *   2. dQ = scale * accumulator, written in the output dtype.
+ *   2. dQ = scale * accumulator, written in the output dtype; dsinks[h] =
+ *      sum over rows of -exp(sink - lse) D (attn__sink_grad).
  *
  * Why S^T = K Q^T, computed exactly as the forward does (same sgemm call,
  * same operands, same Br/Bc-aligned tiles): P = exp(S - lse) divides the
@@ -70,15 +72,40 @@ typedef struct cpu_bwd_tiles {
   float *dp;            /* Bc x Br: dP^T, then dS^T */
   float *th;            /* Bc x Br: tanh(s / softcap), softcap only */
   float *lse, *lo, *dd; /* Br: the rows' lse (hi, lo) and D */
+  float *db;            /* a shared dbias: [heads][rows][Bc], the unit's part */
 } cpu_bwd_tiles;
 
-size_t attn__cpu_backward_scratch(const attn__problem *pb, const attn__cpu_config *cfg) {
+/* Whether units of other sequences or kv heads add to the same dbias
+ * entries (see above). */
+static int cpu_dbias_shared(const attn__problem *pb) {
+  return pb->has_dbias &&
+         ((pb->dbias.sb == 0 && pb->batch > 1) || (pb->dbias.sh == 0 && pb->heads_kv > 1));
+}
+
+/* A unit's share of a shared dbias: heads and rows of the tile it sums in
+ * (1 where the bias broadcasts). */
+static int64_t cpu_dbias_heads(const attn__problem *pb) {
+  return pb->dbias.sh ? pb->heads_q / pb->heads_kv : 1;
+}
+static int64_t cpu_dbias_rows(const attn__problem *pb) {
+  return pb->dbias.ss ? pb->seqlen_q : 1;
+}
+
+static size_t cpu_bwd_tile_floats(const attn__problem *pb, const attn__cpu_config *cfg) {
   const size_t d = (size_t)pb->head_dim, br = (size_t)cfg->br, bc = (size_t)cfg->bc;
-  const size_t floats = br * d * 2 + bc * d * 4 + br * bc * 3 + 3 * br;
+  return br * d * 2 + bc * d * 4 + br * bc * 3 + 3 * br;
+}
+
+size_t attn__cpu_backward_scratch(const attn__problem *pb, const attn__cpu_config *cfg) {
+  size_t floats = cpu_bwd_tile_floats(pb, cfg);
+  if (cpu_dbias_shared(pb))
+    floats += (size_t)cpu_dbias_heads(pb) * (size_t)cpu_dbias_rows(pb) * (size_t)cfg->bc;
   return (floats + 15) / 16 * 16 * sizeof(float);
 }
 
-static cpu_bwd_tiles cpu_bwd_carve(float *base, int64_t d, const attn__cpu_config *cfg) {
+static cpu_bwd_tiles cpu_bwd_carve(float *base, const attn__problem *pb,
+                                   const attn__cpu_config *cfg) {
+  const int64_t d = pb->head_dim;
   const size_t qd = (size_t)cfg->br * d, kd = (size_t)cfg->bc * d;
   const size_t ss = (size_t)cfg->br * cfg->bc;
   cpu_bwd_tiles t;
@@ -94,8 +121,18 @@ static cpu_bwd_tiles cpu_bwd_carve(float *base, int64_t d, const attn__cpu_confi
   t.lse = t.th + ss;
   t.lo = t.lse + cfg->br;
   t.dd = t.lo + cfg->br;
+  t.db = base + cpu_bwd_tile_floats(pb, cfg);
   return t;
 }
+
+/* How dbias stays deterministic and free of races: it is cleared in sweep
+ * 0, and a key-block unit owns the dbias entries of its keys and heads
+ * unless the bias broadcasts over sequences or kv heads. An owner adds its
+ * tiles straight in, in its own fixed order. Otherwise the units that share
+ * entries (the same key block of other sequences or kv heads) each sum
+ * their part in a tile of their own and add it in turn, in unit order, by a
+ * counter per shared block, as dQ's turns: so the sums never depend on the
+ * threads. */
 
 /* Scratch shared by the threads. Query rows are numbered globally,
  * g = qrow(b) + i, over all sequences. */
@@ -111,6 +148,12 @@ typedef struct cpu_bwd_shared {
   float *dq;        /* [Hq][total_q][d]: the dQ accumulator, unscaled; NULL
                      * when it is dq itself (f32, rows of unit column stride) */
   atomic_int *turn; /* [Hq][qblocks]: the last key block that added to dQ, or -1 */
+  float *sg;        /* dsinks: [Hq][total_q], each row's attn__sink_grad */
+  /* A shared dbias: [sequences][kv heads][key blocks] (1 sequence, 1 kv head
+   * where it broadcasts), the last unit (b * Hkv + hk) that added, or -1. */
+  atomic_llong *bturn;
+  int64_t kblocks; /* key blocks of the longest sequence */
+  int few_rows;    /* the config's: see attn__cpu_qk_few */
 } cpu_bwd_shared;
 
 static int64_t cpu_qrow(const attn__problem *pb, int64_t b) {
@@ -152,6 +195,18 @@ static void cpu_bwd_delta(const attn__problem *pb, const cpu_bwd_tiles *t, const
       acc += (double)orow[c] * drow[c];
     sh->dd[g + r] = (float)acc;
   }
+  if (sh->sg) {
+    /* The rows that see no key pass nothing (their O is 0, and so is D). */
+    const int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
+    const float sink =
+        ((const float *)((const char *)pb->sinks.native + pb->sinks.offset))[h * pb->sinks.sh];
+    attn__cpu_load_lse(pb, b, rq, br, h, t->lse, t->lo);
+    for (int r = 0; r < br; r++) {
+      int64_t lo, hi;
+      attn__problem_key_range(pb, i0 + r, nq, nk, &lo, &hi);
+      sh->sg[g + r] = lo < hi ? attn__sink_grad(sink, t->lse[r], sh->dd[g + r]) : 0.0f;
+    }
+  }
   int ld;
   float *acc = cpu_bwd_acc(pb, sh, b, h, i0, &ld);
   for (int r = 0; r < br; r++)
@@ -184,6 +239,44 @@ static void cpu_bwd_wait(atomic_int *turn, int want) {
   }
 }
 
+static void cpu_bwd_wait_unit(atomic_llong *turn, long long want) {
+  int spins = 0;
+  while (atomic_load_explicit(turn, memory_order_acquire) != want) {
+    /* As cpu_bwd_wait: the predecessor is one unit's end away. */
+    if (++spins == 256) {
+      spins = 0;
+      sched_yield();
+    }
+  }
+}
+
+/* A shared dbias (see the top): the counter of the entries of key block kb
+ * that unit (b, hk) adds to, and the unit before it that adds there (b *
+ * Hkv + hk), or -1. Units of a sequence too short to have key block kb do
+ * not take part. */
+static atomic_llong *cpu_dbias_turn(const attn__problem *pb, const cpu_bwd_shared *sh, int64_t b,
+                                    int64_t hk, int64_t kb) {
+  const attn__tensor *t = &pb->dbias;
+  const int64_t heads = t->sh ? pb->heads_kv : 1;
+  return sh->bturn + ((t->sb ? b : 0) * heads + (t->sh ? hk : 0)) * sh->kblocks + kb;
+}
+static long long cpu_dbias_pred(const attn__problem *pb, const cpu_bwd_shared *sh, int64_t b,
+                                int64_t hk, int64_t kb) {
+  const attn__tensor *t = &pb->dbias;
+  const int64_t hkv = pb->heads_kv;
+  if (t->sh == 0 && hk > 0) return b * hkv + hk - 1;
+  if (t->sb == 0)
+    for (int64_t p = b - 1; p >= 0; p--)
+      if (kb < (attn__seq_k(pb, p) + sh->bc - 1) / sh->bc) return p * hkv + (t->sh ? hk : hkv - 1);
+  return -1;
+}
+
+/* Element (b, h, i, j) of dbias. */
+static float *cpu_dbias_at(const attn__problem *pb, int64_t b, int64_t h, int64_t i, int64_t j) {
+  const attn__tensor *t = &pb->dbias;
+  return (float *)((char *)t->native + t->offset) + b * t->sb + h * t->sh + i * t->ss + j * t->sd;
+}
+
 /* Sweep 1: dK, dV of key block kb (keys [j0, j0 + bc)) of kv head hk of
  * sequence b, and its share of dQ. */
 static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cpu_bwd_shared *sh,
@@ -192,16 +285,24 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
   const int capped = pb->softcap > 0.0f;
   const int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
   const int Br = sh->br, ld = sh->br;
-  const int64_t j0 = kb * sh->bc, rk = attn__row0_k(pb, b) + j0;
+  const int64_t j0 = kb * sh->bc;
   const int64_t group = pb->heads_q / pb->heads_kv;
   int64_t ilo, ihi;
   attn__problem_query_block_range(pb, j0, j0 + bc, nq, nk, &ilo, &ihi);
 
   int ldk, ldv;
-  const float *k = attn__cpu_view(pb, &pb->k, b, rk, bc, hk, t->k, &ldk);
-  const float *v = attn__cpu_view(pb, &pb->v, b, rk, bc, hk, t->v, &ldv);
+  const float *k = attn__cpu_view_keys(pb, &pb->k, b, j0, bc, hk, t->k, &ldk);
+  const float *v = attn__cpu_view_keys(pb, &pb->v, b, j0, bc, hk, t->v, &ldv);
   memset(t->dk, 0, (size_t)bc * d * sizeof(float));
   memset(t->dv, 0, (size_t)bc * d * sizeof(float));
+  /* A shared dbias: this unit's part, cleared over the rows it visits. */
+  const int db_shared = sh->bturn != NULL;
+  const int64_t db_rows = db_shared ? cpu_dbias_rows(pb) : 0;
+  const int64_t db_r0 = pb->dbias.ss ? ilo / Br * Br : 0, db_r1 = pb->dbias.ss ? ihi : 1;
+  if (db_shared && ilo < ihi)
+    for (int64_t x = 0; x < cpu_dbias_heads(pb); x++)
+      memset(t->db + (x * db_rows + db_r0) * sh->bc, 0,
+             (size_t)(db_r1 - db_r0) * (size_t)sh->bc * sizeof(float));
   /* No query block at all must also mean no turn taken: see
    * cpu_bwd_touches. */
   const int64_t h_end = ilo < ihi ? (hk + 1) * group : hk * group;
@@ -218,16 +319,35 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
       memcpy(t->dd, sh->dd + g, (size_t)br * sizeof(float));
 
       /* S^T = scale K Q^T, the forward's call; P^T = exp(S^T - lse) */
-      attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk, cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0),
-                     ld, 0.0f, t->s, ld);
-      attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->s, ld, capped ? t->th : NULL);
+      if (br <= sh->few_rows)
+        attn__cpu_qk_few(pb, &pb->k, NULL, b, j0, bc, h, 1, br, q, ldq, t->s, ld);
+      else
+        attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk,
+                       cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0), ld, 0.0f, t->s, ld);
+      attn__cpu_scores(pb, b, h, i0, br, j0, bc, nq, nk, t->s, ld, capped ? t->th : NULL);
       attn__cpu_exp_cols(t->s, bc, br, ld, t->lse, t->lo);
       /* dV += P^T dO */
       attn__cpu_gemm(0, 0, bc, d, br, 1.0f, t->s, ld, dout, lddo, 1.0f, t->dv, d);
       /* dP^T = V dO^T, dS^T = P^T (dP^T - D) */
       attn__cpu_gemm(0, 0, bc, br, d, 1.0f, v, ldv, cpu_bwd_block_t(pb, sh, sh->doutt, b, h, i0),
                      ld, 0.0f, t->dp, ld);
-      attn__cpu_dsoftmax_cols(t->s, t->dp, capped ? t->th : NULL, pb->softcap, bc, br, ld, t->dd);
+      if (pb->has_dbias) {
+        /* dbias takes dS itself; dK and dQ take it through softcap's
+         * derivative. */
+        attn__cpu_dsoftmax_cols(t->s, t->dp, NULL, pb->softcap, bc, br, ld, t->dd);
+        if (db_shared)
+          attn__cpu_add_cols(
+              t->dp, bc, br, ld,
+              t->db + ((pb->dbias.sh ? h - hk * group : 0) * db_rows + (pb->dbias.ss ? i0 : 0)) *
+                          sh->bc,
+              pb->dbias.ss ? sh->bc : 0, 1);
+        else
+          attn__cpu_add_cols(t->dp, bc, br, ld, cpu_dbias_at(pb, b, h, i0, j0), pb->dbias.ss,
+                             pb->dbias.sd);
+        if (capped) attn__cpu_score_grad_cols(t->dp, t->th, pb->softcap, bc, br, ld);
+      } else {
+        attn__cpu_dsoftmax_cols(t->s, t->dp, capped ? t->th : NULL, pb->softcap, bc, br, ld, t->dd);
+      }
       /* dK += dS^T Q */
       attn__cpu_gemm(0, 0, bc, d, br, 1.0f, t->dp, ld, q, ldq, 1.0f, t->dk, d);
       /* dQ += dS K, after the previous key block that sees these rows:
@@ -243,10 +363,25 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
       atomic_store_explicit(turn, (int)kb, memory_order_release);
     }
   }
+  if (db_shared) {
+    /* This unit's part into dbias, in its turn (even when it visited no
+     * row: the next unit waits for it). */
+    atomic_llong *turn = cpu_dbias_turn(pb, sh, b, hk, kb);
+    cpu_bwd_wait_unit(turn, cpu_dbias_pred(pb, sh, b, hk, kb));
+    if (ilo < ihi)
+      for (int64_t x = 0; x < cpu_dbias_heads(pb); x++)
+        for (int64_t i = db_r0; i < db_r1; i++) {
+          float *dst = cpu_dbias_at(pb, b, hk * group + x, i, j0);
+          const float *src = t->db + (x * db_rows + i) * sh->bc;
+          for (int c = 0; c < bc; c++)
+            dst[c * pb->dbias.sd] += src[c];
+        }
+    atomic_store_explicit(turn, b * pb->heads_kv + hk, memory_order_release);
+  }
   for (size_t x = 0; x < (size_t)bc * d; x++)
     t->dk[x] *= pb->scale;
-  attn__cpu_store(pb, &pb->dk, b, rk, bc, hk, t->dk, d);
-  attn__cpu_store(pb, &pb->dv, b, rk, bc, hk, t->dv, d);
+  attn__cpu_store_keys(pb, &pb->dk, b, j0, bc, hk, t->dk, d);
+  attn__cpu_store_keys(pb, &pb->dv, b, j0, bc, hk, t->dv, d);
 }
 
 /* Sweep 2: dQ of rows [i0, i0 + br) of query head h of sequence b. */
@@ -269,8 +404,21 @@ static void cpu_bwd_run(const attn__problem *pb, const cpu_bwd_shared *sh,
 #pragma omp parallel num_threads(nthreads)
   {
     const cpu_bwd_tiles t =
-        cpu_bwd_carve(scratch + (size_t)omp_get_thread_num() * per_thread, pb->head_dim, cfg);
+        cpu_bwd_carve(scratch + (size_t)omp_get_thread_num() * per_thread, pb, cfg);
     int64_t b, h, i0;
+    if (pb->has_dbias) {
+      /* dbias cleared, its rows spread over the threads; the barrier after
+       * the next loop orders this before sweep 1. */
+      const attn__tensor *db = &pb->dbias;
+      const int64_t hb = db->sh ? pb->heads_q : 1, ib = db->ss ? pb->seqlen_q : 1;
+      const int64_t rows = (db->sb ? pb->batch : 1) * hb * ib;
+#pragma omp for schedule(static) nowait
+      for (int64_t x = 0; x < rows; x++) {
+        float *row = cpu_dbias_at(pb, x / (hb * ib), x / ib % hb, x % ib, 0);
+        for (int64_t j = 0; j < pb->seqlen_k; j++)
+          row[j * db->sd] = 0.0f;
+      }
+    }
     /* The implicit barrier after each loop orders the sweeps. */
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < nqu; u++) {
@@ -288,6 +436,16 @@ static void cpu_bwd_run(const attn__problem *pb, const cpu_bwd_shared *sh,
       const int br = attn__cpu_unit(pb, qunits, 0, cfg->br, u, &b, &h, &i0);
       cpu_bwd_dq(pb, sh, b, h, i0, br);
     }
+    if (sh->sg) {
+      /* dsinks: each head's rows summed in row order, in double. */
+#pragma omp for schedule(static)
+      for (int64_t x = 0; x < pb->heads_q; x++) {
+        double sum = 0.0;
+        for (int64_t g = 0; g < sh->total_q; g++)
+          sum += sh->sg[x * sh->total_q + g];
+        ((float *)((char *)pb->dsinks.native + pb->dsinks.offset))[x * pb->dsinks.sh] = (float)sum;
+      }
+    }
   }
 }
 
@@ -296,6 +454,7 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__c
   cpu_bwd_shared sh;
   sh.br = cfg->br;
   sh.bc = cfg->bc;
+  sh.few_rows = cfg->few_rows;
   sh.total_q = cpu_qrow(pb, pb->batch);
   int64_t *qunits = attn__cpu_units(pb, 0, pb->heads_q, br);
   int64_t *kunits = attn__cpu_units(pb, 1, pb->heads_kv, bc);
@@ -310,12 +469,20 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__c
   const int inplace = attn__cpu_inplace(pb, &pb->dq, 0, 0, 0, &unused) != NULL;
   sh.dq = inplace ? NULL : attn__cpu_alloc((size_t)(pb->heads_q * sh.total_q * d) * sizeof(float));
   sh.turn = malloc((size_t)(pb->heads_q * sh.qblocks + 1) * sizeof *sh.turn);
+  sh.sg =
+      pb->has_dsinks ? attn__cpu_alloc((size_t)(pb->heads_q * sh.total_q) * sizeof(float)) : NULL;
+  sh.kblocks = (pb->seqlen_k + bc - 1) / bc;
+  const int db_shared = cpu_dbias_shared(pb);
+  const int64_t bturns =
+      db_shared ? (pb->dbias.sb ? pb->batch : 1) * (pb->dbias.sh ? pb->heads_kv : 1) * sh.kblocks
+                : 0;
+  sh.bturn = db_shared ? malloc((size_t)(bturns + 1) * sizeof *sh.bturn) : NULL;
   const int nthreads = attn__cpu_threads();
   const size_t per_thread = attn__cpu_backward_scratch(pb, cfg) / sizeof(float);
   float *scratch = attn__cpu_alloc((size_t)nthreads * per_thread * sizeof(float));
   int rc = ATTN_OK;
   if (!qunits || !kunits || !sh.qblock0 || !sh.dd || !sh.qt || !sh.doutt || (!inplace && !sh.dq) ||
-      !sh.turn || !scratch) {
+      !sh.turn || !scratch || (pb->has_dsinks && !sh.sg) || (db_shared && !sh.bturn)) {
     rc = attn__error(ctx, ATTN_ENOMEM,
                      "cpu backward: cannot allocate D, Q^T, dO^T and the dQ accumulator (%lld "
                      "rows x %lld heads) or %d threads' tiles",
@@ -330,6 +497,8 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__c
       sh.qblock0[b] = qunits[b] / pb->heads_q;
     for (int64_t x = 0; x < pb->heads_q * sh.qblocks; x++)
       atomic_init(&sh.turn[x], -1);
+    for (int64_t x = 0; x < bturns; x++)
+      atomic_init(&sh.bturn[x], -1);
     attn__debug("cpu backward: %lld key units, %lld query blocks on %d threads, dQ %s",
                 (long long)kunits[pb->batch], (long long)qunits[pb->batch], nthreads,
                 inplace ? "accumulated in place" : "in an f32 scratch");
@@ -340,6 +509,8 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__c
   free(kunits);
   free(sh.qblock0);
   free(sh.turn);
+  free(sh.bturn);
+  attn__cpu_free(sh.sg);
   attn__cpu_free(sh.dd);
   attn__cpu_free(sh.qt);
   attn__cpu_free(sh.doutt);

@@ -1,21 +1,27 @@
 /*
  * CPU forward pass: FlashAttention's Algorithm 1 with the FlashAttention-2
- * loop order. One work unit is (sequence b, query head h, block of Br query
- * rows); its rows stay in a tile while the visible blocks of Bc keys stream
- * by:
+ * loop order. One work unit is a tile of query rows (sequence b, a block of
+ * rows of one query head, or of each of several heads: see
+ * attn__cpu_schedule); its rows stay in the tile while the visible blocks
+ * of Bc keys stream by:
  *
- *   S   = scale * Q K^T                      (sgemm)
- *   S   = softcap / ALiBi / window mask      (attn__cpu_scores)
+ *   S   = scale * Q K^T                      (sgemm; few rows: attn__cpu_qk_few)
+ *   S   = softcap / ALiBi / window mask, + bias  (attn__cpu_scores)
  *   m_i = max(m_i, rowmax S), alpha = exp(m_old - m_i)
  *   P   = exp(S - m_i), l_i = alpha l_i + rowsum P
- *   O   = diag(alpha) O + P V                (sgemm)
+ *   O   = diag(alpha) O + P V                (sgemm; few rows: attn__cpu_pv_few)
  *
- * and finally O = O / l_i, lse = m_i + log l_i. The score tile is kept
- * transposed, S^T = K Q^T (keys down, queries across), so that both
- * products take their operands as stored or transposed once per unit (see
- * attn__cpu_load_t) and the softmax runs down columns, vectorized across
- * the queries. Only per-thread tiles are allocated; nothing grows with
- * Nq x Nk.
+ * and finally the sink folded in (attn__sink_fold), O = O / l_i, lse = m_i +
+ * log l_i. The score tile is kept transposed, S^T = K Q^T (keys down,
+ * queries across), so that both products take their operands as stored or
+ * transposed once per unit (see attn__cpu_load_t) and the softmax runs down
+ * columns, vectorized across the queries. Only per-thread tiles are
+ * allocated; nothing grows with Nq x Nk.
+ *
+ * Split keys (flash-decoding): when the tiles alone cannot occupy the
+ * threads, a work item is (tile, part of its key blocks); each part leaves
+ * its normalized output and lse in the workspace, and a last sweep merges
+ * each row's parts (attn__merge_lse) and then finishes it as above.
  */
 #include "cpu_internal.h"
 
@@ -26,7 +32,7 @@
 typedef struct cpu_fwd_tiles {
   int br, bc;   /* Br, Bc of the plan; Br is also the row stride of qt and st */
   float *qt;    /* d x Br: Q transposed */
-  float *k;     /* Bc x d, when the rows must be gathered (attn__cpu_view) */
+  float *k;     /* Bc x d, when the rows must be gathered (attn__cpu_view_keys) */
   float *v;     /* Bc x d, idem */
   float *st;    /* Bc x Br: S^T, then P^T in place */
   float *o;     /* Br x d: unnormalized output */
@@ -35,12 +41,40 @@ typedef struct cpu_fwd_tiles {
   float *alpha; /* Br */
   float *lse;   /* Br */
   float *lo;    /* Br: what rounding lse to float dropped (the (hi, lo) form) */
+  float *w;     /* splits: the parts' weights of a row */
 } cpu_fwd_tiles;
 
-size_t attn__cpu_forward_scratch(const attn__problem *pb, const attn__cpu_config *cfg) {
+/* What the work items share. A tile's rows: tile row x * nr + r is row i0
+ * + r of query head h0 + x. */
+typedef struct cpu_fwd_work {
+  const attn__problem *pb;
+  attn__cpu_schedule sc;
+  int few_rows;         /* the config's: see attn__cpu_qk_few */
+  int64_t chunks;       /* tiles' head groups per kv head, or over all heads
+                         * when a tile spans kv heads (sc.heads > group) */
+  const int64_t *units; /* attn__cpu_units over (kv head, chunk) and rows */
+  float *part_o;        /* splits: [tile][part][Br][d], each part's normalized O */
+  float *part_lse;      /* splits: [tile][part][Br] */
+} cpu_fwd_work;
+
+static size_t cpu_fwd_thread_floats(const attn__problem *pb, const attn__cpu_config *cfg,
+                                    const attn__cpu_schedule *sc) {
   const size_t d = (size_t)pb->head_dim, br = (size_t)cfg->br, bc = (size_t)cfg->bc;
-  const size_t floats = br * d * 2 + bc * d * 2 + br * bc + 5 * br;
-  return (floats + 15) / 16 * 16 * sizeof(float);
+  const size_t floats = br * d * 2 + bc * d * 2 + br * bc + 5 * br + (size_t)sc->splits;
+  return (floats + 15) / 16 * 16;
+}
+
+static size_t cpu_fwd_part_floats(const attn__problem *pb, const attn__cpu_config *cfg,
+                                  const attn__cpu_schedule *sc) {
+  if (sc->splits <= 1) return 0;
+  return (size_t)sc->tiles * (size_t)sc->splits * (size_t)cfg->br * (size_t)(pb->head_dim + 1);
+}
+
+size_t attn__cpu_forward_workspace(const attn__problem *pb, const attn__cpu_config *cfg,
+                                   const attn__cpu_schedule *sc, int nthreads) {
+  return ((size_t)nthreads * cpu_fwd_thread_floats(pb, cfg, sc) +
+          cpu_fwd_part_floats(pb, cfg, sc)) *
+         sizeof(float);
 }
 
 static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d, const attn__cpu_config *cfg) {
@@ -58,39 +92,123 @@ static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d, const attn__cpu_confi
   t.alpha = t.l + br;
   t.lse = t.alpha + br;
   t.lo = t.lse + br;
+  t.w = t.lo + br;
   return t;
 }
 
-/* One unit: rows [i0, i0 + br) of query head h of sequence b. */
-static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64_t b, int64_t h,
-                          int64_t i0, int br) {
-  const int d = (int)pb->head_dim, ld = t->br, Bc = t->bc;
-  const int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
-  const int64_t rq = attn__row0_q(pb, b) + i0, rk = attn__row0_k(pb, b);
-  const int64_t hk = h / (pb->heads_q / pb->heads_kv);
+/* Tile u's sequence, first head, heads, first row and rows. */
+typedef struct cpu_fwd_tile {
+  int64_t b, h0, hk, i0;
+  int nh, nr;
+} cpu_fwd_tile;
 
-  /* Key blocks outside the keys the block's rows see are never touched
-   * (causal skips the upper triangle this way). */
+static cpu_fwd_tile cpu_fwd_find(const cpu_fwd_work *w, int64_t u) {
+  const attn__problem *pb = w->pb;
+  const int64_t group = pb->heads_q / pb->heads_kv, heads = w->sc.heads;
+  cpu_fwd_tile x;
+  int64_t hh;
+  x.nr = attn__cpu_unit(pb, w->units, 0, w->sc.rows, u, &x.b, &hh, &x.i0);
+  if (heads > group) {
+    x.h0 = hh * heads;
+    x.nh = (int)(pb->heads_q - x.h0 < heads ? pb->heads_q - x.h0 : heads);
+  } else {
+    const int64_t first = hh % w->chunks * heads;
+    x.h0 = hh / w->chunks * group + first;
+    x.nh = (int)(group - first < heads ? group - first : heads);
+  }
+  x.hk = x.h0 / group;
+  return x;
+}
+
+/* A row's end: the sink joins its sum, then O = O / l, lse = m + log l; a
+ * row that saw no key gets O = 0 and lse = -inf (or the sink). seen: whether
+ * the mask lets the row see a key. */
+static void cpu_fwd_finish(const attn__problem *pb, int64_t h, int seen, float m, float l,
+                           float *orow, float *lse, float *lo) {
+  const int d = (int)pb->head_dim;
+  if (pb->has_sinks) {
+    /* A row with no key (m = -inf, l = 0, O = 0) comes out with the sink
+     * alone: factor 0, l = 1. */
+    const float sink =
+        ((const float *)((const char *)pb->sinks.native + pb->sinks.offset))[h * pb->sinks.sh];
+    const float a = attn__sink_fold(sink, &m, &l);
+    for (int c = 0; c < d; c++)
+      orow[c] *= a;
+  } else if (!attn__row_seen(seen, pb->has_bias, m, l)) {
+    memset(orow, 0, (size_t)d * sizeof(float));
+    attn__lse_split(-INFINITY, lse, lo);
+    return;
+  }
+  /* The mask (or the bias) says whether the row saw a key, not l: a NaN or
+   * inf among its scores leaves l NaN (or 0, when they are all -inf without
+   * a bias), and such a row must come out NaN, not as a row that saw
+   * nothing. */
+  for (int c = 0; c < d; c++)
+    orow[c] /= l;
+  /* In double: one rounding instead of two (log, then the sum). */
+  attn__lse_split(l > 0.0f ? (double)m + log((double)l) : NAN, lse, lo);
+}
+
+/* Part s of tile x's key blocks: blocks [*kb0, *kb1) of Bc keys, aligned to
+ * Bc as the backward's (it recomputes each score tile with this very sgemm
+ * call: see cpu_backward.c). Key blocks outside the keys the tile's rows
+ * see are never touched (causal skips the upper triangle this way). */
+static void cpu_fwd_part(const cpu_fwd_work *w, const cpu_fwd_tile *x, int bc, int s, int64_t nq,
+                         int64_t nk, int64_t *kb0, int64_t *kb1) {
   int64_t jlo, jhi;
-  attn__problem_key_block_range(pb, i0, i0 + br, nq, nk, &jlo, &jhi);
+  attn__problem_key_block_range(w->pb, x->i0, x->i0 + x->nr, nq, nk, &jlo, &jhi);
+  if (jlo >= jhi) {
+    *kb0 = *kb1 = 0;
+    return;
+  }
+  const int64_t first = jlo / bc, n = (jhi + bc - 1) / bc - first, parts = w->sc.splits;
+  *kb0 = first + n * s / parts;
+  *kb1 = first + n * (s + 1) / parts;
+}
 
-  attn__cpu_load_t(pb, &pb->q, b, rq, br, h, t->qt, ld);
+/* Work item (tile u, part s). */
+static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t u, int s) {
+  const attn__problem *pb = w->pb;
+  const cpu_fwd_tile x = cpu_fwd_find(w, u);
+  const int d = (int)pb->head_dim, ld = t->br, Bc = t->bc, nr = x.nr, br = x.nh * nr;
+  const int64_t nq = attn__seq_q(pb, x.b), nk = attn__seq_k(pb, x.b);
+  const int64_t rq = attn__row0_q(pb, x.b) + x.i0;
+  int64_t kb0, kb1;
+  cpu_fwd_part(w, &x, Bc, s, nq, nk, &kb0, &kb1);
+
+  /* Few rows: Q as rows (d apart) for attn__cpu_qk_few, else Q^T. */
+  const int few = nr <= w->few_rows;
+  for (int hx = 0; hx < x.nh; hx++)
+    if (few)
+      attn__cpu_load(pb, &pb->q, x.b, rq, nr, x.h0 + hx, t->qt + (size_t)hx * nr * d, d);
+    else
+      attn__cpu_load_t(pb, &pb->q, x.b, rq, nr, x.h0 + hx, t->qt + hx * nr, ld);
   memset(t->o, 0, (size_t)br * d * sizeof(float));
   for (int r = 0; r < br; r++) {
     t->m[r] = -INFINITY;
     t->l[r] = 0.0f;
   }
 
-  /* Key blocks aligned to Bc, as the backward's: it recomputes each score
-   * tile with this very sgemm call (see cpu_backward.c). */
-  for (int64_t j0 = jlo / Bc * Bc; j0 < jhi; j0 += Bc) {
+  for (int64_t kb = kb0; kb < kb1; kb++) {
+    const int64_t j0 = kb * Bc;
     const int bc = (int)(nk - j0 < Bc ? nk - j0 : Bc);
-    int ldk, ldv;
-    const float *k = attn__cpu_view(pb, &pb->k, b, rk + j0, bc, hk, t->k, &ldk);
-    const float *v = attn__cpu_view(pb, &pb->v, b, rk + j0, bc, hk, t->v, &ldv);
-
-    attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk, t->qt, ld, 0.0f, t->st, ld);
-    attn__cpu_scores(pb, h, i0, br, j0, bc, nq, nk, t->st, ld, NULL);
+    int ldk = 0, ldv = 0;
+    const float *k = NULL, *v = NULL;
+    if (few) {
+      attn__cpu_qk_few(pb, &pb->k, &pb->v, x.b, j0, bc, x.h0, x.nh, nr, t->qt, d, t->st, ld);
+    } else {
+      k = attn__cpu_view_keys(pb, &pb->k, x.b, j0, bc, x.hk, t->k, &ldk);
+      v = attn__cpu_view_keys(pb, &pb->v, x.b, j0, bc, x.hk, t->v, &ldv);
+      /* One product per head, of the backward's shape: OpenBLAS rounds an
+       * element of a product differently for different widths n (see
+       * attn__cpu_qk_few), and the backward's P = exp(S - lse) needs the
+       * forward's S to the bit. */
+      for (int hx = 0; hx < x.nh; hx++)
+        attn__cpu_gemm(0, 0, bc, nr, d, pb->scale, k, ldk, t->qt + hx * nr, ld, 0.0f,
+                       t->st + hx * nr, ld);
+    }
+    for (int hx = 0; hx < x.nh; hx++)
+      attn__cpu_scores(pb, x.b, x.h0 + hx, x.i0, nr, j0, bc, nq, nk, t->st + hx * nr, ld, NULL);
     attn__cpu_softmax_cols(t->st, bc, br, ld, t->m, t->l, t->alpha);
     for (int r = 0; r < br; r++) {
       if (t->alpha[r] == 1.0f) continue;
@@ -99,56 +217,124 @@ static void cpu_fwd_block(const attn__problem *pb, const cpu_fwd_tiles *t, int64
       for (int c = 0; c < d; c++)
         orow[c] *= alpha;
     }
-    attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->st, ld, v, ldv, 1.0f, t->o, d);
+    if (few)
+      attn__cpu_pv_few(pb, &pb->v, x.b, j0, bc, x.h0, x.nh, nr, t->st, ld, t->o);
+    else
+      attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->st, ld, v, ldv, 1.0f, t->o, d);
   }
 
-  for (int r = 0; r < br; r++) {
-    float *orow = t->o + (size_t)r * d;
-    /* The mask says whether the row saw a key, not l: a NaN or inf among its
-     * scores leaves l NaN (or 0, when they are all -inf), and such a row
-     * must come out NaN, not as a row that saw nothing. */
-    int64_t lo, hi;
-    attn__problem_key_range(pb, i0 + r, nq, nk, &lo, &hi);
-    if (lo < hi) {
-      const float l = t->l[r];
+  if (w->sc.splits > 1) {
+    /* The part's normalized O and lse; -inf (and O = 0) where the row saw
+     * nothing here, NaN where its scores were NaN or inf. */
+    const size_t slot = (size_t)u * (size_t)w->sc.splits + (size_t)s;
+    float *po = w->part_o + slot * (size_t)t->br * (size_t)d;
+    float *pl = w->part_lse + slot * (size_t)t->br;
+    for (int r = 0; r < br; r++) {
+      const float m = t->m[r], l = t->l[r];
+      const int none = m == -INFINITY && l == 0.0f;
+      pl[r] = none ? -INFINITY : l > 0.0f ? (float)((double)m + log((double)l)) : NAN;
       for (int c = 0; c < d; c++)
-        orow[c] /= l;
-      /* In double: one rounding instead of two (log, then the sum). */
-      attn__lse_split(l > 0.0f ? (double)t->m[r] + log((double)l) : NAN, &t->lse[r], &t->lo[r]);
-    } else {
-      /* A row with no visible key: o = 0, lse = -inf. */
-      memset(orow, 0, (size_t)d * sizeof(float));
-      attn__lse_split(-INFINITY, &t->lse[r], &t->lo[r]);
+        po[(size_t)r * d + c] = none ? 0.0f : t->o[(size_t)r * d + c] / l;
     }
+    return;
   }
-  attn__cpu_store(pb, &pb->o, b, rq, br, h, t->o, d);
-  if (pb->has_lse) attn__cpu_store_lse(pb, b, rq, br, h, t->lse, t->lo);
+
+  for (int hx = 0; hx < x.nh; hx++)
+    for (int r = 0; r < nr; r++) {
+      const int y = hx * nr + r;
+      int64_t lo, hi;
+      attn__problem_key_range(pb, x.i0 + r, nq, nk, &lo, &hi);
+      cpu_fwd_finish(pb, x.h0 + hx, lo < hi, t->m[y], t->l[y], t->o + (size_t)y * d, &t->lse[y],
+                     &t->lo[y]);
+    }
+  for (int hx = 0; hx < x.nh; hx++) {
+    attn__cpu_store(pb, &pb->o, x.b, rq, nr, x.h0 + hx, t->o + (size_t)hx * nr * d, d);
+    if (pb->has_lse)
+      attn__cpu_store_lse(pb, x.b, rq, nr, x.h0 + hx, t->lse + hx * nr, t->lo + hx * nr);
+  }
 }
 
-int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cpu_config *cfg) {
-  int64_t *units = attn__cpu_units(pb, 0, pb->heads_q, cfg->br);
+/* The merge of tile u's parts: per row, lse = log sum exp(lse_s) and O =
+ * sum w_s O_s, then the row's end as without splitting (m = lse, l = 1). */
+static void cpu_fwd_merge(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t u) {
+  const attn__problem *pb = w->pb;
+  const cpu_fwd_tile x = cpu_fwd_find(w, u);
+  const int d = (int)pb->head_dim, parts = w->sc.splits, Br = t->br;
+  const int64_t nq = attn__seq_q(pb, x.b), nk = attn__seq_k(pb, x.b);
+  const int64_t rq = attn__row0_q(pb, x.b) + x.i0;
+  const size_t slot = (size_t)u * (size_t)parts;
+  const float *po = w->part_o + slot * (size_t)Br * (size_t)d;
+  const float *pl = w->part_lse + slot * (size_t)Br;
+  for (int hx = 0; hx < x.nh; hx++)
+    for (int r = 0; r < x.nr; r++) {
+      const int y = hx * x.nr + r;
+      float *orow = t->o + (size_t)y * d;
+      const float lse = attn__merge_lse(pl + y, Br, parts, t->w);
+      memset(orow, 0, (size_t)d * sizeof(float));
+      for (int s = 0; s < parts; s++) {
+        if (t->w[s] == 0.0f) continue; /* a part that saw nothing: its O is 0 */
+        const float ws = t->w[s], *os = po + ((size_t)s * Br + y) * d;
+        for (int c = 0; c < d; c++)
+          orow[c] += ws * os[c];
+      }
+      int64_t lo, hi;
+      attn__problem_key_range(pb, x.i0 + r, nq, nk, &lo, &hi);
+      /* As a row's running max and sum: (lse, 1), or (-inf, 0) for a row
+       * that saw nothing in any part, or NaN. */
+      float l = 1.0f;
+      if (lse == -INFINITY) l = 0.0f;
+      if (lse != lse) l = NAN;
+      cpu_fwd_finish(pb, x.h0 + hx, lo < hi, lse, l, orow, &t->lse[y], &t->lo[y]);
+    }
+  for (int hx = 0; hx < x.nh; hx++) {
+    attn__cpu_store(pb, &pb->o, x.b, rq, x.nr, x.h0 + hx, t->o + (size_t)hx * x.nr * d, d);
+    if (pb->has_lse)
+      attn__cpu_store_lse(pb, x.b, rq, x.nr, x.h0 + hx, t->lse + hx * x.nr, t->lo + hx * x.nr);
+  }
+}
+
+int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cpu_config *cfg,
+                      const attn__cpu_schedule *sc) {
+  const int64_t group = pb->heads_q / pb->heads_kv;
+  cpu_fwd_work w;
+  w.pb = pb;
+  w.sc = *sc;
+  w.few_rows = cfg->few_rows;
+  w.chunks = sc->heads > group ? (pb->heads_q + sc->heads - 1) / sc->heads
+                               : (group + sc->heads - 1) / sc->heads;
+  int64_t *units =
+      attn__cpu_units(pb, 0, sc->heads > group ? w.chunks : pb->heads_kv * w.chunks, sc->rows);
+  w.units = units;
   const int nthreads = attn__cpu_threads();
-  const size_t per_thread = attn__cpu_forward_scratch(pb, cfg) / sizeof(float);
-  float *scratch = attn__cpu_alloc((size_t)nthreads * per_thread * sizeof(float));
+  const size_t per_thread = cpu_fwd_thread_floats(pb, cfg, sc);
+  const size_t parts = cpu_fwd_part_floats(pb, cfg, sc);
+  float *scratch = attn__cpu_alloc(attn__cpu_forward_workspace(pb, cfg, sc, nthreads));
   if (!units || !scratch) {
     free(units);
     attn__cpu_free(scratch);
-    return attn__error(ctx, ATTN_ENOMEM, "cpu forward: cannot allocate %d threads' tiles",
-                       nthreads);
+    return attn__error(ctx, ATTN_ENOMEM,
+                       "cpu forward: cannot allocate %d threads' tiles and %zu bytes of parts",
+                       nthreads, parts * sizeof(float));
   }
-  const int64_t total = units[pb->batch];
-  attn__debug("cpu forward: %lld units of up to %d query rows on %d threads", (long long)total,
-              cfg->br, nthreads);
+  w.part_o = scratch + (size_t)nthreads * per_thread;
+  w.part_lse =
+      w.part_o + (size_t)sc->tiles * (size_t)sc->splits * (size_t)cfg->br * (size_t)pb->head_dim;
+  const int64_t tiles = units[pb->batch], items = tiles * sc->splits;
+  attn__debug("cpu forward: %lld tiles of %d head(s) x %d rows, keys in %d part(s), on %d threads",
+              (long long)tiles, sc->heads, sc->rows, sc->splits, nthreads);
 
 #pragma omp parallel num_threads(nthreads)
   {
     const cpu_fwd_tiles t =
         cpu_fwd_carve(scratch + (size_t)omp_get_thread_num() * per_thread, pb->head_dim, cfg);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t u = 0; u < total; u++) {
-      int64_t b, h, i0;
-      const int br = attn__cpu_unit(pb, units, 0, cfg->br, u, &b, &h, &i0);
-      cpu_fwd_block(pb, &t, b, h, i0, br);
+    for (int64_t it = 0; it < items; it++)
+      cpu_fwd_item(&w, &t, it / sc->splits, (int)(it % sc->splits));
+    if (sc->splits > 1) {
+      /* After the loop's barrier: every part is written. */
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t u = 0; u < tiles; u++)
+        cpu_fwd_merge(&w, &t, u);
     }
   }
 

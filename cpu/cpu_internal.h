@@ -23,8 +23,31 @@ typedef struct attn__cpu_config {
   int max_head_dim; /* the row serves head dimensions up to this one */
   int br;           /* Br: query rows per tile, at most ATTN__CPU_TILE_MAX */
   int bc;           /* Bc: key rows per tile, idem */
+  /* Key splitting chosen by the plan (num_splits 0): split until there are
+   * split_fill work items per thread, each part keeping at least
+   * split_min_blocks key blocks; and at most split_workspace bytes of
+   * partial results, whatever num_splits asks for. */
+  int split_fill;
+  int split_min_blocks;
+  /* Query blocks of at most this many rows per head take the products of
+   * few rows (attn__cpu_qk_few), in the forward and the backward alike. */
+  int few_rows;
+  size_t split_workspace;
   const char *forward_name, *backward_name; /* for attn__plan.name */
 } attn__cpu_config;
+
+/* How the forward cuts a problem into work items: tiles of `heads` query
+ * heads sharing one kv head (GQA packing: each K/V block is loaded and
+ * converted once for all of them) times `rows` query rows of each, and
+ * each tile's keys in `splits` parts merged by their lse. One function
+ * (attn__cpu_schedule, cpu.c) decides it for the plan, which sizes the
+ * workspace by it, and for the forward, which runs it. */
+typedef struct attn__cpu_schedule {
+  int heads;     /* 1: no packing */
+  int rows;      /* heads * rows <= Br */
+  int splits;    /* 1: no splitting */
+  int64_t tiles; /* tiles over all sequences and heads */
+} attn__cpu_schedule;
 
 /* The largest Br or Bc of the table: small per-row arrays of the tile
  * functions live on the stack with this size. */
@@ -61,6 +84,16 @@ void attn__cpu_load_t(const attn__problem *pb, const attn__tensor *t, int64_t b,
  * attn__cpu_load into scratch (row length d). *ld receives the row stride. */
 const float *attn__cpu_view(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
                             int64_t nr, int64_t h, float *scratch, int *ld);
+/* The same for key rows of k or v (and of dk, dv): j0 is sequence-local,
+ * and each row's address comes from attn__key_row, so bshd, varlen and
+ * paged caches share these. A view is in place when the rows are f32 with
+ * unit column stride on one page (or unpaged). */
+void attn__cpu_load_keys(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0,
+                         int64_t nr, int64_t h, float *dst, int64_t ld);
+const float *attn__cpu_view_keys(const attn__problem *pb, const attn__tensor *t, int64_t b,
+                                 int64_t j0, int64_t nr, int64_t h, float *scratch, int *ld);
+void attn__cpu_store_keys(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0,
+                          int64_t nr, int64_t h, const float *src, int64_t ld);
 /* Row `row` of head h of sequence b of an f32 tensor with unit column
  * stride and row stride ss in [d, INT_MAX] (so that sgemm can address its
  * rows in place, *ld = ss), else NULL. Whether it is NULL depends on the
@@ -79,15 +112,39 @@ void attn__cpu_load_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t
 void attn__cpu_store_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t nr, int64_t h,
                          const float *hi, const float *lo);
 
+/* S^T = scale K Q^T for a tile of few query rows per head, read straight
+ * from k: keys [j0, j0 + bc) of sequence b down; across, the nr rows of
+ * each query head of [h0, h0 + nh) (column x * nr + r: row r of head h0 +
+ * x, whichever kv head it reads), row stride ldq in q (f32); at st[key * ld
+ * + column]. Each element is one dot product taken in the same steps
+ * whatever the tile holds; sgemm's are not (an element of a 64 x n x 128
+ * product changes with n in a third of the elements, measured with
+ * OpenBLAS 0.3.21), so the forward can compute the scores of many heads at
+ * once and the backward those of one, and agree to the bit. Which query
+ * blocks take this path is the config's few_rows, in both passes. v, when
+ * not NULL, is the values the caller reads next (attn__cpu_pv_few), which
+ * may be fetched meanwhile. Keys are
+ * converted row by row in L1, with no tile gathered, and a tile that spans
+ * every kv head reads k's rows whole, in address order: a decoding step
+ * streams the cache at memory speed. */
+void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn__tensor *v,
+                      int64_t b, int64_t j0, int bc, int64_t h0, int nh, int nr, const float *q,
+                      int64_t ldq, float *st, int ld);
+/* O += P V, the same way: P^T (keys down, the tile's columns across, row
+ * stride ld), V read straight from v, O f32 with a row of d per column. */
+void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,
+                      int64_t h0, int nh, int nr, const float *pt, int ld, float *o);
+
 /* Turns s = scale * q.k of a transposed tile (keys [j0, j0 + bc) down,
- * query rows [i0, i0 + br) of query head h across, element (r, c) at st[c *
- * ld + r]) into the final scores: attn__score_scaled where the key is
- * visible, -inf where not. Forward and backward both call this, so the
- * backward recomputes the forward's scores the same way. When tanh_out is
- * not NULL (backward with softcap), it receives tanh(s / softcap), laid out
- * like st, for attn__score_grad. nq, nk are the sequence's lengths. */
-void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, int64_t j0, int bc,
-                      int64_t nq, int64_t nk, float *st, int ld, float *tanh_out);
+ * query rows [i0, i0 + br) of query head h of sequence b across, element
+ * (r, c) at st[c * ld + r]) into the final scores: attn__score_scaled and
+ * then the bias where the key is visible, -inf where not. Forward and
+ * backward both call this, so the backward recomputes the forward's scores
+ * the same way. When tanh_out is not NULL (backward with softcap), it
+ * receives tanh(s / softcap), laid out like st, for attn__score_grad. nq,
+ * nk are the sequence's lengths. */
+void attn__cpu_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i0, int br, int64_t j0,
+                      int bc, int64_t nq, int64_t nk, float *st, int ld, float *tanh_out);
 
 /* One step of the online softmax on a transposed score tile st (bc rows of
  * keys x br columns of queries, row stride ld): with m, l the running row
@@ -107,6 +164,18 @@ void attn__cpu_exp_cols(float *st, int rows, int cols, int ld, const float *hi, 
 void attn__cpu_dsoftmax_cols(const float *p, float *dp, const float *th, float softcap, int rows,
                              int cols, int ld, const float *dd);
 
+/* dP^T times softcap's derivative in place (attn__score_grad, th from
+ * attn__cpu_scores): attn__cpu_dsoftmax_cols's last step, for when dS is
+ * wanted before it (dbias). */
+void attn__cpu_score_grad_cols(float *dp, const float *th, float softcap, int rows, int cols,
+                               int ld);
+
+/* dst[c * rs + a * cs] += st[a * ld + c] for a transposed tile (rows of
+ * keys a, cols of queries c): a dbias tile. rs = 0 (the bias broadcasts
+ * over query rows) sums each key's column first, in row order. */
+void attn__cpu_add_cols(const float *st, int rows, int cols, int ld, float *dst, int64_t rs,
+                        int64_t cs);
+
 /* Work is split into units (sequence, head, block of rows, or of keys when
  * by_keys). units[b] is the first unit of sequence b for a given block size
  * and head count; the array has batch + 1 entries. attn__cpu_unit finds unit
@@ -120,12 +189,21 @@ int attn__cpu_unit(const attn__problem *pb, const int64_t *units, int by_keys, i
  * or fewer when the system would not create that many (see cpu.c). */
 int attn__cpu_threads(void);
 
-/* The passes, with the tiles of a row of the table, and the scratch each
- * thread of them allocates (bytes, a multiple of 64: the plan's workspace
- * is this times attn__cpu_threads()). */
-int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cpu_config *cfg);
+/* The forward's schedule for a problem, with nthreads threads. */
+attn__cpu_schedule attn__cpu_schedule_forward(const attn__problem *pb, const attn__cpu_config *cfg,
+                                              int nthreads);
+
+/* The passes, with the tiles of a row of the table, and the memory each
+ * allocates (bytes: the plan's workspace). */
+int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cpu_config *cfg,
+                      const attn__cpu_schedule *sc);
 int attn__cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__cpu_config *cfg);
-size_t attn__cpu_forward_scratch(const attn__problem *pb, const attn__cpu_config *cfg);
+size_t attn__cpu_forward_workspace(const attn__problem *pb, const attn__cpu_config *cfg,
+                                   const attn__cpu_schedule *sc, int nthreads);
 size_t attn__cpu_backward_scratch(const attn__problem *pb, const attn__cpu_config *cfg);
+
+/* The cache append (cpu_cache.c) and attn_merge (cpu_merge.c). */
+int attn__cpu_append(attn_context *ctx, const attn__problem *pb);
+int attn__cpu_merge(attn_context *ctx, const attn__merge *m);
 
 #endif /* ATTN_CPU_INTERNAL_H */

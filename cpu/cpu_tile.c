@@ -162,49 +162,68 @@ static char *cpu_row(const attn__tensor *t, int64_t b, int64_t row, int64_t h) {
   return (char *)t->native + t->offset + (ptrdiff_t)idx * (ptrdiff_t)attn_dtype_size(t->dtype);
 }
 
-static CPU_SIMD_CLONES void cpu_load_clones(const attn__problem *pb, const attn__tensor *t,
-                                            int64_t b, int64_t row, int64_t nr, int64_t h,
-                                            float *dst, int64_t ld) {
-  const int64_t d = pb->head_dim, sd = t->sd;
-  const int f16c = t->dtype == ATTN_F16 && CPU_HAVE_F16C();
-  for (int64_t r = 0; r < nr; r++) {
-    const char *src = cpu_row(t, b, row + r, h);
-    float *out = dst + r * ld;
-    /* The unit column stride gets loops of its own: with sd a variable the
-     * compiler does not vectorize the conversions (measured: f16 at 0.67
-     * ns per element, against 0.18 for bf16). */
-    if (t->dtype == ATTN_F32) {
-      const float *x = (const float *)src;
-      if (sd == 1)
-        memcpy(out, x, (size_t)d * sizeof(float));
-      else
-        for (int64_t c = 0; c < d; c++)
-          out[c] = x[c * sd];
-    } else if (t->dtype == ATTN_F16) {
-      const uint16_t *x = (const uint16_t *)src;
-      if (sd == 1 && f16c)
-        cpu_f16_row_f16c(x, out, d);
-      else if (sd == 1)
-        for (int64_t c = 0; c < d; c++)
-          out[c] = cpu_f16_to_f32(x[c]);
-      else
-        for (int64_t c = 0; c < d; c++)
-          out[c] = cpu_f16_to_f32(x[c * sd]);
-    } else {
-      const uint16_t *x = (const uint16_t *)src;
-      if (sd == 1)
-        for (int64_t c = 0; c < d; c++)
-          out[c] = attn__bf16_to_f32(x[c]);
-      else
-        for (int64_t c = 0; c < d; c++)
-          out[c] = attn__bf16_to_f32(x[c * sd]);
-    }
+/* Row `row` of a tile: a query-side row (counting from the tensor's first
+ * row, as cpu_row) or, when keys, key row `row` of sequence b through
+ * attn__key_row, so that bshd, varlen and paged caches take one path. */
+static char *cpu_tile_row(const attn__problem *pb, const attn__tensor *t, int keys, int64_t b,
+                          int64_t row, int64_t h) {
+  if (!keys) return cpu_row(t, b, row, h);
+  const int64_t idx = attn__key_row(pb, t, b, row) + h * t->sh;
+  return (char *)t->native + t->offset + (ptrdiff_t)idx * (ptrdiff_t)attn_dtype_size(t->dtype);
+}
+
+/* One row of d values of dtype dt, column stride sd, as f32. Inline, so
+ * that each SIMD clone that calls it gets its own vectorized copy. */
+static inline void cpu_row_f32(const char *src, attn_dtype dt, int64_t sd, int64_t d, int f16c,
+                               float *out) {
+  /* The unit column stride gets loops of its own: with sd a variable the
+   * compiler does not vectorize the conversions (measured: f16 at 0.67 ns
+   * per element, against 0.18 for bf16). */
+  if (dt == ATTN_F32) {
+    const float *x = (const float *)src;
+    if (sd == 1)
+      memcpy(out, x, (size_t)d * sizeof(float));
+    else
+      for (int64_t c = 0; c < d; c++)
+        out[c] = x[c * sd];
+  } else if (dt == ATTN_F16) {
+    const uint16_t *x = (const uint16_t *)src;
+    if (sd == 1 && f16c)
+      cpu_f16_row_f16c(x, out, d);
+    else if (sd == 1)
+      for (int64_t c = 0; c < d; c++)
+        out[c] = cpu_f16_to_f32(x[c]);
+    else
+      for (int64_t c = 0; c < d; c++)
+        out[c] = cpu_f16_to_f32(x[c * sd]);
+  } else {
+    const uint16_t *x = (const uint16_t *)src;
+    if (sd == 1)
+      for (int64_t c = 0; c < d; c++)
+        out[c] = attn__bf16_to_f32(x[c]);
+    else
+      for (int64_t c = 0; c < d; c++)
+        out[c] = attn__bf16_to_f32(x[c * sd]);
   }
+}
+
+static CPU_SIMD_CLONES void cpu_load_clones(const attn__problem *pb, const attn__tensor *t,
+                                            int keys, int64_t b, int64_t row, int64_t nr, int64_t h,
+                                            float *dst, int64_t ld) {
+  const int f16c = t->dtype == ATTN_F16 && CPU_HAVE_F16C();
+  for (int64_t r = 0; r < nr; r++)
+    cpu_row_f32(cpu_tile_row(pb, t, keys, b, row + r, h), t->dtype, t->sd, pb->head_dim, f16c,
+                dst + r * ld);
 }
 
 void attn__cpu_load(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
                     int64_t nr, int64_t h, float *dst, int64_t ld) {
-  cpu_load_clones(pb, t, b, row, nr, h, dst, ld);
+  cpu_load_clones(pb, t, 0, b, row, nr, h, dst, ld);
+}
+
+void attn__cpu_load_keys(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0,
+                         int64_t nr, int64_t h, float *dst, int64_t ld) {
+  cpu_load_clones(pb, t, 1, b, j0, nr, h, dst, ld);
 }
 
 static CPU_SIMD_CLONES void cpu_load_t_clones(const attn__problem *pb, const attn__tensor *t,
@@ -269,11 +288,31 @@ const float *attn__cpu_view(const attn__problem *pb, const attn__tensor *t, int6
   return scratch;
 }
 
-void attn__cpu_store(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
-                     int64_t nr, int64_t h, const float *src, int64_t ld) {
+const float *attn__cpu_view_keys(const attn__problem *pb, const attn__tensor *t, int64_t b,
+                                 int64_t j0, int64_t nr, int64_t h, float *scratch, int *ld) {
+  const int64_t d = pb->head_dim, ps = pb->page_size;
+  /* Rows of one page (or of an unpaged tensor) are ss apart. */
+  const int one_page = !ps || j0 / ps == (j0 + nr - 1) / ps;
+  if (t->dtype == ATTN_F32 && t->sd == 1 && one_page) {
+    if (nr == 1) {
+      *ld = (int)d;
+      return (const float *)cpu_tile_row(pb, t, 1, b, j0, h);
+    }
+    if (t->ss >= d && t->ss <= INT_MAX) {
+      *ld = (int)t->ss;
+      return (const float *)cpu_tile_row(pb, t, 1, b, j0, h);
+    }
+  }
+  attn__cpu_load_keys(pb, t, b, j0, nr, h, scratch, d);
+  *ld = (int)d;
+  return scratch;
+}
+
+static void cpu_store_rows(const attn__problem *pb, const attn__tensor *t, int keys, int64_t b,
+                           int64_t row, int64_t nr, int64_t h, const float *src, int64_t ld) {
   int64_t d = pb->head_dim, sd = t->sd;
   for (int64_t r = 0; r < nr; r++) {
-    char *dst = cpu_row(t, b, row + r, h);
+    char *dst = cpu_tile_row(pb, t, keys, b, row + r, h);
     const float *in = src + r * ld;
     switch (t->dtype) {
       case ATTN_F32: {
@@ -304,6 +343,16 @@ void attn__cpu_store(const attn__problem *pb, const attn__tensor *t, int64_t b, 
   }
 }
 
+void attn__cpu_store(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
+                     int64_t nr, int64_t h, const float *src, int64_t ld) {
+  cpu_store_rows(pb, t, 0, b, row, nr, h, src, ld);
+}
+
+void attn__cpu_store_keys(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0,
+                          int64_t nr, int64_t h, const float *src, int64_t ld) {
+  cpu_store_rows(pb, t, 1, b, j0, nr, h, src, ld);
+}
+
 void attn__cpu_load_lse(const attn__problem *pb, int64_t b, int64_t row, int64_t nr, int64_t h,
                         float *hi, float *lo) {
   const attn__tensor *t = &pb->lse;
@@ -325,11 +374,505 @@ void attn__cpu_store_lse(const attn__problem *pb, int64_t b, int64_t row, int64_
 }
 
 /* ---------------------------------------------------------------------- */
+/* Products of few query rows                                               */
+/* ---------------------------------------------------------------------- */
+
+/* Four dot products of a key row kf with query rows q0..q3, each in eight
+ * lanes summed in a fixed tree: every element takes the same steps however
+ * many rows the tile has, which sgemm does not promise (see
+ * attn__cpu_qk_few). The four chains run side by side, so the adds of one
+ * do not wait on another's. */
+static inline void cpu_dot4(const float *kf, const float *q0, const float *q1, const float *q2,
+                            const float *q3, int64_t d, float *out) {
+  /* GCC's vector extension (clang has it too): eight lanes whatever the
+   * clone, one AVX register or two SSE ones. Written as arrays of eight,
+   * the loops came out of gcc 12 as shuffles and spills, 4x slower. */
+  typedef float v8 __attribute__((vector_size(32)));
+  v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+  int64_t c = 0;
+  for (; c + 8 <= d; c += 8) {
+    v8 k, x0, x1, x2, x3;
+    memcpy(&k, kf + c, sizeof k);
+    memcpy(&x0, q0 + c, sizeof x0);
+    memcpy(&x1, q1 + c, sizeof x1);
+    memcpy(&x2, q2 + c, sizeof x2);
+    memcpy(&x3, q3 + c, sizeof x3);
+    a0 += k * x0;
+    a1 += k * x1;
+    a2 += k * x2;
+    a3 += k * x3;
+  }
+  for (int x = 0; c + x < d; x++) {
+    a0[x] += kf[c + x] * q0[c + x];
+    a1[x] += kf[c + x] * q1[c + x];
+    a2[x] += kf[c + x] * q2[c + x];
+    a3[x] += kf[c + x] * q3[c + x];
+  }
+  const v8 acc[4] = {a0, a1, a2, a3};
+  for (int r = 0; r < 4; r++) {
+    const v8 a = acc[r];
+    out[r] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+  }
+}
+
+/* The kv heads of tile heads [h0, h0 + nh), and the tile columns (nr per
+ * head) of kv head hk among them. */
+static void cpu_kv_cols(const attn__problem *pb, int64_t h0, int nh, int nr, int64_t hk, int *c0,
+                        int *c1) {
+  const int64_t g = pb->heads_q / pb->heads_kv;
+  const int64_t lo = hk * g > h0 ? hk * g : h0,
+                hi = (hk + 1) * g < h0 + nh ? (hk + 1) * g : h0 + nh;
+  *c0 = (int)(lo - h0) * nr;
+  *c1 = (int)(hi - h0) * nr;
+}
+
+/* Key row j of kv head hk of t: its first element's address. */
+static inline const char *cpu_key_at(const attn__problem *pb, const attn__tensor *t, int64_t b,
+                                     int64_t j, int64_t hk) {
+  return cpu_tile_row(pb, t, 1, b, j, hk);
+}
+
+static CPU_SIMD_CLONES void cpu_qk_few_clones(const attn__problem *pb, const attn__tensor *t,
+                                              int64_t b, int64_t j0, int bc, int64_t h0, int nh,
+                                              int nr, const float *q, int64_t ldq, float scale,
+                                              float *st, int ld) {
+  const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
+  const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
+  const int f16c = t->dtype == ATTN_F16 && CPU_HAVE_F16C();
+  float kf[ATTN_MAX_HEAD_DIM], out[4];
+  for (int a = 0; a < bc; a++) {
+    float *srow = st + (size_t)a * ld;
+    for (int64_t hk = hk0; hk <= hk1; hk++) {
+      int c0, c1;
+      cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
+      cpu_row_f32(cpu_key_at(pb, t, b, j0 + a, hk), t->dtype, t->sd, d, f16c, kf);
+      for (int c = c0; c < c1; c += 4) {
+        /* Past the last column, the last one again: each lane's sum is its
+         * own, so the repeats change nothing of the others. */
+        const float *q0 = q + c * ldq;
+        const float *q1 = c + 1 < c1 ? q0 + ldq : q0;
+        const float *q2 = c + 2 < c1 ? q0 + 2 * ldq : q1;
+        const float *q3 = c + 3 < c1 ? q0 + 3 * ldq : q2;
+        cpu_dot4(kf, q0, q1, q2, q3, d, out);
+        for (int x = 0; x < 4 && c + x < c1; x++)
+          srow[c + x] = scale * out[x];
+      }
+    }
+  }
+}
+
+static CPU_SIMD_CLONES void cpu_pv_few_clones(const attn__problem *pb, const attn__tensor *t,
+                                              int64_t b, int64_t j0, int bc, int64_t h0, int nh,
+                                              int nr, const float *pt, int ld, float *o) {
+  const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
+  const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
+  const int f16c = t->dtype == ATTN_F16 && CPU_HAVE_F16C();
+  float vf[ATTN_MAX_HEAD_DIM];
+  for (int a = 0; a < bc; a++) {
+    const float *prow = pt + (size_t)a * ld;
+    for (int64_t hk = hk0; hk <= hk1; hk++) {
+      int c0, c1;
+      cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
+      cpu_row_f32(cpu_key_at(pb, t, b, j0 + a, hk), t->dtype, t->sd, d, f16c, vf);
+      for (int c = c0; c < c1; c++) {
+        const float p = prow[c];
+        float *orow = o + (size_t)c * d;
+        for (int64_t x = 0; x < d; x++)
+          orow[x] += p * vf[x];
+      }
+    }
+  }
+}
+
+/* The same with AVX2 and FMA where the CPU has them and d is a multiple of
+ * 8 (a fixed choice per machine and head dimension, so the forward and the
+ * backward still agree): fused multiply-adds halve the arithmetic of the
+ * portable loops, which gcc may not contract (the library is built as ISO
+ * C, -ffp-contract=off), 16-bit rows are converted in registers, and P V
+ * keeps its output rows in registers across keys. Measured on the build
+ * host, one thread, B=1 Hq=32 Hkv=8 d=128, 256 keys (in cache), least of 5
+ * runs: 0.103 ms in bf16 and in f32, against 0.165 and 0.175 for the
+ * portable loops. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CPU_FMA __attribute__((target("avx2,fma,f16c")))
+#define CPU_HAVE_FMA() (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+
+/* The sums of four vectors' lanes, in lanes 0..3. */
+CPU_FMA static inline __m128 cpu_hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* Eight elements from x of a row of dtype dt with unit column stride, as
+ * f32. Inlined where dt is fixed per loop. */
+CPU_FMA static inline __attribute__((always_inline)) __m256 cpu_load8(const char *row,
+                                                                      attn_dtype dt, int64_t x) {
+  switch (dt) {
+    case ATTN_F16:
+      return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + x)));
+    case ATTN_BF16:
+      return _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + x))),
+          16));
+    default:
+      return _mm256_loadu_ps((const float *)row + x);
+  }
+}
+
+/* cpu_dot4's sums with fused multiply-adds, in two chains per row (16
+ * elements a step) so that eight are in flight, as two FMA units of 4
+ * cycles' latency need: with one chain per row the loop ran at half the
+ * rate. k is a row of dtype kdt (unit stride), converted in registers. */
+CPU_FMA static inline __attribute__((always_inline)) __m128 cpu_dot4_fma(
+    const char *k, attn_dtype kdt, const float *q0, const float *q1, const float *q2,
+    const float *q3, int64_t d) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  int64_t x = 0;
+  for (; x + 16 <= d; x += 16) {
+    const __m256 k0 = cpu_load8(k, kdt, x), k1 = cpu_load8(k, kdt, x + 8);
+    a0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q0 + x), a0);
+    b0 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q0 + x + 8), b0);
+    a1 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q1 + x), a1);
+    b1 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q1 + x + 8), b1);
+    a2 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q2 + x), a2);
+    b2 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q2 + x + 8), b2);
+    a3 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q3 + x), a3);
+    b3 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q3 + x + 8), b3);
+  }
+  if (x < d) {
+    const __m256 k0 = cpu_load8(k, kdt, x);
+    a0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q0 + x), a0);
+    a1 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q1 + x), a1);
+    a2 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q2 + x), a2);
+    a3 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q3 + x), a3);
+  }
+  return cpu_hsum4(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1), _mm256_add_ps(a2, b2),
+                   _mm256_add_ps(a3, b3));
+}
+
+/* The columns [c0, c1) of one key row k (dtype kdt, unit stride). */
+CPU_FMA static inline __attribute__((always_inline)) void cpu_qk_row_fma(
+    const char *k, attn_dtype kdt, const float *q, int64_t ldq, int c0, int c1, int64_t d,
+    __m128 sc, float *srow) {
+  for (int c = c0; c < c1; c += 4) {
+    /* Past the last column, the last one again (see cpu_qk_few_clones). */
+    const float *q0 = q + c * ldq;
+    const float *q1 = c + 1 < c1 ? q0 + ldq : q0;
+    const float *q2 = c + 2 < c1 ? q0 + 2 * ldq : q1;
+    const float *q3 = c + 3 < c1 ? q0 + 3 * ldq : q2;
+    const __m128 s4 = _mm_mul_ps(sc, cpu_dot4_fma(k, kdt, q0, q1, q2, q3, d));
+    if (c + 4 <= c1) {
+      _mm_storeu_ps(srow + c, s4);
+    } else {
+      float out[4];
+      _mm_storeu_ps(out, s4);
+      for (int x = 0; c + x < c1; x++)
+        srow[c + x] = out[x];
+    }
+  }
+}
+
+CPU_FMA static void cpu_qk_few_fma(const attn__problem *pb, const attn__tensor *t,
+                                   const attn__tensor *v, int64_t b, int64_t j0, int bc, int64_t h0,
+                                   int nh, int nr, const float *q, int64_t ldq, float scale,
+                                   float *st, int ld) {
+  const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
+  const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
+  const attn_dtype dt = t->dtype;
+  const ptrdiff_t hstep = (ptrdiff_t)t->sh * (ptrdiff_t)attn_dtype_size(dt);
+  float kf[ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
+  const __m128 sc = _mm_set1_ps(scale);
+  /* With 16-bit keys, the value rows of the block are fetched meanwhile
+   * (pv, when not NULL), so that attn__cpu_pv_few finds them in cache:
+   * measured, one thread, least CPU time of 8 runs decoding B=1 Hq=32
+   * Hkv=8 d=128 32k keys: bf16 15.8 ms against 17.7; f32 24.7 against
+   * 21.6 (twice the lines in flight beside the keys' own), so not there. */
+  const attn__tensor *pv = attn_dtype_size(dt) == 2 && t->sd == 1 && pb->v.sd == 1 ? v : NULL;
+  const int64_t span = (hk1 - hk0) * t->sh * (int64_t)attn_dtype_size(dt) + d * 2;
+  for (int a = 0; a < bc; a++) {
+    float *srow = st + (size_t)a * ld;
+    const char *base = cpu_key_at(pb, t, b, j0 + a, 0);
+    if (pv) {
+      const char *r = cpu_key_at(pb, pv, b, j0 + a, hk0);
+      for (int64_t x = 0; x < span; x += 64)
+        __builtin_prefetch(r + x);
+    }
+    for (int64_t hk = hk0; hk <= hk1; hk++) {
+      int c0, c1;
+      cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
+      const char *row = base + hk * hstep;
+      /* A row read by one group of four columns is converted in
+       * registers; one read by more, once into kf. The sums are the same
+       * either way. */
+      if (t->sd == 1 && (dt == ATTN_F32 || c1 - c0 <= 4)) {
+        switch (dt) {
+          case ATTN_F16:
+            cpu_qk_row_fma(row, ATTN_F16, q, ldq, c0, c1, d, sc, srow);
+            break;
+          case ATTN_BF16:
+            cpu_qk_row_fma(row, ATTN_BF16, q, ldq, c0, c1, d, sc, srow);
+            break;
+          default:
+            cpu_qk_row_fma(row, ATTN_F32, q, ldq, c0, c1, d, sc, srow);
+            break;
+        }
+      } else {
+        cpu_row_f32(row, dt, t->sd, d, dt == ATTN_F16, kf);
+        cpu_qk_row_fma((const char *)kf, ATTN_F32, q, ldq, c0, c1, d, sc, srow);
+      }
+    }
+  }
+}
+
+/* O[c] += sum_a P[a][c] V[a] over keys [a0, a1) for n (1..4) columns
+ * from c, the output rows held in registers over those keys: sixteen
+ * elements of four columns are eight accumulators. Each V row (dtype dt,
+ * unit stride) is converted in registers as it is read. */
+CPU_FMA static inline __attribute__((always_inline)) void cpu_pv_cols_fma(
+    const char *const *rows, ptrdiff_t off, attn_dtype dt, int a0, int a1, const float *pt, int ld,
+    int c, int n, float *o, int64_t d) {
+  int64_t x = 0;
+  for (; x + 16 <= d; x += 16) {
+    __m256 acc[4][2];
+    for (int y = 0; y < n; y++) {
+      acc[y][0] = _mm256_loadu_ps(o + (size_t)(c + y) * d + x);
+      acc[y][1] = _mm256_loadu_ps(o + (size_t)(c + y) * d + x + 8);
+    }
+    for (int a = a0; a < a1; a++) {
+      const char *row = rows[a] + off;
+      const __m256 v0 = cpu_load8(row, dt, x), v1 = cpu_load8(row, dt, x + 8);
+      for (int y = 0; y < n; y++) {
+        const __m256 p = _mm256_broadcast_ss(pt + (size_t)a * ld + c + y);
+        acc[y][0] = _mm256_fmadd_ps(p, v0, acc[y][0]);
+        acc[y][1] = _mm256_fmadd_ps(p, v1, acc[y][1]);
+      }
+    }
+    for (int y = 0; y < n; y++) {
+      _mm256_storeu_ps(o + (size_t)(c + y) * d + x, acc[y][0]);
+      _mm256_storeu_ps(o + (size_t)(c + y) * d + x + 8, acc[y][1]);
+    }
+  }
+  if (x < d) {
+    __m256 acc[4];
+    for (int y = 0; y < n; y++)
+      acc[y] = _mm256_loadu_ps(o + (size_t)(c + y) * d + x);
+    for (int a = a0; a < a1; a++) {
+      const __m256 v0 = cpu_load8(rows[a] + off, dt, x);
+      for (int y = 0; y < n; y++)
+        acc[y] = _mm256_fmadd_ps(_mm256_broadcast_ss(pt + (size_t)a * ld + c + y), v0, acc[y]);
+    }
+    for (int y = 0; y < n; y++)
+      _mm256_storeu_ps(o + (size_t)(c + y) * d + x, acc[y]);
+  }
+}
+
+/* The columns count and the dtype as constants, so that the loops above
+ * keep their accumulators in registers. */
+#define CPU_PV_N(dt)                                              \
+  switch (n) {                                                    \
+    case 1:                                                       \
+      cpu_pv_cols_fma(rows, off, dt, a0, a1, pt, ld, c, 1, o, d); \
+      break;                                                      \
+    case 2:                                                       \
+      cpu_pv_cols_fma(rows, off, dt, a0, a1, pt, ld, c, 2, o, d); \
+      break;                                                      \
+    case 3:                                                       \
+      cpu_pv_cols_fma(rows, off, dt, a0, a1, pt, ld, c, 3, o, d); \
+      break;                                                      \
+    default:                                                      \
+      cpu_pv_cols_fma(rows, off, dt, a0, a1, pt, ld, c, 4, o, d); \
+      break;                                                      \
+  }
+
+/* Keys are taken 8 at a time, all kv heads of the tile before the next 8:
+ * the cache is read in address order, and the 8 rows a pass over a chunk
+ * of elements touches stay in L1 (rows of one kv head are Hkv * d elements
+ * apart, often a multiple of 4 KiB, and then all fall in one set of the
+ * 8-way L1: 64 keys at once thrashed it, and f32 decoding ran 1.6x
+ * slower). */
+#define CPU_PV_KEYS 8
+
+CPU_FMA static void cpu_pv_few_fma(const attn__problem *pb, const attn__tensor *t, int64_t b,
+                                   int64_t j0, int bc, int64_t h0, int nh, int nr, const float *pt,
+                                   int ld, float *o) {
+  const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
+  const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
+  const ptrdiff_t hstep = (ptrdiff_t)t->sh * (ptrdiff_t)attn_dtype_size(t->dtype);
+  const char *rows[ATTN__CPU_TILE_MAX];
+  for (int a = 0; a < bc; a++)
+    rows[a] = cpu_key_at(pb, t, b, j0 + a, 0);
+  for (int a0 = 0; a0 < bc; a0 += CPU_PV_KEYS) {
+    const int a1 = a0 + CPU_PV_KEYS < bc ? a0 + CPU_PV_KEYS : bc;
+    for (int64_t hk = hk0; hk <= hk1; hk++) {
+      int c0, c1;
+      cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
+      const ptrdiff_t off = hk * hstep;
+      for (int c = c0; c < c1; c += 4) {
+        const int n = c1 - c < 4 ? c1 - c : 4;
+        switch (t->dtype) {
+          case ATTN_F16:
+            CPU_PV_N(ATTN_F16);
+            break;
+          case ATTN_BF16:
+            CPU_PV_N(ATTN_BF16);
+            break;
+          default:
+            CPU_PV_N(ATTN_F32);
+            break;
+        }
+      }
+    }
+  }
+}
+#undef CPU_PV_N
+#else
+#define CPU_HAVE_FMA() 0
+#define cpu_qk_few_fma(pb, t, v, b, j0, bc, h0, nh, nr, q, ldq, scale, st, ld) ((void)0)
+#define cpu_pv_few_fma(pb, t, b, j0, bc, h0, nh, nr, pt, ld, o) ((void)0)
+#endif
+
+static int cpu_few_fma(const attn__problem *pb) {
+  return pb->head_dim % 8 == 0 && CPU_HAVE_FMA();
+}
+
+void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn__tensor *v,
+                      int64_t b, int64_t j0, int bc, int64_t h0, int nh, int nr, const float *q,
+                      int64_t ldq, float *st, int ld) {
+  if (cpu_few_fma(pb))
+    cpu_qk_few_fma(pb, t, v, b, j0, bc, h0, nh, nr, q, ldq, pb->scale, st, ld);
+  else
+    cpu_qk_few_clones(pb, t, b, j0, bc, h0, nh, nr, q, ldq, pb->scale, st, ld);
+}
+
+void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,
+                      int64_t h0, int nh, int nr, const float *pt, int ld, float *o) {
+  /* Any rounding does here (no pass recomputes O), so the portable loops
+   * take only what these cannot: rows of other strides. */
+  if (cpu_few_fma(pb) && t->sd == 1)
+    cpu_pv_few_fma(pb, t, b, j0, bc, h0, nh, nr, pt, ld, o);
+  else
+    cpu_pv_few_clones(pb, t, b, j0, bc, h0, nh, nr, pt, ld, o);
+}
+
+/* ---------------------------------------------------------------------- */
 /* Scores and the softmax                                                   */
 /* ---------------------------------------------------------------------- */
 
-void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, int64_t j0, int bc,
-                      int64_t nq, int64_t nk, float *st, int ld, float *tanh_out) {
+/* The bias of rows [0, br) and keys [c0[r], c1[r]) of the tile, added to
+ * the transposed scores: st[c * ld + r] += bias[i0 + r][j0 + c] of head h,
+ * sequence b (bias points at element (i0, j0) of that head). */
+static CPU_SIMD_CLONES void cpu_bias_cols_clones(const attn__tensor *bt, const char *bias, int br,
+                                                 const int *c0, const int *c1, float *st, int ld) {
+  const int64_t ss = bt->ss, sd = bt->sd;
+  for (int r = 0; r < br; r++) {
+    float *scol = st + r;
+    switch (bt->dtype) {
+      case ATTN_F32: {
+        const float *x = (const float *)bias + r * ss;
+        for (int c = c0[r]; c < c1[r]; c++)
+          scol[(size_t)c * ld] += x[c * sd];
+        break;
+      }
+      case ATTN_F16: {
+        const uint16_t *x = (const uint16_t *)bias + r * ss;
+        for (int c = c0[r]; c < c1[r]; c++)
+          scol[(size_t)c * ld] += cpu_f16_to_f32(x[c * sd]);
+        break;
+      }
+      case ATTN_BF16: {
+        const uint16_t *x = (const uint16_t *)bias + r * ss;
+        for (int c = c0[r]; c < c1[r]; c++)
+          scol[(size_t)c * ld] += attn__bf16_to_f32(x[c * sd]);
+        break;
+      }
+      case ATTN_I32: /* never a bias's dtype (validation) */
+        break;
+    }
+  }
+}
+
+/* The same, eight rows by eight keys at a time where all of them are
+ * visible and the keys are adjacent (sd = 1): each 8 x 8 block of the bias
+ * is transposed in registers and added to eight score rows at once, where
+ * the scalar loop adds one element at a time, scattered a tile row apart.
+ * Measured on the build host, forward B=1 H=8 N=2048 d=64 f32, one
+ * thread, least CPU time of 18 runs: 200 ms without a bias, 219 ms with a
+ * full f32 one (0.91x) and 221 with a bf16 one; the scalar loop alone made
+ * it 0.80x. */
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,f16c"))) static inline __m256 cpu_bias8(const char *x, attn_dtype dt) {
+  switch (dt) {
+    case ATTN_F16:
+      return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x));
+    case ATTN_BF16:
+      return _mm256_castsi256_ps(
+          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)x)), 16));
+    default:
+      return _mm256_loadu_ps((const float *)x);
+  }
+}
+
+__attribute__((target("avx2,f16c"))) static void cpu_bias_cols_avx2(const attn__tensor *bt,
+                                                                    const char *bias, int br,
+                                                                    int bc, const int *c0,
+                                                                    const int *c1, float *st,
+                                                                    int ld) {
+  const size_t es = attn_dtype_size(bt->dtype);
+  int r = 0;
+  for (; r + 8 <= br; r += 8) {
+    /* The keys all eight rows see. */
+    int lo = 0, hi = bc;
+    for (int y = 0; y < 8; y++) {
+      lo = c0[r + y] > lo ? c0[r + y] : lo;
+      hi = c1[r + y] < hi ? c1[r + y] : hi;
+    }
+    int c = lo;
+    if (hi - lo >= 8) {
+      for (; c + 8 <= hi; c += 8) {
+        __m256 x[8];
+        for (int y = 0; y < 8; y++)
+          x[y] = cpu_bias8(bias + (size_t)((r + y) * bt->ss + c) * es, bt->dtype);
+        /* 8 x 8 transpose: x[y][k] becomes t[k][y]. */
+        const __m256 a0 = _mm256_unpacklo_ps(x[0], x[1]), a1 = _mm256_unpackhi_ps(x[0], x[1]);
+        const __m256 a2 = _mm256_unpacklo_ps(x[2], x[3]), a3 = _mm256_unpackhi_ps(x[2], x[3]);
+        const __m256 a4 = _mm256_unpacklo_ps(x[4], x[5]), a5 = _mm256_unpackhi_ps(x[4], x[5]);
+        const __m256 a6 = _mm256_unpacklo_ps(x[6], x[7]), a7 = _mm256_unpackhi_ps(x[6], x[7]);
+        const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xee);
+        const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xee);
+        const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xee);
+        const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xee);
+        const __m256 t[8] = {
+            _mm256_permute2f128_ps(b0, b4, 0x20), _mm256_permute2f128_ps(b1, b5, 0x20),
+            _mm256_permute2f128_ps(b2, b6, 0x20), _mm256_permute2f128_ps(b3, b7, 0x20),
+            _mm256_permute2f128_ps(b0, b4, 0x31), _mm256_permute2f128_ps(b1, b5, 0x31),
+            _mm256_permute2f128_ps(b2, b6, 0x31), _mm256_permute2f128_ps(b3, b7, 0x31)};
+        for (int k = 0; k < 8; k++) {
+          float *srow = st + (size_t)(c + k) * ld + r;
+          _mm256_storeu_ps(srow, _mm256_add_ps(_mm256_loadu_ps(srow), t[k]));
+        }
+      }
+    }
+    /* The rest of these rows' keys, one by one: those outside [lo, c). */
+    for (int y = 0; y < 8; y++) {
+      const int e = c1[r + y] < lo ? c1[r + y] : lo, f = c0[r + y] > c ? c0[r + y] : c;
+      for (int k = c0[r + y]; k < e; k++)
+        st[(size_t)k * ld + r + y] += attn__load(bias, bt->dtype, (r + y) * bt->ss + k);
+      for (int k = f; k < c1[r + y]; k++)
+        st[(size_t)k * ld + r + y] += attn__load(bias, bt->dtype, (r + y) * bt->ss + k);
+    }
+  }
+  for (; r < br; r++)
+    for (int k = c0[r]; k < c1[r]; k++)
+      st[(size_t)k * ld + r] += attn__load(bias, bt->dtype, r * bt->ss + k);
+}
+#define CPU_HAVE_AVX2() __builtin_cpu_supports("avx2")
+#else
+#define CPU_HAVE_AVX2() 0
+#define cpu_bias_cols_avx2(bt, bias, br, bc, c0, c1, st, ld) ((void)0)
+#endif
+
+void attn__cpu_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i0, int br, int64_t j0,
+                      int bc, int64_t nq, int64_t nk, float *st, int ld, float *tanh_out) {
   const float cap = pb->softcap, slope = attn__problem_slope(pb, h);
   /* Each row's visible columns [c0, c1) within the tile. */
   int c0[ATTN__CPU_TILE_MAX], c1[ATTN__CPU_TILE_MAX];
@@ -346,19 +889,31 @@ void attn__cpu_scores(const attn__problem *pb, int64_t h, int64_t i0, int br, in
     full &= lo == 0 && hi == bc;
   }
   /* Most tiles of a long sequence: every key visible, nothing to add. */
-  if (full && cap <= 0.0f && slope == 0.0f) return;
-
-  const int64_t dist0 = attn__diag(i0, nq, nk) - j0; /* dg - j of element (0, 0) */
-  for (int c = 0; c < bc; c++) {
-    float *scol = st + (size_t)c * ld;
-    float *tcol = tanh_out ? tanh_out + (size_t)c * ld : NULL;
-    for (int r = 0; r < br; r++) {
-      const int visible = c >= c0[r] && c < c1[r];
-      scol[r] = visible
-                    ? attn__score_scaled(scol[r], cap, slope, dist0 + r - c, tcol ? &tcol[r] : NULL)
+  if (!full || cap > 0.0f || slope != 0.0f) {
+    const int64_t dist0 = attn__diag(i0, nq, nk) - j0; /* dg - j of element (0, 0) */
+    for (int c = 0; c < bc; c++) {
+      float *scol = st + (size_t)c * ld;
+      float *tcol = tanh_out ? tanh_out + (size_t)c * ld : NULL;
+      for (int r = 0; r < br; r++) {
+        const int visible = c >= c0[r] && c < c1[r];
+        scol[r] =
+            visible ? attn__score_scaled(scol[r], cap, slope, dist0 + r - c, tcol ? &tcol[r] : NULL)
                     : -INFINITY;
-      if (tcol && !visible) tcol[r] = 0.0f;
+        if (tcol && !visible) tcol[r] = 0.0f;
+      }
     }
+  }
+  /* The bias comes last, on visible scores only (a hidden key stays -inf
+   * whatever its bias). */
+  if (pb->has_bias) {
+    const attn__tensor *bt = &pb->bias;
+    const int64_t e = b * bt->sb + h * bt->sh + i0 * bt->ss + j0 * bt->sd;
+    const char *bias = (const char *)bt->native + bt->offset +
+                       (ptrdiff_t)e * (ptrdiff_t)attn_dtype_size(bt->dtype);
+    if (bt->sd == 1 && CPU_HAVE_AVX2())
+      cpu_bias_cols_avx2(bt, bias, br, bc, c0, c1, st, ld);
+    else
+      cpu_bias_cols_clones(bt, bias, br, c0, c1, st, ld);
   }
 }
 
@@ -477,6 +1032,40 @@ static CPU_SIMD_CLONES void cpu_dsoftmax_cols_clones(const float *p, float *dp, 
 void attn__cpu_dsoftmax_cols(const float *p, float *dp, const float *th, float softcap, int rows,
                              int cols, int ld, const float *dd) {
   cpu_dsoftmax_cols_clones(p, dp, th, softcap, rows, cols, ld, dd);
+}
+
+static CPU_SIMD_CLONES void cpu_score_grad_cols_clones(float *dp, const float *th, float softcap,
+                                                       int rows, int cols, int ld) {
+  for (int a = 0; a < rows; a++) {
+    float *dr = dp + (size_t)a * ld;
+    const float *tr = th + (size_t)a * ld;
+    for (int c = 0; c < cols; c++)
+      dr[c] = attn__score_grad(dr[c], tr[c], softcap);
+  }
+}
+
+void attn__cpu_score_grad_cols(float *dp, const float *th, float softcap, int rows, int cols,
+                               int ld) {
+  cpu_score_grad_cols_clones(dp, th, softcap, rows, cols, ld);
+}
+
+void attn__cpu_add_cols(const float *st, int rows, int cols, int ld, float *dst, int64_t rs,
+                        int64_t cs) {
+  if (rs == 0) {
+    /* Every query row adds to the same entries: a sum per key, over the
+     * rows in order, then one addition. */
+    for (int a = 0; a < rows; a++) {
+      const float *x = st + (size_t)a * ld;
+      float sum = 0.0f;
+      for (int c = 0; c < cols; c++)
+        sum += x[c];
+      dst[a * cs] += sum;
+    }
+    return;
+  }
+  for (int c = 0; c < cols; c++)
+    for (int a = 0; a < rows; a++)
+      dst[c * rs + a * cs] += st[(size_t)a * ld + c];
 }
 
 /* ---------------------------------------------------------------------- */

@@ -1,6 +1,8 @@
 /*
  * The CUDA backend's private interface between its host code (cuda/cuda.c),
  * its plan (cuda/plan.c) and its kernel families:
+ *   - the decoding kernels (decode*.cu): a few query rows per KV head over
+ *     a long KV cache, keys split across blocks (FlashDecoding);
  *   - the tensor-core kernels (mma.sync + ldmatrix, f16/bf16; mma_*.cu) for
  *     the common head dims;
  *   - the f32 forward's wide kernel (general_fwd32.cuh) for padded head dims
@@ -51,7 +53,8 @@ typedef enum attn__cuda_kernel {
   ATTN__CUDA_MMA_BACKWARD,
   ATTN__CUDA_F32_FORWARD,
   ATTN__CUDA_GENERAL_FORWARD,
-  ATTN__CUDA_GENERAL_BACKWARD
+  ATTN__CUDA_GENERAL_BACKWARD,
+  ATTN__CUDA_DECODE
 } attn__cuda_kernel;
 
 typedef struct attn__cuda_config attn__cuda_config;
@@ -66,12 +69,12 @@ typedef int (*attn__cuda_launcher)(const attn__cuda_launch *L, const attn__cuda_
 struct attn__cuda_config {
   attn__cuda_kernel kernel;
   attn_dtype dtype;
-  int dim;          /* head dims d with bucket(d) == dim (see attn__cuda_dim_bucket) */
-  int cc;           /* the lowest compute capability it runs on */
-  int threads;      /* a block */
-  int br, bc;       /* query rows and keys a block (or a step) */
-  size_t smem;      /* dynamic shared memory, its largest kernel */
-  size_t smem_det;  /* backward: and its deterministic pass's, 0 if none */
+  int dim;           /* head dims d with bucket(d) == dim (see attn__cuda_dim_bucket) */
+  int cc;            /* the lowest compute capability it runs on */
+  int threads;       /* a block */
+  int br, bc;        /* query rows and keys a block (or a step) */
+  size_t smem;       /* dynamic shared memory, its largest kernel */
+  size_t smem_det;   /* backward: and its deterministic pass's, 0 if none */
   unsigned features; /* the ATTN__USES_* bits (attn_internal.h) its kernels implement */
   const char *name;  /* family and tiles in words */
   attn__cuda_launcher launch;
@@ -89,11 +92,14 @@ extern const attn__cuda_rows attn__cuda_f32_forward_rows;
 extern const attn__cuda_rows attn__cuda_general_rows_f32;
 extern const attn__cuda_rows attn__cuda_general_rows_f16;
 extern const attn__cuda_rows attn__cuda_general_rows_bf16;
+extern const attn__cuda_rows attn__cuda_decode_rows;
+extern const attn__cuda_rows attn__cuda_decode_rows_f32;
 
 /* The head dim a family's kernels are built for: the exact one for the
  * tensor cores, else the next of 32, 64, 96, 128, 192, 256. */
 static inline int attn__cuda_dim_bucket(attn__cuda_kernel k, int64_t d) {
   if (k == ATTN__CUDA_MMA_FORWARD || k == ATTN__CUDA_MMA_BACKWARD) return (int)d;
+  if (k == ATTN__CUDA_DECODE) return d <= 64 ? 64 : d <= 128 ? 128 : 256;
   return d <= 32 ? 32 : d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
 }
 
@@ -109,6 +115,19 @@ static inline int attn__cuda_rows4(const attn__tensor *t, const attn__problem *p
   return t->native && t->sd == 1 && pb->head_dim % 4 == 0 && t->ss % 4 == 0 && t->sh % 4 == 0 &&
          t->sb % 4 == 0 && attn__cuda_base(t) % (4 * attn_dtype_size(pb->dtype)) == 0;
 }
+
+/* Whether t's rows load as 16-byte chunks (cp.async, ldmatrix): the base and
+ * every row start 16-byte aligned, the head dim contiguous. */
+static inline int attn__cuda_aligned16(const attn__tensor *t) {
+  return t->native && attn__cuda_base(t) % 16 == 0 && t->sd == 1 && t->ss % 8 == 0 &&
+         t->sh % 8 == 0 && t->sb % 8 == 0;
+}
+
+/* The shared memory that a bias of elements of `size` bytes adds to a row
+ * of the tensor-core forward (mma_fwd.cu) or backward (mma_bwd.cu): the
+ * bias tiles that ride with K and V. */
+size_t attn__cuda_mma_fwd_bias_smem(const attn__cuda_config *c, size_t size);
+size_t attn__cuda_mma_bwd_bias_smem(const attn__cuda_config *c, size_t size);
 
 /* The plan (plan.c): the row to run, or NULL with a sentence in why. */
 const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,
@@ -127,6 +146,38 @@ static inline size_t attn__cuda_workspace(attn__cuda_kernel k, const attn__probl
   if (k == ATTN__CUDA_MMA_BACKWARD) return 2 * per + dq;
   if (k == ATTN__CUDA_GENERAL_BACKWARD) return per + dq;
   return 0;
+}
+
+/* The decoding family (decode_plan.c): whether it covers a problem (at most
+ * ATTN__CUDA_DECODE_MAX_ROWS query rows per KV head, group * seqlen_q), the
+ * parts each row's keys are split into (num_splits, or chosen to fill the
+ * device), and its workspace: the split parts' (m, l) pairs, whose bytes
+ * attn__cuda_decode_ws_ml gives, then their outputs. */
+#define ATTN__CUDA_DECODE_MAX_ROWS 64
+#define ATTN__CUDA_DECODE_MAX_SPLITS 256
+int attn__cuda_decode_covers(const attn__problem *pb);
+int attn__cuda_decode_splits(const attn__cuda_device *dev, const attn__cuda_config *c,
+                             const attn__problem *pb);
+size_t attn__cuda_decode_ws_ml(const attn__problem *pb, int splits);
+size_t attn__cuda_decode_workspace(const attn__cuda_device *dev, const attn__cuda_config *c,
+                                   const attn__problem *pb);
+
+/* The KV cache and attn_merge (cache.cu). attn__cuda_append writes k_new and
+ * v_new into the cache (L->cu_k: the device copy for a varlen cache).
+ * attn__cuda_merge runs attn_merge on the stream, with a workspace of at
+ * least attn__cuda_merge_workspace bytes for the parts' descriptors. Both
+ * return ATTN_OK, ATTN_ENOMEM or ATTN_EDEVICE, and do not synchronize. */
+int attn__cuda_append(const attn__cuda_launch *L);
+size_t attn__cuda_merge_workspace(const attn__merge *m);
+int attn__cuda_merge(const attn__merge *m, cudaStream_t stream, void *workspace);
+
+/* Whether dbias sums over a broadcast dimension (stride 0 where the problem
+ * has more than one sequence, head or query row): dK/dV's pass then adds
+ * into it with atomics, or, deterministic, a pass of its own sums in order. */
+static inline int attn__cuda_dbias_sums(const attn__problem *pb) {
+  const attn__tensor *t = &pb->dbias;
+  return pb->has_dbias && ((t->sb == 0 && pb->batch > 1) || (t->sh == 0 && pb->heads_q > 1) ||
+                           (t->ss == 0 && pb->seqlen_q > 1));
 }
 
 #ifdef __cplusplus

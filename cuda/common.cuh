@@ -221,4 +221,66 @@ __device__ __forceinline__ float sink_grad(float sink, float lse, float dsum) {
   return lse == -INFINITY ? 0.f : -__expf(sink - lse) * dsum;
 }
 
+/* The lse of n partial results of one row (lse[s * stride]) and each part's
+ * weight exp(lse_s - lse) in w, so that o = sum_s w[s] o_s (as
+ * attn__merge_lse): -inf when every part is -inf (weights 0); NaN in a part
+ * gives NaN. */
+__device__ inline float merge_lse(const float *lse, long long stride, int n, float *w) {
+  float mx = -INFINITY;
+  bool nan = false;
+  for (int s = 0; s < n; s++) {
+    const float x = lse[s * stride];
+    nan |= x != x;
+    mx = x > mx ? x : mx;
+  }
+  if (nan) {
+    for (int s = 0; s < n; s++)
+      w[s] = NAN;
+    return NAN;
+  }
+  if (mx == -INFINITY) {
+    for (int s = 0; s < n; s++)
+      w[s] = 0.f;
+    return -INFINITY;
+  }
+  float sum = 0.f;
+  for (int s = 0; s < n; s++)
+    sum += w[s] = expf(lse[s * stride] - mx);
+  const float out = mx + logf(sum);
+  for (int s = 0; s < n; s++)
+    w[s] /= sum;
+  return out;
+}
+
+/* An element of T as a float and back (round to nearest even): the kernels'
+ * loads and stores of single elements. */
+template <typename T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) {
+  return __half2float(x);
+}
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
 #endif /* ATTN_CUDA_COMMON_CUH */

@@ -278,7 +278,8 @@ static int cuda_plan(attn_context *ctx, const attn__problem *pb, int backward, a
   out->kernel = (int)c->kernel;
   out->config = c;
   out->name = c->name;
-  out->workspace = attn__cuda_workspace(c->kernel, pb);
+  out->workspace = c->kernel == ATTN__CUDA_DECODE ? attn__cuda_decode_workspace(&I->dev, c, pb)
+                                                  : attn__cuda_workspace(c->kernel, pb);
   return ATTN_OK;
 }
 
@@ -308,12 +309,14 @@ static int cuda_run(attn_context *ctx, const attn__problem *pb, const attn__plan
          cudaMemcpyAsync(s, pb->cu_q, sizeof(int32_t) * (size_t)(pb->batch + 1),
                          cudaMemcpyHostToDevice, I->stream),
          "copying cu_seqlens_q");
-      CU(ctx,
-         cudaMemcpyAsync(s + cu_bytes, pb->cu_k, sizeof(int32_t) * (size_t)(pb->batch + 1),
-                         cudaMemcpyHostToDevice, I->stream),
-         "copying cu_seqlens_k");
+      /* A paged cache has no cu_seqlens_k. */
+      if (pb->cu_k)
+        CU(ctx,
+           cudaMemcpyAsync(s + cu_bytes, pb->cu_k, sizeof(int32_t) * (size_t)(pb->batch + 1),
+                           cudaMemcpyHostToDevice, I->stream),
+           "copying cu_seqlens_k");
       L.cu_q = (const int32_t *)s;
-      L.cu_k = (const int32_t *)(s + cu_bytes);
+      L.cu_k = pb->cu_k ? (const int32_t *)(s + cu_bytes) : NULL;
     }
     if (pb->alibi) {
       CU(ctx,
@@ -349,6 +352,42 @@ static int cuda_run(attn_context *ctx, const attn__problem *pb, const attn__plan
   return ATTN_OK;
 }
 
+/* The KV cache's new rows, before the forward pass on the same stream. A
+ * varlen cache needs cu_seqlens_k on the device: the scratch block holds it
+ * as it does for the forward pass, which copies it again behind this. */
+static int cuda_append(attn_context *ctx, const attn__problem *pb) {
+  cuda_impl *I = (cuda_impl *)ctx->impl;
+  CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
+  attn__cuda_launch L;
+  memset(&L, 0, sizeof L);
+  L.pb = pb;
+  L.dev = &I->dev;
+  L.stream = I->stream;
+  if (pb->cu_k) {
+    const size_t bytes = sizeof(int32_t) * (size_t)(pb->batch + 1);
+    int st = grow(ctx, &I->scratch, &I->scratch_bytes, align256(bytes), "scratch");
+    if (st != ATTN_OK) return st;
+    CU(ctx, cudaMemcpyAsync(I->scratch, pb->cu_k, bytes, cudaMemcpyHostToDevice, I->stream),
+       "copying cu_seqlens_k");
+    L.cu_k = (const int32_t *)I->scratch;
+  }
+  if (attn__cuda_append(&L) != ATTN_OK)
+    return cuda_fail(ctx, cudaGetLastError(), "appending to the KV cache");
+  return ATTN_OK;
+}
+
+static int cuda_merge(attn_context *ctx, const attn__merge *m) {
+  cuda_impl *I = (cuda_impl *)ctx->impl;
+  CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
+  int st = grow(ctx, &I->ws, &I->ws_bytes, attn__cuda_merge_workspace(m), "workspace");
+  if (st != ATTN_OK) return st;
+  st = attn__cuda_merge(m, I->stream, I->ws);
+  if (st == ATTN_ENOMEM) return attn__error(ctx, st, "out of host memory for %d parts", m->n);
+  if (st != ATTN_OK) return cuda_fail(ctx, cudaGetLastError(), "attn_merge's kernel");
+  CU(ctx, cudaStreamSynchronize(I->stream), "attn_merge's kernel");
+  return ATTN_OK;
+}
+
 const attn__backend attn__backend_cuda = {
     .kind = ATTN_BACKEND_CUDA,
     .name = "cuda",
@@ -367,4 +406,6 @@ const attn__backend attn__backend_cuda = {
     .plan = cuda_plan,
     .forward = cuda_run,
     .backward = cuda_run,
+    .append = cuda_append,
+    .merge = cuda_merge,
 };

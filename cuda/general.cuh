@@ -67,6 +67,16 @@ struct gparams {
   float *ws_dq; /* [total_q][hq][d], fp32 atomics target */
   long long total_q;
   int order; /* forward block order: attn_order_group's G, 0 = natural */
+  /* The inference path's terms, read only by the kernels built with them
+   * (template flag X); NULL pointers where the problem has none. The cache
+   * and the score terms address their own strides: seqused (sb), block
+   * table bt (sb, ss), bias and dbias (sb, sh, ss, sd; 0 = broadcast),
+   * sinks and dsinks (sh). */
+  gtensor seqused, bt, bias, dbias, sinks, dsinks;
+  long long nnew;             /* rows appended per sequence (seqused only) */
+  long long page_size, pages; /* paged k and v: rows a page, pages */
+  int bias_dt;                /* attn_dtype of bias */
+  int dbias_atomic;           /* dbias broadcasts: dkdv adds into it */
 };
 
 /* Sequence b: lengths, first rows in the tensors, first row in workspaces. */
@@ -92,10 +102,59 @@ __device__ __forceinline__ seqinfo get_seq(const gparams &P, int b) {
   return s;
 }
 
+/* The same for the kernels built for the inference path (X): a paged cache
+ * has no cu_seqlens_k (its keys start at row 0 of the sequence's pages), and
+ * with seqused_k a sequence attends to its used rows plus the appended ones
+ * (common.cuh's seq_used clamps what the device holds). */
+__device__ __forceinline__ seqinfo get_seq_x(const gparams &P, int b) {
+  seqinfo s;
+  s.row0q = P.cu_q ? P.cu_q[b] : 0;
+  s.nq = P.cu_q ? (long long)P.cu_q[b + 1] - s.row0q : P.nq;
+  s.wrow0 = P.cu_q ? s.row0q : (long long)b * P.nq;
+  s.row0k = P.cu_k ? P.cu_k[b] : 0;
+  const long long cap = P.cu_k ? (long long)P.cu_k[b + 1] - s.row0k : P.nk;
+  s.nk = P.seqused.p
+             ? seq_used((const int *)P.seqused.p, P.seqused.sb, (long long)b, cap, P.nnew) + P.nnew
+             : cap;
+  return s;
+}
+
+template <bool X>
+__device__ __forceinline__ seqinfo get_seq_of(const gparams &P, int b) {
+  return X ? get_seq_x(P, b) : get_seq(P, b);
+}
+
 /* The element offset of head h's first row in t for sequence b, whose first
  * row in t is row0. */
 __device__ __forceinline__ long long head_base(const gtensor &t, int b, long long row0, int h) {
   return (long long)b * t.sb + row0 * t.ss + h * t.sh;
+}
+
+/* The element offsets of key rows of sequence b, kv head hk, in k or v (t):
+ * row j at base + j * ss, or through the block table when paged. */
+struct key_rows {
+  const gparams &P;
+  const gtensor &t;
+  long long base; /* head_base, or the head's offset alone when paged */
+  int b;
+  __device__ __forceinline__ long long operator()(long long j) const {
+    if (!P.bt.p) return base + j * t.ss;
+    return paged_row((const int *)P.bt.p, P.bt.sb, P.bt.ss, (long long)b, j, P.page_size, P.pages,
+                     t.sb, t.ss) +
+           base;
+  }
+};
+
+__device__ __forceinline__ key_rows key_rows_of(const gparams &P, const gtensor &t,
+                                                const seqinfo &S, int b, int hk) {
+  return key_rows{P, t, P.bt.p ? hk * t.sh : head_base(t, b, S.row0k, hk), b};
+}
+
+/* The bias (or dbias) element of row i, key j (sequence-local) of head h,
+ * sequence b. */
+__device__ __forceinline__ long long term_at(const gtensor &t, int b, int h, long long i,
+                                             long long j) {
+  return (long long)b * t.sb + (long long)h * t.sh + i * t.ss + j * t.sd;
 }
 
 /* Query row i's lse (hi, when the tensor holds (hi, lo) pairs). */
@@ -167,13 +226,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-/* Loads rows r0 .. r0+ROWS-1 (of a sequence with nrows rows) of one head into
- * a [ROWS][ld] float tile; rows past nrows and columns past d are zero, so
- * that padded keys and columns add nothing (and never carry a NaN). f32 rows
- * go by cp.async, which the caller commits and waits for; f16/bf16 rows are
- * converted on the way and are in place after the next barrier. */
-template <typename T, int DP, int ROWS>
-__device__ __forceinline__ void load_tile(float *sm, int ld, const gtensor &t, long long base,
+/* Loads rows r0 .. r0+ROWS-1 (of a sequence with nrows rows) of one head,
+ * row r starting at element row_at(r) of t, into a [ROWS][ld] float tile; rows past nrows and
+ * columns past d are zero, so that padded keys and columns add nothing (and never carry a NaN). f32
+ * rows go by cp.async, which the caller commits and waits for; f16/bf16 rows are converted on the
+ * way and are in place after the next barrier. */
+template <typename T, int DP, int ROWS, typename RowAt>
+__device__ __forceinline__ void load_rows(float *sm, int ld, const gtensor &t, RowAt row_at,
                                           long long r0, long long nrows, int d) {
   const int tid = threadIdx.x;
   if (t.vec) {
@@ -182,7 +241,7 @@ __device__ __forceinline__ void load_tile(float *sm, int ld, const gtensor &t, l
       int r = idx / C4, c = (idx - r * C4) * 4;
       float *dst = sm + r * ld + c;
       if (r0 + r < nrows && c < d) {
-        const T *src = (const T *)t.p + base + (r0 + r) * t.ss + c;
+        const T *src = (const T *)t.p + row_at(r0 + r) + c;
         if constexpr (sizeof(T) == 4) {
           cp_async16(dst, src);
         } else {
@@ -196,10 +255,18 @@ __device__ __forceinline__ void load_tile(float *sm, int ld, const gtensor &t, l
     for (int idx = tid; idx < ROWS * DP; idx += kThreads) {
       int r = idx / DP, c = idx - r * DP;
       float x = 0.f;
-      if (r0 + r < nrows && c < d) x = elem<T>::ld(t.p, base + (r0 + r) * t.ss + c * t.sd);
+      if (r0 + r < nrows && c < d) x = elem<T>::ld(t.p, row_at(r0 + r) + c * t.sd);
       sm[r * ld + c] = x;
     }
   }
+}
+
+/* The same for rows at base + r * ss. */
+template <typename T, int DP, int ROWS>
+__device__ __forceinline__ void load_tile(float *sm, int ld, const gtensor &t, long long base,
+                                          long long r0, long long nrows, int d) {
+  load_rows<T, DP, ROWS>(
+      sm, ld, t, [&](long long r) { return base + r * t.ss; }, r0, nrows, d);
 }
 
 /* scale * q.k rounded to float, as score() (common.cuh) rounds it: the
@@ -300,13 +367,15 @@ __device__ __forceinline__ void zero_acc(float2 (&acc)[R][NG]) {
 /* The forward's end: O = acc / l and lse = m + log(l) for the thread's rows
  * ty + RS*ii of the query block at i0 (l_i: the thread's share of the row
  * sum, added over the 16 lanes of its half warp); a row with no key gets
- * o = 0 and lse = -inf. */
-template <typename T, int MR, int NG, int RS>
+ * o = 0 and lse = -inf. Built for the inference path (X), a bias can hide a
+ * row's every key (row_seen) and a sink joins the sum, once, here. */
+template <typename T, int MR, int NG, int RS, bool X = false>
 __device__ __forceinline__ void store_rows(const gparams &P, const seqinfo &S, int b, int h,
                                            long long i0, const float2 (&o)[MR][NG],
                                            const float (&m_i)[MR], const float (&l_i)[MR], int tx,
                                            int ty) {
   const long long obase = head_base(P.o, b, S.row0q, h);
+  const float sink = X && P.sinks.p ? ((const float *)P.sinks.p)[h * P.sinks.sh] : 0.f;
 #pragma unroll
   for (int ii = 0; ii < MR; ii++) {
     float l = l_i[ii];
@@ -320,8 +389,19 @@ __device__ __forceinline__ void store_rows(const gparams &P, const seqinfo &S, i
      * come out NaN rather than as a row that saw nothing. */
     long long klo, khi;
     row_keys(P, i, S.nq, S.nk, &klo, &khi);
-    const bool seen = klo < khi;
-    const float inv = seen ? 1.f / l : 0.f;
+    bool seen = klo < khi;
+    float m = m_i[ii], inv;
+    if constexpr (X) {
+      seen = row_seen(seen, P.bias.p != nullptr, m);
+      float a = 1.f;
+      if (P.sinks.p) {
+        a = sink_fold(sink, &m, &l); /* a row with no key: m = sink, l = 1, a = 0 */
+        seen = true;
+      }
+      inv = seen ? a / l : 0.f;
+    } else {
+      inv = seen ? 1.f / l : 0.f;
+    }
 #pragma unroll
     for (int g = 0; g < NG; g++) {
       const int c = tx * 2 + 32 * g;
@@ -329,7 +409,7 @@ __device__ __forceinline__ void store_rows(const gparams &P, const seqinfo &S, i
       if (c < P.d) elem<T>::st(op, obase + i * P.o.ss + c * P.o.sd, o[ii][g].x * inv);
       if (c + 1 < P.d) elem<T>::st(op, obase + i * P.o.ss + (c + 1) * P.o.sd, o[ii][g].y * inv);
     }
-    if (P.lse.p && tx == 0) lse_store(lse_row(P, S, b, h, i), P.lse.sd, seen, m_i[ii], l);
+    if (P.lse.p && tx == 0) lse_store(lse_row(P, S, b, h, i), P.lse.sd, seen, m, l);
   }
 }
 
@@ -348,11 +428,11 @@ struct fwd_block {
 
 /* This block's rows for Br-row blocks, the longest blocks (the last rows
  * under causal) first; false when the block is past its sequence's end. */
-template <int Br>
+template <int Br, bool X = false>
 __device__ __forceinline__ bool fwd_block_at(const gparams &P, fwd_block *B) {
   int qb;
   attn_block_coords(P.order, &qb, &B->h, &B->b);
-  const seqinfo S = get_seq(P, B->b);
+  const seqinfo S = get_seq_of<X>(P, B->b);
   const long long i0 = (long long)qb * Br;
   if (i0 >= S.nq) return false;
   const long long i1 = min(S.nq, i0 + Br);
@@ -449,8 +529,12 @@ struct fwd_cfg {
   static constexpr int minb = 2 * smem + 2048 <= 232448 && MR * MC <= 16 && DP <= 64 ? 2 : 1;
 };
 
-template <typename T, int DP, int MR, int MC>
-__global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC>::minb : 1))
+/* X: built for the inference path (a KV cache with used lengths or pages,
+ * a bias, sinks), which the plain kernel keeps no registers for; one block a
+ * multiprocessor (ptxas -v: under the two-block cap of 128 registers, the
+ * f32 64 x 64 tiles spill). */
+template <typename T, int DP, int MR, int MC, bool X>
+__global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 && !X ? fwd_cfg<DP, MR, MC>::minb : 1))
     fwd_kernel(const gparams P) {
   using C = fwd_cfg<DP, MR, MC>;
   constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP, NG = DP / 32;
@@ -461,13 +545,28 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
   float *Ps = Vs + Bc * LD;
 
   fwd_block B;
-  if (!fwd_block_at<Br>(P, &B)) return;
+  if (!fwd_block_at<Br, X>(P, &B)) return;
   const seqinfo &S = B.S;
   const long long i0 = B.i0;
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
   const long long qbase = head_base(P.q, B.b, S.row0q, B.h);
   const long long kbase = head_base(P.k, B.b, S.row0k, B.hk);
   const long long vbase = head_base(P.v, B.b, S.row0k, B.hk);
+  const key_rows krows = key_rows_of(P, P.k, S, B.b, B.hk);
+  const key_rows vrows = key_rows_of(P, P.v, S, B.b, B.hk);
+  /* K and V tiles: the plain kernel's rows, or the cache's. */
+  auto load_k = [&](long long k0) {
+    if constexpr (X)
+      load_rows<T, DP, Bc>(Ks, LD, P.k, krows, k0, S.nk, P.d);
+    else
+      load_tile<T, DP, Bc>(Ks, LD, P.k, kbase, k0, S.nk, P.d);
+  };
+  auto load_v = [&](long long k0) {
+    if constexpr (X)
+      load_rows<T, DP, Bc>(Vs, LD, P.v, vrows, k0, S.nk, P.d);
+    else
+      load_tile<T, DP, Bc>(Vs, LD, P.v, vbase, k0, S.nk, P.d);
+  };
   fwd_tiles<Bc>(P, &B);
   const long long t_begin = B.t_begin, t_end = B.t_end;
   const float slope = P.alibi ? P.alibi[B.h] : 0.f;
@@ -481,9 +580,9 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
     /* Group order: Q, K_t, V_t; then per tile K_{t+1}, V_{t+1}. */
     load_tile<T, DP, Br>(Qs, LD, P.q, qbase, i0, S.nq, P.d);
     cp_async_commit();
-    load_tile<T, DP, Bc>(Ks, LD, P.k, kbase, t_begin * Bc, S.nk, P.d);
+    load_k(t_begin * Bc);
     cp_async_commit();
-    load_tile<T, DP, Bc>(Vs, LD, P.v, vbase, t_begin * Bc, S.nk, P.d);
+    load_v(t_begin * Bc);
     cp_async_commit();
   }
 
@@ -496,14 +595,15 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
     float s[MR][MC];
     rows_dot_rows<MR, MC, DP, 16, LD>(s, Qs, Ks, tx, ty);
     __syncthreads(); /* every thread is done with K_t */
-    if (t + 1 < t_end) load_tile<T, DP, Bc>(Ks, LD, P.k, kbase, k0 + Bc, S.nk, P.d);
+    if (t + 1 < t_end) load_k(k0 + Bc);
     cp_async_commit();
 
     /* Masks and the online softmax, row by row. */
     const bool full = k0 >= B.lo_last && k0 + Bc <= B.hi_first;
 #pragma unroll
     for (int ii = 0; ii < MR; ii++) {
-      const tile_row R = tile_row_at(P, S, i0 + ty + 16 * ii, full);
+      const long long i = i0 + ty + 16 * ii;
+      const tile_row R = tile_row_at(P, S, i, full);
       float mx = -INFINITY;
 #pragma unroll
       for (int jj = 0; jj < MC; jj++) {
@@ -514,7 +614,15 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
         } else {
           x = score_of(P, s[ii][jj], slope, R.dg - j, &th);
         }
-        if (!full && (j < R.lo || j >= R.hi)) x = -INFINITY;
+        if constexpr (X) {
+          /* The bias is read only where the key is visible: elsewhere it may
+           * lie past the tensor (rows past the sequence, keys past nk). */
+          const bool vis = full ? i < S.nq : j >= R.lo && j < R.hi;
+          if (vis && P.bias.p) x += load_any(P.bias.p, P.bias_dt, term_at(P.bias, B.b, B.h, i, j));
+          if (!vis) x = -INFINITY;
+        } else if (!full && (j < R.lo || j >= R.hi)) {
+          x = -INFINITY;
+        }
         s[ii][jj] = x;
         mx = fmaxf(mx, x);
       }
@@ -537,12 +645,12 @@ __global__ void __launch_bounds__(kThreads, (sizeof(T) == 4 ? fwd_cfg<DP, MR, MC
     /* O += P V */
     rows_times_tile<MR, NG, Bc, 16, LDP, LD>(o, Ps, Vs, tx, ty);
     __syncthreads(); /* every thread is done with V_t and P */
-    if (t + 1 < t_end) load_tile<T, DP, Bc>(Vs, LD, P.v, vbase, k0 + Bc, S.nk, P.d);
+    if (t + 1 < t_end) load_v(k0 + Bc);
     cp_async_commit();
   }
   cp_async_wait<0>();
 
-  store_rows<T, MR, NG, 16>(P, S, B.b, B.h, i0, o, m_i, l_i, tx, ty);
+  store_rows<T, MR, NG, 16, X>(P, S, B.b, B.h, i0, o, m_i, l_i, tx, ty);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -625,16 +733,25 @@ struct bwd_smem {
   }
 };
 
-/* The shared middle of both backward kernels, for one (query block, key
- * block) pair whose tiles are in shared memory: S = Q K^T and dP = dO V^T in
- * registers, then P = exp(S - lse) and dS = P * (dP - D) (times the softcap
- * derivative) into Ps / dSs, row-major [Br][LDP]. Ps may be NULL. */
-template <int DP, int M>
+/* No dS hook: the plain kernels' and dq's. */
+struct no_ds {
+  __device__ __forceinline__ void operator()(int, int, long long, long long, float) const {}
+};
+
+/* The shared middle of the backward kernels, for one (query block, key
+ * block) pair of head h, sequence b whose tiles are in shared memory:
+ * S = Q K^T and dP = dO V^T in registers, then P = exp(S - lse) and
+ * dS = P * (dP - D) (times the softcap derivative) into Ps / dSs, row-major
+ * [Br][LDP]. Ps may be NULL. Built for the inference path's terms (X), S
+ * takes the bias and on_ds(ii, jj, i, j, dS) sees the dS of each visible
+ * element before the softcap derivative (what dbias sums). */
+template <int DP, int M, bool X = false, typename OnDs = no_ds>
 __device__ __forceinline__ void bwd_p_ds(const gparams &P, const seqinfo &S, const float *Qs,
                                          const float *dOs, const float *Ks, const float *Vs,
                                          const float *lses, const float *los, const float *Ds,
                                          float *Ps, float *dSs, long long i0, long long j0,
-                                         float slope, bool plain) {
+                                         float slope, bool plain, int b = 0, int h = 0,
+                                         OnDs on_ds = OnDs()) {
   using C = bwd_cfg<DP, M>;
   constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP;
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -679,15 +796,28 @@ __device__ __forceinline__ void bwd_p_ds(const gparams &P, const seqinfo &S, con
       const long long j = j0 + tx + 16 * jj;
       /* s - hi, exact near the row maximum, then lse's lo (common.cuh). */
       float x, th = 0.f;
-      if (plain) {
-        x = (scaled(P, s[ii][jj]) - lse) - lo_r;
+      if constexpr (X) {
+        const bool vis = j >= lo && j < hi;
+        x = plain ? scaled(P, s[ii][jj]) : score_of(P, s[ii][jj], slope, dg - j, &th);
+        if (vis && P.bias.p) x += load_any(P.bias.p, P.bias_dt, term_at(P.bias, b, h, i, j));
+        x = (x - lse) - lo_r;
+        float p = 0.f;
+        if (vis && lse != -INFINITY) p = exp2f(x * kLog2e);
+        if (Ps) Ps[r * LDP + tx + 16 * jj] = p;
+        const float ds = p * (dp[ii][jj] - Dr);
+        if (vis) on_ds(ii, jj, i, j, ds);
+        dSs[r * LDP + tx + 16 * jj] = score_grad(ds, th);
       } else {
-        x = (score_of(P, s[ii][jj], slope, dg - j, &th) - lse) - lo_r;
+        if (plain) {
+          x = (scaled(P, s[ii][jj]) - lse) - lo_r;
+        } else {
+          x = (score_of(P, s[ii][jj], slope, dg - j, &th) - lse) - lo_r;
+        }
+        float p = 0.f;
+        if (j >= lo && j < hi && lse != -INFINITY) p = exp2f(x * kLog2e);
+        if (Ps) Ps[r * LDP + tx + 16 * jj] = p;
+        dSs[r * LDP + tx + 16 * jj] = score_grad(p * (dp[ii][jj] - Dr), th);
       }
-      float p = 0.f;
-      if (j >= lo && j < hi && lse != -INFINITY) p = exp2f(x * kLog2e);
-      if (Ps) Ps[r * LDP + tx + 16 * jj] = p;
-      dSs[r * LDP + tx + 16 * jj] = score_grad(p * (dp[ii][jj] - Dr), th);
     }
   }
   (void)Br;
@@ -712,7 +842,25 @@ __device__ __forceinline__ void load_row_stats(const gparams &P, const seqinfo &
   }
 }
 
-template <typename T, int DP, int M, bool ATOMIC_DQ>
+/* dbias in dkdv, which computes each dS element once: stored where dbias
+ * has the bias's full shape, added (atomics) where it broadcasts; in
+ * deterministic mode a broadcast dbias is dbias_kernel's, not dkdv's. */
+struct dbias_out {
+  const gparams &P;
+  int b, h;
+  __device__ __forceinline__ void operator()(int, int, long long i, long long j, float ds) const {
+    if (!P.dbias.p) return;
+    float *dst = (float *)P.dbias.p + term_at(P.dbias, b, h, i, j);
+    if (P.dbias_atomic)
+      atomicAdd(dst, ds);
+    else
+      *dst = ds;
+  }
+};
+
+/* X: built for the bias (and dbias); the plain kernel keeps no registers
+ * for it. */
+template <typename T, int DP, int M, bool ATOMIC_DQ, bool X>
 __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
   using C = bwd_cfg<DP, M>;
   constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP, NG = DP / 32;
@@ -752,7 +900,12 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
       cp_async_wait<0>();
       __syncthreads();
 
-      bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, sm.lses, sm.los, sm.Ds, Ps, dSs, i0, j0, slope, plain);
+      if constexpr (X)
+        bwd_p_ds<DP, M, true>(P, S, Qs, dOs, Ks, Vs, sm.lses, sm.los, sm.Ds, Ps, dSs, i0, j0, slope,
+                              plain, b, h, dbias_out{P, b, h});
+      else
+        bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, sm.lses, sm.los, sm.Ds, Ps, dSs, i0, j0, slope,
+                        plain);
       __syncthreads();
 
       /* dV += P^T dO, dK += dS^T Q over the Br rows. */
@@ -834,7 +987,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const gparams P) {
 
 /* Deterministic dQ: a block per (query block, query head, sequence) sums
  * dS K over its key blocks in order, with no atomics, and writes dq. */
-template <typename T, int DP, int M>
+template <typename T, int DP, int M, bool X>
 __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
   using C = bwd_cfg<DP, M>;
   constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP, NG = DP / 32;
@@ -872,8 +1025,8 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    bwd_p_ds<DP, M>(P, S, Qs, dOs, Ks, Vs, sm.lses, sm.los, sm.Ds, nullptr, dSs, i0, j0, slope,
-                    plain);
+    bwd_p_ds<DP, M, X>(P, S, Qs, dOs, Ks, Vs, sm.lses, sm.los, sm.Ds, nullptr, dSs, i0, j0, slope,
+                       plain, b, h);
     __syncthreads();
     rows_times_tile<M, NG, Bc, 16, LDP, LD>(dq, dSs, Ks, tx, ty);
     __syncthreads(); /* before the next K, V and dS overwrite these */
@@ -895,12 +1048,111 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const gparams P) {
   }
 }
 
+/* Deterministic dbias where it broadcasts: a block per tile of dbias (a
+ * key block, by a query block or, where the rows broadcast, by the one row;
+ * of one dbias head and sequence) sums, in a fixed order, the dS of every
+ * (sequence, head, query block) that adds into it, recomputing them from
+ * dq_kernel's tiles, and writes the tile once. Grid: (key blocks x query
+ * blocks, dbias heads, dbias sequences). */
+template <typename T, int DP, int M>
+__global__ void __launch_bounds__(kThreads, 1) dbias_kernel(const gparams P) {
+  using C = bwd_cfg<DP, M>;
+  constexpr int Br = C::Br, Bc = C::Bc, LD = C::LD, LDP = C::LDP;
+  extern __shared__ float4 smem4[];
+  const bwd_smem<DP, M, false> sm(smem4);
+  float *const Qs = sm.own0, *const dOs = sm.own1, *const Ks = sm.in0, *const Vs = sm.in1;
+  float *const dSs = sm.dSs;
+
+  const long long nkb = (P.nk + Bc - 1) / Bc;
+  const long long kb = blockIdx.x % nkb, qb = blockIdx.x / nkb;
+  const int hd = blockIdx.y, bd = blockIdx.z;
+  const long long j0 = kb * Bc;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const bool rows = P.dbias.ss != 0;
+  const bool plain = P.softcap == 0.f && P.alibi == nullptr;
+
+  float acc[M][M];
+#pragma unroll
+  for (int ii = 0; ii < M; ii++)
+#pragma unroll
+    for (int jj = 0; jj < M; jj++)
+      acc[ii][jj] = 0.f;
+  auto add = [&](int ii, int jj, long long, long long, float ds) { acc[ii][jj] += ds; };
+
+  const int b_end = P.dbias.sb ? bd + 1 : P.batch, h_end = P.dbias.sh ? hd + 1 : P.hq;
+  for (int b = P.dbias.sb ? bd : 0; b < b_end; b++) {
+    const seqinfo S = get_seq(P, b);
+    if (j0 >= S.nk) continue;
+    long long qlo, qhi;
+    query_block_range(j0, min(S.nk, j0 + Bc), S.nq, S.nk, P.wl, P.wr, &qlo, &qhi);
+    if (rows) {
+      qlo = max(qlo, qb * Br);
+      qhi = min(qhi, qb * Br + Br);
+    }
+    if (qhi <= qlo) continue;
+    for (int h = P.dbias.sh ? hd : 0; h < h_end; h++) {
+      const int hk = h / P.group;
+      const float slope = P.alibi ? P.alibi[h] : 0.f;
+      __syncthreads(); /* every thread is done with the previous tiles */
+      load_tile<T, DP, Bc>(Ks, LD, P.k, head_base(P.k, b, S.row0k, hk), j0, S.nk, P.d);
+      load_tile<T, DP, Bc>(Vs, LD, P.v, head_base(P.v, b, S.row0k, hk), j0, S.nk, P.d);
+      for (long long i0 = (qlo / Br) * Br; i0 < qhi; i0 += Br) {
+        load_tile<T, DP, Br>(Qs, LD, P.q, head_base(P.q, b, S.row0q, h), i0, S.nq, P.d);
+        load_tile<T, DP, Br>(dOs, LD, P.dout, head_base(P.dout, b, S.row0q, h), i0, S.nq, P.d);
+        cp_async_commit();
+        load_row_stats<Br>(P, S, b, h, i0, sm.lses, sm.los, sm.Ds);
+        cp_async_wait<0>();
+        __syncthreads();
+        bwd_p_ds<DP, M, true>(P, S, Qs, dOs, Ks, Vs, sm.lses, sm.los, sm.Ds, nullptr, dSs, i0, j0,
+                              slope, plain, b, h, add);
+        __syncthreads(); /* before the next Q, dO and dS overwrite these */
+      }
+    }
+  }
+
+  float *const db = (float *)P.dbias.p;
+  if (rows) {
+#pragma unroll
+    for (int ii = 0; ii < M; ii++)
+#pragma unroll
+      for (int jj = 0; jj < M; jj++) {
+        const long long i = qb * Br + ty + 16 * ii, j = j0 + tx + 16 * jj;
+        if (i < P.nq && j < P.nk) db[term_at(P.dbias, bd, hd, i, j)] = acc[ii][jj];
+      }
+    return;
+  }
+  /* One row: the column sums, over the thread's rows, then over the 16
+   * row groups in order. dS's tile is free after the loop's last barrier. */
+  float *const red = dSs; /* [16][LDP] */
+#pragma unroll
+  for (int jj = 0; jj < M; jj++) {
+    float t = 0.f;
+#pragma unroll
+    for (int ii = 0; ii < M; ii++)
+      t += acc[ii][jj];
+    red[ty * LDP + tx + 16 * jj] = t;
+  }
+  __syncthreads();
+  if (tid < Bc && j0 + tid < P.nk) {
+    float t = 0.f;
+    for (int y = 0; y < 16; y++)
+      t += red[y * LDP + tid];
+    db[term_at(P.dbias, bd, hd, 0, j0 + tid)] = t;
+  }
+}
+
 /* ---------------------------------------------------------------------- */
 /* Host side: the launchers and the tuning table's rows, one set per dtype  */
 /* ---------------------------------------------------------------------- */
 
 /* The kernels' parameter block for a launch (general.cu). */
 gparams make_params(const attn__cuda_launch *L, int backward);
+
+/* The backward's score-term passes that need no dtype (general.cu): dbias
+ * zeroed (before dkdv adds into it), and dsinks from D and lse (after
+ * rowdot_kernel). ATTN_OK or ATTN_EDEVICE. */
+int launch_dbias_zero(const gparams &P, cudaStream_t stream);
+int launch_dsinks(const gparams &P, cudaStream_t stream);
 
 /* forward: the kernel takes its blocks in attn_order_group's order. */
 template <typename K>
@@ -925,35 +1177,37 @@ static int launch_fwd(const attn__cuda_launch *L, const attn__cuda_config *) {
   const gparams P = make_params(L, 0);
   dim3 grid((unsigned)((pb->seqlen_q + Cf::Br - 1) / Cf::Br), (unsigned)pb->heads_q,
             (unsigned)pb->batch);
-  return launch_cfg(fwd_kernel<T, DP, MR, MC>, Cf::smem, grid, L, P, true);
+  if (attn__problem_uses(pb))
+    return launch_cfg(fwd_kernel<T, DP, MR, MC, true>, Cf::smem, grid, L, P, true);
+  return launch_cfg(fwd_kernel<T, DP, MR, MC, false>, Cf::smem, grid, L, P, true);
 }
 
-template <typename T, int DP, int M>
-static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
+/* The backward's passes after D: dK and dV, then dQ; X: built for the bias
+ * (and dbias). */
+template <typename T, int DP, int M, bool X>
+static int launch_bwd_passes(const attn__cuda_launch *L, const gparams &P) {
   using Cb = bwd_cfg<DP, M>;
   const attn__problem *pb = L->pb;
-  if (pb->batch == 0 || pb->heads_q == 0) return ATTN_OK;
-  const gparams P = make_params(L, 1);
-  if (!pb->deterministic && P.ws_dq) {
-    const size_t n = sizeof(float) * (size_t)pb->total_q * pb->heads_q * pb->head_dim;
-    if (n && cudaMemsetAsync(P.ws_dq, 0, n, L->stream) != cudaSuccess) return ATTN_EDEVICE;
-  }
-  const long long warps = P.total_q * P.hq;
-  if (warps > 0) {
-    rowdot_kernel<T><<<(unsigned)((warps + 7) / 8), 256, 0, L->stream>>>(P);
-    if (cudaPeekAtLastError() != cudaSuccess) return ATTN_EDEVICE;
-  }
   dim3 gk((unsigned)((pb->seqlen_k + Cb::Bc - 1) / Cb::Bc), (unsigned)pb->heads_kv,
           (unsigned)pb->batch);
   int st;
   if (pb->deterministic) {
-    st = launch_cfg(dkdv_kernel<T, DP, M, false>, Cb::smem_dkdv, gk, L, P);
+    /* A dbias that sums over broadcast dimensions is dbias_kernel's. */
+    gparams Pk = P;
+    if (attn__cuda_dbias_sums(pb)) Pk.dbias.p = nullptr;
+    st = launch_cfg(dkdv_kernel<T, DP, M, false, X>, Cb::smem_dkdv, gk, L, Pk);
     if (st != ATTN_OK) return st;
     dim3 gq((unsigned)((pb->seqlen_q + Cb::Br - 1) / Cb::Br), (unsigned)pb->heads_q,
             (unsigned)pb->batch);
-    return launch_cfg(dq_kernel<T, DP, M>, Cb::smem_dq, gq, L, P);
+    st = launch_cfg(dq_kernel<T, DP, M, X>, Cb::smem_dq, gq, L, P);
+    if (st != ATTN_OK || !X || Pk.dbias.p || !P.dbias.p) return st;
+    const long long nkb = (pb->seqlen_k + Cb::Bc - 1) / Cb::Bc;
+    const long long nqb = P.dbias.ss ? (pb->seqlen_q + Cb::Br - 1) / Cb::Br : 1;
+    dim3 gb((unsigned)(nkb * nqb), P.dbias.sh ? (unsigned)pb->heads_q : 1u,
+            P.dbias.sb ? (unsigned)pb->batch : 1u);
+    return launch_cfg(dbias_kernel<T, DP, M>, Cb::smem_dq, gb, L, P);
   }
-  st = launch_cfg(dkdv_kernel<T, DP, M, true>, Cb::smem_dkdv, gk, L, P);
+  st = launch_cfg(dkdv_kernel<T, DP, M, true, X>, Cb::smem_dkdv, gk, L, P);
   if (st != ATTN_OK) return st;
   const long long n = P.total_q * P.hq * P.d;
   long long blocks = (n + 255) / 256;
@@ -961,6 +1215,27 @@ static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
   if (blocks < 1) blocks = 1;
   dq_convert_kernel<T><<<(unsigned)blocks, 256, 0, L->stream>>>(P);
   return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
+}
+
+template <typename T, int DP, int M>
+static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
+  const attn__problem *pb = L->pb;
+  if (pb->batch == 0 || pb->heads_q == 0) return ATTN_OK;
+  const gparams P = make_params(L, 1);
+  if (!pb->deterministic && P.ws_dq) {
+    const size_t n = sizeof(float) * (size_t)pb->total_q * pb->heads_q * pb->head_dim;
+    if (n && cudaMemsetAsync(P.ws_dq, 0, n, L->stream) != cudaSuccess) return ATTN_EDEVICE;
+  }
+  if (P.dbias.p && launch_dbias_zero(P, L->stream) != ATTN_OK) return ATTN_EDEVICE;
+  const long long warps = P.total_q * P.hq;
+  if (warps > 0) {
+    rowdot_kernel<T><<<(unsigned)((warps + 7) / 8), 256, 0, L->stream>>>(P);
+    if (cudaPeekAtLastError() != cudaSuccess) return ATTN_EDEVICE;
+  }
+  if (P.dsinks.p && launch_dsinks(P, L->stream) != ATTN_OK) return ATTN_EDEVICE;
+  /* Sinks change lse alone, which the plain kernels read. */
+  if (pb->has_bias) return launch_bwd_passes<T, DP, M, true>(L, P);
+  return launch_bwd_passes<T, DP, M, false>(L, P);
 }
 
 template <typename T>
@@ -972,7 +1247,7 @@ constexpr attn_dtype dtype_of() {
  * (C: its fwd_cfg or bwd_cfg). */
 template <typename T, typename C>
 constexpr attn__cuda_config general_row(attn__cuda_kernel kernel, int dim, size_t smem,
-                                        size_t smem_det, const char *name,
+                                        size_t smem_det, unsigned features, const char *name,
                                         attn__cuda_launcher launch) {
   return {.kernel = kernel,
           .dtype = dtype_of<T>(),
@@ -983,7 +1258,7 @@ constexpr attn__cuda_config general_row(attn__cuda_kernel kernel, int dim, size_
           .bc = C::Bc,
           .smem = smem,
           .smem_det = smem_det,
-          .features = 0,
+          .features = features,
           .name = name,
           .launch = launch};
 }
@@ -991,15 +1266,19 @@ constexpr attn__cuda_config general_row(attn__cuda_kernel kernel, int dim, size_
 template <typename T, int DP, int MR, int MC>
 constexpr attn__cuda_config fwd_row(const char *name) {
   using C = fwd_cfg<DP, MR, MC>;
-  return general_row<T, C>(ATTN__CUDA_GENERAL_FORWARD, DP, C::smem, 0, name,
-                           launch_fwd<T, DP, MR, MC>);
+  return general_row<T, C>(ATTN__CUDA_GENERAL_FORWARD, DP, C::smem, 0,
+                           ATTN__USES_SEQUSED | ATTN__USES_PAGED | ATTN__USES_APPEND |
+                               ATTN__USES_BIAS | ATTN__USES_SINKS,
+                           name, launch_fwd<T, DP, MR, MC>);
 }
 
 template <typename T, int DP, int M>
 constexpr attn__cuda_config bwd_row(const char *name) {
   using C = bwd_cfg<DP, M>;
-  return general_row<T, C>(ATTN__CUDA_GENERAL_BACKWARD, DP, C::smem_dkdv, C::smem_dq, name,
-                           launch_bwd<T, DP, M>);
+  return general_row<T, C>(
+      ATTN__CUDA_GENERAL_BACKWARD, DP, C::smem_dkdv, C::smem_dq,
+      ATTN__USES_BIAS | ATTN__USES_SINKS | ATTN__USES_DBIAS | ATTN__USES_DSINKS, name,
+      launch_bwd<T, DP, M>);
 }
 
 /* The general family's rows for dtype T, per padded head dim the first that

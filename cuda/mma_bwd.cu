@@ -143,11 +143,15 @@ __device__ __forceinline__ void warp_xb(float (&acc)[NO][4], const float (&x)[NX
   }
 }
 
-template <typename T, int D, int BC, int BR, int NW, bool SOFTCAP>
+/* BIAS: the bias's element size (0: none; 2: T; 4: float), its tiles
+ * riding with Q and dO; the plain kernels keep no registers for it. */
+template <typename T, int D, int BC, int BR, int NW, bool SOFTCAP, int BIAS = 0>
 __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
+  using BT = std::conditional_t<BIAS == 4, float, T>;
   constexpr int NT = NW * 32;
   constexpr int LD = D + kPad;
   constexpr int LDS = BR + kPad; /* dS^T tile [Bc][Br] */
+  constexpr int LDB = BC + kPad; /* bias tile [Br][Bc] */
   constexpr int NS = BR / 8;     /* n-tiles of S^T (query columns) */
   constexpr int NO = D / 8;      /* n-tiles of dK, dV */
   constexpr int MT = BR / 16;    /* m-tiles of the dQ product */
@@ -164,6 +168,8 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
   T *sdS = sdO + 2 * BR * LD;            /* [Bc][LDS] */
   float *sL = (float *)(sdS + BC * LDS); /* [2][Br] */
   float *sD = sL + 2 * BR;               /* [2][Br] */
+  BT *sB = (BT *)(sD + 2 * BR);          /* BIAS: [2][Br][LDB] */
+  constexpr uint32_t kSlotB = BR * LDB * sizeof(BT);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -200,6 +206,10 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
     load_tile<BR, D, NT>(sQ + buf * BR * LD, row_ptr<T>(p.q, b, sq.q0, h), p.q.ss, i0, nq, tid);
     load_tile<BR, D, NT>(sdO + buf * BR * LD, row_ptr<T>(p.dout, b, sq.q0, h), p.dout.ss, i0, nq,
                          tid);
+    if constexpr (BIAS != 0)
+      load_bias_tile<BR, BC, NT>(smem_addr(sB) + buf * kSlotB,
+                                 (const BT *)p.bias + b * p.bias_sb + h * p.bias_sh, p.bias_ss, i0,
+                                 nq, n0, nk, tid);
     cp_async_commit();
     if (tid < BR) {
       const int i = i0 + tid;
@@ -219,6 +229,9 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
   const uint32_t bQ_kn = smem_addr(sQ) + lane_b_kn<LD>(lane) * sizeof(T);
   const uint32_t bO_nk = smem_addr(sdO) + lane_b_nk<LD>(lane) * sizeof(T);
   const uint32_t bO_kn = smem_addr(sdO) + lane_b_kn<LD>(lane) * sizeof(T);
+  /* BIAS: this thread's key g of the warp's 16 in the bias tile's query
+   * row 2t. */
+  const uint32_t aB = smem_addr(sB) + ((2 * t) * LDB + warp * 16 + g) * sizeof(BT);
 
   if (items > 0) {
     load_tile<BC, D, NT>(sK, gk, p.k.ss, n0, nk, tid);
@@ -272,6 +285,11 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
           v = s[n][e] * p.scale_log2;
         }
         if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(diag(i, nq, nk) - j));
+        if constexpr (BIAS != 0) {
+          const uint32_t a =
+              aB + buf * kSlotB + ((n * 8 + (e & 1)) * LDB + (e >> 1) * 8) * sizeof(BT);
+          v = fmaf(BIAS == 4 ? __uint_as_float(lds32(a)) : elem<T>::unpack(lds16(a)).x, kLog2e, v);
+        }
         if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
         s[n][e] = ex2(v - cL[qc]);
       }
@@ -284,13 +302,26 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
     float dp[NS][4];
     warp_abt<T, NS, D, LD>(dp, aV, bO_nk + bufo);
 
-    /* dS^T = P^T (dP^T - D), in place of dP^T */
+    /* dS^T = P^T (dP^T - D), in place of dP^T; dbias takes it before the
+     * softcap derivative: stored where dbias has the bias's full shape (each
+     * element is this pass's once), added where it broadcasts. */
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qc = n * 8 + 2 * t + (e & 1);
         float ds = s[n][e] * (dp[n][e] - cD[qc]);
+        if constexpr (BIAS != 0) {
+          const int i = i0 + qc, j = n0 + warp * 16 + g + (e >> 1) * 8;
+          if (p.dbias && i < nq && j < nk) {
+            float *dst =
+                p.dbias + b * p.dbias_sb + h * p.dbias_sh + i * p.dbias_ss + j * p.dbias_sd;
+            if (!p.dbias_atomic)
+              *dst = ds;
+            else if (ds != 0.f)
+              atomicAdd(dst, ds);
+          }
+        }
         if constexpr (SOFTCAP) ds = score_grad(ds, dt[n][e]);
         dp[n][e] = ds;
       }
@@ -363,10 +394,12 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
   }
 }
 
-template <typename T, int D, int BR, int BC, int NW, bool SOFTCAP>
+template <typename T, int D, int BR, int BC, int NW, bool SOFTCAP, int BIAS = 0>
 __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
+  using BT = std::conditional_t<BIAS == 4, float, T>;
   constexpr int NT = NW * 32;
   constexpr int LD = D + kPad;
+  constexpr int LDB = BC + kPad; /* bias tile [Br][Bc] */
   constexpr int NS = BC / 8;
   constexpr int NO = D / 8;
   static_assert(BR == 16 * NW, "one m16 slab per warp");
@@ -374,8 +407,10 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sQ = (T *)smem_raw;
   T *sdO = sQ + BR * LD;
-  T *sK = sdO + BR * LD;    /* [2][Bc][LD] */
-  T *sV = sK + 2 * BC * LD; /* [2][Bc][LD] */
+  T *sK = sdO + BR * LD;             /* [2][Bc][LD] */
+  T *sV = sK + 2 * BC * LD;          /* [2][Bc][LD] */
+  BT *sB = (BT *)(sV + 2 * BC * LD); /* BIAS: [2][Br][LDB] */
+  constexpr uint32_t kSlotB = BR * LDB * sizeof(BT);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -394,6 +429,9 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
   const T *gk = row_ptr<T>(p.k, b, sq.k0, hk);
   const T *gv = row_ptr<T>(p.v, b, sq.k0, hk);
   const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
+  const BT *gb = BIAS ? (const BT *)p.bias + b * p.bias_sb + h * p.bias_sh : nullptr;
+  /* BIAS: this thread's pair of keys (2t, 2t + 1) in its row g of the warp. */
+  const uint32_t aB = smem_addr(sB) + ((warp * 16 + g) * LDB + 2 * t) * sizeof(BT);
 
   float lr[2], dr[2];
 #pragma unroll
@@ -415,6 +453,8 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
     load_tile<BR, D, NT>(sdO, row_ptr<T>(p.dout, b, sq.q0, h), p.dout.ss, m0, nq, tid);
     load_tile<BC, D, NT>(sK, gk, p.k.ss, nb_min * BC, nk, tid);
     load_tile<BC, D, NT>(sV, gv, p.v.ss, nb_min * BC, nk, tid);
+    if constexpr (BIAS != 0)
+      load_bias_tile<BR, BC, NT>(smem_addr(sB), gb, p.bias_ss, m0, nq, nb_min * BC, nk, tid);
     cp_async_commit();
   }
   for (int nb = nb_min; nb < nb_max; ++nb) {
@@ -426,6 +466,9 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
     if (nb + 1 < nb_max) {
       load_tile<BC, D, NT>(sK + (buf ^ 1) * BC * LD, gk, p.k.ss, (nb + 1) * BC, nk, tid);
       load_tile<BC, D, NT>(sV + (buf ^ 1) * BC * LD, gv, p.v.ss, (nb + 1) * BC, nk, tid);
+      if constexpr (BIAS != 0)
+        load_bias_tile<BR, BC, NT>(smem_addr(sB) + (buf ^ 1) * kSlotB, gb, p.bias_ss, m0, nq,
+                                   (nb + 1) * BC, nk, tid);
       cp_async_commit();
     }
 
@@ -471,6 +514,10 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
           v = s[n][e] * p.scale_log2;
         }
         if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(diag(i, nq, nk) - j));
+        if constexpr (BIAS != 0) {
+          const uint32_t a = aB + buf * kSlotB + (r * 8 * LDB + n * 8 + (e & 1)) * sizeof(BT);
+          v = fmaf(BIAS == 4 ? __uint_as_float(lds32(a)) : elem<T>::unpack(lds16(a)).x, kLog2e, v);
+        }
         if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
         const float pr = ex2(v - lr[r]);
         dp[n][e] = score_grad(pr * (dp[n][e] - dr[r]), th);
@@ -528,16 +575,24 @@ struct bwd_tiles {
                                     (size_t)KBC * (KBR + kPad) * sizeof(T) +
                                     4 * KBR * sizeof(float);
   static constexpr size_t smem_q = (size_t)(2 * QBR + 4 * QBC) * LD * sizeof(T);
+  /* A bias of e-byte elements: two [Br][Bc + kPad] tiles each. */
+  static constexpr size_t bias_kv(size_t e) {
+    return 2 * (size_t)KBR * (KBC + kPad) * e;
+  }
+  static constexpr size_t bias_q(size_t e) {
+    return 2 * (size_t)QBR * (QBC + kPad) * e;
+  }
 };
 
-template <typename T, int D, int KBR, bool SOFTCAP>
+template <typename T, int D, int KBR, bool SOFTCAP, int BIAS>
 static int backward_shape(const params &p, const attn__cuda_launch *L) {
   using C = bwd_tiles<T, D, KBR>;
   constexpr int KBC = C::KBC, KNW = C::KNW, QBR = C::QBR, QBC = C::QBC, QNW = C::QNW;
-  auto kv = dkdv_kernel<T, D, KBC, KBR, KNW, SOFTCAP>;
-  auto kq = dq_kernel<T, D, QBR, QBC, QNW, SOFTCAP>;
-  int rc = set_smem((const void *)kv, C::smem_kv);
-  if (rc == ATTN_OK && !p.dq_atomic) rc = set_smem((const void *)kq, C::smem_q);
+  constexpr size_t smem_kv = C::smem_kv + C::bias_kv(BIAS), smem_q = C::smem_q + C::bias_q(BIAS);
+  auto kv = dkdv_kernel<T, D, KBC, KBR, KNW, SOFTCAP, BIAS>;
+  auto kq = dq_kernel<T, D, QBR, QBC, QNW, SOFTCAP, BIAS>;
+  int rc = set_smem((const void *)kv, smem_kv);
+  if (rc == ATTN_OK && !p.dq_atomic) rc = set_smem((const void *)kq, smem_q);
   if (rc != ATTN_OK) return rc;
 
   const int64_t warps = p.rows * p.heads_q;
@@ -547,14 +602,61 @@ static int backward_shape(const params &p, const attn__cuda_launch *L) {
     return ATTN_EDEVICE;
   prep_kernel<T, D><<<row_blocks, 256, 0, L->stream>>>(p);
   dim3 gkv((unsigned)((p.seqlen_k + KBC - 1) / KBC), (unsigned)p.heads_kv, (unsigned)p.batch);
-  kv<<<gkv, KNW * 32, C::smem_kv, L->stream>>>(p);
+  kv<<<gkv, KNW * 32, smem_kv, L->stream>>>(p);
   if (p.dq_atomic) {
     dq_convert_kernel<T, D><<<row_blocks, 256, 0, L->stream>>>(p);
   } else {
     dim3 gq((unsigned)((p.seqlen_q + QBR - 1) / QBR), (unsigned)p.heads_q, (unsigned)p.batch);
-    kq<<<gq, QNW * 32, C::smem_q, L->stream>>>(p);
+    kq<<<gq, QNW * 32, smem_q, L->stream>>>(p);
   }
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
+}
+
+/* The kernels of the problem's terms: the bias's element size (the plan
+ * gives this family a bias of T or float only). */
+template <typename T, int D, int KBR, bool SOFTCAP>
+static int backward_bias(const params &p, const attn__cuda_launch *L) {
+  const attn__problem *pb = L->pb;
+  if (!pb->has_bias) return backward_shape<T, D, KBR, SOFTCAP, 0>(p, L);
+  if (pb->bias.dtype == ATTN_F32) return backward_shape<T, D, KBR, SOFTCAP, 4>(p, L);
+  return backward_shape<T, D, KBR, SOFTCAP, 2>(p, L);
+}
+
+/* dbias = 0 over its elements (one along a broadcast dimension), through
+ * its strides: dkdv then stores or adds into it. */
+static __global__ void dbias_zero_kernel(const params p, int64_t nb, int64_t nh, int64_t nr) {
+  const int64_t nk = p.seqlen_k, n = nb * nh * nr * nk;
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+       e += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = e / nk;
+    const int64_t j = e - r * nk, i = r % nr;
+    r /= nr;
+    const int64_t h = r % nh, b = r / nh;
+    p.dbias[b * p.dbias_sb + h * p.dbias_sh + i * p.dbias_ss + j * p.dbias_sd] = 0.f;
+  }
+}
+
+/* dsinks[h] = the sum over every query row of sink_grad(sink, lse, D): a
+ * block per head, its threads' sums added in a fixed order. */
+constexpr int kSinkThreads = 256;
+static __global__ void __launch_bounds__(kSinkThreads) dsinks_kernel(const params p) {
+  __shared__ float part[kSinkThreads];
+  const int h = blockIdx.x, tid = threadIdx.x;
+  const float sink = p.sinks[h * p.sinks_sh];
+  float acc = 0.f;
+  for (int64_t w = tid; w < p.rows; w += kSinkThreads) {
+    int b;
+    int64_t first;
+    split_row(p, w, &b, &first);
+    acc += sink_grad(sink, *row_ptr<float>(p.lse, b, first, h), p.dsum[(int64_t)h * p.rows + w]);
+  }
+  part[tid] = acc;
+  __syncthreads();
+  for (int half = kSinkThreads / 2; half > 0; half >>= 1) {
+    if (tid < half) part[tid] += part[tid + half];
+    __syncthreads();
+  }
+  if (tid == 0) p.dsinks[h * p.dsinks_sh] = part[0];
 }
 
 template <typename T, int D, int KBR>
@@ -568,8 +670,20 @@ static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
   p.lse2 = (float *)((char *)L->workspace + per);
   p.dq_atomic = !pb->deterministic;
   p.dq_acc = p.dq_atomic ? (float *)((char *)L->workspace + 2 * per) : NULL;
-  return p.softcap > 0.f ? backward_shape<T, D, KBR, true>(p, L)
-                         : backward_shape<T, D, KBR, false>(p, L);
+  if (p.dbias) {
+    const int64_t nb = p.dbias_sb ? pb->batch : 1, nh = p.dbias_sh ? pb->heads_q : 1;
+    const int64_t nr = p.dbias_ss ? pb->seqlen_q : 1, n = nb * nh * nr * pb->seqlen_k;
+    const int64_t blocks = n / 256 + 1 < 65535 * 16 ? n / 256 + 1 : 65535 * 16;
+    dbias_zero_kernel<<<(unsigned)blocks, 256, 0, L->stream>>>(p, nb, nh, nr);
+  }
+  int rc = p.softcap > 0.f ? backward_bias<T, D, KBR, true>(p, L)
+                           : backward_bias<T, D, KBR, false>(p, L);
+  /* After prep's D. */
+  if (rc == ATTN_OK && p.dsinks) {
+    dsinks_kernel<<<(unsigned)p.heads_q, kSinkThreads, 0, L->stream>>>(p);
+    rc = cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
+  }
+  return rc;
 }
 
 template <typename T, int D, int KBR>
@@ -584,7 +698,7 @@ constexpr attn__cuda_config bwd_row(const char *name) {
           .bc = C::KBC,
           .smem = C::smem_kv,
           .smem_det = C::smem_q,
-          .features = 0,
+          .features = ATTN__USES_BIAS | ATTN__USES_SINKS | ATTN__USES_DBIAS | ATTN__USES_DSINKS,
           .name = name,
           .launch = launch_bwd<T, D, KBR>};
 }
@@ -601,6 +715,13 @@ constexpr attn__cuda_config bwd_rows[] = {
 };
 
 }  // namespace attn_mma
+
+/* The larger of dkdv's and dq's (bwd_tiles). */
+extern "C" size_t attn__cuda_mma_bwd_bias_smem(const attn__cuda_config *c, size_t size) {
+  using Q = attn_mma::bwd_tiles<__half, 64, 64>;
+  const size_t kv = (size_t)2 * c->br * (c->bc + attn_mma::kPad) * size;
+  return kv > Q::bias_q(size) ? kv : Q::bias_q(size);
+}
 
 extern "C" const attn__cuda_rows attn__cuda_mma_backward_rows = {
     attn_mma::bwd_rows, (int)(sizeof attn_mma::bwd_rows / sizeof attn_mma::bwd_rows[0])};

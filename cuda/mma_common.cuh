@@ -70,6 +70,24 @@ struct params {
   float *lse2;  /* lse * log2(e); +inf where lse = -inf (rows with no key) */
   int64_t rows; /* total query rows over the batch */
   int order;    /* forward block order: attn_order_group's G, 0 = natural */
+  /* The inference path's terms, read only by the kernels built with them;
+   * NULL where the problem has none. The bias's key stride is 1 (plan.c),
+   * dbias's any; a broadcast dimension has stride 0. */
+  const void *bias;
+  int64_t bias_sb, bias_sh, bias_ss;
+  float *dbias;
+  int64_t dbias_sb, dbias_sh, dbias_ss, dbias_sd;
+  int dbias_atomic; /* dbias broadcasts: dkdv adds into it */
+  const float *sinks;
+  int64_t sinks_sh;
+  float *dsinks;
+  int64_t dsinks_sh;
+  const int *seqused; /* int32, entry b at b * seqused_sb */
+  int64_t seqused_sb;
+  int seqlen_new;         /* rows appended per sequence (seqused only) */
+  const int *block_table; /* paged k and v, NULL = not paged */
+  int64_t bt_sb, bt_ss;
+  int page_size, num_pages;
 };
 
 /* Fills p from a launch (mma_fwd.cu); the plan (plan.c) has checked that
@@ -173,6 +191,24 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t a) {
                : "r"(a));
 }
 
+/* 2, 4 and 8 bytes of shared memory at a 32-bit shared address (bias
+ * elements: one, or a pair). */
+__device__ __forceinline__ uint32_t lds16(uint32_t a) {
+  unsigned short v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ float2 lds64(uint32_t a) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a));
+  return v;
+}
+
 /* Per-lane element offsets of the fragment loads below, for a tile of row
  * stride LD: A from [m][k] (non-transposed), B from [n][k] (non-transposed),
  * B from [k][n] (transposed). Add (row * LD + col) of the 16x16 corner. */
@@ -254,6 +290,44 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t ss, int row0
   }
 }
 
+/* The same for rows anywhere (a paged cache): row r starts at row_at(r);
+ * `any` is a valid address for the rows that are zero-filled. */
+template <int ROWS, int D, int NT, typename T, typename RowAt>
+__device__ __forceinline__ void load_rows(T *s, RowAt row_at, const T *any, int row0, int nrows,
+                                          int tid) {
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int c = tid; c < ROWS * kChunks; c += NT) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool ok = row0 + r < nrows;
+    cp_async16(s + r * (D + kPad) + col, ok ? row_at(row0 + r) + col : any, ok);
+  }
+}
+
+/* ROWS x BC elements of a bias (rows ss apart, keys contiguous) from row
+ * row0, key col0 into the tile at shared address s, of row stride BC + kPad:
+ * rows at or past nrows and keys at or past ncols are zeros, and the chunk
+ * that straddles ncols is read only up to it (past it may lie outside the
+ * tensor). Each thread keeps one column of 16-byte chunks, as load_tile. */
+template <int ROWS, int BC, int NT, typename BT>
+__device__ __forceinline__ void load_bias_tile(uint32_t s, const BT *g, int64_t ss, int row0,
+                                               int nrows, int col0, int ncols, int tid) {
+  constexpr int kE = 16 / (int)sizeof(BT), kChunks = BC / kE, kStep = NT / kChunks;
+  static_assert(BC % kE == 0 && NT % kChunks == 0 && ROWS % kStep == 0, "whole chunks a thread");
+  const int r0 = tid / kChunks, k = (tid % kChunks) * kE;
+  const int left = ncols - (col0 + k);
+  const int bytes = left <= 0 ? 0 : left >= kE ? 16 : left * (int)sizeof(BT);
+  const BT *src = g + (int64_t)(row0 + r0) * ss + col0 + k;
+  const uint32_t dst = s + (uint32_t)(r0 * (BC + kPad) + k) * sizeof(BT);
+#pragma unroll
+  for (int i = 0; i < ROWS / kStep; ++i) {
+    const bool ok = bytes > 0 && row0 + r0 + i * kStep < nrows;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     dst + (uint32_t)(i * kStep * (BC + kPad) * sizeof(BT))),
+                 "l"(ok ? src + (int64_t)i * kStep * ss : g), "r"(ok ? bytes : 0));
+  }
+}
+
 /* ---------------------------------------------------------------------- */
 /* Sequences and masks                                                      */
 /* ---------------------------------------------------------------------- */
@@ -279,6 +353,16 @@ __device__ __forceinline__ seq seq_of(const params &p, int b) {
     s.k0 = 0;
     s.nk = p.seqlen_k;
   }
+  return s;
+}
+
+/* The same for the kernels built for the inference path: a paged cache has
+ * no cu_seqlens_k (its keys start at row 0 of the sequence's pages), and
+ * with seqused_k a sequence attends to its used rows plus the appended ones
+ * (common.cuh's seq_used clamps what the device holds). */
+__device__ __forceinline__ seq seq_of_cache(const params &p, int b) {
+  seq s = seq_of(p, b);
+  if (p.seqused) s.nk = seq_used(p.seqused, p.seqused_sb, b, s.nk, p.seqlen_new) + p.seqlen_new;
   return s;
 }
 

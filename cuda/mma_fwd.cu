@@ -65,6 +65,40 @@ void make_params(const attn__cuda_launch *L, int backward, params *p) {
   p->softcap_log2 = pb->softcap * kLog2e;
   p->has_lse = pb->has_lse && pb->lse.native;
   p->rows = pb->cu_q ? pb->total_q : pb->batch * pb->seqlen_q;
+  if (pb->has_bias) {
+    p->bias = (const char *)pb->bias.native + pb->bias.offset;
+    p->bias_sb = pb->bias.sb;
+    p->bias_sh = pb->bias.sh;
+    p->bias_ss = pb->bias.ss;
+  }
+  if (pb->has_sinks) {
+    p->sinks = (const float *)((const char *)pb->sinks.native + pb->sinks.offset);
+    p->sinks_sh = pb->sinks.sh;
+  }
+  if (backward && pb->has_dbias) {
+    p->dbias = (float *)((char *)pb->dbias.native + pb->dbias.offset);
+    p->dbias_sb = pb->dbias.sb;
+    p->dbias_sh = pb->dbias.sh;
+    p->dbias_ss = pb->dbias.ss;
+    p->dbias_sd = pb->dbias.sd;
+    p->dbias_atomic = attn__cuda_dbias_sums(pb) && !pb->deterministic;
+  }
+  if (backward && pb->has_dsinks) {
+    p->dsinks = (float *)((char *)pb->dsinks.native + pb->dsinks.offset);
+    p->dsinks_sh = pb->dsinks.sh;
+  }
+  if (pb->has_seqused) {
+    p->seqused = (const int *)((const char *)pb->seqused_k.native + pb->seqused_k.offset);
+    p->seqused_sb = pb->seqused_k.sb;
+    p->seqlen_new = (int)pb->seqlen_new;
+  }
+  if (pb->page_size) {
+    p->block_table = (const int *)((const char *)pb->block_table.native + pb->block_table.offset);
+    p->bt_sb = pb->block_table.sb;
+    p->bt_ss = pb->block_table.ss;
+    p->page_size = (int)pb->page_size;
+    p->num_pages = (int)pb->num_pages;
+  }
 }
 
 /* One kernel shape: MT m16 slabs per warp (Br = 16 MT NW query rows), Bc
@@ -73,23 +107,28 @@ void make_params(const attn__cuda_launch *L, int backward, params *p) {
  * shared memory, MINB blocks per SM asked of the register allocator.
  * SCORED compiles the score transforms (softcap, ALiBi) in: a kernel without
  * them keeps no registers for their operands, which at d >= 96 sit at the
- * register limit. */
+ * register limit. The inference path's terms are compiled in the same way:
+ * BIAS, the bias's element size (0: none; 2: T; 4: float), its tiles riding
+ * in the K/V slots; CACHE, seqused_k, paged K/V and sinks. */
 template <typename T, int D, int MT, int NW, int BC, int STAGES, bool Q_IN_REGS, int MINB,
-          bool SCORED>
+          bool SCORED, int BIAS = 0, bool CACHE = false>
 __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
+  using BT = std::conditional_t<BIAS == 4, float, T>;
   constexpr int NT = NW * 32;
   constexpr int BR = 16 * MT * NW;
   constexpr int LD = D + kPad;
-  constexpr int KD = D / 16; /* k-steps of Q K^T */
-  constexpr int NS = BC / 8; /* n-tiles of S */
-  constexpr int NO = D / 8;  /* n-tiles of O */
+  constexpr int LDB = BC + kPad; /* bias tile rows */
+  constexpr int KD = D / 16;     /* k-steps of Q K^T */
+  constexpr int NS = BC / 8;     /* n-tiles of S */
+  constexpr int NO = D / 8;      /* n-tiles of O */
   static_assert(BC % 16 == 0 && D % 16 == 0, "tiles are multiples of 16");
   static_assert(STAGES >= 2, "at least double buffering");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sQ = (T *)smem_raw;
-  T *sK = sQ + BR * LD;          /* [STAGES][Bc][LD] */
-  T *sV = sK + STAGES * BC * LD; /* [STAGES][Bc][LD] */
+  T *sK = sQ + BR * LD;                   /* [STAGES][Bc][LD] */
+  T *sV = sK + STAGES * BC * LD;          /* [STAGES][Bc][LD] */
+  BT *sB = (BT *)(sV + STAGES * BC * LD); /* BIAS: [STAGES][Br][LDB] */
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -97,7 +136,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
   int m_block, h, b;
   attn_block_coords(p.order, &m_block, &h, &b);
   const int hk = h / p.group;
-  const seq sq = seq_of(p, b);
+  const seq sq = CACHE ? seq_of_cache(p, b) : seq_of(p, b);
   const int nq = sq.nq, nk = sq.nk;
   const int m0 = m_block * BR;
   if (m0 >= nq) return;
@@ -115,6 +154,34 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
   const T *gv = row_ptr<T>(p.v, b, sq.k0, hk);
   const float slope_log2 = SCORED && p.alibi ? p.alibi[h] * kLog2e : 0.f;
   const bool transform = SCORED && (p.softcap > 0.f || slope_log2 != 0.f);
+  const BT *gb = BIAS ? (const BT *)p.bias + b * p.bias_sb + h * p.bias_sh : nullptr;
+  constexpr uint32_t kSlotB = BR * LDB * sizeof(BT);
+
+  /* Key block nbk's K and V (and bias) into slot st: paged rows one by one
+   * through the block table. */
+  auto load_kv = [&](int st, int nbk) {
+    if (CACHE && p.block_table) {
+      const int64_t ks = p.k.sh * hk, vs = p.v.sh * hk;
+      auto krow = [&](int j) {
+        return (const T *)p.k.ptr + ks +
+               paged_row(p.block_table, p.bt_sb, p.bt_ss, b, j, p.page_size, p.num_pages, p.k.sb,
+                         p.k.ss);
+      };
+      auto vrow = [&](int j) {
+        return (const T *)p.v.ptr + vs +
+               paged_row(p.block_table, p.bt_sb, p.bt_ss, b, j, p.page_size, p.num_pages, p.v.sb,
+                         p.v.ss);
+      };
+      load_rows<BC, D, NT>(sK + st * BC * LD, krow, (const T *)p.k.ptr, nbk * BC, nk, tid);
+      load_rows<BC, D, NT>(sV + st * BC * LD, vrow, (const T *)p.v.ptr, nbk * BC, nk, tid);
+    } else {
+      load_tile<BC, D, NT>(sK + st * BC * LD, gk, p.k.ss, nbk * BC, nk, tid);
+      load_tile<BC, D, NT>(sV + st * BC * LD, gv, p.v.ss, nbk * BC, nk, tid);
+    }
+    if constexpr (BIAS != 0)
+      load_bias_tile<BR, BC, NT>(smem_addr(sB) + st * kSlotB, gb, p.bias_ss, m0, nq, nbk * BC, nk,
+                                 tid);
+  };
 
   float acc_o[MT][NO][4];
   float m_i[MT][2], l_i[MT][2];
@@ -132,6 +199,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
   const uint32_t bK = smem_addr(sK) + (uint32_t)lane_b_nk<LD>(lane) * sizeof(T);
   const uint32_t bV = smem_addr(sV) + (uint32_t)lane_b_kn<LD>(lane) * sizeof(T);
   constexpr uint32_t kSlot = BC * LD * sizeof(T);
+  /* BIAS: the thread's pair of keys (2t, 2t + 1) in its row g of the warp. */
+  const uint32_t aB = smem_addr(sB) + (uint32_t)((w0 + g) * LDB + 2 * t) * sizeof(BT);
 
   if (nblocks > 0) {
     /* Prologue: Q with the first K/V block, then STAGES-2 more blocks; one
@@ -139,10 +208,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
     load_tile<BR, D, NT>(sQ, gq, p.q.ss, m0, nq, tid);
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
-      if (st < nblocks) {
-        load_tile<BC, D, NT>(sK + st * BC * LD, gk, p.k.ss, (nb_min + st) * BC, nk, tid);
-        load_tile<BC, D, NT>(sV + st * BC * LD, gv, p.v.ss, (nb_min + st) * BC, nk, tid);
-      }
+      if (st < nblocks) load_kv(st, nb_min + st);
       cp_async_commit();
     }
     uint32_t qf[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KD : 1][4];
@@ -167,12 +233,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
       __syncthreads();
       {
         const int nx = it + STAGES - 1;
-        if (nx < nblocks) {
-          load_tile<BC, D, NT>(sK + (nx % STAGES) * BC * LD, gk, p.k.ss, (nb_min + nx) * BC, nk,
-                               tid);
-          load_tile<BC, D, NT>(sV + (nx % STAGES) * BC * LD, gv, p.v.ss, (nb_min + nx) * BC, nk,
-                               tid);
-        }
+        if (nx < nblocks) load_kv(nx % STAGES, nb_min + nx);
         cp_async_commit();
       }
 
@@ -208,6 +269,14 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
         }
       }
 
+      /* BIAS: the bias of the thread's pair of keys in row g + 8 r of slab
+       * mt, n-tile n (block it's slot). */
+      auto bias_pair = [&](int mt, int n, int r) {
+        const uint32_t a =
+            aB + (it % STAGES) * kSlotB + (uint32_t)((mt * 16 + r * 8) * LDB + n * 8) * sizeof(BT);
+        return BIAS == 4 ? lds64(a) : elem<T>::unpack(lds32(a));
+      };
+
       /* Scores in the log2 domain; the mask only on blocks that straddle a
        * boundary (sequence end, causal diagonal, window edge). */
       const int n0 = nb * BC;
@@ -216,9 +285,22 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         /* Plain blocks keep the raw q.k and fold the scale into the exp2's
-         * FMA below (scale > 0, so the max commutes with it). */
-        const float mul = full && !transform ? p.scale_log2 : 1.f;
-        if (!(full && !transform)) {
+         * FMA below (scale > 0, so the max commutes with it). With a bias
+         * and no transform, scores stay in natural units, scale * q.k +
+         * bias, one FMA, and log2(e) moves into the exp2's FMA instead. */
+        const bool natural = BIAS != 0 && !transform;
+        const bool raw = full && !transform && BIAS == 0;
+        const float mul = raw ? p.scale_log2 : natural ? kLog2e : 1.f;
+        if (natural && full) {
+#pragma unroll
+          for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const float2 bv = bias_pair(mt, n, r);
+              s[mt][n][2 * r] = fmaf(s[mt][n][2 * r], p.scale, bv.x);
+              s[mt][n][2 * r + 1] = fmaf(s[mt][n][2 * r + 1], p.scale, bv.y);
+            }
+        } else if (!raw) {
           /* Visible keys of the thread's two rows, as [lo, hi) relative to
            * the thread's first column. */
           int lo[2], hi[2];
@@ -232,15 +314,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
           }
 #pragma unroll
           for (int n = 0; n < NS; ++n) {
+            float2 bv[2];
+            if constexpr (BIAS != 0) bv[0] = bias_pair(mt, n, 0), bv[1] = bias_pair(mt, n, 1);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int r = e >> 1, c = n * 8 + (e & 1);
+              const float bias = BIAS != 0 ? (e & 1 ? bv[r].y : bv[r].x) : 0.f;
               float v = s[mt][n][e];
               if (transform) {
                 const int i = m0 + w0 + mt * 16 + g + r * 8;
                 float th;
                 v = score_log2(v, p.scale_log2, p.softcap_log2 > 0.f, p.softcap_log2, p.softcap_inv,
                                slope_log2, diag(i, nq, nk) - (n0 + 2 * t + c), &th);
+                if constexpr (BIAS != 0) v = fmaf(bias, kLog2e, v);
+              } else if (natural) {
+                v = fmaf(v, p.scale, bias);
               } else {
                 v *= p.scale_log2;
               }
@@ -316,8 +404,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
     cp_async_wait_all();
   }
 
-  /* O = acc / l, lse = m ln 2 + ln l; rows with no key: 0 and -inf. */
+  /* O = acc / l, lse = m ln 2 + ln l; rows with no key: 0 and -inf. A bias
+   * may hide a row's every key (row_seen); a sink joins l here, once. */
   T *go = row_ptr<T>(p.o, b, sq.q0, h);
+  const float sink_log2 = CACHE && p.sinks ? p.sinks[h * p.sinks_sh] * kLog2e : 0.f;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -331,8 +421,19 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
        * then come out NaN rather than as a row that saw nothing. */
       int klo, khi;
       key_range(diag(i, nq, nk), nk, p.window_left, p.window_right, &klo, &khi);
-      const bool seen = klo < khi;
-      const float inv = seen ? 1.f / l : 0.f;
+      bool seen = klo < khi;
+      float m = m_i[mt][r], inv;
+      if constexpr (BIAS != 0 || CACHE) {
+        seen = row_seen(seen, BIAS != 0, m);
+        float a = 1.f;
+        if (CACHE && p.sinks) {
+          a = sink_fold_log2(sink_log2, &m, &l); /* no key: m = sink, l = 1, a = 0 */
+          seen = true;
+        }
+        inv = seen ? a / l : 0.f;
+      } else {
+        inv = seen ? 1.f / l : 0.f;
+      }
       if (i < nq) {
         T *orow = go + (int64_t)i * p.o.ss;
 #pragma unroll
@@ -340,33 +441,62 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
           *(uint32_t *)(orow + n * 8 + 2 * t) =
               elem<T>::pack(acc_o[mt][n][2 * r] * inv, acc_o[mt][n][2 * r + 1] * inv);
         if (p.has_lse && t == 0)
-          lse_store(row_ptr<float>(p.lse, b, sq.q0 + i, h), p.lse.sd, seen, m_i[mt][r] * kLn2, l);
+          lse_store(row_ptr<float>(p.lse, b, sq.q0 + i, h), p.lse.sd, seen, m * kLn2, l);
       }
     }
   }
 }
 
-template <typename T, int D, int MT, int NW, int BC, int STAGES, bool QR, int MINB>
-static int launch_fwd(const attn__cuda_launch *L, const attn__cuda_config *c) {
+template <typename T, int D, int MT, int NW, int BC, int STAGES, bool QR, int MINB, bool SCORED,
+          int BIAS, bool CACHE>
+static int launch_kernel(const attn__cuda_launch *L, const attn__cuda_config *c, const params &p) {
   constexpr int BR = 16 * MT * NW;
-  params p;
-  make_params(L, 0, &p);
-  auto kern = p.softcap > 0.f || p.alibi ? fwd_kernel<T, D, MT, NW, BC, STAGES, QR, MINB, true>
-                                         : fwd_kernel<T, D, MT, NW, BC, STAGES, QR, MINB, false>;
-  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem) !=
+  auto kern = fwd_kernel<T, D, MT, NW, BC, STAGES, QR, MINB, SCORED, BIAS, CACHE>;
+  const size_t smem = c->smem + attn__cuda_mma_fwd_bias_smem(c, BIAS);
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
       cudaSuccess)
     return ATTN_EDEVICE;
   dim3 grid((unsigned)((p.seqlen_q + BR - 1) / BR), (unsigned)p.heads_q, (unsigned)p.batch);
   params pl = p;
-  pl.order = attn_order_group(kern, NW * 32, c->smem, grid, L->dev->sm_count, p.window_left,
-                              p.window_right);
-  kern<<<grid, NW * 32, c->smem, L->stream>>>(pl);
+  pl.order =
+      attn_order_group(kern, NW * 32, smem, grid, L->dev->sm_count, p.window_left, p.window_right);
+  kern<<<grid, NW * 32, smem, L->stream>>>(pl);
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
+}
+
+/* The kernel of the problem's terms: SCORED, then the bias's element size
+ * (the plan gives this family a bias of T or float only), then CACHE. */
+template <typename T, int D, int MT, int NW, int BC, int STAGES, bool QR, int MINB, bool SCORED,
+          int BIAS>
+static int launch_cache(const attn__cuda_launch *L, const attn__cuda_config *c, const params &p) {
+  const attn__problem *pb = L->pb;
+  if (pb->has_seqused || pb->page_size || pb->has_sinks)
+    return launch_kernel<T, D, MT, NW, BC, STAGES, QR, MINB, SCORED, BIAS, true>(L, c, p);
+  return launch_kernel<T, D, MT, NW, BC, STAGES, QR, MINB, SCORED, BIAS, false>(L, c, p);
+}
+
+template <typename T, int D, int MT, int NW, int BC, int STAGES, bool QR, int MINB, bool SCORED>
+static int launch_bias(const attn__cuda_launch *L, const attn__cuda_config *c, const params &p) {
+  const attn__problem *pb = L->pb;
+  if (!pb->has_bias) return launch_cache<T, D, MT, NW, BC, STAGES, QR, MINB, SCORED, 0>(L, c, p);
+  if (pb->bias.dtype == ATTN_F32)
+    return launch_cache<T, D, MT, NW, BC, STAGES, QR, MINB, SCORED, 4>(L, c, p);
+  return launch_cache<T, D, MT, NW, BC, STAGES, QR, MINB, SCORED, 2>(L, c, p);
+}
+
+template <typename T, int D, int MT, int NW, int BC, int STAGES, bool QR, int MINB>
+static int launch_fwd(const attn__cuda_launch *L, const attn__cuda_config *c) {
+  params p;
+  make_params(L, 0, &p);
+  if (p.softcap > 0.f || p.alibi)
+    return launch_bias<T, D, MT, NW, BC, STAGES, QR, MINB, true>(L, c, p);
+  return launch_bias<T, D, MT, NW, BC, STAGES, QR, MINB, false>(L, c, p);
 }
 
 template <typename T, int D, int MT, int NW, int BC, int STAGES, bool QR, int MINB>
 constexpr attn__cuda_config fwd_row(const char *name) {
   constexpr int BR = 16 * MT * NW;
+  static_assert(STAGES == 2, "attn__cuda_mma_fwd_bias_smem counts two bias tiles");
   return {.kernel = ATTN__CUDA_MMA_FORWARD,
           .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
           .dim = D,
@@ -376,7 +506,8 @@ constexpr attn__cuda_config fwd_row(const char *name) {
           .bc = BC,
           .smem = (size_t)(BR + 2 * STAGES * BC) * (D + kPad) * sizeof(T),
           .smem_det = 0,
-          .features = 0,
+          .features = ATTN__USES_SEQUSED | ATTN__USES_PAGED | ATTN__USES_APPEND | ATTN__USES_BIAS |
+                      ATTN__USES_SINKS,
           .name = name,
           .launch = launch_fwd<T, D, MT, NW, BC, STAGES, QR, MINB>};
 }
@@ -405,6 +536,11 @@ constexpr attn__cuda_config fwd_rows[] = {
 };
 
 }  // namespace attn_mma
+
+/* Two slots (fwd_row) of Br x (Bc + kPad) bias elements. */
+extern "C" size_t attn__cuda_mma_fwd_bias_smem(const attn__cuda_config *c, size_t size) {
+  return (size_t)2 * c->br * (c->bc + attn_mma::kPad) * size;
+}
 
 extern "C" const attn__cuda_rows attn__cuda_mma_forward_rows = {
     attn_mma::fwd_rows, (int)(sizeof attn_mma::fwd_rows / sizeof attn_mma::fwd_rows[0])};

@@ -2,19 +2,13 @@
  * The CUDA backend's one decision of what runs (ggml's "best kernel"): the
  * first row of the tuning table that covers the problem on the device
  * (attn__cuda_workspace then sizes its scratch). The rows are the families'
- * (attn_cuda.h), walked tensor cores first, then the f32 wide kernel, then
- * the general kernels, which cover every problem.
+ * (attn_cuda.h), walked decoding first (the few query rows it covers run
+ * there, keys split across the device), then tensor cores, then the f32
+ * wide kernel, then the general kernels, which cover every problem.
  */
 #include "attn_cuda.h"
 
 #include <stdio.h>
-
-/* The tensor-core kernels read 16-byte chunks of rows through ldmatrix and
- * cp.async. */
-static int aligned16(const attn__tensor *t) {
-  return t->native && attn__cuda_base(t) % 16 == 0 && t->sd == 1 && t->ss % 8 == 0 &&
-         t->sh % 8 == 0 && t->sb % 8 == 0;
-}
 
 /* What a family needs of the problem beyond the row's key. */
 static int family_covers(attn__cuda_kernel k, const attn__problem *pb) {
@@ -25,10 +19,21 @@ static int family_covers(attn__cuda_kernel k, const attn__problem *pb) {
       const int64_t lim = (int64_t)1 << 30;
       if (pb->seqlen_q >= lim || pb->seqlen_k >= lim || pb->total_q >= lim || pb->total_k >= lim)
         return 0;
-      int ok = aligned16(&pb->q) && aligned16(&pb->k) && aligned16(&pb->v) && aligned16(&pb->o);
+      int ok = attn__cuda_aligned16(&pb->q) && attn__cuda_aligned16(&pb->k) &&
+               attn__cuda_aligned16(&pb->v) && attn__cuda_aligned16(&pb->o);
       if (k == ATTN__CUDA_MMA_BACKWARD)
-        ok = ok && aligned16(&pb->dout) && aligned16(&pb->dq) && aligned16(&pb->dk) &&
-             aligned16(&pb->dv) && pb->lse.native;
+        ok = ok && attn__cuda_aligned16(&pb->dout) && attn__cuda_aligned16(&pb->dq) &&
+             attn__cuda_aligned16(&pb->dk) && attn__cuda_aligned16(&pb->dv) && pb->lse.native;
+      /* A bias of q's dtype or f32 loads as 16-byte chunks of contiguous
+       * keys; a dbias that sums over broadcast dimensions in a fixed order
+       * is the general kernels'. */
+      if (pb->has_bias) {
+        const attn__tensor *b = &pb->bias;
+        const int64_t e = 16 / (int64_t)attn_dtype_size(b->dtype);
+        ok = ok && (b->dtype == pb->dtype || b->dtype == ATTN_F32) && b->sd == 1 &&
+             attn__cuda_base(b) % 16 == 0 && b->sb % e == 0 && b->sh % e == 0 && b->ss % e == 0;
+      }
+      if (pb->deterministic && attn__cuda_dbias_sums(pb)) ok = 0;
       return ok;
     }
     case ATTN__CUDA_F32_FORWARD:
@@ -37,8 +42,19 @@ static int family_covers(attn__cuda_kernel k, const attn__problem *pb) {
     case ATTN__CUDA_GENERAL_FORWARD:
     case ATTN__CUDA_GENERAL_BACKWARD:
       break;
+    case ATTN__CUDA_DECODE:
+      return attn__cuda_decode_covers(pb);
   }
   return 1;
+}
+
+/* What a bias adds to a row's shared memory. */
+static size_t bias_smem(const attn__cuda_config *c, const attn__problem *pb) {
+  if (!pb->has_bias) return 0;
+  const size_t e = attn_dtype_size(pb->bias.dtype);
+  if (c->kernel == ATTN__CUDA_MMA_FORWARD) return attn__cuda_mma_fwd_bias_smem(c, e);
+  if (c->kernel == ATTN__CUDA_MMA_BACKWARD) return attn__cuda_mma_bwd_bias_smem(c, e);
+  return 0;
 }
 
 static const attn__cuda_config *first_row(const attn__cuda_rows *t, const attn__cuda_device *dev,
@@ -49,6 +65,7 @@ static const attn__cuda_config *first_row(const attn__cuda_rows *t, const attn__
         c->kernel == ATTN__CUDA_MMA_BACKWARD || c->kernel == ATTN__CUDA_GENERAL_BACKWARD;
     size_t smem = c->smem;
     if (pb->deterministic && c->smem_det > smem) smem = c->smem_det;
+    smem += bias_smem(c, pb);
     if (bwd == backward && c->dtype == pb->dtype &&
         c->dim == attn__cuda_dim_bucket(c->kernel, pb->head_dim) && dev->cc >= c->cc &&
         smem <= dev->smem_optin && (attn__problem_uses(pb) & ~c->features) == 0 &&
@@ -61,9 +78,16 @@ static const attn__cuda_config *first_row(const attn__cuda_rows *t, const attn__
 const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,
                                          int backward, char *why, size_t why_len) {
   static const attn__cuda_rows *const table[] = {
-      &attn__cuda_mma_forward_rows, &attn__cuda_mma_backward_rows, &attn__cuda_f32_forward_rows,
-      &attn__cuda_general_rows_f32, &attn__cuda_general_rows_f16,  &attn__cuda_general_rows_bf16,
+      &attn__cuda_decode_rows,       &attn__cuda_decode_rows_f32,   &attn__cuda_mma_forward_rows,
+      &attn__cuda_mma_backward_rows, &attn__cuda_f32_forward_rows,  &attn__cuda_general_rows_f32,
+      &attn__cuda_general_rows_f16,  &attn__cuda_general_rows_bf16,
   };
+  /* The rows attend to what is in the cache; appending to it first is the
+   * backend's append. */
+  if (pb->seqlen_new > 0 && !attn__backend_cuda.append) {
+    snprintf(why, why_len, "cuda: appending to the KV cache is not implemented");
+    return NULL;
+  }
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
     const attn__cuda_config *c = first_row(table[i], dev, pb, backward);
     if (c) return c;

@@ -8,6 +8,9 @@
 # Inputs a run finds interesting go to build-fuzz/corpus/<target>, not into
 # the repository. To keep them, minimize into the repository's corpus:
 #   build-fuzz/fuzz/<target> -merge=1 fuzz/corpus/<target> build-fuzz/corpus/<target>
+# The hand-made seeds (seed_*) come from fuzz/golden_seeds.py and
+# fuzz/api_seeds.py; FUZZ_API_TRACE=1 build-fuzz/fuzz/fuzz_api INPUT shows
+# the status and message of each call an input makes.
 set -euo pipefail
 secs=${1:-30}
 here=$(cd "$(dirname "$0")/.." && pwd)

@@ -468,8 +468,8 @@ int attn_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
 static int supports(attn_context *ctx, const attn_params *p, const attn_tensor *q,
                     const attn_tensor *k, const attn_tensor *v, int backward_pass) {
   attn__problem pb;
-  int rc =
-      attn__problem_build(ctx, ATTN__SUPPORTS, p, q, k, v, NULL, NULL, NULL, NULL, NULL, NULL, &pb);
+  int rc = attn__problem_build(ctx, backward_pass ? ATTN__SUPPORTS_BACKWARD : ATTN__SUPPORTS, p, q,
+                               k, v, NULL, NULL, NULL, NULL, NULL, NULL, &pb);
   if (rc) return rc;
   attn__plan plan;
   return make_plan(ctx, &pb, backward_pass != 0, &plan);

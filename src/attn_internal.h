@@ -314,8 +314,16 @@ const attn__backend *attn__backend_find(attn_backend kind);
 int attn__backend_open(attn_context *ctx, const char *spec);
 
 /* Validation (src/problem.c): checks every argument and fills pb. What says
- * which tensors are required: */
-enum attn__op { ATTN__FORWARD, ATTN__BACKWARD, ATTN__SUPPORTS, ATTN__REFERENCE };
+ * which tensors are required; attn_supports validates for the forward
+ * (ATTN__SUPPORTS) or the backward (ATTN__SUPPORTS_BACKWARD), refusing what
+ * that call refuses: */
+enum attn__op {
+  ATTN__FORWARD,
+  ATTN__BACKWARD,
+  ATTN__SUPPORTS,
+  ATTN__REFERENCE,
+  ATTN__SUPPORTS_BACKWARD
+};
 int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *p,
                         const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                         const attn_tensor *o, const attn_tensor *lse, const attn_tensor *dout,

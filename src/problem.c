@@ -457,10 +457,20 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
                            (long long)b, (long long)u, (long long)seqlen_new,
                            (long long)(cap - seqlen_new));
     }
-  } else if (seqlen_new > nk) {
-    return attn__error(ctx, ATTN_ECACHE,
-                       "params.k_new: %lld new rows do not fit a cache of %lld rows",
-                       (long long)seqlen_new, (long long)nk);
+  } else if (seqlen_new > 0) {
+    /* Lengths on the device are clamped, not checked, but each sequence must
+     * hold the new rows: a varlen one its own cu_seqlens_k length, not just
+     * the longest (the rules would clamp to a negative used length and the
+     * append write before the sequence). */
+    for (int64_t b = 0; b < (varlen && !paged ? batch : 1); b++) {
+      const int64_t cap = varlen && !paged ? (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b]
+                                           : nk;
+      if (seqlen_new > cap)
+        return attn__error(ctx, ATTN_ECACHE,
+                           "params.k_new: %lld new rows do not fit sequence %lld's cache of %lld "
+                           "rows",
+                           (long long)seqlen_new, (long long)b, (long long)cap);
+    }
   }
   if (paged && p->block_table->data) {
     /* The pages a sequence uses (all of its row when its length is on the
@@ -531,7 +541,8 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
                        p->flags & ~KNOWN_FLAGS);
 
   /* Score terms: the bias (its own float dtype, size-1 dimensions
-   * broadcasting) and the sinks; their gradients are backward outputs. */
+   * broadcasting) and the sinks; their gradients are backward outputs, which
+   * the reference takes beside its own (it writes those) and leaves alone. */
   region rbias = {0}, rdbias = {0}, rsink = {0}, rdsink = {0};
   if (p->bias) {
     const attn_tensor *t = p->bias;
@@ -552,7 +563,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
     if (rc) return rc;
   }
   if (p->dbias) {
-    if (op != ATTN__BACKWARD && op != ATTN__SUPPORTS)
+    if (op == ATTN__FORWARD || op == ATTN__SUPPORTS)
       return attn__error(ctx, ATTN_EINVAL, "params.dbias is set, but it is a backward output");
     if (!p->bias)
       return attn__error(ctx, ATTN_EINVAL, "params.dbias is set without params.bias");
@@ -566,7 +577,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
     if (rc) return rc;
   }
   if (p->dsinks) {
-    if (op != ATTN__BACKWARD && op != ATTN__SUPPORTS)
+    if (op == ATTN__FORWARD || op == ATTN__SUPPORTS)
       return attn__error(ctx, ATTN_EINVAL, "params.dsinks is set, but it is a backward output");
     if (!p->sinks)
       return attn__error(ctx, ATTN_EINVAL, "params.dsinks is set without params.sinks");
@@ -630,7 +641,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
       outs[n_outs] = f[i];
       out_names[n_outs++] = fn[i];
     }
-  } else if (op == ATTN__BACKWARD) {
+  } else if (op == ATTN__BACKWARD || op == ATTN__SUPPORTS_BACKWARD) {
     const region *f[] = {&rdq, &rdk, &rdv, &rdbias, &rdsink};
     const char *fn[] = {"dq", "dk", "dv", "params.dbias", "params.dsinks"};
     for (int i = 0; i < 5; i++) {

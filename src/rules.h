@@ -196,6 +196,14 @@ static inline float attn__score_grad(float ds, float t, float softcap) {
 /* lse, sinks, merging                                                      */
 /* ---------------------------------------------------------------------- */
 
+/* Whether a row that the mask lets see keys (seen) saw one, by its final
+ * max m and sum l: with a bias, a row whose scores were all -inf (m = -inf,
+ * l = 0) saw none; a NaN among them left l NaN, and the row is NaN. Without
+ * a bias the mask alone decides. */
+static inline int attn__row_seen(int seen, int has_bias, float m, float l) {
+  return seen && !(has_bias && m == -INFINITY && l == 0.0f);
+}
+
 /* Folds a sink logit into a row's final max m and sum l (l = sum of
  * exp(s - m)): afterwards lse = m + log(l), and the row's output
  * accumulator, taken relative to the old m, must be multiplied by the
