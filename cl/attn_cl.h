@@ -74,6 +74,7 @@ extern const char attn__cl_src_bwd[];
 extern const char attn__cl_src_decode[];
 extern const char attn__cl_src_append[];
 extern const char attn__cl_src_merge[];
+extern const char attn__cl_src_split[];
 extern const char attn__cl_src_selftest[];
 
 /* Builds a program for one device from sources concatenated in order, with
@@ -123,9 +124,9 @@ enum attn__cl_kernel {
  * built with the feature's -D values (attn__cl_features). */
 enum attn__cl_prog_kind {
   ATTN__CL_PROG_ATTN,   /* common.cl fwd.cl bwd.cl, no feature */
-  ATTN__CL_PROG_FWD,    /* common.cl fwd.cl */
+  ATTN__CL_PROG_FWD,    /* common.cl fwd.cl, and split.cl when split */
   ATTN__CL_PROG_BWD,    /* common.cl bwd.cl */
-  ATTN__CL_PROG_DECODE, /* common.cl decode.cl */
+  ATTN__CL_PROG_DECODE, /* common.cl decode.cl split.cl */
   ATTN__CL_PROG_APPEND, /* common.cl append.cl */
   ATTN__CL_PROG_MERGE   /* common.cl merge.cl */
 };
@@ -139,7 +140,9 @@ enum {
   ATTN__CL_F_SINKS = 1u << 3,  /* HAS_SINKS (backward: the dsinks kernel) */
   ATTN__CL_F_DBIAS1 = 1u << 4, /* DBIAS 1: added tile by tile, launches in order */
   ATTN__CL_F_DBIAS2 = 1u << 5, /* DBIAS 2: through row-block sums */
-  ATTN__CL_F_BIAS_SHIFT = 6    /* the bias's attn_dtype, 2 bits */
+  ATTN__CL_F_BIAS_SHIFT = 6,   /* the bias's attn_dtype, 2 bits */
+  ATTN__CL_F_DR_SHIFT = 8,     /* decode: log2 of its DR, 3 bits */
+  ATTN__CL_F_SPLIT = 1u << 11  /* forward: SPLIT, each row's keys split */
 };
 
 /* Every kernel of every program, by slot; a program has those of its kind
@@ -153,7 +156,7 @@ enum attn__cl_kernel_slot {
   ATTN__CL_K_DBIAS_SUM,
   ATTN__CL_K_DSINKS,
   ATTN__CL_K_DECODE,
-  ATTN__CL_K_DECODE_MERGE,
+  ATTN__CL_K_SPLIT_MERGE,
   ATTN__CL_K_APPEND,
   ATTN__CL_K_MERGE_MAX,
   ATTN__CL_K_MERGE_ADD,
@@ -227,21 +230,23 @@ typedef struct attn__cl_workspace {
   size_t alibi; /* the slopes, uploaded */
   int64_t tq;   /* rows of delta per head: every query row of every sequence */
   size_t delta; /* backward: delta = rowsum(dO * O) of every row and head */
-  size_t work;  /* decode: the splits' o parts; backward: dbias's row-block sums */
-  size_t work2; /* decode: the splits' m_i and l_i */
+  size_t work;  /* forward: the splits' O parts; backward: dbias's row-block sums */
+  size_t work2; /* forward: the splits' m_i and l_i */
 } attn__cl_workspace;
 
-/* How a decode runs: nsplit parts of each row's keys, nrb blocks of DR
- * rows per key/value head. */
-typedef struct attn__cl_decode {
-  int nsplit, nrb;
-} attn__cl_decode;
+/* How a forward pass runs its rows and keys: nsplit parts of each row's
+ * keys; nrb blocks of dr rows (attn_decode: per key/value head, dr its DR;
+ * attn_fwd: per head, dr = Br). */
+typedef struct attn__cl_split {
+  int nsplit, nrb, dr;
+} attn__cl_split;
 
-/* The features of a problem's pass (ATTN__CL_F_*); its program kind. */
-unsigned attn__cl_features(const attn__problem *pb, int backward);
-/* The decode's splits and row blocks for pb under config c. */
-void attn__cl_decode_of(attn_context *ctx, const attn__problem *pb, const attn__cl_config *c,
-                        attn__cl_decode *dec);
+/* The features of a plan's program (ATTN__CL_F_*): the problem's, and a
+ * decode's DR. */
+unsigned attn__cl_features(attn_context *ctx, const attn__problem *pb, const attn__plan *plan);
+/* The splits and row blocks of a forward plan (none for the backward). */
+void attn__cl_split_of(attn_context *ctx, const attn__problem *pb, const attn__plan *plan,
+                       attn__cl_split *sp);
 void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const attn__plan *plan,
                            attn__cl_workspace *ws);
 

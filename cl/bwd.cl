@@ -19,9 +19,10 @@
  *                  batch or the heads, the host launches attn_bwd_dq once per
  *                  sequence or head, in order, so no two work-groups of a
  *                  launch add to one element (DBIAS 1). Where it broadcasts
- *                  over the query rows, each work-group sums its block's rows
- *                  into a slot of its own in a partial buffer, which
- *                  attn_bwd_dbias_sum then adds up slot by slot (DBIAS 2).
+ *                  over the query rows, each work-group of a launch sums its
+ *                  block's rows into a slot of its own in a partial buffer,
+ *                  which attn_bwd_dbias_sum then adds to dbias, block by block
+ *                  (DBIAS 2).
  *   dsinks         attn_bwd_dsinks: one work-group per head sums sink_grad
  *                  over every row, in a fixed order.
  *
@@ -275,11 +276,14 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
   }
 }
 
+/* Work-group (x, y, z)'s slot in DBIAS 2's partial buffer, for a launch of
+ * attn_bwd_dq with nx x ny x .. work-groups: nk_all floats each. */
+#define PART_SLOT(x, y, z, nx, ny) ((((long)(z) * (ny) + (y)) * (nx) + (x)) * nk_all)
+
 #if DBIAS
 /* dbias[dbias_o + b s0 + h s1 + i s2 + j s3]; this launch's first sequence
- * and head (b0, h0: see DBIAS 1); part, DBIAS 2's partial buffer: the
- * work-group (qb, h, b) owns the nk_all floats from
- * ((b * heads + h) * query blocks + qb) * nk_all. */
+ * and head (b0, h0); part, DBIAS 2's partial buffer: work-group (x, y, z)
+ * of the launch owns the nk_all floats at PART_SLOT. */
 #define DBIAS_ARGS \
   , __global float *dbias, long dbias_o, long4 dbias_s, int b0, int h0, __global float *part
 #else
@@ -311,8 +315,8 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
 #if DBIAS == 1
   __global float *dbp = dbias + dbias_o + b * dbias_s.s0 + h * dbias_s.s1;
 #elif DBIAS == 2
-  __global float *dbp =
-      part + (((long)b * get_num_groups(1) + h) * get_num_groups(0) + get_group_id(0)) * nk_all;
+  __global float *dbp = part + PART_SLOT(get_group_id(0), get_group_id(1), get_group_id(2),
+                                         get_num_groups(0), get_num_groups(1));
 #endif
   stage_rows(Qs, qp, qs.s1, qs.s3, i0, nq, d, lid);
   stage_rows(dOs, gp, gs.s1, gs.s3, i0, nq, d, lid);
@@ -389,21 +393,19 @@ __kernel void attn_bwd_zero(__global float *p, long o, long4 s, int n1, int n2, 
 #endif
 
 #if DBIAS == 2
-/* dbias (b', h', 0, j) over query rows broadcast: the sum of part's slots
- * of every sequence b (all of them where dbias broadcasts over the batch,
- * bb = 1; else b'), head h (likewise, bh) and query block, in that order.
- * Item (j, h', b'). */
-__kernel void attn_bwd_dbias_sum(__global const float *part, int batch, int heads, int nqb,
-                                 int nk_all, int bb, int bh, __global float *dbias, long dbias_o,
-                                 long4 dbias_s) {
-  const int j = get_global_id(0), h1 = get_global_id(1), b1 = get_global_id(2);
+/* After a launch of attn_bwd_dq with the grid (nqb, ny, nz) and first
+ * sequence and head (b0, h0): dbias (b0 + z, h0 + y, 0, j) += the sum of
+ * the launch's slots of (y, z) over the query blocks, in order. Item
+ * (j, y, z). */
+__kernel void attn_bwd_dbias_sum(__global const float *part, int nqb, int nk_all, int b0, int h0,
+                                 __global float *dbias, long dbias_o, long4 dbias_s) {
+  const int j = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
   if (j >= nk_all) return;
+  const int ny = get_global_size(1);
   float sum = 0.0f;
-  for (int b = bb ? 0 : b1; b < (bb ? batch : b1 + 1); ++b)
-    for (int h = bh ? 0 : h1; h < (bh ? heads : h1 + 1); ++h)
-      for (int qb = 0; qb < nqb; ++qb)
-        sum += part[(((long)b * heads + h) * nqb + qb) * nk_all + j];
-  dbias[dbias_o + b1 * dbias_s.s0 + h1 * dbias_s.s1 + j * dbias_s.s3] = sum;
+  for (int qb = 0; qb < nqb; ++qb)
+    sum += part[PART_SLOT(qb, y, z, nqb, ny) + j];
+  dbias[dbias_o + (b0 + z) * dbias_s.s0 + (h0 + y) * dbias_s.s1 + j * dbias_s.s3] += sum;
 }
 #endif
 

@@ -127,6 +127,15 @@ inline seq_info seq_info_of(__global const int *cu_q, __global const int *cu_k, 
   return s;
 }
 
+/* A row's part when its keys are split (decode.cl, fwd.cl; merged by
+ * split.cl): the unnormalized O at part_o[PART_ROW * HD + c], m_i and l_i
+ * at part_ml[2 PART_ROW] and the float after, for part s of query row qrow
+ * (counted over all sequences) of head h. A part keeps m_i and l_i rather
+ * than its lse = m_i + log l_i: a float lse would round the row's maximum,
+ * and every P of the backward pass with it, by up to half an ulp of the
+ * logits (see lse_split). */
+#define PART_ROW(s, h, heads, tq, qrow) (((long)(s) * (heads) + (h)) * (tq) + (qrow))
+
 /* lse = m + ll (ll = log l) as the float pair (hi, lo): hi rounded, lo what
  * the rounding dropped (TwoSum, exact in float arithmetic). The backward
  * takes exp((s - hi) - lo), in which s - hi is exact near the row maximum:
@@ -212,6 +221,16 @@ inline float score_grad(float ds, float t, float softcap) {
 inline int seq_used(__global const int *used, long sb, int b, int cap, int nnew) {
   const int u = used[b * sb], hi = cap - nnew;
   return u < 0 ? 0 : u > hi ? hi : u;
+}
+
+/* Sequence b's key count: with a KV cache, its used rows (clamped) and
+ * those appended. */
+inline int seq_keys(seq_info seq, int b KV_USED_ARGS) {
+#if KV_USED
+  return seq_used(used + used_o, used_sb, b, seq.nk, nnew) + nnew;
+#else
+  return seq.nk;
+#endif
 }
 
 /* The element offset of key row j of sequence b in a paged k or v with page

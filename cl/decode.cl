@@ -9,7 +9,7 @@
  *                      query head. Per tile of NTD keys:
  *                        K, V tiles -> local memory (16-byte loads, each
  *                                      row's chunks on neighbouring items)
- *                        S = Q K^T    (item j: key j against the DR rows)
+ *                        S = Q K^T    (item: two keys against half the rows)
  *                        S -> scale, softcap, ALiBi, bias, mask
  *                        m_i' = max(m_i, rowmax S), P = exp(S - m_i')
  *                        O = O e^(m_i - m_i') + P V (item: a 16-byte chunk
@@ -18,13 +18,7 @@
  *                      With one split the work-group ends its rows (O / l_i,
  *                      lse, sinks) as fwd.cl does; with several each writes
  *                      its part (O, m_i, l_i) to the workspace.
- *   attn_decode_merge  one work-group per (query row, head): the parts
- *                      merged (merge_max, merge_scale), then the row ended
- *                      as above.
- * A part keeps m_i and l_i rather than its lse = m_i + log l_i: a float lse
- * would round the row's maximum, and every P of the backward pass with it,
- * by up to half an ulp of the logits (see lse_split). The weight of a part,
- * exp(lse_s - m) in merge_scale's terms, is l_s merge_scale(m_s, m).
+ *   attn_split_merge   (split.cl) the parts merged, the rows ended.
  *
  * Splitting the keys (flash-decoding) is what fills the device when the
  * sequences and heads alone give too few work-groups: the host chooses the
@@ -38,12 +32,6 @@
 #endif
 #ifndef NTD
 #define NTD 64 /* work-items, and keys per tile: a power of two, 16 or more */
-#endif
-#ifndef NTM
-#define NTM 64 /* attn_decode_merge's work-items */
-#endif
-#ifndef MAX_SPLITS
-#define MAX_SPLITS 128 /* the most key splits the host asks for */
 #endif
 
 /* K and V travel as 16-byte chunks of CH elements, kept raw in local
@@ -89,6 +77,9 @@ inline FV unpack(uint4 u) {
 #define TILES4 MAX4(2 * NTD * KSTR4, NKS * DR * HD / 4)
 #define MAX4(a, b) ((a) > (b) ? (a) : (b))
 
+/* acc + a . b, column by column: S then comes out as the backward pass
+ * recomputes it (bwd.cl's tile_p_ds), bit for bit, which exp(S - lse)
+ * needs at large logits. */
 inline float dot_fv(FV a, FV b, float acc) {
 #if CH == 4
   return fma(a.s3, b.s3, fma(a.s2, b.s2, fma(a.s1, b.s1, fma(a.s0, b.s0, acc))));
@@ -187,21 +178,6 @@ inline rows rows_of(int rb, int hk, int group, int nq, int *ilo, int *ihi) {
   return w;
 }
 
-/* Sequence b's key count. */
-inline int keys_of(seq_info seq, int b KV_USED_ARGS) {
-#if KV_USED
-  return seq_used(used + used_o, used_sb, b, seq.nk, nnew) + nnew;
-#else
-  return seq.nk;
-#endif
-}
-
-/* Where a part's (o_s, lse_s) of query row qrow (over all sequences) of
- * head h is in the workspace. */
-#define PART_ROW(s, h, heads, tq, qrow) (((long)(s) * (heads) + (h)) * (tq) + (qrow))
-/* A part's O at part_o[PART_ROW * HD + c]; its m_i and l_i at
- * part_ml[2 PART_ROW] and the float after. */
-
 __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
     __global const T *q, long qo, long4 qs, __global const RAW *k, long ko, long4 ks,
     __global const RAW *v, long vo, long4 vs, __global T *o, long oo, long4 os, __global float *lse,
@@ -225,7 +201,7 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
   const int hk = get_group_id(1), b = get_group_id(2);
   const int heads = group * get_num_groups(1);
   const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
-  const int nq = seq.nq, nk = keys_of(seq, b KV_USED_VALS);
+  const int nq = seq.nq, nk = seq_keys(seq, b KV_USED_VALS);
   if (rb * DR >= group * nq) return; /* the whole group leaves */
   int ilo, ihi;
   const rows w = rows_of(rb, hk, group, nq, &ilo, &ihi);
@@ -462,46 +438,5 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
         part_ml[2 * pr + 1] = lr;
       }
     }
-  }
-}
-
-/* Row r of head h of sequence b from its nsplit parts. Work-group (r, h,
- * b). */
-__kernel __attribute__((reqd_work_group_size(NTM, 1, 1))) void attn_decode_merge(
-    __global T *o, long oo, long4 os, __global float *lse, long lo_, long4 ls,
-    __global const int *cu_q, __global const int *cu_k, int nq_all, int nk_all, int d, int wl,
-    int wr, int nsplit, __global const float *part_o, __global const float *part_ml,
-    int tq KV_USED_ARGS SINK_ARGS) {
-  __local float scale_s[MAX_SPLITS];
-  const int lid = get_local_id(0), r = get_group_id(0), h = get_group_id(1), b = get_group_id(2);
-  const int heads = get_num_groups(1);
-  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
-  if (r >= seq.nq) return;
-  const int nk = keys_of(seq, b KV_USED_VALS);
-  const long pr0 = PART_ROW(0, h, heads, tq, seq.qflat + r), pstride = (long)heads * tq;
-
-  float mx = -INFINITY;
-  for (int s = 0; s < nsplit; ++s)
-    mx = merge_max(mx, part_ml[2 * (pr0 + s * pstride)]);
-  for (int s = lid; s < nsplit; s += NTM)
-    scale_s[s] = merge_scale(part_ml[2 * (pr0 + s * pstride)], mx);
-  barrier(CLK_LOCAL_MEM_FENCE);
-  float l = 0.0f;
-  for (int s = 0; s < nsplit; ++s)
-    l = fma(scale_s[s], part_ml[2 * (pr0 + s * pstride) + 1], l);
-
-  float div, lse_hi, lse_lo;
-  const float fold = row_end_at(r, seq.nq, nk, wl, wr, SINK_OF(h), mx, l, &div, &lse_hi, &lse_lo);
-  __global T *op = HEAD_ROWS(o, oo, os, b, h, seq.q0 + r);
-  for (int c = lid; c < d; c += NTM) {
-    float a = 0.0f;
-    for (int s = 0; s < nsplit; ++s)
-      a = fma(scale_s[s], part_o[(pr0 + s * pstride) * HD + c], a);
-    STORE(op, c * os.s3, a * fold / div);
-  }
-  if (lse && lid == 0) {
-    __global float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + r);
-    lp[0] = lse_hi;
-    if (ls.s3) lp[ls.s3] = lse_lo;
   }
 }

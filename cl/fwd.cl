@@ -47,6 +47,15 @@
 #ifndef JK
 #define JK 16 /* V rows per staging step, dividing BC */
 #endif
+#ifndef SPLIT
+#define SPLIT 0 /* 1: each row's keys split over nsplit work-groups, each writing a part */
+#endif
+#if SPLIT
+/* The parts (PART_ROW, common.cl), merged by split.cl's attn_split_merge. */
+#define SPLIT_ARGS , int nsplit, __global float *part_o, __global float *part_ml, int tq
+#else
+#define SPLIT_ARGS
+#endif
 #define TX 16
 #define TY (BR / TM)
 #define NT (TX * TY)
@@ -124,7 +133,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
     __global const T *v, long vo, long4 vs, __global T *o, long oo, long4 os, __global float *lse,
     long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k,
     __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,
-    float softcap, int wl, int wr KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS) {
+    float softcap, int wl, int wr KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS SPLIT_ARGS) {
   /* Q and K chunks live only during Q K^T, P and V only during P V, with a
    * barrier between the phases: they share one buffer. */
   __local float4 tiles4[MAX4(QK4, PV4)];
@@ -139,7 +148,12 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
 
   const int lid = get_local_id(0), tx = lid % TX, ty = lid / TX;
   const int b = get_group_id(2), h = get_group_id(1);
+#if SPLIT
+  const int nblk = get_num_groups(0) / nsplit, split = get_group_id(0) / nblk;
+  const int r0 = get_group_id(0) % nblk * BR;
+#else
   const int r0 = get_group_id(0) * BR;
+#endif
   const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
 #if KV_USED
   const int nq = seq.nq, nk = seq_used(used + used_o, used_sb, b, seq.nk, nnew) + nnew;
@@ -187,9 +201,17 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
 
   const int sc = lid % DK, sr = lid / DK;
   float qreg[QPT], kreg[KPT], vreg[VPT];
+#if SPLIT
+  /* This split's share of the key tiles. */
+  const int first = lo / BC, ntiles = lo < hi ? (hi + BC - 1) / BC - first : 0;
+  const int jend = min((first + (split + 1) * ntiles / nsplit) * BC, hi);
+  int j0 = (first + split * ntiles / nsplit) * BC;
+#else
+  const int jend = hi;
   int j0 = (lo / BC) * BC;
-  if (j0 < hi) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, 0, sc, sr, nq, nk, d KEY_PAGES);
-  for (; j0 < hi; j0 += BC) {
+#endif
+  if (j0 < jend) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, 0, sc, sr, nq, nk, d KEY_PAGES);
+  for (; j0 < jend; j0 += BC) {
     /* S = Q K^T, DK columns of the head dimension at a time. */
     float s[TM][TN];
 #pragma unroll
@@ -304,7 +326,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
       barrier(CLK_LOCAL_MEM_FENCE);
       if (jj + JK < BC && j0 + jj + JK < nk)
         load_v(vreg, vp, vs, j0 + jj + JK, lid, nk, d KEY_PAGES);
-      else if (j0 + BC < hi)
+      else if (j0 + BC < jend)
         load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0 + BC, 0, sc, sr, nq, nk, d KEY_PAGES);
 #pragma unroll
       for (int jr = 0; jr < JK; ++jr) {
@@ -345,7 +367,18 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
     float l = 0.0f;
     for (int t = 0; t < TX; ++t)
       l += red[(ty * TM + i) * TX + t];
-#if HAS_SINKS || HAS_BIAS
+#if SPLIT
+    /* The part, unnormalized: the merge ends the row. */
+    if (r < nq) {
+      const long pr = PART_ROW(split, h, get_num_groups(1), tq, seq.qflat + r);
+      for (int n = 0; n < TD; ++n)
+        part_o[pr * HD + OCOL(tx, n)] = acc[i][n];
+      if (tx == 0) {
+        part_ml[2 * pr] = m_i[i];
+        part_ml[2 * pr + 1] = l;
+      }
+    }
+#elif HAS_SINKS || HAS_BIAS
     /* The row's end by the rules (row_end): with a bias, a row whose scores
      * the bias all hid saw no key; with sinks, every row has an lse. */
     float div, lse_hi, lse_lo;

@@ -30,7 +30,7 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_DBIAS_SUM] = "attn_bwd_dbias_sum",
     [ATTN__CL_K_DSINKS] = "attn_bwd_dsinks",
     [ATTN__CL_K_DECODE] = "attn_decode",
-    [ATTN__CL_K_DECODE_MERGE] = "attn_decode_merge",
+    [ATTN__CL_K_SPLIT_MERGE] = "attn_split_merge",
     [ATTN__CL_K_APPEND] = "attn_append",
     [ATTN__CL_K_MERGE_MAX] = "attn_merge_max",
     [ATTN__CL_K_MERGE_ADD] = "attn_merge_add",
@@ -41,7 +41,7 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
 static const size_t kernel_items[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_FWD] = 0,     [ATTN__CL_K_PRE] = 64,      [ATTN__CL_K_DKDV] = 128,
     [ATTN__CL_K_DQ] = 128,    [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,
-    [ATTN__CL_K_DSINKS] = 64, [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_DECODE_MERGE] = 64,
+    [ATTN__CL_K_DSINKS] = 64, [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 64,
     [ATTN__CL_K_APPEND] = 64, [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,
 };
 
@@ -78,6 +78,10 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
         srcs[ns++] = attn__cl_src_fwd;
         slots[nk++] = ATTN__CL_K_FWD;
       }
+      if (f & ATTN__CL_F_SPLIT) {
+        srcs[ns++] = attn__cl_src_split;
+        slots[nk++] = ATTN__CL_K_SPLIT_MERGE;
+      }
       if (kind != ATTN__CL_PROG_FWD) {
         srcs[ns++] = attn__cl_src_bwd;
         slots[nk++] = ATTN__CL_K_PRE;
@@ -89,10 +93,12 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
       }
       break;
     case ATTN__CL_PROG_DECODE:
-      len += snprintf(opts + len, n - (size_t)len, " -DDR=%d -DNTD=%d", t->dr, t->ntd);
+      len += snprintf(opts + len, n - (size_t)len, " -DDR=%d -DNTD=%d",
+                      1 << ((f >> ATTN__CL_F_DR_SHIFT) & 7u), t->ntd);
       srcs[ns++] = attn__cl_src_decode;
+      srcs[ns++] = attn__cl_src_split;
       slots[nk++] = ATTN__CL_K_DECODE;
-      slots[nk++] = ATTN__CL_K_DECODE_MERGE;
+      slots[nk++] = ATTN__CL_K_SPLIT_MERGE;
       break;
     case ATTN__CL_PROG_APPEND:
       srcs[ns++] = attn__cl_src_append;
@@ -110,6 +116,7 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
     len += snprintf(opts + len, n - (size_t)len, " -DHAS_BIAS=1 -DBIAS_DTYPE=%u",
                     (f >> ATTN__CL_F_BIAS_SHIFT) & 3u);
   if (f & ATTN__CL_F_SINKS) len += snprintf(opts + len, n - (size_t)len, " -DHAS_SINKS=1");
+  if (f & ATTN__CL_F_SPLIT) len += snprintf(opts + len, n - (size_t)len, " -DSPLIT=1");
   if (f & (ATTN__CL_F_DBIAS1 | ATTN__CL_F_DBIAS2))
     snprintf(opts + len, n - (size_t)len, " -DDBIAS=%d", f & ATTN__CL_F_DBIAS1 ? 1 : 2);
   *nsrc = ns;
@@ -436,7 +443,7 @@ typedef struct call {
 
 static int prepare(attn_context *ctx, const attn__problem *pb, const attn__plan *plan, call *c) {
   attn__cl_workspace_of(ctx, pb, plan, &c->ws);
-  c->features = attn__cl_features(pb, plan->backward);
+  c->features = attn__cl_features(ctx, pb, plan);
   attn__cl_config *config = (attn__cl_config *)plan->config; /* the context's own */
   int st = check_tensors(ctx, pb, plan->backward);
   if (!st)
@@ -466,33 +473,12 @@ static int rows_aligned(const attn__problem *pb, size_t es) {
   return 1;
 }
 
-static int decode(attn_context *ctx, const attn__problem *pb, const call *c) {
+/* The rows' parts merged and the rows ended (split.cl). */
+static int split_merge(attn_context *ctx, const attn__problem *pb, const call *c, int nsplit) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
-  const attn__cl_program *p = c->p;
-  attn__cl_decode dec;
-  attn__cl_decode_of(ctx, pb, p->config, &dec);
   attn__tensor no_lse;
   memset(&no_lse, 0, sizeof no_lse);
-  const size_t ntd = (size_t)c->t->ntd;
-  args a = args_of(im, p->k[ATTN__CL_K_DECODE]);
-  arg_tensor(&a, &pb->q, c->es);
-  arg_tensor(&a, &pb->k, c->es);
-  arg_tensor(&a, &pb->v, c->es);
-  arg_tensor(&a, &pb->o, c->es);
-  arg_tensor(&a, pb->has_lse ? &pb->lse : &no_lse, 4);
-  arg_common(&a, pb, c->cu_q, c->cu_k, c->alibi);
-  arg_int(&a, dec.nsplit);
-  arg_int(&a, dec.nrb);
-  arg_int(&a, rows_aligned(pb, c->es));
-  arg_mem(&a, dec.nsplit > 1 ? im->work.mem : NULL);
-  arg_mem(&a, dec.nsplit > 1 ? im->work2.mem : NULL);
-  arg_int(&a, (cl_int)c->ws.tq);
-  arg_features(&a, pb, c->features);
-  int st = launch(ctx, a.k, &a, "attn_decode", (size_t)dec.nsplit * (size_t)dec.nrb * ntd,
-                  (size_t)pb->heads_kv, (size_t)pb->batch, ntd);
-  if (st || dec.nsplit == 1) return st;
-
-  args m = args_of(im, p->k[ATTN__CL_K_DECODE_MERGE]);
+  args m = args_of(im, c->p->k[ATTN__CL_K_SPLIT_MERGE]);
   arg_tensor(&m, &pb->o, c->es);
   arg_tensor(&m, pb->has_lse ? &pb->lse : &no_lse, 4);
   arg_mem(&m, c->cu_q);
@@ -502,12 +488,12 @@ static int decode(attn_context *ctx, const attn__problem *pb, const call *c) {
   arg_int(&m, (cl_int)pb->head_dim);
   arg_int(&m, window_arg(pb->window_left, pb));
   arg_int(&m, window_arg(pb->window_right, pb));
-  arg_int(&m, dec.nsplit);
+  arg_int(&m, nsplit);
   arg_mem(&m, im->work.mem);
   arg_mem(&m, im->work2.mem);
   arg_int(&m, (cl_int)c->ws.tq);
   arg_features(&m, pb, c->features & (ATTN__CL_F_USED | ATTN__CL_F_SINKS));
-  return launch(ctx, m.k, &m, "attn_decode_merge", (size_t)pb->seqlen_q * 64, (size_t)pb->heads_q,
+  return launch(ctx, m.k, &m, "attn_split_merge", (size_t)pb->seqlen_q * 64, (size_t)pb->heads_q,
                 (size_t)pb->batch, 64);
 }
 
@@ -516,26 +502,42 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
   call c;
   int st = prepare(ctx, pb, plan, &c);
   if (st) return st;
-  if (plan->kernel == ATTN__CL_DECODE) {
-    st = decode(ctx, pb, &c);
-    return st ? st : finish(ctx, pb);
-  }
   const attn__cl_program *p = c.p;
-  const attn__cl_tiles *t = c.t;
   const size_t es = c.es;
-  args a = args_of(im, p->k[ATTN__CL_K_FWD]);
+  const int decode = plan->kernel == ATTN__CL_DECODE;
+  attn__cl_split sp;
+  attn__cl_split_of(ctx, pb, plan, &sp);
+  attn__tensor no_lse;
+  memset(&no_lse, 0, sizeof no_lse);
+  args a = args_of(im, p->k[decode ? ATTN__CL_K_DECODE : ATTN__CL_K_FWD]);
   arg_tensor(&a, &pb->q, es);
   arg_tensor(&a, &pb->k, es);
   arg_tensor(&a, &pb->v, es);
   arg_tensor(&a, &pb->o, es);
-  attn__tensor no_lse;
-  memset(&no_lse, 0, sizeof no_lse);
   arg_tensor(&a, pb->has_lse ? &pb->lse : &no_lse, 4);
   arg_common(&a, pb, c.cu_q, c.cu_k, c.alibi);
+  if (decode) {
+    arg_int(&a, sp.nsplit);
+    arg_int(&a, sp.nrb);
+    arg_int(&a, rows_aligned(pb, es));
+    arg_mem(&a, sp.nsplit > 1 ? im->work.mem : NULL);
+    arg_mem(&a, sp.nsplit > 1 ? im->work2.mem : NULL);
+    arg_int(&a, (cl_int)c.ws.tq);
+  }
   arg_features(&a, pb, c.features);
-  const size_t nt = 16 * (size_t)(t->br / t->tm);
-  const size_t blocks = (size_t)((pb->seqlen_q + t->br - 1) / t->br);
-  st = launch(ctx, a.k, &a, "attn_fwd", blocks * nt, (size_t)pb->heads_q, (size_t)pb->batch, nt);
+  if (c.features & ATTN__CL_F_SPLIT) {
+    arg_int(&a, sp.nsplit);
+    arg_mem(&a, im->work.mem);
+    arg_mem(&a, im->work2.mem);
+    arg_int(&a, (cl_int)c.ws.tq);
+  }
+  /* Work-groups: the splits of each block of rows, per (key/value) head and
+   * sequence. */
+  const size_t items = decode ? (size_t)c.t->ntd : 16 * (size_t)(c.t->br / c.t->tm);
+  st = launch(ctx, a.k, &a, decode ? "attn_decode" : "attn_fwd",
+              (size_t)sp.nsplit * (size_t)sp.nrb * items,
+              (size_t)(decode ? pb->heads_kv : pb->heads_q), (size_t)pb->batch, items);
+  if (!st && sp.nsplit > 1) st = split_merge(ctx, pb, &c, sp.nsplit);
   return st ? st : finish(ctx, pb);
 }
 
@@ -559,8 +561,9 @@ static int zero(attn_context *ctx, const call *c, cl_mem mem, int64_t off, const
 }
 
 /* dq, and dbias with it: one launch, or one per sequence and head over
- * which dbias broadcasts (DBIAS 1), or one into row-block sums added up
- * after (DBIAS 2). */
+ * which dbias broadcasts, in order, each adding to an element of dbias at
+ * most once (DBIAS 1); where dbias broadcasts over the query rows, each
+ * launch's row-block sums then added to it (DBIAS 2). */
 static int backward_dq(attn_context *ctx, const attn__problem *pb, const call *c, args *b) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
   const size_t blocks = (size_t)((pb->seqlen_q + c->t->bb - 1) / c->t->bb);
@@ -575,45 +578,40 @@ static int backward_dq(attn_context *ctx, const attn__problem *pb, const call *c
                         pb->seqlen_k};
   const int64_t s[4] = {db->sb, db->sh, db->ss, db->sd};
   const int over_b = n[0] < pb->batch, over_h = n[1] < pb->heads_q;
-  int st = ATTN_OK;
+  const int rows = (c->features & ATTN__CL_F_DBIAS2) != 0;
+  /* Each launch's grid: one sequence or head where dbias sums over them. */
+  const size_t gy = over_h ? 1 : (size_t)pb->heads_q, gz = over_b ? 1 : (size_t)pb->batch;
   arg_bias(b, db);
   const cl_uint i_b0 = b->i;
   arg_int(b, 0);
   arg_int(b, 0);
-  if (c->features & ATTN__CL_F_DBIAS2) {
-    const int64_t ps[4] = {pb->heads_q * (int64_t)blocks * pb->seqlen_k,
-                           (int64_t)blocks * pb->seqlen_k, pb->seqlen_k, 1};
-    const int64_t pn[4] = {pb->batch, pb->heads_q, (int64_t)blocks, pb->seqlen_k};
-    arg_mem(b, im->work.mem);
-    st = zero(ctx, c, im->work.mem, 0, ps, pn);
-    if (!st)
-      st = launch(ctx, b->k, b, "attn_bwd_dq", blocks * 128, (size_t)pb->heads_q, (size_t)pb->batch,
-                  128);
-    if (st) return st;
-    args a = args_of(im, c->p->k[ATTN__CL_K_DBIAS_SUM]);
+  arg_mem(b, rows ? im->work.mem : NULL);
+  int st = zero(ctx, c, (cl_mem)db->native, (int64_t)(db->offset / 4), s, n);
+  args a = args_of(im, rows ? c->p->k[ATTN__CL_K_DBIAS_SUM] : NULL);
+  const int64_t ps[4] = {(int64_t)(gy * blocks) * pb->seqlen_k, (int64_t)blocks * pb->seqlen_k,
+                         pb->seqlen_k, 1};
+  const int64_t pn[4] = {(int64_t)gz, (int64_t)gy, (int64_t)blocks, pb->seqlen_k};
+  const cl_uint i_sum_b0 = 3;
+  if (rows) {
     arg_mem(&a, im->work.mem);
-    arg_int(&a, (cl_int)pb->batch);
-    arg_int(&a, (cl_int)pb->heads_q);
     arg_int(&a, (cl_int)blocks);
     arg_int(&a, (cl_int)pb->seqlen_k);
-    arg_int(&a, over_b);
-    arg_int(&a, over_h);
+    arg_int(&a, 0);
+    arg_int(&a, 0);
     arg_bias(&a, db);
-    return launch(ctx, a.k, &a, "attn_bwd_dbias_sum", cover(pb->seqlen_k, 64), (size_t)n[1],
-                  (size_t)n[0], 64);
   }
-  arg_mem(b, NULL);
-  st = zero(ctx, c, (cl_mem)db->native, (int64_t)(db->offset / 4), s, n);
-  /* In order over the sequences and heads dbias sums over, each launch
-   * adding to every element at most once. */
   const int64_t nb = over_b ? pb->batch : 1, nh = over_h ? pb->heads_q : 1;
   for (int64_t b0 = 0; b0 < nb && !st; ++b0)
     for (int64_t h0 = 0; h0 < nh && !st; ++h0) {
       const cl_int v[2] = {(cl_int)b0, (cl_int)h0};
       for (int j = 0; j < 2 && b->err == CL_SUCCESS; ++j)
         b->err = im->cl->clSetKernelArg(b->k, i_b0 + (cl_uint)j, sizeof v[j], &v[j]);
-      st = launch(ctx, b->k, b, "attn_bwd_dq", blocks * 128, over_h ? 1 : (size_t)pb->heads_q,
-                  over_b ? 1 : (size_t)pb->batch, 128);
+      if (rows) st = zero(ctx, c, im->work.mem, 0, ps, pn);
+      if (!st) st = launch(ctx, b->k, b, "attn_bwd_dq", blocks * 128, gy, gz, 128);
+      if (st || !rows) continue;
+      for (int j = 0; j < 2 && a.err == CL_SUCCESS; ++j)
+        a.err = im->cl->clSetKernelArg(a.k, i_sum_b0 + (cl_uint)j, sizeof v[j], &v[j]);
+      st = launch(ctx, a.k, &a, "attn_bwd_dbias_sum", cover(pb->seqlen_k, 64), gy, gz, 64);
     }
   return st;
 }

@@ -170,8 +170,8 @@ static int choose(attn_context *ctx, int cls, int dtype, int hd, attn__cl_config
   snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
            "opencl attn_fwd HD=%d Br=%d Bc=%d TM=%d DK=%d JK=%d", hd, t.br, t.bc, t.tm, t.dk, t.jk);
   snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd HD=%d BB=%d", hd, t.bb);
-  snprintf(c->name[ATTN__CL_DECODE], sizeof c->name[0], "opencl attn_decode HD=%d DR=%d NTD=%d", hd,
-           t.dr, t.ntd);
+  snprintf(c->name[ATTN__CL_DECODE], sizeof c->name[0], "opencl attn_decode HD=%d DR<=%d NTD=%d",
+           hd, t.dr, t.ntd);
   return 1;
 }
 
@@ -215,7 +215,8 @@ static int dbias_over_rows(const attn__problem *pb) {
   return pb->dbias.ss == 0 && pb->seqlen_q > 1;
 }
 
-unsigned attn__cl_features(const attn__problem *pb, int backward) {
+/* The optional features a problem uses in one pass. */
+static unsigned problem_features(const attn__problem *pb, int backward) {
   unsigned f = 0;
   if (pb->has_bias) f |= ATTN__CL_F_BIAS | (unsigned)pb->bias.dtype << ATTN__CL_F_BIAS_SHIFT;
   if (backward) {
@@ -229,13 +230,29 @@ unsigned attn__cl_features(const attn__problem *pb, int backward) {
   return f;
 }
 
+unsigned attn__cl_features(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
+  unsigned f = problem_features(pb, plan->backward);
+  if (plan->backward) return f;
+  attn__cl_split sp;
+  attn__cl_split_of(ctx, pb, plan, &sp);
+  if (plan->kernel == ATTN__CL_DECODE) {
+    unsigned lg = 0;
+    while ((1 << lg) < sp.dr)
+      ++lg;
+    f |= lg << ATTN__CL_F_DR_SHIFT;
+  } else if (sp.nsplit > 1) {
+    f |= ATTN__CL_F_SPLIT;
+  }
+  return f;
+}
+
 int attn__cl_prog_kind(int family, unsigned features) {
   if (family == ATTN__CL_DECODE) return ATTN__CL_PROG_DECODE;
   if (!features) return ATTN__CL_PROG_ATTN;
   return family == ATTN__CL_BWD ? ATTN__CL_PROG_BWD : ATTN__CL_PROG_FWD;
 }
 
-/* decode.cl's MAX_SPLITS. */
+/* split.cl's MAX_SPLITS. */
 #define MAX_SPLITS 128
 /* The decode kernel runs problems of at most this many query rows per
  * sequence; above it, attn_fwd's blocks of Br rows are no longer mostly
@@ -254,15 +271,40 @@ static int64_t longest_keys(const attn__problem *pb) {
   return most;
 }
 
-void attn__cl_decode_of(attn_context *ctx, const attn__problem *pb, const attn__cl_config *c,
-                        attn__cl_decode *dec) {
+void attn__cl_split_of(attn_context *ctx, const attn__problem *pb, const attn__plan *plan,
+                       attn__cl_split *sp) {
   const attn__cl_device *dev = attn__cl_impl_of(ctx)->dev;
-  const int64_t group = pb->heads_q / pb->heads_kv;
-  const int64_t rows = group * pb->seqlen_q;
-  dec->nrb = (int)((rows + c->t.dr - 1) / c->t.dr);
-  /* Splits of two tiles at least: fewer keys per part would cost more in
-   * parts written and merged than they gain. */
-  const int64_t tiles = (longest_keys(pb) + c->t.ntd - 1) / c->t.ntd;
+  const attn__cl_config *c = (const attn__cl_config *)plan->config;
+  sp->nsplit = 1;
+  sp->dr = sp->nrb = 0;
+  if (plan->backward) return;
+  int64_t groups, want, keys;
+  if (plan->kernel == ATTN__CL_DECODE) {
+    const int64_t rows = pb->heads_q / pb->heads_kv * pb->seqlen_q;
+    /* As few rows per work-group as the rows of a key/value head need (a
+     * power of two): rows past them would cost their share of the
+     * arithmetic, reading nothing more. */
+    sp->dr = 1;
+    while (sp->dr < c->t.dr && sp->dr < rows)
+      sp->dr *= 2;
+    sp->nrb = (int)((rows + sp->dr - 1) / sp->dr);
+    groups = pb->batch * pb->heads_kv * sp->nrb;
+    keys = c->t.ntd;
+    /* Four work-groups per compute unit: a GPU hides its memory latency
+     * with several resident at once; a CPU device runs one per thread. */
+    want = (int64_t)(dev->info.is_gpu ? 4 : 1) * dev->info.compute_units;
+  } else {
+    sp->dr = c->t.br;
+    sp->nrb = (int)((pb->seqlen_q + c->t.br - 1) / c->t.br);
+    groups = pb->batch * pb->heads_q * sp->nrb;
+    keys = c->t.bc;
+    /* attn_fwd's work-groups fill a compute unit with one or two: split
+     * only where the rows leave half the device idle, up to a wave. */
+    want = groups * 2 <= dev->info.compute_units ? dev->info.compute_units : groups;
+  }
+  /* Parts of two key tiles at least: fewer keys per part would cost more
+   * in parts written and merged than they gain. */
+  const int64_t tiles = (longest_keys(pb) + keys - 1) / keys;
   int64_t most = tiles / 2 > 1 ? tiles / 2 : 1, n;
   if (pb->num_splits == 1) {
     n = 1;
@@ -270,16 +312,11 @@ void attn__cl_decode_of(attn_context *ctx, const attn__problem *pb, const attn__
     n = pb->num_splits;
     most = tiles > 1 ? tiles : 1;
   } else {
-    /* Enough work-groups for four per compute unit (a GPU hides its memory
-     * latency with several resident at once; a CPU device runs one per
-     * thread). */
-    const int64_t groups = pb->batch * pb->heads_kv * dec->nrb;
-    const int64_t want = (int64_t)(dev->info.is_gpu ? 4 : 1) * dev->info.compute_units;
     n = groups >= want ? 1 : (want + groups - 1) / groups;
   }
   if (n > most) n = most;
   if (n > MAX_SPLITS) n = MAX_SPLITS;
-  dec->nsplit = (int)(n < 1 ? 1 : n);
+  sp->nsplit = (int)(n < 1 ? 1 : n);
 }
 
 void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const attn__plan *plan,
@@ -290,18 +327,21 @@ void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const att
   ws->alibi = pb->alibi ? (size_t)pb->heads_q * sizeof(float) : 0;
   ws->tq = pb->cu_q ? pb->total_q : pb->batch * pb->seqlen_q;
   ws->delta = plan->backward ? (size_t)(pb->heads_q * ws->tq) * sizeof(float) : 0;
-  if (plan->kernel == ATTN__CL_DECODE) {
-    attn__cl_decode dec;
-    attn__cl_decode_of(ctx, pb, c, &dec);
-    if (dec.nsplit > 1) {
-      const size_t parts = (size_t)dec.nsplit * (size_t)pb->heads_q * (size_t)ws->tq;
-      ws->work = parts * (size_t)c->hd * sizeof(float);
-      ws->work2 = 2 * parts * sizeof(float);
-    }
+  attn__cl_split sp;
+  attn__cl_split_of(ctx, pb, plan, &sp);
+  if (sp.nsplit > 1) {
+    /* Every row's parts: O, and m_i with l_i (PART_ROW, common.cl). */
+    const size_t parts = (size_t)sp.nsplit * (size_t)pb->heads_q * (size_t)ws->tq;
+    ws->work = parts * (size_t)c->hd * sizeof(float);
+    ws->work2 = 2 * parts * sizeof(float);
   }
   if (plan->backward && pb->has_dbias && dbias_over_rows(pb)) {
+    /* A row-block sum per work-group of one launch of attn_bwd_dq, which
+     * covers one sequence or head where dbias sums over them. */
     const size_t nqb = (size_t)((pb->seqlen_q + c->t.bb - 1) / c->t.bb);
-    ws->work = (size_t)pb->batch * (size_t)pb->heads_q * nqb * (size_t)pb->seqlen_k * sizeof(float);
+    const size_t gb = pb->dbias.sb ? (size_t)pb->batch : 1,
+                 gh = pb->dbias.sh ? (size_t)pb->heads_q : 1;
+    ws->work = gb * gh * nqb * (size_t)pb->seqlen_k * sizeof(float);
   }
 }
 
@@ -317,7 +357,6 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
                        "the OpenCL backend takes at most 65535 sequences and heads");
   attn__cl_config *c = attn__cl_config_for(ctx, pb->dtype, pb->head_dim);
   if (!c) return ATTN_EUNSUPPORTED;
-  const unsigned features = attn__cl_features(pb, backward);
   if (backward && pb->has_dbias &&
       bwd_local_bytes(c->hd, c->t.bb) + dbias_local_bytes(c->t.bb) > (size_t)im->dev->local_mem)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
@@ -331,17 +370,22 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
                 : c->t.dr && pb->seqlen_q <= DECODE_MAX_NQ ? ATTN__CL_DECODE
                                                            : ATTN__CL_FWD;
   out->config = c;
+  unsigned features = attn__cl_features(ctx, pb, out);
   /* The program is built here, not at launch: whether its kernels run the
    * config's work-groups is known only from the compiled kernels, and the
    * answer must be the plan's (attn_supports() is exact). Built once per
    * (config, features) and context, and cached on disk. A decode kernel
-   * the device cannot run leaves the problem to attn_fwd. */
+   * the device cannot run, or its compiler cannot build, leaves the
+   * problem to attn_fwd (ATTN_DEBUG says why). */
   attn__cl_program *prog;
   int st = attn__cl_program_of(ctx, c, attn__cl_prog_kind(out->kernel, features), features, &prog);
-  if (st == ATTN_EUNSUPPORTED && out->kernel == ATTN__CL_DECODE) {
-    attn__debug("opencl: %s; the forward kernel runs it", ctx->errmsg);
+  if ((st == ATTN_EUNSUPPORTED || st == ATTN_EBUILD) && out->kernel == ATTN__CL_DECODE) {
+    attn__debug("opencl: %s; the forward kernel runs it, and every later decode of the context",
+                ctx->errmsg);
     ctx->errmsg[0] = 0;
+    c->t.dr = 0; /* not tried again */
     out->kernel = ATTN__CL_FWD;
+    features = attn__cl_features(ctx, pb, out);
     st = attn__cl_program_of(ctx, c, attn__cl_prog_kind(out->kernel, features), features, &prog);
   }
   if (st) return st;

@@ -29,6 +29,7 @@ int main(void) {
                {"fwd.cl", attn__cl_src_fwd},
                {"bwd.cl", attn__cl_src_bwd},
                {"decode.cl", attn__cl_src_decode},
+               {"split.cl", attn__cl_src_split},
                {"append.cl", attn__cl_src_append},
                {"merge.cl", attn__cl_src_merge},
                {"selftest.cl", attn__cl_src_selftest}};
