@@ -40,6 +40,7 @@
   X(clGetMemObjectInfo)        \
   X(clEnqueueReadBuffer)       \
   X(clEnqueueWriteBuffer)      \
+  X(clEnqueueCopyBuffer)       \
   X(clCreateProgramWithSource) \
   X(clCreateProgramWithBinary) \
   X(clBuildProgram)            \
@@ -74,6 +75,7 @@ extern const char attn__cl_src_bwd[];
 extern const char attn__cl_src_decode[];
 extern const char attn__cl_src_append[];
 extern const char attn__cl_src_merge[];
+extern const char attn__cl_src_meta[];
 extern const char attn__cl_src_split[];
 extern const char attn__cl_src_selftest[];
 
@@ -128,7 +130,8 @@ enum attn__cl_prog_kind {
   ATTN__CL_PROG_BWD,    /* common.cl bwd.cl */
   ATTN__CL_PROG_DECODE, /* common.cl decode.cl split.cl */
   ATTN__CL_PROG_APPEND, /* common.cl append.cl */
-  ATTN__CL_PROG_MERGE   /* common.cl merge.cl */
+  ATTN__CL_PROG_MERGE,  /* common.cl merge.cl */
+  ATTN__CL_PROG_META    /* common.cl meta.cl */
 };
 
 /* The optional features a program is built with (common.cl's and bwd.cl's
@@ -160,6 +163,7 @@ enum attn__cl_kernel_slot {
   ATTN__CL_K_APPEND,
   ATTN__CL_K_MERGE_MAX,
   ATTN__CL_K_MERGE_ADD,
+  ATTN__CL_K_OFFSETS,
   ATTN__CL_K_COUNT
 };
 

@@ -34,6 +34,7 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_APPEND] = "attn_append",
     [ATTN__CL_K_MERGE_MAX] = "attn_merge_max",
     [ATTN__CL_K_MERGE_ADD] = "attn_merge_add",
+    [ATTN__CL_K_OFFSETS] = "attn_clamp_offsets",
 };
 
 /* The work-items per group each kernel is launched with (the forward's
@@ -43,6 +44,7 @@ static const size_t kernel_items[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_DQ] = 128,    [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,
     [ATTN__CL_K_DSINKS] = 64, [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 64,
     [ATTN__CL_K_APPEND] = 64, [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,
+    [ATTN__CL_K_OFFSETS] = 64,
 };
 
 static void release_one(attn__cl_impl *im, attn__cl_program *p) {
@@ -103,6 +105,10 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
     case ATTN__CL_PROG_APPEND:
       srcs[ns++] = attn__cl_src_append;
       slots[nk++] = ATTN__CL_K_APPEND;
+      break;
+    case ATTN__CL_PROG_META:
+      srcs[ns++] = attn__cl_src_meta;
+      slots[nk++] = ATTN__CL_K_OFFSETS;
       break;
     default:
       srcs[ns++] = attn__cl_src_merge;
@@ -342,29 +348,6 @@ static int check_tensors(attn_context *ctx, const attn__problem *pb, int backwar
   return ATTN_OK;
 }
 
-/* Uploads cu_seqlens and slopes, and sizes delta and the partial results;
- * NULL handles for what the problem lacks. */
-static int upload_params(attn_context *ctx, const attn__problem *pb, const attn__cl_workspace *ws,
-                         cl_mem *cu_q, cl_mem *cu_k, cl_mem *alibi) {
-  attn__cl_impl *im = attn__cl_impl_of(ctx);
-  int st = ATTN_OK;
-  *cu_q = *cu_k = *alibi = NULL;
-  if (ws->cu) {
-    if ((st = attn__cl_scratch_put(ctx, &im->cu_q, ws->cu, pb->cu_q))) return st;
-    if ((st = attn__cl_scratch_put(ctx, &im->cu_k, ws->cu, pb->cu_k))) return st;
-    *cu_q = im->cu_q.mem;
-    *cu_k = pb->cu_k ? im->cu_k.mem : NULL;
-  }
-  if (ws->alibi) {
-    if ((st = attn__cl_scratch_put(ctx, &im->alibi, ws->alibi, pb->alibi))) return st;
-    *alibi = im->alibi.mem;
-  }
-  if (ws->delta && (st = attn__cl_scratch_put(ctx, &im->delta, ws->delta, NULL))) return st;
-  if (ws->work && (st = attn__cl_scratch_put(ctx, &im->work, ws->work, NULL))) return st;
-  if (ws->work2) st = attn__cl_scratch_put(ctx, &im->work2, ws->work2, NULL);
-  return st;
-}
-
 static int launch(attn_context *ctx, cl_kernel k, const args *a, const char *name, size_t g0,
                   size_t g1, size_t g2, size_t l0) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
@@ -393,6 +376,63 @@ static int finish(attn_context *ctx, const attn__problem *pb) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
   cl_int err = pb->async ? im->cl->clFlush(im->queue) : im->cl->clFinish(im->queue);
   return err == CL_SUCCESS ? ATTN_OK : attn__cl_fail(ctx, pb->async ? "clFlush" : "clFinish", err);
+}
+
+/* Offsets into the scratch s, n entries: the caller's host copy, or those
+ * of its device buffer (dev) through attn_clamp_offsets (meta.cl), as
+ * nothing has checked them. The queue is in order: the kernels that read
+ * them follow. */
+static int put_offsets(attn_context *ctx, attn__cl_config *c, attn__cl_scratch *s,
+                       const int32_t *host, const attn__tensor *dev, int64_t n, int64_t rows) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  int st = attn__cl_scratch_put(ctx, s, (size_t)n * sizeof(int32_t), host);
+  if (st || host) return st;
+  attn__cl_program *p;
+  if ((st = attn__cl_program_of(ctx, c, ATTN__CL_PROG_META, 0u, &p))) return st;
+  args a = args_of(im, p->k[ATTN__CL_K_OFFSETS]);
+  arg_mem(&a, (cl_mem)dev->native);
+  arg_long(&a, (cl_long)(dev->offset / sizeof(int32_t)));
+  arg_mem(&a, s->mem);
+  arg_int(&a, (cl_int)n);
+  arg_int(&a, (cl_int)rows);
+  return launch(ctx, a.k, &a, "attn_clamp_offsets", 64, 1, 1, 64);
+}
+
+/* Puts cu_seqlens and the slopes where the kernels read them, and sizes
+ * delta and the partial results; NULL handles for what the problem lacks.
+ * Slopes in a device buffer are read there, or copied on the device where
+ * they do not start the buffer (the kernels take no offset). */
+static int upload_params(attn_context *ctx, attn__cl_config *c, const attn__problem *pb,
+                         const attn__cl_workspace *ws, cl_mem *cu_q, cl_mem *cu_k, cl_mem *alibi) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  const int64_t n = pb->batch + 1;
+  int st = ATTN_OK;
+  *cu_q = *cu_k = *alibi = NULL;
+  if (ws->cu) {
+    if ((st = put_offsets(ctx, c, &im->cu_q, pb->cu_q, &pb->cu_q_dev, n, pb->total_q))) return st;
+    *cu_q = im->cu_q.mem;
+    if (pb->cu_k || pb->cu_k_dev.native) {
+      st = put_offsets(ctx, c, &im->cu_k, pb->cu_k, &pb->cu_k_dev, n, pb->total_k);
+      if (st) return st;
+      *cu_k = im->cu_k.mem;
+    }
+  }
+  const attn__tensor *ad = &pb->alibi_dev;
+  if (ad->native && ad->offset == 0) {
+    *alibi = (cl_mem)ad->native;
+  } else if (ws->alibi) {
+    if ((st = attn__cl_scratch_put(ctx, &im->alibi, ws->alibi, pb->alibi))) return st;
+    if (ad->native) {
+      cl_int err = im->cl->clEnqueueCopyBuffer(im->queue, (cl_mem)ad->native, im->alibi.mem,
+                                               ad->offset, 0, ws->alibi, 0, NULL, NULL);
+      if (err != CL_SUCCESS) return attn__cl_fail(ctx, "copying the ALiBi slopes", err);
+    }
+    *alibi = im->alibi.mem;
+  }
+  if (ws->delta && (st = attn__cl_scratch_put(ctx, &im->delta, ws->delta, NULL))) return st;
+  if (ws->work && (st = attn__cl_scratch_put(ctx, &im->work, ws->work, NULL))) return st;
+  if (ws->work2) st = attn__cl_scratch_put(ctx, &im->work2, ws->work2, NULL);
+  return st;
 }
 
 /* The arguments fwd.cl, decode.cl and bwd.cl share after the tensors. */
@@ -449,7 +489,7 @@ static int prepare(attn_context *ctx, const attn__problem *pb, const attn__plan 
   if (!st)
     st = attn__cl_program_of(ctx, config, attn__cl_prog_kind(plan->kernel, c->features),
                              c->features, &c->p);
-  if (!st) st = upload_params(ctx, pb, &c->ws, &c->cu_q, &c->cu_k, &c->alibi);
+  if (!st) st = upload_params(ctx, config, pb, &c->ws, &c->cu_q, &c->cu_k, &c->alibi);
   if (!st) c->t = &c->p->config->t;
   c->es = esize_of(pb->dtype);
   return st;
@@ -692,8 +732,8 @@ int attn__cl_append(attn_context *ctx, const attn__problem *pb) {
   int st = check_tensors(ctx, pb, 0);
   if (!st) st = attn__cl_program_of(ctx, c, ATTN__CL_PROG_APPEND, f, &p);
   cl_mem cu_k = NULL;
-  if (!st && pb->cu_k) {
-    st = attn__cl_scratch_put(ctx, &im->cu_k, (size_t)(pb->batch + 1) * sizeof(int32_t), pb->cu_k);
+  if (!st && (pb->cu_k || pb->cu_k_dev.native)) {
+    st = put_offsets(ctx, c, &im->cu_k, pb->cu_k, &pb->cu_k_dev, pb->batch + 1, pb->total_k);
     cu_k = im->cu_k.mem;
   }
   if (st) return st;

@@ -323,9 +323,9 @@ void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const att
                            attn__cl_workspace *ws) {
   memset(ws, 0, sizeof *ws);
   const attn__cl_config *c = (const attn__cl_config *)plan->config;
-  ws->cu = pb->cu_q ? (size_t)(pb->batch + 1) * sizeof(int32_t) : 0;
-  ws->alibi = pb->alibi ? (size_t)pb->heads_q * sizeof(float) : 0;
-  ws->tq = pb->cu_q ? pb->total_q : pb->batch * pb->seqlen_q;
+  ws->cu = pb->varlen ? (size_t)(pb->batch + 1) * sizeof(int32_t) : 0;
+  ws->alibi = pb->alibi || pb->alibi_dev.native ? (size_t)pb->heads_q * sizeof(float) : 0;
+  ws->tq = pb->varlen ? pb->total_q : pb->batch * pb->seqlen_q;
   ws->delta = plan->backward ? (size_t)(pb->heads_q * ws->tq) * sizeof(float) : 0;
   attn__cl_split sp;
   attn__cl_split_of(ctx, pb, plan, &sp);

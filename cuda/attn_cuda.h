@@ -53,14 +53,14 @@ typedef struct attn__cuda_device {
 
 /* Everything a launcher needs for one call. All pointers are device
  * pointers except pb's host-side fields (cu_q, cu_k, alibi in pb are host
- * memory; the device copies are here). */
+ * memory; the device copies, or the caller's device tensors, are here). */
 typedef struct attn__cuda_launch {
   const attn__problem *pb;
   const attn__cuda_device *dev;
   cudaStream_t stream;
-  const int32_t *cu_q; /* device copy of pb->cu_q, NULL for bshd */
+  const int32_t *cu_q; /* device copy of the offsets (clamped), NULL for bshd */
   const int32_t *cu_k;
-  const float *alibi; /* device copy of pb->alibi, NULL for none */
+  const float *alibi; /* the slopes on the device, NULL for none */
   void *workspace;    /* at least the plan's workspace bytes, 256-byte aligned */
 } attn__cuda_launch;
 
@@ -187,6 +187,12 @@ size_t attn__cuda_decode_workspace(const attn__cuda_device *dev, const attn__cud
 int attn__cuda_append(const attn__cuda_launch *L);
 size_t attn__cuda_merge_workspace(const attn__merge *m);
 int attn__cuda_merge(const attn__merge *m, cudaStream_t stream, void *workspace);
+
+/* cu_seqlens from a device buffer (in, n entries) into out on the stream,
+ * clamped so that they index only the tensor's rows (meta.cu): ATTN_OK or
+ * ATTN_EDEVICE. */
+int attn__cuda_clamp_offsets(const int32_t *in, int32_t *out, int64_t n, int64_t rows,
+                             cudaStream_t stream);
 
 /* Whether dbias sums over a broadcast dimension (stride 0 where the problem
  * has more than one sequence, head or query row): dK/dV's pass then adds

@@ -283,6 +283,55 @@ static int cuda_plan(attn_context *ctx, const attn__problem *pb, int backward, a
   return ATTN_OK;
 }
 
+/* The offsets and slopes where the kernels read them (L). Host memory is
+ * copied into the scratch block, in stream order behind any earlier call
+ * still reading it. Offsets in a device buffer are copied there clamped
+ * (meta.cu), as nothing has checked them; slopes in a device buffer are
+ * read where they are. keys_only: cu_seqlens_k alone (the append). */
+static int put_metadata(attn_context *ctx, const attn__problem *pb, int keys_only,
+                        attn__cuda_launch *L) {
+  cuda_impl *I = (cuda_impl *)ctx->impl;
+  const int64_t n = pb->batch + 1;
+  const size_t cu_bytes = pb->varlen ? align256(sizeof(int32_t) * (size_t)n) : 0;
+  const size_t al_bytes =
+      pb->alibi && !keys_only ? align256(sizeof(float) * (size_t)pb->heads_q) : 0;
+  if (pb->alibi_dev.native && !keys_only)
+    L->alibi = (const float *)((const char *)pb->alibi_dev.native + pb->alibi_dev.offset);
+  if (!(cu_bytes + al_bytes)) return ATTN_OK;
+  int st = grow(ctx, &I->scratch, &I->scratch_bytes, 2 * cu_bytes + al_bytes, "scratch");
+  if (st != ATTN_OK) return st;
+  char *s = (char *)I->scratch;
+  const int32_t *host[2] = {pb->cu_q, pb->cu_k};
+  const attn__tensor *dev[2] = {&pb->cu_q_dev, &pb->cu_k_dev};
+  const int64_t rows[2] = {pb->total_q, pb->total_k};
+  const int32_t **to[2] = {&L->cu_q, &L->cu_k};
+  const char *what[2] = {"copying cu_seqlens_q", "copying cu_seqlens_k"};
+  for (int i = keys_only; i < 2 && cu_bytes; i++) {
+    int32_t *dst = (int32_t *)(s + (size_t)i * cu_bytes);
+    if (host[i]) {
+      CU(ctx,
+         cudaMemcpyAsync(dst, host[i], sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice,
+                         I->stream),
+         what[i]);
+    } else if (dev[i]->native) {
+      const int32_t *src = (const int32_t *)((const char *)dev[i]->native + dev[i]->offset);
+      if (attn__cuda_clamp_offsets(src, dst, n, rows[i], I->stream) != ATTN_OK)
+        return cuda_fail(ctx, cudaGetLastError(), what[i]);
+    } else {
+      continue; /* a paged cache has no cu_seqlens_k */
+    }
+    *to[i] = dst;
+  }
+  if (al_bytes) {
+    CU(ctx,
+       cudaMemcpyAsync(s + 2 * cu_bytes, pb->alibi, sizeof(float) * (size_t)pb->heads_q,
+                       cudaMemcpyHostToDevice, I->stream),
+       "copying the ALiBi slopes");
+    L->alibi = (const float *)(s + 2 * cu_bytes);
+  }
+  return ATTN_OK;
+}
+
 /* forward and backward: the plan says which. */
 static int cuda_run(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
   cuda_impl *I = (cuda_impl *)ctx->impl;
@@ -296,36 +345,8 @@ static int cuda_run(attn_context *ctx, const attn__problem *pb, const attn__plan
   L.dev = &I->dev;
   L.stream = I->stream;
 
-  /* cu_seqlens and the slopes are host memory: copy them into the scratch
-   * block, in stream order behind any earlier call still reading it. */
-  const size_t cu_bytes = pb->cu_q ? align256(sizeof(int32_t) * (size_t)(pb->batch + 1)) : 0;
-  const size_t al_bytes = pb->alibi ? align256(sizeof(float) * (size_t)pb->heads_q) : 0;
-  if (cu_bytes + al_bytes) {
-    st = grow(ctx, &I->scratch, &I->scratch_bytes, 2 * cu_bytes + al_bytes, "scratch");
-    if (st != ATTN_OK) return st;
-    char *s = (char *)I->scratch;
-    if (pb->cu_q) {
-      CU(ctx,
-         cudaMemcpyAsync(s, pb->cu_q, sizeof(int32_t) * (size_t)(pb->batch + 1),
-                         cudaMemcpyHostToDevice, I->stream),
-         "copying cu_seqlens_q");
-      /* A paged cache has no cu_seqlens_k. */
-      if (pb->cu_k)
-        CU(ctx,
-           cudaMemcpyAsync(s + cu_bytes, pb->cu_k, sizeof(int32_t) * (size_t)(pb->batch + 1),
-                           cudaMemcpyHostToDevice, I->stream),
-           "copying cu_seqlens_k");
-      L.cu_q = (const int32_t *)s;
-      L.cu_k = pb->cu_k ? (const int32_t *)(s + cu_bytes) : NULL;
-    }
-    if (pb->alibi) {
-      CU(ctx,
-         cudaMemcpyAsync(s + 2 * cu_bytes, pb->alibi, sizeof(float) * (size_t)pb->heads_q,
-                         cudaMemcpyHostToDevice, I->stream),
-         "copying the ALiBi slopes");
-      L.alibi = (const float *)(s + 2 * cu_bytes);
-    }
-  }
+  st = put_metadata(ctx, pb, 0, &L);
+  if (st != ATTN_OK) return st;
 
   if (plan->workspace) {
     st = grow(ctx, &I->ws, &I->ws_bytes, plan->workspace, "workspace");
@@ -354,7 +375,7 @@ static int cuda_run(attn_context *ctx, const attn__problem *pb, const attn__plan
 
 /* The KV cache's new rows, before the forward pass on the same stream. A
  * varlen cache needs cu_seqlens_k on the device: the scratch block holds it
- * as it does for the forward pass, which copies it again behind this. */
+ * as it does for the forward pass, which puts it there again behind this. */
 static int cuda_append(attn_context *ctx, const attn__problem *pb) {
   cuda_impl *I = (cuda_impl *)ctx->impl;
   CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
@@ -363,14 +384,8 @@ static int cuda_append(attn_context *ctx, const attn__problem *pb) {
   L.pb = pb;
   L.dev = &I->dev;
   L.stream = I->stream;
-  if (pb->cu_k) {
-    const size_t bytes = sizeof(int32_t) * (size_t)(pb->batch + 1);
-    int st = grow(ctx, &I->scratch, &I->scratch_bytes, align256(bytes), "scratch");
-    if (st != ATTN_OK) return st;
-    CU(ctx, cudaMemcpyAsync(I->scratch, pb->cu_k, bytes, cudaMemcpyHostToDevice, I->stream),
-       "copying cu_seqlens_k");
-    L.cu_k = (const int32_t *)I->scratch;
-  }
+  int st = put_metadata(ctx, pb, 1, &L);
+  if (st != ATTN_OK) return st;
   if (attn__cuda_append(&L) != ATTN_OK)
     return cuda_fail(ctx, cudaGetLastError(), "appending to the KV cache");
   return ATTN_OK;

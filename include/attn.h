@@ -323,14 +323,16 @@ typedef struct attn_params {
   int64_t window_right;
   /* s = softcap * tanh(s / softcap) when softcap > 0. */
   double softcap;
-  /* ALiBi: one slope per query head (host memory), or NULL for none;
+  /* ALiBi: one slope per query head (host memory; in a device buffer:
+   * alibi_slopes_tensor below), or NULL for none;
    * s -= slope[h] * |diag - j|. A NaN or infinite slope is ATTN_EALIBI; any
    * finite one is accepted, and one so large that scores overflow float32
    * gives NaN rows, as NaN inputs do (see attn_forward). */
   const float *alibi_slopes;
   int64_t alibi_count;
   /* Variable-length batches (tensors of ndim 3): batch + 1 offsets each, in
-   * host memory; sequence b is rows cu[b] .. cu[b+1]-1. NULL for bshd. */
+   * host memory (in a device buffer: cu_seqlens_*_tensor below); sequence b
+   * is rows cu[b] .. cu[b+1]-1. NULL for bshd. */
   const int32_t *cu_seqlens_q;
   const int32_t *cu_seqlens_k;
   int64_t batch;
@@ -386,6 +388,23 @@ typedef struct attn_params {
   const attn_tensor *sinks;
   /* Backward output, float32 [heads_q]: d(loss)/d(sink). NULL: not wanted. */
   const attn_tensor *dsinks;
+
+  /* --- Metadata as tensors (forward and backward) ---
+   * cu_seqlens_q, cu_seqlens_k and alibi_slopes above are host pointers.
+   * These give the same values as contiguous tensors instead, int32 [batch +
+   * 1] and float32 [heads_q]; set one form of each, not both. In host memory
+   * they are checked as the pointers are. In a device buffer of the context,
+   * a GPU call reads them there, with no copy through the host (the call can
+   * be captured in a CUDA graph), and nothing checks them: offsets are
+   * clamped into the tensors' rows (a malformed entry shortens sequences, it
+   * never reads or writes outside them) and a non-finite slope gives NaN
+   * rows. The host then does not know the longest sequence: the launch
+   * covers every row of the tensor for each sequence and blocks past a
+   * sequence's end return at once. Appending (k_new) to a varlen cache needs
+   * cu_seqlens_k in host memory, where each sequence's room is checked. */
+  const attn_tensor *cu_seqlens_q_tensor;
+  const attn_tensor *cu_seqlens_k_tensor;
+  const attn_tensor *alibi_slopes_tensor;
 } attn_params;
 
 /* Defaults: size set, scale 0 (1/sqrt(d)), no flags, no window, no softcap,

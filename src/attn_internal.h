@@ -63,8 +63,14 @@ typedef struct attn__problem {
   int64_t seqlen_k; /* bshd: Nk; varlen: the longest key sequence */
   int64_t total_q;  /* rows of q over all sequences */
   int64_t total_k;
-  const int32_t *cu_q; /* host memory, batch + 1 entries; NULL for bshd */
-  const int32_t *cu_k;
+  int varlen;           /* q is [total_q, heads, d], its sequences given by cu_seqlens */
+  const int32_t *cu_q; /* host memory, batch + 1 entries; NULL for bshd or on the device */
+  const int32_t *cu_k; /* NULL too for a paged cache */
+  /* cu_seqlens and the ALiBi slopes where they live in a device buffer
+   * (attn_params' *_tensor fields on a GPU): native set, contiguous, nothing
+   * in them checked, and the host pointers (cu_q, cu_k, alibi) NULL. Then
+   * seqlen_q and seqlen_k are the tensors' rows, bounds of every sequence. */
+  attn__tensor cu_q_dev, cu_k_dev, alibi_dev;
   float scale;   /* resolved: never 0 */
   float softcap; /* 0 = off */
   /* Causal is folded in: window_right is 0 when causal (or smaller when
@@ -72,7 +78,7 @@ typedef struct attn__problem {
   int64_t window_left;
   int64_t window_right;
   int causal;         /* informational; the window already says it */
-  const float *alibi; /* host memory, heads_q slopes; NULL = none */
+  const float *alibi; /* host memory, heads_q slopes; NULL = none (or alibi_dev) */
   int deterministic;  /* backward: 1 = no atomics, fixed reduction order */
   int async;
   int has_lse; /* forward: whether lse is wanted */

@@ -245,6 +245,37 @@ static void fill_bias(attn_context *ctx, const attn_tensor *t, attn__tensor *out
   out->sd = t->stride[3];
 }
 
+/* A metadata tensor given in place of a host pointer (cu_seqlens_*_tensor,
+ * alibi_slopes_tensor): checked as an input of n contiguous entries. Where
+ * the host can read it (data, or a host backend's buffer) *host points at
+ * its values and it is then checked as the pointer is; in a device buffer
+ * *host is NULL and *dev says where it is. */
+static int meta_form(attn_context *ctx, const char *name, const char *ptr_name, int ptr_set,
+                     const attn_tensor *t, attn_dtype dtype, const char *dim, int64_t n,
+                     region *r, const void **host, attn__tensor *dev) {
+  const char *const dims[1] = {dim};
+  const int64_t want[1] = {n};
+  if (ptr_set)
+    return attn__error(ctx, ATTN_EINVAL, "%s and %s are both set; give one of them", name,
+                       ptr_name);
+  int rc = check_tensor(ctx, name, t, dtype, 1, dims, want, r);
+  if (rc) return rc;
+  if (n > 1 && t->stride[0] != 1)
+    return attn__error(ctx, ATTN_ESTRIDE, "%s: stride[0] is %lld; it must be contiguous (1)", name,
+                       (long long)t->stride[0]);
+  memset(dev, 0, sizeof *dev);
+  if (t->data) {
+    *host = t->data;
+  } else if (ctx && ctx->backend && ctx->backend->host_memory) {
+    *host = (const char *)t->buffer->native + t->offset;
+  } else {
+    *host = NULL;
+    fill_meta(ctx, t, dev);
+    dev->sb = 1;
+  }
+  return ATTN_OK;
+}
+
 static int check_cu(attn_context *ctx, const char *name, const int32_t *cu, int64_t batch,
                     int64_t rows, int64_t *longest) {
   if (!cu)
@@ -375,6 +406,8 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
 
   /* Sequences. */
   int64_t batch, nq, nk, total_q, total_k;
+  region rcuq = {0}, rcuk = {0}, ralibi = {0};
+  attn__tensor cuq_dev = {0}, cuk_dev = {0}, alibi_dev = {0};
   if (varlen) {
     if (p->batch <= 0)
       return attn__error(ctx, ATTN_ESIZE,
@@ -384,22 +417,56 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
     batch = p->batch;
     total_q = q->shape[0];
     total_k = k->shape[0];
-    rc = check_cu(ctx, "cu_seqlens_q", p->cu_seqlens_q, batch, total_q, &nq);
-    if (rc) return rc;
-    if (paged) {
-      if (p->cu_seqlens_k)
-        return attn__error(ctx, ATTN_ESEQLENS,
-                           "params.cu_seqlens_k is set, but k is paged (params.block_table): "
-                           "the block table and seqused_k say where each sequence's keys are");
+    if (p->cu_seqlens_q_tensor) {
+      const void *h;
+      rc = meta_form(ctx, "params.cu_seqlens_q_tensor", "params.cu_seqlens_q",
+                     p->cu_seqlens_q != NULL, p->cu_seqlens_q_tensor, ATTN_I32, "batch + 1",
+                     batch + 1, &rcuq, &h, &cuq_dev);
+      if (rc) return rc;
+      params.cu_seqlens_q = h;
+    }
+    if (p->cu_seqlens_k_tensor && !paged) {
+      const void *h;
+      rc = meta_form(ctx, "params.cu_seqlens_k_tensor", "params.cu_seqlens_k",
+                     p->cu_seqlens_k != NULL, p->cu_seqlens_k_tensor, ATTN_I32, "batch + 1",
+                     batch + 1, &rcuk, &h, &cuk_dev);
+      if (rc) return rc;
+      params.cu_seqlens_k = h;
+    }
+    /* On the device the lengths are unknown here: the tensors' rows bound
+     * them. */
+    if (cuq_dev.native) {
+      nq = total_q;
     } else {
-      rc = check_cu(ctx, "cu_seqlens_k", p->cu_seqlens_k, batch, total_k, &nk);
+      rc = check_cu(ctx, p->cu_seqlens_q_tensor ? "cu_seqlens_q_tensor" : "cu_seqlens_q",
+                    p->cu_seqlens_q, batch, total_q, &nq);
+      if (rc) return rc;
+    }
+    if (paged) {
+      if (p->cu_seqlens_k || p->cu_seqlens_k_tensor)
+        return attn__error(ctx, ATTN_ESEQLENS,
+                           "params.cu_seqlens_k%s is set, but k is paged (params.block_table): "
+                           "the block table and seqused_k say where each sequence's keys are",
+                           p->cu_seqlens_k ? "" : "_tensor");
+    } else if (cuk_dev.native) {
+      nk = total_k;
+      if (p->k_new)
+        return attn__error(ctx, ATTN_EINVAL,
+                           "params.k_new appends to a varlen cache whose cu_seqlens_k is in a "
+                           "device buffer; give cu_seqlens_k in host memory, where each "
+                           "sequence's room for the new rows is checked");
+    } else {
+      rc = check_cu(ctx, p->cu_seqlens_k_tensor ? "cu_seqlens_k_tensor" : "cu_seqlens_k",
+                    p->cu_seqlens_k, batch, total_k, &nk);
       if (rc) return rc;
     }
   } else {
-    if (p->cu_seqlens_q || p->cu_seqlens_k)
+    if (p->cu_seqlens_q || p->cu_seqlens_k || p->cu_seqlens_q_tensor || p->cu_seqlens_k_tensor)
       return attn__error(ctx, ATTN_ESEQLENS,
-                         "params.cu_seqlens_%c is set, but q is 4-d (bshd); varlen tensors are 3-d",
-                         p->cu_seqlens_q ? 'q' : 'k');
+                         "params.cu_seqlens_%c%s is set, but q is 4-d (bshd); varlen tensors are "
+                         "3-d",
+                         p->cu_seqlens_q || p->cu_seqlens_q_tensor ? 'q' : 'k',
+                         p->cu_seqlens_q || p->cu_seqlens_k ? "" : "_tensor");
     batch = q->shape[0];
     nq = q->shape[1];
     nk = paged ? 0 : k->shape[1];
@@ -448,7 +515,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   if (p->seqused_k && p->seqused_k->data) {
     for (int64_t b = 0; b < batch; b++) {
       const int64_t u = ((const int32_t *)p->seqused_k->data)[b * p->seqused_k->stride[0]];
-      const int64_t cap = varlen && !paged ? (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b]
+      const int64_t cap = p->cu_seqlens_k ? (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b]
                                            : nk;
       if (u < 0 || u + seqlen_new > cap)
         return attn__error(ctx, ATTN_ECACHE,
@@ -462,8 +529,8 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
      * hold the new rows: a varlen one its own cu_seqlens_k length, not just
      * the longest (the rules would clamp to a negative used length and the
      * append write before the sequence). */
-    for (int64_t b = 0; b < (varlen && !paged ? batch : 1); b++) {
-      const int64_t cap = varlen && !paged ? (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b]
+    for (int64_t b = 0; b < (p->cu_seqlens_k ? batch : 1); b++) {
+      const int64_t cap = p->cu_seqlens_k ? (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b]
                                            : nk;
       if (seqlen_new > cap)
         return attn__error(ctx, ATTN_ECACHE,
@@ -521,6 +588,20 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
                        "params.window_%s is %lld; a bound is >= 0, or -1 for none",
                        p->window_left < -1 ? "left" : "right",
                        (long long)(p->window_left < -1 ? p->window_left : p->window_right));
+  if (p->alibi_slopes_tensor) {
+    const void *h;
+    rc = meta_form(ctx, "params.alibi_slopes_tensor", "params.alibi_slopes",
+                   p->alibi_slopes != NULL, p->alibi_slopes_tensor, ATTN_F32, "heads", hq, &ralibi,
+                   &h, &alibi_dev);
+    if (rc) return rc;
+    if (p->alibi_count != 0 && p->alibi_count != hq)
+      return attn__error(ctx, ATTN_EALIBI,
+                         "params.alibi_count is %lld; with alibi_slopes_tensor it is 0 or the "
+                         "number of query heads, %lld",
+                         (long long)p->alibi_count, (long long)hq);
+    params.alibi_slopes = h;
+    params.alibi_count = h ? hq : 0;
+  }
   if (!p->alibi_slopes && p->alibi_count != 0)
     return attn__error(ctx, ATTN_EALIBI, "params.alibi_slopes is NULL but alibi_count is %lld",
                        (long long)p->alibi_count);
@@ -623,13 +704,23 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   /* Aliasing: an output may share no memory with an input or with another
    * output. Inputs may share (a fused qkv tensor). Appending makes k and v
    * outputs of the forward pass as well. */
-  const region *ins[] = {&rq, &rk, &rv, &ro, &rl, &rdo, &rbias, &rsink, &rsu, &rbt, &rkn, &rvn};
-  const char *in_names[] = {"q",           "k",
-                            "v",           "o",
-                            "lse",         "do",
-                            "params.bias", "params.sinks",
-                            "params.seqused_k", "params.block_table",
-                            "params.k_new", "params.v_new"};
+  const region *ins[] = {&rq,  &rk,  &rv,  &ro,   &rl,  &rdo,  &rbias,  &rsink,
+                         &rsu, &rbt, &rkn, &rvn, &rcuq, &rcuk, &ralibi};
+  const char *in_names[] = {"q",
+                            "k",
+                            "v",
+                            "o",
+                            "lse",
+                            "do",
+                            "params.bias",
+                            "params.sinks",
+                            "params.seqused_k",
+                            "params.block_table",
+                            "params.k_new",
+                            "params.v_new",
+                            "params.cu_seqlens_q_tensor",
+                            "params.cu_seqlens_k_tensor",
+                            "params.alibi_slopes_tensor"};
   const int n_ins = (int)(sizeof ins / sizeof ins[0]);
   const region *outs[5];
   const char *out_names[5];
@@ -671,8 +762,12 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   pb->seqlen_k = nk;
   pb->total_q = total_q;
   pb->total_k = total_k;
+  pb->varlen = varlen;
   pb->cu_q = varlen ? p->cu_seqlens_q : NULL;
   pb->cu_k = varlen ? p->cu_seqlens_k : NULL;
+  pb->cu_q_dev = cuq_dev;
+  pb->cu_k_dev = cuk_dev;
+  pb->alibi_dev = alibi_dev;
   pb->scale = p->scale == 0 ? (float)(1.0 / sqrt((double)d)) : (float)p->scale;
   pb->softcap = (float)p->softcap;
   pb->causal = (p->flags & ATTN_CAUSAL) != 0;

@@ -370,6 +370,116 @@ static void metadata_in_device_buffers(at_backend *b) {
   run_forward(b, &c);
 }
 
+/* cu_seqlens and the ALiBi slopes as tensors in device buffers: the
+ * answers of the host pointers (checked against the reference), forward
+ * and backward. Malformed offsets there are clamped on a GPU, where nothing
+ * checks them (no element outside o and lse is written), and refused where
+ * the buffers are host memory, which is checked as the pointers are. */
+static void offsets_and_slopes_in_device_buffers(at_backend *b) {
+  static const int32_t cu_q[4] = {0, 7, 7, 40}, cu_k[4] = {0, 30, 45, 75};
+  const at_shape s = {.dtype = ATTN_BF16, .B = 3, .Hq = 4, .Hkv = 2, .d = 64, .cu_q = cu_q,
+                      .cu_k = cu_k, .flags = ATTN_CAUSAL | ATTN_DETERMINISTIC, .alibi = 1};
+  if (!at_check_backward(b, &s)) at_skip("%s declines: %s", b->name, attn_errmsg(b->ctx));
+  at_prob P;
+  at_prob_init(&P, &s);
+  attn_params hp = P.p;
+  int rc = attn_forward(b->ctx, &hp, &P.q, &P.k, &P.v, &P.o, &P.lse);
+  assert_int_equal(rc, ATTN_OK);
+  rc = attn_backward(b->ctx, &hp, &P.q, &P.k, &P.v, &P.o, &P.lse, &P.dout, &P.dq, &P.dk, &P.dv);
+  assert_int_equal(rc, ATTN_OK);
+  /* The host run's results, contiguous. */
+  const attn_tensor *outs[5] = {&P.o, &P.lse, &P.dq, &P.dk, &P.dv};
+  const char *names[5] = {"o", "lse", "dq", "dk", "dv"};
+  double *host[5];
+  for (int i = 0; i < 5; i++) {
+    const int64_t n = at_count(outs[i]);
+    host[i] = at_malloc(sizeof(double) * (size_t)n);
+    for (int64_t j = 0; j < n; j++)
+      host[i][j] = at_get(outs[i], j);
+  }
+  attn_buffer *bufs[3];
+  const void *src[3] = {cu_q, cu_k, P.alibi};
+  const size_t bytes[3] = {sizeof cu_q, sizeof cu_k, sizeof(float) * (size_t)s.Hq};
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(attn_buffer_create(b->ctx, bytes[i], &bufs[i]), ATTN_OK);
+    assert_int_equal(attn_buffer_write(b->ctx, bufs[i], 0, src[i], bytes[i]), ATTN_OK);
+  }
+  attn_tensor tcq = attn_tensor_on(attn_tensor_1d(NULL, ATTN_I32, 4), bufs[0], 0);
+  attn_tensor tck = attn_tensor_on(attn_tensor_1d(NULL, ATTN_I32, 4), bufs[1], 0);
+  attn_tensor tal = attn_tensor_on(attn_tensor_1d(NULL, ATTN_F32, s.Hq), bufs[2], 0);
+  attn_params dp = P.p;
+  dp.cu_seqlens_q = dp.cu_seqlens_k = NULL;
+  dp.alibi_slopes = NULL;
+  dp.alibi_count = 0;
+  dp.cu_seqlens_q_tensor = &tcq;
+  dp.cu_seqlens_k_tensor = &tck;
+  dp.alibi_slopes_tensor = &tal;
+  at_prob_reset_outputs(&P);
+  rc = attn_forward(b->ctx, &dp, &P.q, &P.k, &P.v, &P.o, &P.lse);
+  if (rc) fail_msg("attn_forward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+  rc = attn_backward(b->ctx, &dp, &P.q, &P.k, &P.v, &P.o, &P.lse, &P.dout, &P.dq, &P.dk, &P.dv);
+  if (rc) fail_msg("attn_backward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+  for (int i = 0; i < 5; i++) {
+    /* A plan may differ (the host no longer knows the longest sequence):
+     * within the tolerance, not bit for bit. */
+    const int64_t n = at_count(outs[i]);
+    double mx = 1, err = 0;
+    for (int64_t j = 0; j < n; j++) {
+      const double x = host[i][j], y = at_get(outs[i], j);
+      if (isinf(x) ? x != y : !isfinite(y))
+        fail_msg("%s[%lld] is %g; with host offsets %g", names[i], (long long)j, y, x);
+      if (isfinite(x) && fabs(x) > mx) mx = fabs(x);
+      if (isfinite(x) && fabs(x - y) > err) err = fabs(x - y);
+    }
+    const double tol = i < 2 ? at_tol_o(s.dtype) : at_tol_grad(s.dtype);
+    if (err > tol * mx)
+      fail_msg("%s differs from the host offsets' by %g (tolerance %g)", names[i], err / mx, tol);
+  }
+
+  /* Each form once; int32, contiguous. */
+  attn_params both = dp;
+  both.cu_seqlens_q = cu_q;
+  int32_t spaced[8] = {0, 0, 7, 0, 7, 0, 40, 0};
+  attn_tensor strided = attn_tensor_1d(spaced, ATTN_I32, 4);
+  strided.stride[0] = 2;
+  attn_params str = dp;
+  str.cu_seqlens_q_tensor = &strided;
+  attn_tensor f32 = tal;
+  attn_params typ = dp;
+  typ.cu_seqlens_k_tensor = &f32;
+  const attn_params *wrong[3] = {&both, &str, &typ};
+  const int want[3] = {ATTN_EINVAL, ATTN_ESTRIDE, ATTN_EDTYPE};
+  const char *named[3] = {"cu_seqlens_q_tensor", "cu_seqlens_q_tensor", "cu_seqlens_k_tensor"};
+  for (int i = 0; i < 3; i++) {
+    at_prob_reset_outputs(&P);
+    rc = attn_forward(b->ctx, wrong[i], &P.q, &P.k, &P.v, &P.o, &P.lse);
+    assert_int_equal(rc, want[i]);
+    assert_true(at_mentions(attn_errmsg(b->ctx), named[i]));
+    assert_true(isnan(at_get(&P.o, 0)));
+  }
+
+  /* Malformed: decreasing, negative, past the rows. */
+  static const int32_t bad[4] = {5, -3, 1000, 2};
+  assert_int_equal(attn_buffer_write(b->ctx, bufs[0], 0, bad, sizeof bad), ATTN_OK);
+  assert_int_equal(attn_buffer_write(b->ctx, bufs[1], 0, bad, sizeof bad), ATTN_OK);
+  at_prob_reset_outputs(&P);
+  rc = attn_forward(b->ctx, &dp, &P.q, &P.k, &P.v, &P.o, &P.lse);
+  if (b->kind == ATTN_BACKEND_CPU) {
+    assert_int_equal(rc, ATTN_ESEQLENS);
+    assert_true(at_mentions(attn_errmsg(b->ctx), "cu_seqlens_q_tensor"));
+  } else {
+    if (rc) fail_msg("attn_forward, malformed offsets: %s: %s", attn_status_name(rc),
+                     attn_errmsg(b->ctx));
+    assert_true(at_padding_intact(&P.mo));
+    assert_true(at_padding_intact(&P.mlse));
+  }
+  for (int i = 0; i < 3; i++)
+    attn_buffer_free(bufs[i]);
+  for (int i = 0; i < 5; i++)
+    at_free(host[i]);
+  at_prob_free(&P);
+}
+
 static void splits_give_the_same_answer(at_backend *b) {
   const int splits[] = {1, 2, 3, 0, 64};
   for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++) {
@@ -675,6 +785,7 @@ static const at_test tests[] = {
     AT_TEST(paged_cache_without_used_lengths),
     AT_TEST(paged_append_with_causal_rows),
     AT_TEST(metadata_in_device_buffers),
+    AT_TEST(offsets_and_slopes_in_device_buffers),
     AT_TEST(splits_give_the_same_answer),
     AT_TEST(bias_full_and_broadcast),
     AT_TEST(bias_minus_inf_hides_a_whole_row),
