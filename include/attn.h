@@ -372,7 +372,8 @@ typedef struct attn_params {
   /* --- Score terms (forward and backward) --- */
 
   /* Additive bias, f32, f16 or bf16, [batch, heads_q, seqlen_q, seqlen_k]
-   * (varlen: the longest sequences; with seqused_k or pages, the capacity):
+   * (varlen: the longest sequences, or the tensors' rows where cu_seqlens
+   * is on the device; with seqused_k or pages, the capacity):
    * score += bias[b][h][i][j] after scale, softcap and ALiBi. Any of the first
    * three dimensions may have size 1: it broadcasts. A -inf entry hides its
    * key, and a row all of whose visible scores are -inf is a row that sees no
