@@ -110,16 +110,6 @@ void make_params(const attn__cuda_launch *L, int backward, params *p) {
  * register limit. The inference path's terms are compiled in the same way:
  * BIAS, the bias's element size (0: none; 2: T; 4: float), its tiles riding
  * in the K/V slots; CACHE, seqused_k, paged K/V and sinks. */
-/* Slots of bias tiles. A bias is read once from memory, a block's whole
- * [Br, Bc] tile per key block, while K and V mostly come from L2 (every
- * query block of a head reads them): one block of lookahead leaves its
- * loads exposed. Where a third slot still lets two blocks share an SM (227
- * KB on Hopper; every row of the table runs two), the bias is loaded two
- * key blocks ahead. base: the block's K/V and Q bytes. */
-__host__ __device__ constexpr int bias_slots(size_t base, int br, int bc, size_t size) {
-  return size && 2 * (base + 3 * (size_t)br * (bc + kPad) * size) <= 227 * 1024 ? 3 : 2;
-}
-
 template <typename T, int D, int MT, int NW, int BC, int STAGES, bool Q_IN_REGS, int MINB,
           bool SCORED, int BIAS = 0, bool CACHE = false>
 __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
@@ -133,20 +123,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
   constexpr int NO = D / 8;      /* n-tiles of O */
   static_assert(BC % 16 == 0 && D % 16 == 0, "tiles are multiples of 16");
   static_assert(STAGES >= 2, "at least double buffering");
-  /* BSLOTS bias slots, loaded BSLOTS - 1 blocks ahead in commit groups of
-   * their own after the K/V group of the same iteration: AHEAD more groups
-   * may stay in flight at each wait. */
-  constexpr int BSLOTS = BIAS ? bias_slots((BR + 2 * STAGES * BC) * LD * sizeof(T), BR, BC,
-                                           sizeof(BT))
-                              : STAGES;
-  constexpr int AHEAD = BSLOTS - STAGES;
-  static_assert(AHEAD == 0 || (AHEAD == 1 && STAGES == 2), "the bias runs one block further");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sQ = (T *)smem_raw;
   T *sK = sQ + BR * LD;                   /* [STAGES][Bc][LD] */
   T *sV = sK + STAGES * BC * LD;          /* [STAGES][Bc][LD] */
-  BT *sB = (BT *)(sV + STAGES * BC * LD); /* BIAS: [BSLOTS][Br][LDB] */
+  BT *sB = (BT *)(sV + STAGES * BC * LD); /* BIAS: [STAGES][Br][LDB] */
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -175,14 +157,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
   const BT *gb = BIAS ? (const BT *)p.bias + b * p.bias_sb + h * p.bias_sh : nullptr;
   constexpr uint32_t kSlotB = BR * LDB * sizeof(BT);
 
-  /* Key block nbk's bias tile into bias slot st. */
-  auto load_bias = [&](int st, int nbk) {
-    if constexpr (BIAS != 0)
-      load_bias_tile<BR, BC, NT>(smem_addr(sB) + st * kSlotB, gb, p.bias_ss, m0, nq, nbk * BC, nk,
-                                 tid);
-  };
-  /* Key block nbk's K and V into slot st (and its bias, when it rides with
-   * them): paged rows one by one through the block table. */
+  /* Key block nbk's K and V (and bias) into slot st: paged rows one by one
+   * through the block table. */
   auto load_kv = [&](int st, int nbk) {
     if (CACHE && p.block_table) {
       const int64_t ks = p.k.sh * hk, vs = p.v.sh * hk;
@@ -202,7 +178,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
       load_tile<BC, D, NT>(sK + st * BC * LD, gk, p.k.ss, nbk * BC, nk, tid);
       load_tile<BC, D, NT>(sV + st * BC * LD, gv, p.v.ss, nbk * BC, nk, tid);
     }
-    if (AHEAD == 0) load_bias(st, nbk);
+    if constexpr (BIAS != 0)
+      load_bias_tile<BR, BC, NT>(smem_addr(sB) + st * kSlotB, gb, p.bias_ss, m0, nq, nbk * BC, nk,
+                                 tid);
   };
 
   float acc_o[MT][NO][4];
@@ -226,23 +204,16 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
 
   if (nblocks > 0) {
     /* Prologue: Q with the first K/V block, then STAGES-2 more blocks; one
-     * commit group per block (empty groups keep the count uniform). With
-     * AHEAD, the first block's bias joins its group and the second's is a
-     * group of its own. */
+     * commit group per block (empty groups keep the count uniform). */
     load_tile<BR, D, NT>(sQ, gq, p.q.ss, m0, nq, tid);
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
       if (st < nblocks) load_kv(st, nb_min + st);
-      if (AHEAD && st < nblocks) load_bias(st, nb_min + st);
-      cp_async_commit();
-    }
-    if (AHEAD) {
-      if (STAGES - 1 < nblocks) load_bias(STAGES - 1, nb_min + STAGES - 1);
       cp_async_commit();
     }
     uint32_t qf[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KD : 1][4];
     if (Q_IN_REGS) {
-      cp_async_wait<STAGES - 2 + AHEAD>();
+      cp_async_wait<STAGES - 2>();
       __syncthreads();
 #pragma unroll
       for (int mt = 0; mt < (Q_IN_REGS ? MT : 0); ++mt)
@@ -257,17 +228,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
       const uint32_t cK = bK + (it % STAGES) * kSlot;
       const uint32_t cV = bV + (it % STAGES) * kSlot;
       /* Block it has landed, and every warp is done with block it-1, whose
-       * slots the loads below reuse. */
-      cp_async_wait<STAGES - 2 + AHEAD>();
+       * slot the load below reuses. */
+      cp_async_wait<STAGES - 2>();
       __syncthreads();
       {
         const int nx = it + STAGES - 1;
         if (nx < nblocks) load_kv(nx % STAGES, nb_min + nx);
         cp_async_commit();
-        if (AHEAD) {
-          if (nx + 1 < nblocks) load_bias((nx + 1) % BSLOTS, nb_min + nx + 1);
-          cp_async_commit();
-        }
       }
 
       /* S = Q K^T; each K fragment serves the warp's MT slabs. */
@@ -306,7 +273,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
        * mt, n-tile n (block it's slot). */
       auto bias_pair = [&](int mt, int n, int r) {
         const uint32_t a =
-            aB + (it % BSLOTS) * kSlotB + (uint32_t)((mt * 16 + r * 8) * LDB + n * 8) * sizeof(BT);
+            aB + (it % STAGES) * kSlotB + (uint32_t)((mt * 16 + r * 8) * LDB + n * 8) * sizeof(BT);
         return BIAS == 4 ? lds64(a) : elem<T>::unpack(lds32(a));
       };
 
@@ -529,7 +496,7 @@ static int launch_fwd(const attn__cuda_launch *L, const attn__cuda_config *c) {
 template <typename T, int D, int MT, int NW, int BC, int STAGES, bool QR, int MINB>
 constexpr attn__cuda_config fwd_row(const char *name) {
   constexpr int BR = 16 * MT * NW;
-  static_assert(STAGES == 2, "attn__cuda_mma_fwd_bias_smem's base counts two K/V slots");
+  static_assert(STAGES == 2, "attn__cuda_mma_fwd_bias_smem counts two bias tiles");
   return {.kernel = ATTN__CUDA_MMA_FORWARD,
           .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
           .dim = D,
@@ -570,10 +537,9 @@ constexpr attn__cuda_config fwd_rows[] = {
 
 }  // namespace attn_mma
 
-/* The kernel's bias slots (bias_slots) of Br x (Bc + kPad) elements. */
+/* Two slots (fwd_row) of Br x (Bc + kPad) bias elements. */
 extern "C" size_t attn__cuda_mma_fwd_bias_smem(const attn__cuda_config *c, size_t size) {
-  return (size_t)attn_mma::bias_slots(c->smem, c->br, c->bc, size) * c->br *
-         (c->bc + attn_mma::kPad) * size;
+  return (size_t)2 * c->br * (c->bc + attn_mma::kPad) * size;
 }
 
 extern "C" const attn__cuda_rows attn__cuda_mma_forward_rows = {
