@@ -548,8 +548,6 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
       if (p->seqused_k && p->seqused_k->data) {
         const int64_t u = ((const int32_t *)p->seqused_k->data)[b * p->seqused_k->stride[0]];
         used = (u + seqlen_new + page_size - 1) / page_size;
-      } else if (!p->seqused_k) {
-        used = max_pages;
       }
       for (int64_t c = 0; c < used; c++) {
         const int32_t e = ((const int32_t *)bt->data)[b * bt->stride[0] + c * bt->stride[1]];
