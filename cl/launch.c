@@ -40,10 +40,10 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
 /* The work-items per group each kernel is launched with (the forward's
  * depend on its tiles: 0 here). */
 static const size_t kernel_items[ATTN__CL_K_COUNT] = {
-    [ATTN__CL_K_FWD] = 0,     [ATTN__CL_K_PRE] = 64,      [ATTN__CL_K_DKDV] = 128,
-    [ATTN__CL_K_DQ] = 128,    [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,
-    [ATTN__CL_K_DSINKS] = 64, [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 64,
-    [ATTN__CL_K_APPEND] = 64, [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,
+    [ATTN__CL_K_FWD] = 0,      [ATTN__CL_K_PRE] = 64,      [ATTN__CL_K_DKDV] = 128,
+    [ATTN__CL_K_DQ] = 128,     [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,
+    [ATTN__CL_K_DSINKS] = 64,  [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 64,
+    [ATTN__CL_K_APPEND] = 64,  [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,
     [ATTN__CL_K_OFFSETS] = 64,
 };
 

@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-} // namespace
+}  // namespace
 
 extern "C" int attn__cuda_clamp_offsets(const int32_t *in, int32_t *out, int64_t n, int64_t rows,
                                         cudaStream_t stream) {

@@ -131,6 +131,8 @@ typedef struct harness {
   attn_params p;
   int32_t *cu_q, *cu_k;
   float *alibi;
+  int64_t nalibi;      /* slopes allocated */
+  attn_tensor meta[3]; /* cu_seqlens_q, cu_seqlens_k and the slopes as tensors */
   /* attn_merge */
   int n;
   attn_tensor *o_parts, *lse_parts;
@@ -1014,6 +1016,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       int64_t n = count > 0 && count <= CAP_BYTES ? count : 1;
       h.alibi = malloc((size_t)n * sizeof *h.alibi);
       if (!h.alibi) abort();
+      h.nalibi = n;
       for (int64_t i = 0; i < n; i++) {
         uint8_t sc = fz_u8(b);
         float x = sc < 200 ? (float)sc / 256 : sc == 200 ? NAN : sc == 201 ? INFINITY : fz_f32(b);
@@ -1031,6 +1034,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     h.cu_k = build_cu(b, batch, h.s[T_K].t.shape[0]);
     h.p.cu_seqlens_q = h.cu_q;
     h.p.cu_seqlens_k = h.cu_k;
+  }
+  /* The same offsets and slopes as tensors (host memory here): in place of
+   * the pointers, beside them (refused), or one entry short (refused). */
+  c = fz_u8(b);
+  const int both = c % 4 == 2;
+  if (c % 4) {
+    const int64_t cut = c % 4 == 3;
+    if (h.cu_q) {
+      h.meta[0] = attn_tensor_1d(h.cu_q, ATTN_I32, batch + 1 - cut);
+      h.meta[1] = attn_tensor_1d(h.cu_k, ATTN_I32, batch + 1);
+      h.p.cu_seqlens_q_tensor = &h.meta[0];
+      h.p.cu_seqlens_k_tensor = &h.meta[1];
+      if (!both) h.p.cu_seqlens_q = h.p.cu_seqlens_k = NULL;
+    }
+    if (h.alibi) {
+      h.meta[2] = attn_tensor_1d(h.alibi, ATTN_F32, h.nalibi > cut ? h.nalibi - cut : h.nalibi);
+      h.p.alibi_slopes_tensor = &h.meta[2];
+      if (!both) h.p.alibi_slopes = NULL;
+    }
   }
 
   /* The inference path, last: attn_merge instead of the operation, or the
@@ -1131,6 +1153,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             msg);
     if (src == ATTN_EUNSUPPORTED)
       check(rc != ATTN_OK, "after ATTN_EUNSUPPORTED from attn_supports, no ATTN_OK", rc, msg);
+    if (op != OP_MERGE && pp &&
+        ((h.p.cu_seqlens_q && h.p.cu_seqlens_q_tensor) ||
+         (h.p.alibi_slopes && h.p.alibi_slopes_tensor)))
+      check(rc != ATTN_OK, "a pointer and its tensor form are never both taken", rc, msg);
     if (op == OP_FORWARD && pp && (h.p.dbias || h.p.dsinks))
       check(rc != ATTN_OK, "attn_forward refuses dbias and dsinks", rc, msg);
     if (op == OP_BACKWARD && pp && (h.p.seqused_k || h.p.k_new || h.p.v_new || h.p.block_table))

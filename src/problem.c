@@ -251,8 +251,8 @@ static void fill_bias(attn_context *ctx, const attn_tensor *t, attn__tensor *out
  * its values and it is then checked as the pointer is; in a device buffer
  * *host is NULL and *dev says where it is. */
 static int meta_form(attn_context *ctx, const char *name, const char *ptr_name, int ptr_set,
-                     const attn_tensor *t, attn_dtype dtype, const char *dim, int64_t n,
-                     region *r, const void **host, attn__tensor *dev) {
+                     const attn_tensor *t, attn_dtype dtype, const char *dim, int64_t n, region *r,
+                     const void **host, attn__tensor *dev) {
   const char *const dims[1] = {dim};
   const int64_t want[1] = {n};
   if (ptr_set)
@@ -378,8 +378,10 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   if (!cache_op && (p->seqused_k || p->k_new || p->v_new || paged))
     return attn__error(ctx, ATTN_EINVAL,
                        "params.%s is set, but the KV-cache fields are for the forward pass only",
-                       p->seqused_k ? "seqused_k" : p->k_new ? "k_new" : p->v_new ? "v_new"
-                                                                           : "block_table");
+                       p->seqused_k ? "seqused_k"
+                       : p->k_new   ? "k_new"
+                       : p->v_new   ? "v_new"
+                                    : "block_table");
   if (p->num_splits < 0)
     return attn__error(ctx, ATTN_EINVAL,
                        "params.num_splits is %d; 0 (choose), 1 (none) or a count of parts",
@@ -515,8 +517,8 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   if (p->seqused_k && p->seqused_k->data) {
     for (int64_t b = 0; b < batch; b++) {
       const int64_t u = ((const int32_t *)p->seqused_k->data)[b * p->seqused_k->stride[0]];
-      const int64_t cap = p->cu_seqlens_k ? (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b]
-                                           : nk;
+      const int64_t cap =
+          p->cu_seqlens_k ? (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b] : nk;
       if (u < 0 || u + seqlen_new > cap)
         return attn__error(ctx, ATTN_ECACHE,
                            "params.seqused_k[%lld] is %lld; with %lld new rows it must lie in "
@@ -530,8 +532,8 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
      * the longest (the rules would clamp to a negative used length and the
      * append write before the sequence). */
     for (int64_t b = 0; b < (p->cu_seqlens_k ? batch : 1); b++) {
-      const int64_t cap = p->cu_seqlens_k ? (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b]
-                                           : nk;
+      const int64_t cap =
+          p->cu_seqlens_k ? (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b] : nk;
       if (seqlen_new > cap)
         return attn__error(ctx, ATTN_ECACHE,
                            "params.k_new: %lld new rows do not fit sequence %lld's cache of %lld "
@@ -588,9 +590,9 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
                        (long long)(p->window_left < -1 ? p->window_left : p->window_right));
   if (p->alibi_slopes_tensor) {
     const void *h;
-    rc = meta_form(ctx, "params.alibi_slopes_tensor", "params.alibi_slopes",
-                   p->alibi_slopes != NULL, p->alibi_slopes_tensor, ATTN_F32, "heads", hq, &ralibi,
-                   &h, &alibi_dev);
+    rc =
+        meta_form(ctx, "params.alibi_slopes_tensor", "params.alibi_slopes", p->alibi_slopes != NULL,
+                  p->alibi_slopes_tensor, ATTN_F32, "heads", hq, &ralibi, &h, &alibi_dev);
     if (rc) return rc;
     if (p->alibi_count != 0 && p->alibi_count != hq)
       return attn__error(ctx, ATTN_EALIBI,
@@ -644,8 +646,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   if (p->dbias) {
     if (op == ATTN__FORWARD || op == ATTN__SUPPORTS)
       return attn__error(ctx, ATTN_EINVAL, "params.dbias is set, but it is a backward output");
-    if (!p->bias)
-      return attn__error(ctx, ATTN_EINVAL, "params.dbias is set without params.bias");
+    if (!p->bias) return attn__error(ctx, ATTN_EINVAL, "params.dbias is set without params.bias");
     rc = check_tensor(ctx, "params.dbias", p->dbias, ATTN_F32, 4, dims_bias, p->bias->shape,
                       &rdbias);
     if (rc) return rc;
@@ -702,7 +703,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   /* Aliasing: an output may share no memory with an input or with another
    * output. Inputs may share (a fused qkv tensor). Appending makes k and v
    * outputs of the forward pass as well. */
-  const region *ins[] = {&rq,  &rk,  &rv,  &ro,   &rl,  &rdo,  &rbias,  &rsink,
+  const region *ins[] = {&rq,  &rk,  &rv,  &ro,  &rl,   &rdo,  &rbias, &rsink,
                          &rsu, &rbt, &rkn, &rvn, &rcuq, &rcuk, &ralibi};
   const char *in_names[] = {"q",
                             "k",
@@ -742,8 +743,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
     if (!outs[a]->t) continue;
     for (int b = 0; b < n_ins; b++)
       if (ins[b]->t && ins[b] != outs[a] && regions_share(outs[a], ins[b]))
-        return attn__error(ctx, ATTN_EALIAS, "%s shares memory with %s", out_names[a],
-                           in_names[b]);
+        return attn__error(ctx, ATTN_EALIAS, "%s shares memory with %s", out_names[a], in_names[b]);
     for (int b = 0; b < a; b++)
       if (outs[b]->t && regions_share(outs[a], outs[b]))
         return attn__error(ctx, ATTN_EALIAS, "%s shares memory with %s", out_names[a],
@@ -854,8 +854,7 @@ int attn__merge_build(attn_context *ctx, int n, const attn_tensor *o_parts,
   if (!lse_parts) return attn__error(ctx, ATTN_ENULL, "lse_parts is NULL");
   if (!o) return attn__error(ctx, ATTN_ENULL, "o is NULL");
   if (o->ndim != 4 && o->ndim != 3)
-    return attn__error(ctx, ATTN_ESHAPE, "o: ndim is %d; 4 (bshd) or 3 (varlen) expected",
-                       o->ndim);
+    return attn__error(ctx, ATTN_ESHAPE, "o: ndim is %d; 4 (bshd) or 3 (varlen) expected", o->ndim);
   const int varlen = o->ndim == 3, nd = o->ndim;
   const char *const *dims = varlen ? dims_varlen : dims_bshd;
   if ((unsigned)o->dtype > ATTN_BF16)
@@ -872,8 +871,7 @@ int attn__merge_build(attn_context *ctx, int n, const attn_tensor *o_parts,
   const int lnd = varlen ? 2 : 3;
   const char *const *ldims = varlen ? dims_lse_varlen : dims_lse_bshd;
   if (lse) {
-    rc = check_tensor(ctx, "lse", lse, ATTN_F32, lnd, ldims, varlen ? want_lse_v : want_lse_b,
-                      &rl);
+    rc = check_tensor(ctx, "lse", lse, ATTN_F32, lnd, ldims, varlen ? want_lse_v : want_lse_b, &rl);
     if (rc) return rc;
     if (regions_share(&rl, &ro)) return attn__error(ctx, ATTN_EALIAS, "lse shares memory with o");
   }
@@ -896,11 +894,10 @@ int attn__merge_build(attn_context *ctx, int n, const attn_tensor *o_parts,
     }
     for (int i = 0; i < 2 && !rc; i++) {
       if (regions_share(&ro, &parts[2 * s + i]))
-        rc = attn__error(ctx, ATTN_EALIAS, "o shares memory with %s_parts[%d]",
-                         i ? "lse" : "o", s);
+        rc = attn__error(ctx, ATTN_EALIAS, "o shares memory with %s_parts[%d]", i ? "lse" : "o", s);
       else if (lse && regions_share(&rl, &parts[2 * s + i]))
-        rc = attn__error(ctx, ATTN_EALIAS, "lse shares memory with %s_parts[%d]",
-                         i ? "lse" : "o", s);
+        rc = attn__error(ctx, ATTN_EALIAS, "lse shares memory with %s_parts[%d]", i ? "lse" : "o",
+                         s);
     }
     if (!rc) {
       fill_tensor(ctx, &o_parts[s], varlen, 0, &m->o_parts[s]);
@@ -933,9 +930,13 @@ unsigned attn__problem_uses(const attn__problem *pb) {
 }
 
 int attn__decline_features(attn_context *ctx, const char *who, unsigned missing) {
-  static const char *const names[] = {"seqused_k (a KV cache)", "a paged KV cache",
-                                      "appending to the KV cache", "an additive bias",
-                                      "attention sinks", "dbias", "dsinks"};
+  static const char *const names[] = {"seqused_k (a KV cache)",
+                                      "a paged KV cache",
+                                      "appending to the KV cache",
+                                      "an additive bias",
+                                      "attention sinks",
+                                      "dbias",
+                                      "dsinks"};
   for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
     if (missing & (1u << i))
       return attn__error(ctx, ATTN_EUNSUPPORTED, "%s: %s is not available here", who, names[i]);

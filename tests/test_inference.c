@@ -23,19 +23,19 @@ typedef struct icase {
   int64_t B, Nq, cap, Hq, Hkv, d; /* cap: rows of k and v a sequence can hold */
   int32_t used[4];                /* used rows per sequence; has_used */
   int has_used;
-  int64_t nnew;      /* rows appended */
-  int64_t page;      /* page size; 0 = contiguous cache */
-  unsigned flags;    /* ATTN_CAUSAL */
-  int64_t wl, wr;    /* window, when win */
+  int64_t nnew;   /* rows appended */
+  int64_t page;   /* page size; 0 = contiguous cache */
+  unsigned flags; /* ATTN_CAUSAL */
+  int64_t wl, wr; /* window, when win */
   int win;
   double softcap;
   int alibi;
-  int bias;          /* 0 none, else 1 + BIAS_* bits */
+  int bias; /* 0 none, else 1 + BIAS_* bits */
   attn_dtype bias_dt;
-  int hide_row;      /* bias -inf over every key of query row 0 of sequence 0, head 0 */
+  int hide_row; /* bias -inf over every key of query row 0 of sequence 0, head 0 */
   int sinks;
-  int splits;        /* params.num_splits */
-  int device_meta;   /* seqused_k, block_table, bias, sinks in device buffers */
+  int splits;      /* params.num_splits */
+  int device_meta; /* seqused_k, block_table, bias, sinks in device buffers */
 } icase;
 
 /* Everything one case allocates. */
@@ -150,9 +150,9 @@ static void ibuf_init(at_backend *b, ibuf *x, const icase *c) {
   for (int64_t bb = 0; bb < B; bb++) {
     const int64_t u = c->has_used ? c->used[bb] : c->cap;
     for (int64_t j = 0; j < u; j++) {
-      int64_t row = c->page ? (int64_t)x->table[bb * x->max_pages + j / c->page] * c->page +
-                                  j % c->page
-                            : bb * c->cap + j;
+      int64_t row = c->page
+                        ? (int64_t)x->table[bb * x->max_pages + j / c->page] * c->page + j % c->page
+                        : bb * c->cap + j;
       fill((char *)x->k + (size_t)(row * Hkv * d) * es, c->dt, Hkv * d, 1.5);
       fill((char *)x->v + (size_t)(row * Hkv * d) * es, c->dt, Hkv * d, 1.0);
     }
@@ -221,15 +221,15 @@ static attn_params host_params(const ibuf *x) {
 }
 
 /* Skips when the backend declines the case, with its reason. */
-static int declined(at_backend *b, const attn_params *p, const attn_tensor *q,
-                    const attn_tensor *k, const attn_tensor *v, int backward) {
+static int declined(at_backend *b, const attn_params *p, const attn_tensor *q, const attn_tensor *k,
+                    const attn_tensor *v, int backward) {
   int rc = attn_supports(b->ctx, p, q, k, v, backward);
   if (rc == ATTN_EUNSUPPORTED) return 1;
   assert_int_equal(rc, ATTN_OK);
   return 0;
 }
-#define SKIP_IF_DECLINED(b, p, q, k, v, bwd)                                          \
-  do {                                                                                \
+#define SKIP_IF_DECLINED(b, p, q, k, v, bwd)                                                    \
+  do {                                                                                          \
     if (declined(b, p, q, k, v, bwd)) at_skip("%s declines: %s", b->name, attn_errmsg(b->ctx)); \
   } while (0)
 
@@ -251,10 +251,10 @@ static void expect_near(const char *what, const void *got, attn_dtype dt, const 
     if (fabs(g - ref[i]) > err) err = fabs(g - ref[i]), worst = i;
   }
   if (err > tol * mx)
-    fail_msg("%s: max error %.3g > %.3g (tol %.2g * max(1, max|ref|) %.3g) at [%lld]: got %.9g, "
-             "want %.9g",
-             what, err, tol * mx, tol, mx, (long long)worst, attn__load(got, dt, worst),
-             ref[worst]);
+    fail_msg(
+        "%s: max error %.3g > %.3g (tol %.2g * max(1, max|ref|) %.3g) at [%lld]: got %.9g, "
+        "want %.9g",
+        what, err, tol * mx, tol, mx, (long long)worst, attn__load(got, dt, worst), ref[worst]);
 }
 
 /* Runs the case's forward and holds o and lse to the reference; with an
@@ -284,8 +284,9 @@ static void run_forward(at_backend *b, const icase *c) {
         if (rlse[(bb * c->Hq + h) * c->Nq + i] == -INFINITY)
           for (int64_t col = 0; col < c->d; col++) {
             double g = attn__load(x.o, c->dt, ((bb * c->Nq + i) * c->Hq + h) * c->d + col);
-            if (g != 0) fail_msg("o is %g in a row that sees no key (b %lld h %lld i %lld)", g,
-                                 (long long)bb, (long long)h, (long long)i);
+            if (g != 0)
+              fail_msg("o is %g in a row that sees no key (b %lld h %lld i %lld)", g, (long long)bb,
+                       (long long)h, (long long)i);
           }
   if (c->nnew) {
     /* Where each new row must now be, the rest unchanged. */
@@ -293,9 +294,9 @@ static void run_forward(at_backend *b, const icase *c) {
     for (int64_t bb = 0; bb < c->B; bb++)
       for (int64_t r = 0; r < c->nnew; r++) {
         const int64_t j = c->used[bb] + r;
-        const int64_t row = c->page ? (int64_t)x.table[bb * x.max_pages + j / c->page] * c->page +
-                                          j % c->page
-                                    : bb * c->cap + j;
+        const int64_t row =
+            c->page ? (int64_t)x.table[bb * x.max_pages + j / c->page] * c->page + j % c->page
+                    : bb * c->cap + j;
         memcpy((char *)x.k0 + (size_t)row * rowb, (char *)x.kn + (size_t)(bb * c->nnew + r) * rowb,
                rowb);
         memcpy((char *)x.v0 + (size_t)row * rowb, (char *)x.vn + (size_t)(bb * c->nnew + r) * rowb,
@@ -315,8 +316,15 @@ static void run_forward(at_backend *b, const icase *c) {
 /* ---------------------------------------------------------------------- */
 
 static void decode_reads_only_the_used_rows(at_backend *b) {
-  icase c = {.dt = ATTN_F32, .B = 3, .Nq = 1, .cap = 100, .Hq = 8, .Hkv = 2, .d = 64,
-             .used = {37, 100, 1}, .has_used = 1};
+  icase c = {.dt = ATTN_F32,
+             .B = 3,
+             .Nq = 1,
+             .cap = 100,
+             .Hq = 8,
+             .Hkv = 2,
+             .d = 64,
+             .used = {37, 100, 1},
+             .has_used = 1};
   run_forward(b, &c);
   c.dt = ATTN_BF16;
   c.d = 128;
@@ -324,16 +332,33 @@ static void decode_reads_only_the_used_rows(at_backend *b) {
 }
 
 static void causal_rows_align_to_the_used_length(at_backend *b) {
-  icase c = {.dt = ATTN_F16, .B = 2, .Nq = 4, .cap = 70, .Hq = 4, .Hkv = 4, .d = 32,
-             .used = {9, 66}, .has_used = 1, .flags = ATTN_CAUSAL};
+  icase c = {.dt = ATTN_F16,
+             .B = 2,
+             .Nq = 4,
+             .cap = 70,
+             .Hq = 4,
+             .Hkv = 4,
+             .d = 32,
+             .used = {9, 66},
+             .has_used = 1,
+             .flags = ATTN_CAUSAL};
   run_forward(b, &c);
   c.win = 1, c.wl = 5, c.wr = 0;
   run_forward(b, &c);
 }
 
 static void appended_rows_land_in_the_cache_and_are_seen(at_backend *b) {
-  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 3, .cap = 40, .Hq = 6, .Hkv = 2, .d = 64,
-             .used = {0, 30}, .has_used = 1, .nnew = 3, .flags = ATTN_CAUSAL};
+  icase c = {.dt = ATTN_F32,
+             .B = 2,
+             .Nq = 3,
+             .cap = 40,
+             .Hq = 6,
+             .Hkv = 2,
+             .d = 64,
+             .used = {0, 30},
+             .has_used = 1,
+             .nnew = 3,
+             .flags = ATTN_CAUSAL};
   run_forward(b, &c);
   c.dt = ATTN_BF16;
   c.nnew = 3;
@@ -344,29 +369,65 @@ static void appended_rows_land_in_the_cache_and_are_seen(at_backend *b) {
 static void paged_cache_any_page_size(at_backend *b) {
   const int64_t sizes[] = {1, 3, 16, 64};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-    icase c = {.dt = ATTN_BF16, .B = 3, .Nq = 1, .cap = 90, .Hq = 8, .Hkv = 2, .d = 64,
-               .used = {90, 17, 1}, .has_used = 1, .page = sizes[i]};
+    icase c = {.dt = ATTN_BF16,
+               .B = 3,
+               .Nq = 1,
+               .cap = 90,
+               .Hq = 8,
+               .Hkv = 2,
+               .d = 64,
+               .used = {90, 17, 1},
+               .has_used = 1,
+               .page = sizes[i]};
     run_forward(b, &c);
     if (b->small) break;
   }
 }
 
 static void paged_cache_without_used_lengths(at_backend *b) {
-  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 5, .cap = 48, .Hq = 2, .Hkv = 1, .d = 32, .page = 16,
+  icase c = {.dt = ATTN_F32,
+             .B = 2,
+             .Nq = 5,
+             .cap = 48,
+             .Hq = 2,
+             .Hkv = 1,
+             .d = 32,
+             .page = 16,
              .flags = ATTN_CAUSAL};
   run_forward(b, &c);
 }
 
 static void paged_append_with_causal_rows(at_backend *b) {
-  icase c = {.dt = ATTN_F16, .B = 2, .Nq = 2, .cap = 50, .Hq = 4, .Hkv = 2, .d = 64,
-             .used = {15, 31}, .has_used = 1, .nnew = 2, .page = 16, .flags = ATTN_CAUSAL};
+  icase c = {.dt = ATTN_F16,
+             .B = 2,
+             .Nq = 2,
+             .cap = 50,
+             .Hq = 4,
+             .Hkv = 2,
+             .d = 64,
+             .used = {15, 31},
+             .has_used = 1,
+             .nnew = 2,
+             .page = 16,
+             .flags = ATTN_CAUSAL};
   run_forward(b, &c);
 }
 
 static void metadata_in_device_buffers(at_backend *b) {
-  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 1, .cap = 64, .Hq = 4, .Hkv = 2, .d = 32,
-             .used = {20, 64}, .has_used = 1, .page = 8, .bias = 1, .bias_dt = ATTN_F32,
-             .sinks = 1, .device_meta = 1};
+  icase c = {.dt = ATTN_F32,
+             .B = 2,
+             .Nq = 1,
+             .cap = 64,
+             .Hq = 4,
+             .Hkv = 2,
+             .d = 32,
+             .used = {20, 64},
+             .has_used = 1,
+             .page = 8,
+             .bias = 1,
+             .bias_dt = ATTN_F32,
+             .sinks = 1,
+             .device_meta = 1};
   run_forward(b, &c);
 }
 
@@ -377,8 +438,15 @@ static void metadata_in_device_buffers(at_backend *b) {
  * the buffers are host memory, which is checked as the pointers are. */
 static void offsets_and_slopes_in_device_buffers(at_backend *b) {
   static const int32_t cu_q[4] = {0, 7, 7, 40}, cu_k[4] = {0, 30, 45, 75};
-  const at_shape s = {.dtype = ATTN_BF16, .B = 3, .Hq = 4, .Hkv = 2, .d = 64, .cu_q = cu_q,
-                      .cu_k = cu_k, .flags = ATTN_CAUSAL | ATTN_DETERMINISTIC, .alibi = 1};
+  const at_shape s = {.dtype = ATTN_BF16,
+                      .B = 3,
+                      .Hq = 4,
+                      .Hkv = 2,
+                      .d = 64,
+                      .cu_q = cu_q,
+                      .cu_k = cu_k,
+                      .flags = ATTN_CAUSAL | ATTN_DETERMINISTIC,
+                      .alibi = 1};
   if (!at_check_backward(b, &s)) at_skip("%s declines: %s", b->name, attn_errmsg(b->ctx));
   at_prob P;
   at_prob_init(&P, &s);
@@ -468,8 +536,9 @@ static void offsets_and_slopes_in_device_buffers(at_backend *b) {
     assert_int_equal(rc, ATTN_ESEQLENS);
     assert_true(at_mentions(attn_errmsg(b->ctx), "cu_seqlens_q_tensor"));
   } else {
-    if (rc) fail_msg("attn_forward, malformed offsets: %s: %s", attn_status_name(rc),
-                     attn_errmsg(b->ctx));
+    if (rc)
+      fail_msg("attn_forward, malformed offsets: %s: %s", attn_status_name(rc),
+               attn_errmsg(b->ctx));
     assert_true(at_padding_intact(&P.mo));
     assert_true(at_padding_intact(&P.mlse));
   }
@@ -483,8 +552,17 @@ static void offsets_and_slopes_in_device_buffers(at_backend *b) {
 static void splits_give_the_same_answer(at_backend *b) {
   const int splits[] = {1, 2, 3, 0, 64};
   for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++) {
-    icase c = {.dt = ATTN_F32, .B = 1, .Nq = 1, .cap = 300, .Hq = 8, .Hkv = 2, .d = 64,
-               .used = {300}, .has_used = 1, .splits = splits[i], .sinks = 1};
+    icase c = {.dt = ATTN_F32,
+               .B = 1,
+               .Nq = 1,
+               .cap = 300,
+               .Hq = 8,
+               .Hkv = 2,
+               .d = 64,
+               .used = {300},
+               .has_used = 1,
+               .splits = splits[i],
+               .sinks = 1};
     run_forward(b, &c);
     c.flags = ATTN_CAUSAL, c.Nq = 3, c.bias = 1, c.bias_dt = ATTN_F32;
     run_forward(b, &c);
@@ -498,8 +576,15 @@ static void splits_give_the_same_answer(at_backend *b) {
 static void bias_full_and_broadcast(at_backend *b) {
   const int forms[] = {1, 1 + BIAS_BATCH, 1 + BIAS_HEADS, 1 + BIAS_BATCH + BIAS_HEADS + BIAS_ROWS};
   for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
-    icase c = {.dt = ATTN_F32, .B = 2, .Nq = 33, .cap = 47, .Hq = 4, .Hkv = 2, .d = 32,
-               .bias = forms[i], .bias_dt = i % 2 ? ATTN_BF16 : ATTN_F32};
+    icase c = {.dt = ATTN_F32,
+               .B = 2,
+               .Nq = 33,
+               .cap = 47,
+               .Hq = 4,
+               .Hkv = 2,
+               .d = 32,
+               .bias = forms[i],
+               .bias_dt = i % 2 ? ATTN_BF16 : ATTN_F32};
     run_forward(b, &c);
     c.dt = ATTN_BF16, c.flags = ATTN_CAUSAL, c.softcap = 20, c.alibi = 1;
     run_forward(b, &c);
@@ -507,16 +592,34 @@ static void bias_full_and_broadcast(at_backend *b) {
 }
 
 static void bias_minus_inf_hides_a_whole_row(at_backend *b) {
-  icase c = {.dt = ATTN_F16, .B = 1, .Nq = 20, .cap = 20, .Hq = 2, .Hkv = 1, .d = 64,
-             .bias = 1, .bias_dt = ATTN_F32, .hide_row = 1, .flags = ATTN_CAUSAL};
+  icase c = {.dt = ATTN_F16,
+             .B = 1,
+             .Nq = 20,
+             .cap = 20,
+             .Hq = 2,
+             .Hkv = 1,
+             .d = 64,
+             .bias = 1,
+             .bias_dt = ATTN_F32,
+             .hide_row = 1,
+             .flags = ATTN_CAUSAL};
   run_forward(b, &c);
   c.sinks = 1; /* the hidden row then has lse = sink */
   run_forward(b, &c);
 }
 
 static void sinks_join_the_denominator(at_backend *b) {
-  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 30, .cap = 25, .Hq = 4, .Hkv = 2, .d = 64,
-             .sinks = 1, .win = 1, .wl = 2, .wr = 0}; /* rows 0..4 see no key: lse = sink */
+  icase c = {.dt = ATTN_F32,
+             .B = 2,
+             .Nq = 30,
+             .cap = 25,
+             .Hq = 4,
+             .Hkv = 2,
+             .d = 64,
+             .sinks = 1,
+             .win = 1,
+             .wl = 2,
+             .wr = 0}; /* rows 0..4 see no key: lse = sink */
   run_forward(b, &c);
   c.dt = ATTN_BF16, c.win = 0, c.flags = ATTN_CAUSAL;
   run_forward(b, &c);
@@ -565,9 +668,9 @@ static void run_backward(at_backend *b, const icase *c) {
   double *rs = c->sinks ? at_malloc(sizeof(double) * (size_t)c->Hq) : NULL;
   attn_params hp = host_params(&x);
   hp.dbias = hp.dsinks = NULL; /* the reference returns them as arrays */
-  assert_int_equal(at_ref_backward_terms(b->ctx, &hp, &x.tq, &x.tk, &x.tv, &tdo, rq, rk, rv, rb,
-                                         rs, NULL, NULL),
-                   ATTN_OK);
+  assert_int_equal(
+      at_ref_backward_terms(b->ctx, &hp, &x.tq, &x.tk, &x.tv, &tdo, rq, rk, rv, rb, rs, NULL, NULL),
+      ATTN_OK);
   const double tol = at_tol_grad(c->dt);
   expect_near("dq", dq, c->dt, rq, nq, tol);
   expect_near("dk", dk, c->dt, rk, nk, tol);
@@ -580,8 +683,16 @@ static void run_backward(at_backend *b, const icase *c) {
 static void bias_gradient_sums_over_broadcast(at_backend *b) {
   const int forms[] = {1, 1 + BIAS_BATCH + BIAS_HEADS, 1 + BIAS_ROWS};
   for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
-    icase c = {.dt = ATTN_F32, .B = 2, .Nq = 40, .cap = 40, .Hq = 4, .Hkv = 2, .d = 32,
-               .bias = forms[i], .bias_dt = ATTN_F32, .flags = ATTN_CAUSAL};
+    icase c = {.dt = ATTN_F32,
+               .B = 2,
+               .Nq = 40,
+               .cap = 40,
+               .Hq = 4,
+               .Hkv = 2,
+               .d = 32,
+               .bias = forms[i],
+               .bias_dt = ATTN_F32,
+               .flags = ATTN_CAUSAL};
     run_backward(b, &c);
     c.dt = ATTN_BF16, c.d = 64, c.flags = 0, c.softcap = 15;
     run_backward(b, &c);
@@ -589,7 +700,14 @@ static void bias_gradient_sums_over_broadcast(at_backend *b) {
 }
 
 static void sink_gradient(at_backend *b) {
-  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 37, .cap = 37, .Hq = 4, .Hkv = 1, .d = 64, .sinks = 1,
+  icase c = {.dt = ATTN_F32,
+             .B = 2,
+             .Nq = 37,
+             .cap = 37,
+             .Hq = 4,
+             .Hkv = 1,
+             .d = 64,
+             .sinks = 1,
              .flags = ATTN_CAUSAL};
   run_backward(b, &c);
   c.dt = ATTN_F16, c.bias = 1 + BIAS_BATCH, c.bias_dt = ATTN_F16;
@@ -597,9 +715,17 @@ static void sink_gradient(at_backend *b) {
 }
 
 static void deterministic_bias_gradient_repeats_exactly(at_backend *b) {
-  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 64, .cap = 64, .Hq = 4, .Hkv = 4, .d = 32,
-             .bias = 1 + BIAS_BATCH + BIAS_HEADS, .bias_dt = ATTN_F32,
-             .flags = ATTN_DETERMINISTIC, .sinks = 1};
+  icase c = {.dt = ATTN_F32,
+             .B = 2,
+             .Nq = 64,
+             .cap = 64,
+             .Hq = 4,
+             .Hkv = 4,
+             .d = 32,
+             .bias = 1 + BIAS_BATCH + BIAS_HEADS,
+             .bias_dt = ATTN_F32,
+             .flags = ATTN_DETERMINISTIC,
+             .sinks = 1};
   ibuf x;
   ibuf_init(b, &x, &c);
   const int64_t nq = c.B * c.Nq * c.Hq * c.d;
@@ -646,8 +772,8 @@ static void merge_of_parts_is_the_whole(at_backend *b) {
     const attn_dtype dt = dts[di];
     const size_t es = attn_dtype_size(dt);
     rng_state = 77 + (uint64_t)di;
-    void *q = at_malloc((size_t)(B * Nq * H * d) * es), *k = at_malloc((size_t)(B * N * H * d) * es),
-         *v = at_malloc((size_t)(B * N * H * d) * es);
+    void *q = at_malloc((size_t)(B * Nq * H * d) * es),
+         *k = at_malloc((size_t)(B * N * H * d) * es), *v = at_malloc((size_t)(B * N * H * d) * es);
     fill(q, dt, B * Nq * H * d, 1.5);
     fill(k, dt, B * N * H * d, 1.5);
     fill(v, dt, B * N * H * d, 1.0);
@@ -681,7 +807,8 @@ static void merge_of_parts_is_the_whole(at_backend *b) {
     float *l = at_malloc(sizeof(float) * (size_t)(B * H * Nq));
     attn_tensor tom = attn_tensor_bshd(o, dt, B, Nq, H, d), tlm = attn_tensor_lse(l, B, H, Nq);
     int rc = attn_merge(b->ctx, 2, to, tl, &tom, &tlm);
-    if (rc == ATTN_EUNSUPPORTED) at_skip("%s declines attn_merge: %s", b->name, attn_errmsg(b->ctx));
+    if (rc == ATTN_EUNSUPPORTED)
+      at_skip("%s declines attn_merge: %s", b->name, attn_errmsg(b->ctx));
     if (rc) fail_msg("attn_merge: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
     double *ro = at_malloc(sizeof(double) * (size_t)(B * Nq * H * d)),
            *rl = at_malloc(sizeof(double) * (size_t)(B * H * Nq));
@@ -716,8 +843,16 @@ static void expect_refused(at_backend *b, ibuf *x, int want, const char *name) {
 }
 
 static void cache_entries_out_of_range_are_refused(at_backend *b) {
-  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 1, .cap = 32, .Hq = 2, .Hkv = 1, .d = 16,
-             .used = {32, 5}, .has_used = 1, .page = 8};
+  icase c = {.dt = ATTN_F32,
+             .B = 2,
+             .Nq = 1,
+             .cap = 32,
+             .Hq = 2,
+             .Hkv = 1,
+             .d = 16,
+             .used = {32, 5},
+             .has_used = 1,
+             .page = 8};
   ibuf x;
   ibuf_init(b, &x, &c);
   x.used[0] = 33;
@@ -731,8 +866,16 @@ static void cache_entries_out_of_range_are_refused(at_backend *b) {
 }
 
 static void inconsistent_inference_params_are_refused(at_backend *b) {
-  icase c = {.dt = ATTN_F32, .B = 2, .Nq = 2, .cap = 32, .Hq = 2, .Hkv = 1, .d = 16,
-             .used = {3, 5}, .has_used = 1, .nnew = 2};
+  icase c = {.dt = ATTN_F32,
+             .B = 2,
+             .Nq = 2,
+             .cap = 32,
+             .Hq = 2,
+             .Hkv = 1,
+             .d = 16,
+             .used = {3, 5},
+             .has_used = 1,
+             .nnew = 2};
   ibuf x;
   ibuf_init(b, &x, &c);
   attn_params keep = x.p;
