@@ -14,11 +14,7 @@ namespace attn_general {
 
 static gtensor make_tensor(const attn__tensor *t, const attn__problem *pb) {
   gtensor g;
-  g.p = t->native ? (char *)t->native + t->offset : nullptr;
-  g.sb = t->sb;
-  g.ss = t->ss;
-  g.sh = t->sh;
-  g.sd = t->sd;
+  static_cast<attn__cuda_view &>(g) = attn__cuda_view_of(t);
   g.vec = attn__cuda_rows4(t, pb);
   return g;
 }

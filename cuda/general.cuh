@@ -46,12 +46,11 @@ namespace attn_general {
 constexpr int kThreads = 256;
 constexpr float kLog2e = 1.4426950408889634f;
 
-/* One operand: p already includes the byte offset. vec = 1 when every row
- * starts 16-byte aligned (f32) or 8-byte aligned (f16/bf16), the d-stride is
- * 1 and d is a multiple of 4, so a row loads as groups of 4 elements. */
-struct gtensor {
-  char *p;
-  long long sb, ss, sh, sd;
+/* One operand, a tensor view (attn_cuda.h: p already includes the byte
+ * offset). vec = 1 when every row starts 16-byte aligned (f32) or 8-byte
+ * aligned (f16/bf16), the d-stride is 1 and d is a multiple of 4, so a row
+ * loads as groups of 4 elements. */
+struct gtensor : attn__cuda_view {
   int vec;
 };
 
