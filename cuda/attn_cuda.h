@@ -34,9 +34,14 @@ typedef struct attn__cuda_view {
   long long sb, ss, sh, sd;
 } attn__cuda_view;
 
+/* A tensor's first element on the device (NULL for an absent tensor). */
+static inline char *attn__cuda_at(const attn__tensor *t) {
+  return t->native ? (char *)t->native + t->offset : NULL;
+}
+
 static inline attn__cuda_view attn__cuda_view_of(const attn__tensor *t) {
   attn__cuda_view v;
-  v.p = t->native ? (char *)t->native + t->offset : NULL;
+  v.p = attn__cuda_at(t);
   v.sb = t->sb;
   v.ss = t->ss;
   v.sh = t->sh;

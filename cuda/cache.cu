@@ -135,10 +135,10 @@ extern "C" int attn__cuda_append(const attn__cuda_launch *L) {
   A.kn = attn__cuda_view_of(&pb->k_new);
   A.vn = attn__cuda_view_of(&pb->v_new);
   A.cu_k = pb->page_size ? nullptr : L->cu_k;
-  A.used = (const int32_t *)((const char *)pb->seqused_k.native + pb->seqused_k.offset);
+  A.used = (const int32_t *)attn__cuda_at(&pb->seqused_k);
   A.used_sb = pb->seqused_k.sb;
   if (pb->page_size) {
-    A.bt = (const int32_t *)((const char *)pb->block_table.native + pb->block_table.offset);
+    A.bt = (const int32_t *)attn__cuda_at(&pb->block_table);
     A.bt_sb = pb->block_table.sb;
     A.bt_ss = pb->block_table.ss;
     A.page_size = pb->page_size;
@@ -169,12 +169,12 @@ extern "C" int attn__cuda_merge(const attn__merge *m, cudaStream_t stream, void 
   if (!host) return ATTN_ENOMEM;
   for (int s = 0; s < m->n; s++) {
     const attn__tensor &o = m->o_parts[s], &l = m->lse_parts[s];
-    host[s].o = (const char *)o.native + o.offset;
+    host[s].o = attn__cuda_at(&o);
     host[s].osb = o.sb;
     host[s].oss = o.ss;
     host[s].osh = o.sh;
     host[s].osd = o.sd;
-    host[s].lse = (const float *)((const char *)l.native + l.offset);
+    host[s].lse = (const float *)attn__cuda_at(&l);
     host[s].lsb = l.sb;
     host[s].lss = l.ss;
     host[s].lsh = l.sh;

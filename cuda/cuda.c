@@ -295,8 +295,7 @@ static int put_metadata(attn_context *ctx, const attn__problem *pb, int keys_onl
   const size_t cu_bytes = pb->varlen ? align256(sizeof(int32_t) * (size_t)n) : 0;
   const size_t al_bytes =
       pb->alibi && !keys_only ? align256(sizeof(float) * (size_t)pb->heads_q) : 0;
-  if (pb->alibi_dev.native && !keys_only)
-    L->alibi = (const float *)((const char *)pb->alibi_dev.native + pb->alibi_dev.offset);
+  if (pb->alibi_dev.native && !keys_only) L->alibi = (const float *)attn__cuda_at(&pb->alibi_dev);
   if (!(cu_bytes + al_bytes)) return ATTN_OK;
   int st = grow(ctx, &I->scratch, &I->scratch_bytes, 2 * cu_bytes + al_bytes, "scratch");
   if (st != ATTN_OK) return st;
@@ -314,7 +313,7 @@ static int put_metadata(attn_context *ctx, const attn__problem *pb, int keys_onl
                          I->stream),
          what[i]);
     } else if (dev[i]->native) {
-      const int32_t *src = (const int32_t *)((const char *)dev[i]->native + dev[i]->offset);
+      const int32_t *src = (const int32_t *)attn__cuda_at(dev[i]);
       if (attn__cuda_clamp_offsets(src, dst, n, rows[i], I->stream) != ATTN_OK)
         return cuda_fail(ctx, cudaGetLastError(), what[i]);
     } else {
@@ -332,19 +331,23 @@ static int put_metadata(attn_context *ctx, const attn__problem *pb, int keys_onl
   return ATTN_OK;
 }
 
+/* A launch of pb on the context's device and stream, the rest zero. */
+static attn__cuda_launch launch_of(cuda_impl *I, const attn__problem *pb) {
+  attn__cuda_launch L;
+  memset(&L, 0, sizeof L);
+  L.pb = pb;
+  L.dev = &I->dev;
+  L.stream = I->stream;
+  return L;
+}
+
 /* forward and backward: the plan says which. */
 static int cuda_run(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
   cuda_impl *I = (cuda_impl *)ctx->impl;
   const attn__cuda_config *c = (const attn__cuda_config *)plan->config;
   int st;
   CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
-
-  attn__cuda_launch L;
-  memset(&L, 0, sizeof L);
-  L.pb = pb;
-  L.dev = &I->dev;
-  L.stream = I->stream;
-
+  attn__cuda_launch L = launch_of(I, pb);
   st = put_metadata(ctx, pb, 0, &L);
   if (st != ATTN_OK) return st;
 
@@ -379,11 +382,7 @@ static int cuda_run(attn_context *ctx, const attn__problem *pb, const attn__plan
 static int cuda_append(attn_context *ctx, const attn__problem *pb) {
   cuda_impl *I = (cuda_impl *)ctx->impl;
   CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
-  attn__cuda_launch L;
-  memset(&L, 0, sizeof L);
-  L.pb = pb;
-  L.dev = &I->dev;
-  L.stream = I->stream;
+  attn__cuda_launch L = launch_of(I, pb);
   int st = put_metadata(ctx, pb, 1, &L);
   if (st != ATTN_OK) return st;
   if (attn__cuda_append(&L) != ATTN_OK)

@@ -346,7 +346,7 @@ int combine(const attn__cuda_launch *L, const dparams &P) {
 /* ---------------------------------------------------------------------- */
 
 static const int32_t *i32_of(const attn__tensor &t) {
-  return (const int32_t *)((const char *)t.native + t.offset);
+  return (const int32_t *)attn__cuda_at(&t);
 }
 
 dparams make_params(const attn__cuda_launch *L, int splits) {
@@ -381,7 +381,7 @@ dparams make_params(const attn__cuda_launch *L, int splits) {
     P.num_pages = (int)pb->num_pages;
   }
   if (pb->has_sinks) {
-    P.sinks = (const float *)((const char *)pb->sinks.native + pb->sinks.offset);
+    P.sinks = (const float *)attn__cuda_at(&pb->sinks);
     P.sinks_sh = pb->sinks.sh;
   }
   P.batch = (int)pb->batch;

@@ -37,8 +37,8 @@
 
 namespace attn_decode {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+using attn_mma::kLn2;
+using attn_mma::kLog2e;
 /* Query rows a block: one m16 tile of the tensor cores. */
 constexpr int kRows = 16;
 /* Keys a warp takes per step: one k16 step of P V. */

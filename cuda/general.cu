@@ -25,11 +25,7 @@ static gtensor make_term(const attn__tensor *t, int present) {
   gtensor g;
   memset(&g, 0, sizeof g);
   if (!present) return g;
-  g.p = (char *)t->native + t->offset;
-  g.sb = t->sb;
-  g.ss = t->ss;
-  g.sh = t->sh;
-  g.sd = t->sd;
+  static_cast<attn__cuda_view &>(g) = attn__cuda_view_of(t);
   return g;
 }
 

@@ -21,7 +21,7 @@ namespace attn_mma {
 
 static tensor_ref ref_of(const attn__tensor &t) {
   tensor_ref r;
-  r.ptr = (char *)t.native + t.offset;
+  r.ptr = attn__cuda_at(&t);
   r.sb = t.sb;
   r.ss = t.ss;
   r.sh = t.sh;
@@ -66,17 +66,17 @@ void make_params(const attn__cuda_launch *L, int backward, params *p) {
   p->has_lse = pb->has_lse && pb->lse.native;
   p->rows = pb->varlen ? pb->total_q : pb->batch * pb->seqlen_q;
   if (pb->has_bias) {
-    p->bias = (const char *)pb->bias.native + pb->bias.offset;
+    p->bias = attn__cuda_at(&pb->bias);
     p->bias_sb = pb->bias.sb;
     p->bias_sh = pb->bias.sh;
     p->bias_ss = pb->bias.ss;
   }
   if (pb->has_sinks) {
-    p->sinks = (const float *)((const char *)pb->sinks.native + pb->sinks.offset);
+    p->sinks = (const float *)attn__cuda_at(&pb->sinks);
     p->sinks_sh = pb->sinks.sh;
   }
   if (backward && pb->has_dbias) {
-    p->dbias = (float *)((char *)pb->dbias.native + pb->dbias.offset);
+    p->dbias = (float *)attn__cuda_at(&pb->dbias);
     p->dbias_sb = pb->dbias.sb;
     p->dbias_sh = pb->dbias.sh;
     p->dbias_ss = pb->dbias.ss;
@@ -84,16 +84,16 @@ void make_params(const attn__cuda_launch *L, int backward, params *p) {
     p->dbias_atomic = attn__cuda_dbias_sums(pb) && !pb->deterministic;
   }
   if (backward && pb->has_dsinks) {
-    p->dsinks = (float *)((char *)pb->dsinks.native + pb->dsinks.offset);
+    p->dsinks = (float *)attn__cuda_at(&pb->dsinks);
     p->dsinks_sh = pb->dsinks.sh;
   }
   if (pb->has_seqused) {
-    p->seqused = (const int *)((const char *)pb->seqused_k.native + pb->seqused_k.offset);
+    p->seqused = (const int *)attn__cuda_at(&pb->seqused_k);
     p->seqused_sb = pb->seqused_k.sb;
     p->seqlen_new = (int)pb->seqlen_new;
   }
   if (pb->page_size) {
-    p->block_table = (const int *)((const char *)pb->block_table.native + pb->block_table.offset);
+    p->block_table = (const int *)attn__cuda_at(&pb->block_table);
     p->bt_sb = pb->block_table.sb;
     p->bt_ss = pb->block_table.ss;
     p->page_size = (int)pb->page_size;

@@ -7,26 +7,12 @@
  * The library has no device-to-device copy, so a GPU's rate is not
  * measurable here: bench/decode_bench.py times a torch copy instead.
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
-
-#include "cli.h"
+#include "run.h"
 
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 /* One pass: the sum of every word, in the static schedule that wrote them. */
 static uint64_t read_pass(const uint64_t *w, int64_t n) {
@@ -124,9 +110,9 @@ int cmd_bandwidth(int argc, char **argv) {
                                         : (uint64_t)(n / 2) * (uint64_t)(n - 1);
   uint64_t got = read_pass(w, n);
   for (int64_t r = 0; r < repeat && got == want; r++) {
-    double t0 = now_s();
+    double t0 = run_now_s();
     got = read_pass(w, n);
-    t[r] = now_s() - t0;
+    t[r] = run_now_s() - t0;
   }
   if (got != want) {
     status = cli_complain("a pass summed to %llu, not %llu: the memory did not read back",
@@ -134,7 +120,7 @@ int cmd_bandwidth(int argc, char **argv) {
     status = EXIT_FAILED;
     goto done;
   }
-  qsort(t, (size_t)repeat, sizeof *t, cmp_double);
+  run_sort_times(t, (size_t)repeat);
   double med = t[repeat / 2];
   char sz[32];
   printf("attn bandwidth\n");

@@ -44,6 +44,10 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+void run_sort_times(double *t, size_t n) {
+  qsort(t, n, sizeof *t, cmp_double);
+}
+
 /* ---------------------------------------------------------------------- */
 /* Sizes                                                                    */
 /* ---------------------------------------------------------------------- */
@@ -315,8 +319,8 @@ static int run_problem(const run_opts *o, const char *title) {
     status = cli_fail_ctx(ctx, rc, o->backward ? "attention failed" : "forward failed");
     goto done;
   }
-  qsort(tf, repeat, sizeof(double), cmp_double);
-  qsort(tb, repeat, sizeof(double), cmp_double);
+  run_sort_times(tf, repeat);
+  run_sort_times(tb, repeat);
   double flops = 4.0 * (double)o->hq * pairs * (double)o->d;
   char terms[160];
   describe_terms(o, &c, terms, sizeof terms);

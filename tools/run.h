@@ -94,8 +94,10 @@ typedef struct run_tensors {
 /* The same tensor over its host copy (for the reference). */
 attn_tensor run_host_tensor(const device_tensor *t);
 
-/* Seconds on a monotonic clock. cmd_run.c */
+/* Seconds on a monotonic clock, and n times sorted ascending (their
+ * median is then t[n / 2]). cmd_run.c */
 double run_now_s(void);
+void run_sort_times(double *t, size_t n);
 
 /* ---------------------------------------------------------------------- */
 /* Work of a call (run_work.c)                                              */
