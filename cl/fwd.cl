@@ -212,6 +212,20 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
 #endif
   if (j0 < jend) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, 0, sc, sr, nq, nk, d KEY_PAGES);
   for (; j0 < jend; j0 += BC) {
+#if HAS_BIAS
+    /* The tile's bias, in flight during Q K^T: read where the scores need
+     * it, its latency would stall every tile. Past the sequence: 0, unread. */
+    float bv[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int n = 0; n < TN; ++n) {
+        const int r = r0 + ty * TM + i, j = j0 + tx + TX * n;
+        bv[i][n] = r < nq && j < nk
+                       ? load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + j * bias_s.s3)
+                       : 0.0f;
+      }
+#endif
     /* S = Q K^T, DK columns of the head dimension at a time. */
     float s[TM][TN];
 #pragma unroll
@@ -270,12 +284,10 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
         const float x = s[i][n] * scale;
 #if HAS_BIAS
         if (whole) {
-          s[i][n] = x + load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + j * bias_s.s3);
+          s[i][n] = x + bv[i][n];
         } else {
           const int in = r < nq && j < nk && key_visible(dg, j, wl, wr);
-          const float v = score_scaled(x, softcap, slope, dg - j, &t);
-          s[i][n] = in ? v + load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + j * bias_s.s3)
-                       : -INFINITY;
+          s[i][n] = in ? score_scaled(x, softcap, slope, dg - j, &t) + bv[i][n] : -INFINITY;
         }
 #else
         if (whole) {

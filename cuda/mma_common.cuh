@@ -308,7 +308,9 @@ __device__ __forceinline__ void load_rows(T *s, RowAt row_at, const T *any, int 
  * row0, key col0 into the tile at shared address s, of row stride BC + kPad:
  * rows at or past nrows and keys at or past ncols are zeros, and the chunk
  * that straddles ncols is read only up to it (past it may lie outside the
- * tensor). Each thread keeps one column of 16-byte chunks, as load_tile. */
+ * tensor). Each thread keeps one column of 16-byte chunks, as load_tile.
+ * Rows that broadcast (ss = 0) are one row for every block of the grid at
+ * once: read through L1, so that one L2 slice does not serve them all. */
 template <int ROWS, int BC, int NT, typename BT>
 __device__ __forceinline__ void load_bias_tile(uint32_t s, const BT *g, int64_t ss, int row0,
                                                int nrows, int col0, int ncols, int tid) {
@@ -319,6 +321,16 @@ __device__ __forceinline__ void load_bias_tile(uint32_t s, const BT *g, int64_t 
   const int bytes = left <= 0 ? 0 : left >= kE ? 16 : left * (int)sizeof(BT);
   const BT *src = g + (int64_t)(row0 + r0) * ss + col0 + k;
   const uint32_t dst = s + (uint32_t)(r0 * (BC + kPad) + k) * sizeof(BT);
+  if (ss == 0) {
+#pragma unroll
+    for (int i = 0; i < ROWS / kStep; ++i) {
+      const bool ok = bytes > 0 && row0 + r0 + i * kStep < nrows;
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                       dst + (uint32_t)(i * kStep * (BC + kPad) * sizeof(BT))),
+                   "l"(ok ? src : g), "r"(ok ? bytes : 0));
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < ROWS / kStep; ++i) {
     const bool ok = bytes > 0 && row0 + r0 + i * kStep < nrows;

@@ -33,6 +33,7 @@ typedef struct icase {
   int bias; /* 0 none, else 1 + BIAS_* bits */
   attn_dtype bias_dt;
   int hide_row; /* bias -inf over every key of query row 0 of sequence 0, head 0 */
+  int bias_odd; /* 1: scattered -inf and a row of the dtype's lowest value; 2: and a NaN */
   int sinks;
   int splits;      /* params.num_splits */
   int device_meta; /* seqused_k, block_table, bias, sinks in device buffers */
@@ -187,6 +188,19 @@ static void ibuf_init(at_backend *b, ibuf *x, const icase *c) {
     if (c->hide_row)
       for (int64_t j = 0; j < bk; j++)
         attn__store(x->bias, c->bias_dt, j, -INFINITY);
+    if (c->bias_odd) {
+      /* Sequence 0, head 0: -inf in row 5 every 37 keys, the lowest finite
+       * value (a mask written as the dtype's minimum) over row 1, and a NaN
+       * in row 2 (bias_odd 2), which must make row 2 NaN and no other. */
+      const double lowest = c->bias_dt == ATTN_F16    ? -65504.0
+                            : c->bias_dt == ATTN_BF16 ? -3.38953139e38
+                                                      : -3.40282347e38;
+      for (int64_t j = 0; j < bk; j++) {
+        attn__store(x->bias, c->bias_dt, bk + j, lowest);
+        if (j % 37 == 3) attn__store(x->bias, c->bias_dt, 5 * bk + j, -INFINITY);
+      }
+      if (c->bias_odd > 1) attn__store(x->bias, c->bias_dt, 2 * bk + 5, NAN);
+    }
     x->tbias = attn_tensor_bias(x->bias, c->bias_dt, bb, bh, bq, bk);
     x->p.bias = &x->tbias;
   }
@@ -234,7 +248,7 @@ static int declined(at_backend *b, const attn_params *p, const attn_tensor *q, c
   } while (0)
 
 /* max |got - ref| over n elements against tol * max(1, max|ref|); -inf in
- * ref must be -inf in got; NaN nowhere. */
+ * ref must be -inf in got, NaN in ref NaN in got, and NaN nowhere else. */
 static void expect_near(const char *what, const void *got, attn_dtype dt, const double *ref,
                         int64_t n, double tol) {
   double mx = 1, err = 0;
@@ -243,6 +257,10 @@ static void expect_near(const char *what, const void *got, attn_dtype dt, const 
     if (isfinite(ref[i]) && fabs(ref[i]) > mx) mx = fabs(ref[i]);
   for (int64_t i = 0; i < n; i++) {
     const double g = attn__load(got, dt, i);
+    if (isnan(ref[i])) {
+      if (!isnan(g)) fail_msg("%s[%lld] is %g; want NaN", what, (long long)i, g);
+      continue;
+    }
     if (isnan(g)) fail_msg("%s[%lld] is NaN; the reference is %g", what, (long long)i, ref[i]);
     if (isinf(ref[i])) {
       if (g != ref[i]) fail_msg("%s[%lld] is %g; want %g", what, (long long)i, g, ref[i]);
@@ -270,11 +288,13 @@ static void run_forward(at_backend *b, const icase *c) {
   assert_int_equal(at_ref_forward(b->ctx, &hp, &x.tq, &x.tk, &x.tv, ro, rl), ATTN_OK);
   int rc = attn_forward(b->ctx, &x.p, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse);
   if (rc) fail_msg("attn_forward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+  /* The planted NaN reaches the reference's row 2 (b 0, head 0). */
+  if (c->bias_odd > 1) assert_true(isnan(ro[2 * c->Hq * c->d]));
   expect_near("o", x.o, c->dt, ro, no, at_tol_o(c->dt));
   double *rlse = rl;
   float *lse = x.lse;
   for (int64_t i = 0; i < nl; i++)
-    if (isinf(rlse[i]) != isinf((double)lse[i]) ||
+    if (isinf(rlse[i]) != isinf((double)lse[i]) || isnan(rlse[i]) != isnan((double)lse[i]) ||
         (isfinite(rlse[i]) && fabs(lse[i] - rlse[i]) > 1e-4 * fmax(1, fabs(rlse[i]))))
       fail_msg("lse[%lld] is %.9g; want %.9g", (long long)i, lse[i], rlse[i]);
   /* A row the reference says saw no key is exactly 0. */
@@ -608,6 +628,31 @@ static void bias_minus_inf_hides_a_whole_row(at_backend *b) {
   run_forward(b, &c);
 }
 
+/* A bias of the data's dtype over whole key blocks, at the tensor-core
+ * kernels' head dims, holding every kind of value: finite ones, -inf, the
+ * dtype's lowest value over a whole row (a mask written as the minimum,
+ * under which the row is still a softmax of its scores) and a NaN that must
+ * make its own row NaN and no other. */
+static void bias_of_every_kind_of_value(at_backend *b) {
+  const attn_dtype dts[] = {ATTN_BF16, ATTN_F16};
+  const int64_t dims[] = {64, 128};
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++)
+      for (int odd = 0; odd <= 2; odd++) {
+        icase c = {.dt = dts[i],
+                   .B = 2,
+                   .Nq = 150,
+                   .cap = 150,
+                   .Hq = 2,
+                   .Hkv = 1,
+                   .d = dims[j],
+                   .bias = 1,
+                   .bias_dt = dts[i],
+                   .bias_odd = odd};
+        run_forward(b, &c);
+      }
+}
+
 static void sinks_join_the_denominator(at_backend *b) {
   icase c = {.dt = ATTN_F32,
              .B = 2,
@@ -932,6 +977,7 @@ static const at_test tests[] = {
     AT_TEST(splits_give_the_same_answer),
     AT_TEST(bias_full_and_broadcast),
     AT_TEST(bias_minus_inf_hides_a_whole_row),
+    AT_TEST(bias_of_every_kind_of_value),
     AT_TEST(sinks_join_the_denominator),
     AT_TEST(bias_gradient_sums_over_broadcast),
     AT_TEST(sink_gradient),
