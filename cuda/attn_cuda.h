@@ -170,6 +170,12 @@ static inline size_t attn__cuda_workspace(attn__cuda_kernel k, const attn__probl
   return 0;
 }
 
+/* The architectures the kernels were built for (archs.c; CMake's
+ * CUDA_ARCHITECTURES, "" where unknown), and whether such a list has code
+ * that runs on a device of compute capability cc = 10 * major + minor. */
+const char *attn__cuda_archs(void);
+int attn__cuda_arch_covers(const char *archs, int cc);
+
 /* The decoding family (decode_plan.c): whether it covers a problem (at most
  * ATTN__CUDA_DECODE_MAX_ROWS query rows per KV head, group * seqlen_q), the
  * parts each row's keys are split into (num_splits, or chosen to fill the

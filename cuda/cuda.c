@@ -54,9 +54,13 @@ static size_t align256(size_t n) {
 /* Devices                                                                  */
 /* ---------------------------------------------------------------------- */
 
+/* The devices the build has code for (archs.c), as CUDA numbers them:
+ * device i of this backend is CUDA's probe_map[i]. A device without code
+ * would fail at its first launch; not counting it lets `auto` move on. */
+#define MAX_DEVICES 64
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
-static int probe_count;
-static char probe_why[256];
+static int probe_count, probe_map[MAX_DEVICES];
+static char probe_why[320];
 
 static void probe(void) {
   int n = 0;
@@ -70,7 +74,28 @@ static void probe(void) {
   } else if (n == 0) {
     snprintf(probe_why, sizeof probe_why, "the CUDA driver reports no device");
   }
-  probe_count = n;
+  const char *archs = attn__cuda_archs();
+  int count = 0, major = 0, minor = 0;
+  for (int d = 0; d < n && count < MAX_DEVICES; d++) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (!*archs || attn__cuda_arch_covers(archs, 10 * major + minor)) {
+      probe_map[count++] = d;
+    } else {
+      attn__debug("cuda: device %d (compute %d.%d) has no code in this build (built for %s)", d,
+                  major, minor, archs);
+    }
+  }
+  if (n > 0 && count == 0)
+    snprintf(
+        probe_why, sizeof probe_why,
+        "this build has no code for the CUDA device%s here (compute %d.%d%s); it was built for "
+        "%s (CMAKE_CUDA_ARCHITECTURES)",
+        n > 1 ? "s" : "", major, minor, n > 1 ? ", ..." : "", archs);
+  probe_count = count;
 }
 
 static int cuda_device_count(char *why, size_t why_len) {
@@ -82,7 +107,9 @@ static int cuda_device_count(char *why, size_t why_len) {
 static int cuda_device_info(int index, attn_device_info *out) {
   struct cudaDeviceProp prop;
   int drv = 0, rt = 0;
-  if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) {
+  pthread_once(&probe_once, probe);
+  if (index < 0 || index >= probe_count) return ATTN_EDEVICE;
+  if (cudaGetDeviceProperties(&prop, probe_map[index]) != cudaSuccess) {
     (void)cudaGetLastError();
     return ATTN_EDEVICE;
   }
@@ -111,17 +138,22 @@ static int cuda_open(attn_context *ctx, int index) {
   cuda_impl *I = (cuda_impl *)calloc(1, sizeof *I);
   int v = 0, major = 0, minor = 0;
   if (!I) return attn__error(ctx, ATTN_ENOMEM, "out of host memory for the CUDA context");
-  I->device = index;
-  cudaError_t e = cudaSetDevice(index);
+  pthread_once(&probe_once, probe);
+  if (index < 0 || index >= probe_count) {
+    free(I);
+    return attn__error(ctx, ATTN_EUNAVAILABLE, "CUDA device %d does not exist here", index);
+  }
+  I->device = probe_map[index];
+  cudaError_t e = cudaSetDevice(I->device);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&I->own, cudaStreamDefault);
   if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(&I->dev.sm_count, cudaDevAttrMultiProcessorCount, index);
+    e = cudaDeviceGetAttribute(&I->dev.sm_count, cudaDevAttrMultiProcessorCount, I->device);
   if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index);
+    e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, I->device);
   if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index);
+    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, I->device);
   if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, index);
+    e = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, I->device);
   size_t free_mem = 0;
   if (e == cudaSuccess) e = cudaMemGetInfo(&free_mem, &I->total_mem);
   if (e != cudaSuccess) {

@@ -122,7 +122,9 @@ ATTN_API int attn_backend_compiled(attn_backend backend);
 
 /* The number of usable devices of a backend on this machine: 0 when the
  * backend was not built, or its runtime or driver is missing. The CPU always
- * has exactly one. */
+ * has exactly one. A CUDA device this build has no code for (its compute
+ * capability outside CMAKE_CUDA_ARCHITECTURES, SASS or PTX) is not usable:
+ * it is not counted, and the others are numbered 0.. in CUDA's order. */
 ATTN_API int attn_device_count(attn_backend backend);
 
 /* Why a backend has no device, in one sentence ("" when it has some). */
