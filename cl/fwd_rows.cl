@@ -15,23 +15,23 @@
  * barriers, and vectorizes only across items, so fwd.cl's 128-item groups
  * spend their time in those loops and in local-memory copies. A single item
  * has neither; its vector types become the CPU's SIMD registers. The
- * products are register blocks of 2 rows x 4 keys (Q K^T: six float8 loads
- * per eight FMAs, the eight dot products summed across lanes together) and
- * 2 rows x 4 float8 columns (P V: the same ratio), so that the FMA units,
- * not the loads, set the pace. The exponentials run on float8s.
+ * products are register blocks of 4 rows x 16 keys (Q K^T, over K^T staged
+ * 8 keys to a float8: six loads per eight FMAs) and 2 rows x 4 float8
+ * columns (P V: the same ratio), so that the FMA units, not the loads, set
+ * the pace. The exponentials run on float8s.
  *
  * The -D parameters (cl/plan.c's tiles table, CPU class): RB, a multiple
- * of 2, and KB, a multiple of 8. RB * HD and KB * HD floats each stay
+ * of 4, and KB, a multiple of 16. RB * HD and KB * HD floats each stay
  * within a CPU's L1 or L2 cache.
  */
 #ifndef HD
 #define HD 64 /* the head dimension rounded up: 32, 64, then a multiple of 32 */
 #endif
 #ifndef RB
-#define RB 32 /* query rows per work-item (work-group), a multiple of 2 */
+#define RB 32 /* query rows per work-item (work-group), a multiple of 4 */
 #endif
 #ifndef KB
-#define KB 32 /* keys per tile, a multiple of 8 */
+#define KB 32 /* keys per tile, a multiple of 16 */
 #endif
 #ifndef SPLIT
 #define SPLIT 0 /* 1: each row's keys split over nsplit work-groups, each writing a part */
@@ -70,16 +70,32 @@ inline void load_row(float8 *dst, __global const T *p, long sd, int d) {
   }
 }
 
-/* The sums of the lanes of eight float8s, as one float8 (lane i: a_i's). */
-inline float8 lane_sums(float8 a0, float8 a1, float8 a2, float8 a3, float8 a4, float8 a5, float8 a6,
-                        float8 a7) {
-  const float8 t0 = (float8)(a0.s0246, a1.s0246) + (float8)(a0.s1357, a1.s1357);
-  const float8 t1 = (float8)(a2.s0246, a3.s0246) + (float8)(a2.s1357, a3.s1357);
-  const float8 t2 = (float8)(a4.s0246, a5.s0246) + (float8)(a4.s1357, a5.s1357);
-  const float8 t3 = (float8)(a6.s0246, a7.s0246) + (float8)(a6.s1357, a7.s1357);
-  const float8 u0 = (float8)(t0.s0246, t1.s0246) + (float8)(t0.s1357, t1.s1357);
-  const float8 u1 = (float8)(t2.s0246, t3.s0246) + (float8)(t2.s1357, t3.s1357);
-  return (float8)(u0.s0246, u1.s0246) + (float8)(u0.s1357, u1.s1357);
+/* The 8 x 8 block r[0..7] (rows, 8 columns each) transposed into t[0..7]:
+ * t[c] holds column c of the eight rows. */
+inline void transpose8(float8 *t, const float8 *r) {
+  float8 a[8], b[8];
+  for (int p = 0; p < 4; ++p) {
+    const float8 x = r[2 * p], y = r[2 * p + 1];
+    a[2 * p] = (float8)(x.s0, y.s0, x.s1, y.s1, x.s4, y.s4, x.s5, y.s5);
+    a[2 * p + 1] = (float8)(x.s2, y.s2, x.s3, y.s3, x.s6, y.s6, x.s7, y.s7);
+  }
+  for (int p = 0; p < 2; ++p)
+    for (int u = 0; u < 2; ++u) {
+      const float8 x = a[4 * p + u], y = a[4 * p + 2 + u];
+      b[4 * p + 2 * u] = (float8)(x.s01, y.s01, x.s45, y.s45);
+      b[4 * p + 2 * u + 1] = (float8)(x.s23, y.s23, x.s67, y.s67);
+    }
+  for (int c = 0; c < 4; ++c) {
+    t[c] = (float8)(b[c].lo, b[4 + c].lo);
+    t[c + 4] = (float8)(b[c].hi, b[4 + c].hi);
+  }
+}
+
+/* The sum of the lanes. */
+inline float lane_sum(float8 x) {
+  const float4 a = x.lo + x.hi;
+  const float2 b = a.lo + a.hi;
+  return b.s0 + b.s1;
 }
 
 /* The largest lane, NaN skipped (fmax), as fwd.cl's running max. */
@@ -123,8 +139,9 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(
    * the scale. */
   const int plain = softcap == 0.0f && slope == 0.0f;
 
-  float8 qr[RB][NV], acc[RB][NV], kt[KB][NV], vt[KB][NV];
+  float8 qr[RB][NV], acc[RB][NV], kt[KB][NV], vt[KB][NV], ktr[HD][KB / 8];
   float s[RB][KB], m_i[RB], l_i[RB], alpha[RB];
+  const float *qf = (const float *)qr; /* row i, column c: qf[i * HD + c] */
   int klo[RB], khi[RB];
   for (int i = 0; i < RB; ++i) {
     const int r = r0 + i;
@@ -167,27 +184,46 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(
       }
     }
 
-    /* S = Q K^T: 2 rows x 4 keys at a time, lane 4 i + n of the sums row
-     * i's score of key n. */
-    for (int i = 0; i < RB; i += 2)
-      for (int j = 0; j < kn; j += 4) {
+    /* K^T, 8 keys to a float8. */
+    for (int g = 0; g < KB / 8; ++g)
+      for (int c = 0; c < NV; ++c) {
+        float8 r[8], t[8];
+        for (int u = 0; u < 8; ++u)
+          r[u] = kt[8 * g + u][c];
+        transpose8(t, r);
+        for (int u = 0; u < 8; ++u)
+          ktr[8 * c + u][g] = t[u];
+      }
+
+    /* S = Q K^T: 4 rows x 16 keys at a time, each score an FMA per column
+     * in column order, as bwd.cl recomputes it: S must be bit-identical to
+     * the backward's, or exp(S - lse) amplifies the difference where the
+     * logits are large. */
+    for (int i = 0; i < RB; i += 4)
+      for (int g = 0; g < (kn + 7) / 8; g += 2) {
         float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f,
                a7 = 0.0f;
-        for (int c = 0; c < NV; ++c) {
-          const float8 x0 = qr[i][c], x1 = qr[i + 1][c];
-          const float8 y0 = kt[j][c], y1 = kt[j + 1][c], y2 = kt[j + 2][c], y3 = kt[j + 3][c];
+        for (int c = 0; c < HD; ++c) {
+          const float8 y0 = ktr[c][g], y1 = ktr[c][g + 1];
+          const float8 x0 = (float8)(qf[i * HD + c]), x1 = (float8)(qf[(i + 1) * HD + c]),
+                       x2 = (float8)(qf[(i + 2) * HD + c]), x3 = (float8)(qf[(i + 3) * HD + c]);
           a0 = fma(x0, y0, a0);
           a1 = fma(x0, y1, a1);
-          a2 = fma(x0, y2, a2);
-          a3 = fma(x0, y3, a3);
-          a4 = fma(x1, y0, a4);
-          a5 = fma(x1, y1, a5);
-          a6 = fma(x1, y2, a6);
-          a7 = fma(x1, y3, a7);
+          a2 = fma(x1, y0, a2);
+          a3 = fma(x1, y1, a3);
+          a4 = fma(x2, y0, a4);
+          a5 = fma(x2, y1, a5);
+          a6 = fma(x3, y0, a6);
+          a7 = fma(x3, y1, a7);
         }
-        const float8 t = lane_sums(a0, a1, a2, a3, a4, a5, a6, a7);
-        vstore4(t.lo, 0, &s[i][j]);
-        vstore4(t.hi, 0, &s[i + 1][j]);
+        vstore8(a0, g, s[i]);
+        vstore8(a1, g + 1, s[i]);
+        vstore8(a2, g, s[i + 1]);
+        vstore8(a3, g + 1, s[i + 1]);
+        vstore8(a4, g, s[i + 2]);
+        vstore8(a5, g + 1, s[i + 2]);
+        vstore8(a6, g, s[i + 3]);
+        vstore8(a7, g + 1, s[i + 3]);
       }
 
     /* Scores, mask and the online softmax, row by row, 8 keys at a time. */
@@ -227,7 +263,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(
         l8 += p;
         vstore8(p, 0, &s[i][j]);
       }
-      l_i[i] = l_i[i] * alpha[i] + lane_sums(l8, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f).s0;
+      l_i[i] = l_i[i] * alpha[i] + lane_sum(l8);
     }
 
     /* O = O alpha + P V: 2 rows x 4 float8 columns at a time. */

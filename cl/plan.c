@@ -126,8 +126,8 @@ static size_t decode_local_bytes(int hd, int es, int dr, int ntd) {
 static void override_tiles(const attn__cl_device *dev, const char *tiles, attn__cl_tiles *t) {
   int br, tm, bc, dk, jk;
   if (t->fwd == ATTN__CL_FWD_ROWS) {
-    if (tiles[0] && sscanf(tiles, "%d,%d", &br, &bc) == 2 && br > 0 && br % 2 == 0 && br <= 256 &&
-        bc > 0 && bc % 8 == 0 && bc <= 256) {
+    if (tiles[0] && sscanf(tiles, "%d,%d", &br, &bc) == 2 && br > 0 && br % 4 == 0 && br <= 256 &&
+        bc > 0 && bc % 16 == 0 && bc <= 256) {
       t->rb = br;
       t->kb = bc;
     }
