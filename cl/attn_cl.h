@@ -71,6 +71,7 @@ const char *attn__cl_errname(cl_int err);
 /* The embedded kernel sources (generated at build time from cl/ *.cl). */
 extern const char attn__cl_src_common[];
 extern const char attn__cl_src_fwd[];
+extern const char attn__cl_src_fwd_rows[];
 extern const char attn__cl_src_bwd[];
 extern const char attn__cl_src_decode[];
 extern const char attn__cl_src_append[];
@@ -101,8 +102,14 @@ typedef struct attn__cl_device {
   size_t max_wg;
 } attn__cl_device;
 
-/* The tiles one program is built with (fwd.cl's and bwd.cl's -D
- * parameters). */
+/* The shape of the forward kernel (attn__cl_tiles.fwd). */
+enum attn__cl_fwd_shape {
+  ATTN__CL_FWD_TILES, /* attn_fwd (fwd.cl): work-groups of 16 * Br / TM items over local tiles */
+  ATTN__CL_FWD_ROWS   /* attn_fwd_rows (fwd_rows.cl): one item per group, RB rows, for CPUs */
+};
+
+/* The tiles one program is built with (fwd.cl's, fwd_rows.cl's and bwd.cl's
+ * -D parameters). */
 typedef struct attn__cl_tiles {
   int br, bc; /* forward: Br query rows per work-group, Bc keys per tile */
   int tm;     /* forward: query rows per work-item (16 * Br / TM work-items) */
@@ -110,6 +117,8 @@ typedef struct attn__cl_tiles {
   int bb;     /* backward: Br = Bc = BB */
   int dr;     /* decode: query rows per work-group (DR); 0: no decode kernel fits */
   int ntd;    /* decode: work-items and keys per tile (NTD) */
+  int fwd;    /* the forward kernel's shape (attn__cl_fwd_shape) */
+  int rb, kb; /* attn_fwd_rows: query rows per work-item (RB), keys per tile (KB) */
 } attn__cl_tiles;
 
 /* attn__plan.kernel: the kernel family that runs. */
@@ -125,8 +134,8 @@ enum attn__cl_kernel {
  * a problem using an optional feature gets a program of its pass alone,
  * built with the feature's -D values (attn__cl_features). */
 enum attn__cl_prog_kind {
-  ATTN__CL_PROG_ATTN,   /* common.cl fwd.cl bwd.cl, no feature */
-  ATTN__CL_PROG_FWD,    /* common.cl fwd.cl, and split.cl when split */
+  ATTN__CL_PROG_ATTN,   /* common.cl fwd.cl (or fwd_rows.cl) bwd.cl, no feature */
+  ATTN__CL_PROG_FWD,    /* common.cl fwd.cl (or fwd_rows.cl), and split.cl when split */
   ATTN__CL_PROG_BWD,    /* common.cl bwd.cl */
   ATTN__CL_PROG_DECODE, /* common.cl decode.cl split.cl */
   ATTN__CL_PROG_APPEND, /* common.cl append.cl */
@@ -152,6 +161,7 @@ enum {
  * and features, NULL elsewhere. */
 enum attn__cl_kernel_slot {
   ATTN__CL_K_FWD,
+  ATTN__CL_K_FWD_ROWS,
   ATTN__CL_K_PRE,
   ATTN__CL_K_DKDV,
   ATTN__CL_K_DQ,
@@ -262,6 +272,11 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
  * compiled forward kernel cannot run the GPU row's work-group: the plan's
  * config pointer then names what runs. 0 when no narrower row fits. */
 int attn__cl_config_narrow(attn_context *ctx, attn__cl_config *config);
+
+/* Replaces attn_fwd_rows by attn_fwd in a config, where the device's
+ * compiler cannot build the former. 0 when the config has no other
+ * forward. */
+int attn__cl_config_tiles(attn__cl_config *config);
 
 /* The program of (config, kind, features) in the context's cl_context,
  * built on first use (a GPU config whose forward kernel cannot run its

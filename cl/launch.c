@@ -23,6 +23,7 @@
 
 static const char *const kernel_names[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_FWD] = "attn_fwd",
+    [ATTN__CL_K_FWD_ROWS] = "attn_fwd_rows",
     [ATTN__CL_K_PRE] = "attn_bwd_pre",
     [ATTN__CL_K_DKDV] = "attn_bwd_dkdv",
     [ATTN__CL_K_DQ] = "attn_bwd_dq",
@@ -40,11 +41,11 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
 /* The work-items per group each kernel is launched with (the forward's
  * depend on its tiles: 0 here). */
 static const size_t kernel_items[ATTN__CL_K_COUNT] = {
-    [ATTN__CL_K_FWD] = 0,      [ATTN__CL_K_PRE] = 64,      [ATTN__CL_K_DKDV] = 128,
-    [ATTN__CL_K_DQ] = 128,     [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,
-    [ATTN__CL_K_DSINKS] = 64,  [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 64,
-    [ATTN__CL_K_APPEND] = 64,  [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,
-    [ATTN__CL_K_OFFSETS] = 64,
+    [ATTN__CL_K_FWD] = 0,          [ATTN__CL_K_FWD_ROWS] = 1, [ATTN__CL_K_PRE] = 64,
+    [ATTN__CL_K_DKDV] = 128,       [ATTN__CL_K_DQ] = 128,     [ATTN__CL_K_ZERO] = 64,
+    [ATTN__CL_K_DBIAS_SUM] = 64,   [ATTN__CL_K_DSINKS] = 64,  [ATTN__CL_K_DECODE] = 0,
+    [ATTN__CL_K_SPLIT_MERGE] = 64, [ATTN__CL_K_APPEND] = 64,  [ATTN__CL_K_MERGE_MAX] = 1,
+    [ATTN__CL_K_MERGE_ADD] = 64,   [ATTN__CL_K_OFFSETS] = 64,
 };
 
 static void release_one(attn__cl_impl *im, attn__cl_program *p) {
@@ -76,7 +77,11 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
       len +=
           snprintf(opts + len, n - (size_t)len, " -DBR=%d -DBC=%d -DTM=%d -DDK=%d -DJK=%d -DBB=%d",
                    t->br, t->bc, t->tm, t->dk, t->jk, t->bb);
-      if (kind != ATTN__CL_PROG_BWD) {
+      if (kind != ATTN__CL_PROG_BWD && t->fwd == ATTN__CL_FWD_ROWS) {
+        len += snprintf(opts + len, n - (size_t)len, " -DRB=%d -DKB=%d", t->rb, t->kb);
+        srcs[ns++] = attn__cl_src_fwd_rows;
+        slots[nk++] = ATTN__CL_K_FWD_ROWS;
+      } else if (kind != ATTN__CL_PROG_BWD) {
         srcs[ns++] = attn__cl_src_fwd;
         slots[nk++] = ATTN__CL_K_FWD;
       }
@@ -200,9 +205,20 @@ int attn__cl_program_of(attn_context *ctx, attn__cl_config *c, int kind, unsigne
     return attn__error(ctx, ATTN_EINTERNAL, "too many OpenCL program variants in one context");
   int narrow = 0;
   int st = build_program(ctx, c, kind, features, &narrow, out);
-  /* A narrowed config is another config: programs built for the old one
-   * go, so that none is found for it again. */
-  if (st && narrow && attn__cl_config_narrow(ctx, c)) {
+  /* A forward the device's compiler cannot build in the CPU shape is built
+   * in the tiled one (ATTN_DEBUG says why); like a narrowed config, the
+   * changed config is another: programs built for the old one go, so that
+   * none is found for it again. */
+  const int has_fwd = kind == ATTN__CL_PROG_ATTN || kind == ATTN__CL_PROG_FWD;
+  int other = 0;
+  if ((st == ATTN_EBUILD || st == ATTN_EUNSUPPORTED) && has_fwd && attn__cl_config_tiles(c)) {
+    attn__debug("opencl: %s; attn_fwd runs the context's forward passes", ctx->errmsg);
+    ctx->errmsg[0] = 0;
+    other = 1;
+  } else if (st && narrow && attn__cl_config_narrow(ctx, c)) {
+    other = 1;
+  }
+  if (other) {
     for (int i = im->nprog - 1; i >= 0; --i)
       if (im->progs[i].config == c) {
         release_one(im, &im->progs[i]);
@@ -549,7 +565,9 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
   attn__cl_split_of(ctx, pb, plan, &sp);
   attn__tensor no_lse;
   memset(&no_lse, 0, sizeof no_lse);
-  args a = args_of(im, p->k[decode ? ATTN__CL_K_DECODE : ATTN__CL_K_FWD]);
+  const int rows = !decode && c.t->fwd == ATTN__CL_FWD_ROWS;
+  const int slot = decode ? ATTN__CL_K_DECODE : rows ? ATTN__CL_K_FWD_ROWS : ATTN__CL_K_FWD;
+  args a = args_of(im, p->k[slot]);
   arg_tensor(&a, &pb->q, es);
   arg_tensor(&a, &pb->k, es);
   arg_tensor(&a, &pb->v, es);
@@ -573,9 +591,8 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
   }
   /* Work-groups: the splits of each block of rows, per (key/value) head and
    * sequence. */
-  const size_t items = decode ? (size_t)c.t->ntd : 16 * (size_t)(c.t->br / c.t->tm);
-  st = launch(ctx, a.k, &a, decode ? "attn_decode" : "attn_fwd",
-              (size_t)sp.nsplit * (size_t)sp.nrb * items,
+  const size_t items = decode ? (size_t)c.t->ntd : rows ? 1 : 16 * (size_t)(c.t->br / c.t->tm);
+  st = launch(ctx, a.k, &a, kernel_names[slot], (size_t)sp.nsplit * (size_t)sp.nrb * items,
               (size_t)(decode ? pb->heads_kv : pb->heads_q), (size_t)pb->batch, items);
   if (!st && sp.nsplit > 1) st = split_merge(ctx, pb, &c, sp.nsplit);
   return st ? st : finish(ctx, pb);

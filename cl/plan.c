@@ -50,15 +50,27 @@ enum { CLASS_GPU, CLASS_CPU };
  * work-group holds a GQA group of 8 query heads at one query row (Llama's
  * 64/8) in one work-group, and costs 2 * 8 FMAs per K and V element, which
  * an H200 issues faster than it reads f16 K/V; NTD = 64 keys per tile,
- * halved until the tiles fit (see fit()). */
+ * halved until the tiles fit (see fit()).
+ *
+ * The CPU class's forward is attn_fwd_rows (fwd.cl's tiles stay in its row
+ * for the fallback, see attn__cl_config_tiles): RB query rows per
+ * work-item, so that each K and V row staged as f32 serves RB rows, with
+ * the rows' Q and O (2 * RB * HD floats) and the K and V tiles (2 * KB *
+ * HD) within a core's L1 and L2 caches: RB = 32 up to HD = 128, 16 above. */
 static const struct tiles_row {
   int cls, dtype, hd_max;
-  attn__cl_tiles t; /* br, bc, tm, dk, jk, bb, dr, ntd */
+  attn__cl_tiles t; /* br, bc, tm, dk, jk, bb, dr, ntd, fwd, rb, kb */
 } tiles_table[] = {
-    {CLASS_GPU, ANY_DTYPE, 128, {128, 64, 8, 16, 8, 32, 8, 64}},
-    {CLASS_GPU, ANY_DTYPE, ATTN_MAX_HEAD_DIM, {32, 64, 4, 16, 16, 32, 8, 64}},
-    {CLASS_CPU, ANY_DTYPE, 128, {64, 64, 8, 16, 16, 32, 8, 64}},
-    {CLASS_CPU, ANY_DTYPE, ATTN_MAX_HEAD_DIM, {32, 64, 4, 16, 16, 32, 8, 64}},
+    {CLASS_GPU, ANY_DTYPE, 128, {128, 64, 8, 16, 8, 32, 8, 64, ATTN__CL_FWD_TILES, 0, 0}},
+    {CLASS_GPU,
+     ANY_DTYPE,
+     ATTN_MAX_HEAD_DIM,
+     {32, 64, 4, 16, 16, 32, 8, 64, ATTN__CL_FWD_TILES, 0, 0}},
+    {CLASS_CPU, ANY_DTYPE, 128, {64, 64, 8, 16, 16, 32, 8, 64, ATTN__CL_FWD_ROWS, 32, 32}},
+    {CLASS_CPU,
+     ANY_DTYPE,
+     ATTN_MAX_HEAD_DIM,
+     {32, 64, 4, 16, 16, 32, 8, 64, ATTN__CL_FWD_ROWS, 16, 32}},
 };
 
 static const attn__cl_tiles *table_row(int cls, int dtype, int hd) {
@@ -109,10 +121,18 @@ static size_t decode_local_bytes(int hd, int es, int dr, int ntd) {
 }
 
 /* ATTN_CL_TILES=BR,TM,BC,DK,JK in place of the row's forward tiles
- * (bench/opencl_h200.sh sweeps it); a value the kernel cannot take is
- * ignored. */
+ * (bench/opencl_h200.sh sweeps it), or RB,KB where the row's forward is
+ * attn_fwd_rows; a value the kernel cannot take is ignored. */
 static void override_tiles(const attn__cl_device *dev, const char *tiles, attn__cl_tiles *t) {
   int br, tm, bc, dk, jk;
+  if (t->fwd == ATTN__CL_FWD_ROWS) {
+    if (tiles[0] && sscanf(tiles, "%d,%d", &br, &bc) == 2 && br > 0 && br % 4 == 0 && br <= 256 &&
+        bc > 0 && bc % 16 == 0 && bc <= 256) {
+      t->rb = br;
+      t->kb = bc;
+    }
+    return;
+  }
   if (tiles[0] && sscanf(tiles, "%d,%d,%d,%d,%d", &br, &tm, &bc, &dk, &jk) == 5 && tm > 0 &&
       tm % 4 == 0 && br % tm == 0 && br / tm >= 1 && 16 * (br / tm) <= 1024 && bc % 16 == 0 &&
       bc > 0 && dk > 0 && jk > 0 && bc % jk == 0 && (size_t)(16 * (br / tm)) <= dev->max_wg) {
@@ -154,6 +174,24 @@ static int fit(const attn__cl_device *dev, int dtype, int hd, attn__cl_tiles *t)
   return bb != 0 && dev->max_wg >= 128 && dev->max_wg >= (size_t)(16 * (t->br / t->tm));
 }
 
+static void name_fwd(attn__cl_config *c) {
+  const attn__cl_tiles *t = &c->t;
+  if (t->fwd == ATTN__CL_FWD_ROWS)
+    snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0], "opencl attn_fwd_rows HD=%d RB=%d KB=%d",
+             c->hd, t->rb, t->kb);
+  else
+    snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
+             "opencl attn_fwd HD=%d Br=%d Bc=%d TM=%d DK=%d JK=%d", c->hd, t->br, t->bc, t->tm,
+             t->dk, t->jk);
+}
+
+int attn__cl_config_tiles(attn__cl_config *config) {
+  if (config->t.fwd == ATTN__CL_FWD_TILES) return 0;
+  config->t.fwd = ATTN__CL_FWD_TILES;
+  name_fwd(config);
+  return 1;
+}
+
 /* The config of class cls for (dtype, hd) on ctx's device, into c. */
 static int choose(attn_context *ctx, int cls, int dtype, int hd, attn__cl_config *c) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
@@ -167,8 +205,7 @@ static int choose(attn_context *ctx, int cls, int dtype, int hd, attn__cl_config
   c->hd = hd;
   c->narrow = cls != CLASS_GPU;
   c->t = t;
-  snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
-           "opencl attn_fwd HD=%d Br=%d Bc=%d TM=%d DK=%d JK=%d", hd, t.br, t.bc, t.tm, t.dk, t.jk);
+  name_fwd(c);
   snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd HD=%d BB=%d", hd, t.bb);
   snprintf(c->name[ATTN__CL_DECODE], sizeof c->name[0], "opencl attn_decode HD=%d DR<=%d NTD=%d",
            hd, t.dr, t.ntd);
@@ -294,10 +331,11 @@ void attn__cl_split_of(attn_context *ctx, const attn__problem *pb, const attn__p
      * with several resident at once; a CPU device runs one per thread. */
     want = (int64_t)(dev->info.is_gpu ? 4 : 1) * dev->info.compute_units;
   } else {
-    sp->dr = c->t.br;
-    sp->nrb = (int)((pb->seqlen_q + c->t.br - 1) / c->t.br);
+    const int rows = c->t.fwd == ATTN__CL_FWD_ROWS;
+    sp->dr = rows ? c->t.rb : c->t.br;
+    sp->nrb = (int)((pb->seqlen_q + sp->dr - 1) / sp->dr);
     groups = pb->batch * pb->heads_q * sp->nrb;
-    keys = c->t.bc;
+    keys = rows ? c->t.kb : c->t.bc;
     /* attn_fwd's work-groups fill a compute unit with one or two: split
      * only where the rows leave half the device idle, up to a wave. */
     want = groups * 2 <= dev->info.compute_units ? dev->info.compute_units : groups;

@@ -27,6 +27,7 @@ int main(void) {
     const char *src;
   } files[] = {{"common.cl", ""},
                {"fwd.cl", attn__cl_src_fwd},
+               {"fwd_rows.cl", attn__cl_src_fwd_rows},
                {"bwd.cl", attn__cl_src_bwd},
                {"decode.cl", attn__cl_src_decode},
                {"split.cl", attn__cl_src_split},

@@ -1,0 +1,327 @@
+/*
+ * Forward pass shaped for CPU devices (PoCL): one work-item per work-group,
+ * each running a block of RB query rows of one (sequence, head) through the
+ * same FlashAttention steps as fwd.cl:
+ *   for each tile of KB keys that some row of the block can see
+ *     stage K and V rows as f32 (read straight from global memory: the CPU's
+ *     caches do what local memory does on a GPU)
+ *     S = Q K^T            (dot products over float8s of the head dimension)
+ *     S -> scale, softcap, ALiBi, mask, bias       (common.cl's rules)
+ *     m_i' = max(m_i, rowmax S), P = exp(S - m_i'),
+ *     l_i = l_i e^(m_i - m_i') + rowsum P, O = O e^(m_i - m_i') + P V
+ *   O /= l_i, lse = m_i + log l_i                    (row_end_at)
+ *
+ * Why this shape: PoCL runs a work-group as loops over its items between
+ * barriers, and vectorizes only across items, so fwd.cl's 128-item groups
+ * spend their time in those loops and in local-memory copies. A single item
+ * has neither; its vector types become the CPU's SIMD registers. The
+ * products are register blocks of 4 rows x 16 keys (Q K^T, over K^T staged
+ * 8 keys to a float8: six loads per eight FMAs) and 2 rows x 4 float8
+ * columns (P V: the same ratio), so that the FMA units, not the loads, set
+ * the pace. The exponentials run on float8s.
+ *
+ * The -D parameters (cl/plan.c's tiles table, CPU class): RB, a multiple
+ * of 4, and KB, a multiple of 16. RB * HD and KB * HD floats each stay
+ * within a CPU's L1 or L2 cache.
+ */
+#ifndef HD
+#define HD 64 /* the head dimension rounded up: 32, 64, then a multiple of 32 */
+#endif
+#ifndef RB
+#define RB 32 /* query rows per work-item (work-group), a multiple of 4 */
+#endif
+#ifndef KB
+#define KB 32 /* keys per tile, a multiple of 16 */
+#endif
+#ifndef SPLIT
+#define SPLIT 0 /* 1: each row's keys split over nsplit work-groups, each writing a part */
+#endif
+#if SPLIT
+/* The parts (PART_ROW, common.cl), merged by split.cl's attn_split_merge. */
+#define SPLIT_ARGS , int nsplit, __global float *part_o, __global float *part_ml, int tq
+#else
+#define SPLIT_ARGS
+#endif
+#define NV (HD / 8) /* float8s per row, a multiple of 4 */
+
+/* Eight float8s of the same element type: chunk c of a row as f32. */
+#if DTYPE == 0
+#define VLOAD8(c, p) vload8((c), (p))
+#elif DTYPE == 1
+#define VLOAD8(c, p) vload_half8((c), (p))
+#else
+#define VLOAD8(c, p) as_float8(convert_uint8(vload8((c), (p))) << 16)
+#endif
+
+/* A row of d columns of stride sd at p, as NV float8s zero past d. */
+inline void load_row(float8 *dst, __global const T *p, long sd, int d) {
+  if (sd == 1 && d == HD) {
+    for (int c = 0; c < NV; ++c)
+      dst[c] = VLOAD8(c, p);
+    return;
+  }
+  for (int c = 0; c < NV; ++c) {
+    float x[8];
+    for (int e = 0; e < 8; ++e) {
+      const int col = c * 8 + e;
+      x[e] = col < d ? LOAD(p, col * sd) : 0.0f;
+    }
+    dst[c] = vload8(0, x);
+  }
+}
+
+/* The 8 x 8 block r[0..7] (rows, 8 columns each) transposed into t[0..7]:
+ * t[c] holds column c of the eight rows. */
+inline void transpose8(float8 *t, const float8 *r) {
+  float8 a[8], b[8];
+  for (int p = 0; p < 4; ++p) {
+    const float8 x = r[2 * p], y = r[2 * p + 1];
+    a[2 * p] = (float8)(x.s0, y.s0, x.s1, y.s1, x.s4, y.s4, x.s5, y.s5);
+    a[2 * p + 1] = (float8)(x.s2, y.s2, x.s3, y.s3, x.s6, y.s6, x.s7, y.s7);
+  }
+  for (int p = 0; p < 2; ++p)
+    for (int u = 0; u < 2; ++u) {
+      const float8 x = a[4 * p + u], y = a[4 * p + 2 + u];
+      b[4 * p + 2 * u] = (float8)(x.s01, y.s01, x.s45, y.s45);
+      b[4 * p + 2 * u + 1] = (float8)(x.s23, y.s23, x.s67, y.s67);
+    }
+  for (int c = 0; c < 4; ++c) {
+    t[c] = (float8)(b[c].lo, b[4 + c].lo);
+    t[c + 4] = (float8)(b[c].hi, b[4 + c].hi);
+  }
+}
+
+/* The sum of the lanes. */
+inline float lane_sum(float8 x) {
+  const float4 a = x.lo + x.hi;
+  const float2 b = a.lo + a.hi;
+  return b.s0 + b.s1;
+}
+
+/* The largest lane, NaN skipped (fmax), as fwd.cl's running max. */
+inline float lane_max(float8 x) {
+  const float4 a = fmax(x.lo, x.hi);
+  const float2 b = fmax(a.lo, a.hi);
+  return fmax(b.s0, b.s1);
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(
+    __global const T *q, long qo, long4 qs, __global const T *k, long ko, long4 ks,
+    __global const T *v, long vo, long4 vs, __global T *o, long oo, long4 os, __global float *lse,
+    long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k,
+    __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,
+    float softcap, int wl, int wr KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS SPLIT_ARGS) {
+  const int b = get_group_id(2), h = get_group_id(1);
+#if SPLIT
+  const int nblk = get_num_groups(0) / nsplit, split = get_group_id(0) / nblk;
+  const int r0 = get_group_id(0) % nblk * RB;
+#else
+  const int r0 = get_group_id(0) * RB;
+#endif
+  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
+  const int nq = seq.nq, nk = seq_keys(seq, b KV_USED_VALS);
+  if (r0 >= nq) return;
+  const int hk = h / group;
+  __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
+#if PAGED
+  const key_pages kpg = {bt + bt_o, bt_sb, bt_ss, b, page_size, num_pages};
+  __global const T *kp = k + ko + hk * ks.s2;
+  __global const T *vp = v + vo + hk * vs.s2;
+#else
+  __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
+  __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
+#endif
+#if HAS_BIAS
+  const long bias_h = bias_o + b * bias_s.s0 + h * bias_s.s1; /* row i, key j: + i s2 + j s3 */
+#endif
+  const float slope = alibi ? alibi[h] : 0.0f;
+  /* No softcap and no ALiBi: a run of keys that a row sees whole needs only
+   * the scale. */
+  const int plain = softcap == 0.0f && slope == 0.0f;
+
+  float8 qr[RB][NV], acc[RB][NV], kt[KB][NV], vt[KB][NV], ktr[HD][KB / 8];
+  float s[RB][KB], m_i[RB], l_i[RB], alpha[RB];
+  const float *qf = (const float *)qr; /* row i, column c: qf[i * HD + c] */
+  int klo[RB], khi[RB];
+  for (int i = 0; i < RB; ++i) {
+    const int r = r0 + i;
+    if (r < nq) {
+      load_row(qr[i], qp + r * qs.s1, qs.s3, d);
+      key_range(diag(r, nq, nk), nk, wl, wr, &klo[i], &khi[i]);
+    } else {
+      for (int c = 0; c < NV; ++c)
+        qr[i][c] = 0.0f;
+      klo[i] = khi[i] = 0; /* past the sequence: sees nothing */
+    }
+    for (int c = 0; c < NV; ++c)
+      acc[i][c] = 0.0f;
+    m_i[i] = -INFINITY;
+    l_i[i] = 0.0f;
+  }
+
+  /* The keys some row of the block can see. */
+  int lo, hi;
+  key_block_range(r0, min(r0 + RB, nq), nq, nk, wl, wr, &lo, &hi);
+#if SPLIT
+  /* This split's share of the key tiles. */
+  const int first = lo / KB, ntiles = lo < hi ? (hi + KB - 1) / KB - first : 0;
+  const int jend = min((first + (split + 1) * ntiles / nsplit) * KB, hi);
+  int j0 = (first + split * ntiles / nsplit) * KB;
+#else
+  const int jend = hi;
+  int j0 = lo / KB * KB;
+#endif
+  for (; j0 < jend; j0 += KB) {
+    /* Keys past the range are padding: zero K and V rows, masked scores. */
+    const int kn = min(KB, jend - j0);
+    for (int j = 0; j < KB; ++j) {
+      if (j < kn) {
+        load_row(kt[j], kp + KEY_ROW(j0 + j, ks), ks.s3, d);
+        load_row(vt[j], vp + KEY_ROW(j0 + j, vs), vs.s3, d);
+      } else {
+        for (int c = 0; c < NV; ++c)
+          kt[j][c] = vt[j][c] = 0.0f;
+      }
+    }
+
+    /* K^T, 8 keys to a float8. */
+    for (int g = 0; g < KB / 8; ++g)
+      for (int c = 0; c < NV; ++c) {
+        float8 r[8], t[8];
+        for (int u = 0; u < 8; ++u)
+          r[u] = kt[8 * g + u][c];
+        transpose8(t, r);
+        for (int u = 0; u < 8; ++u)
+          ktr[8 * c + u][g] = t[u];
+      }
+
+    /* S = Q K^T: 4 rows x 16 keys at a time, each score an FMA per column
+     * in column order, as bwd.cl recomputes it: S must be bit-identical to
+     * the backward's, or exp(S - lse) amplifies the difference where the
+     * logits are large. */
+    for (int i = 0; i < RB; i += 4)
+      for (int g = 0; g < (kn + 7) / 8; g += 2) {
+        float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f,
+               a7 = 0.0f;
+        for (int c = 0; c < HD; ++c) {
+          const float8 y0 = ktr[c][g], y1 = ktr[c][g + 1];
+          const float8 x0 = (float8)(qf[i * HD + c]), x1 = (float8)(qf[(i + 1) * HD + c]),
+                       x2 = (float8)(qf[(i + 2) * HD + c]), x3 = (float8)(qf[(i + 3) * HD + c]);
+          a0 = fma(x0, y0, a0);
+          a1 = fma(x0, y1, a1);
+          a2 = fma(x1, y0, a2);
+          a3 = fma(x1, y1, a3);
+          a4 = fma(x2, y0, a4);
+          a5 = fma(x2, y1, a5);
+          a6 = fma(x3, y0, a6);
+          a7 = fma(x3, y1, a7);
+        }
+        vstore8(a0, g, s[i]);
+        vstore8(a1, g + 1, s[i]);
+        vstore8(a2, g, s[i + 1]);
+        vstore8(a3, g + 1, s[i + 1]);
+        vstore8(a4, g, s[i + 2]);
+        vstore8(a5, g + 1, s[i + 2]);
+        vstore8(a6, g, s[i + 3]);
+        vstore8(a7, g + 1, s[i + 3]);
+      }
+
+    /* Scores, mask and the online softmax, row by row, 8 keys at a time. */
+    for (int i = 0; i < RB; ++i) {
+      const int r = r0 + i, dg = diag(r, nq, nk);
+      float mx = m_i[i];
+      for (int j = 0; j < KB; j += 8) {
+        const int jg = j0 + j;
+        float x[8];
+        vstore8(vload8(0, &s[i][j]) * scale, 0, x);
+        if (!plain || HAS_BIAS || jg < klo[i] || jg + 8 > khi[i] || jg + 8 > jend) {
+          for (int e = 0; e < 8; ++e) {
+            const int jj = jg + e;
+            float tc;
+            const int in = r < nq && jj < jend && jj < nk && key_visible(dg, jj, wl, wr);
+#if HAS_BIAS
+            x[e] = in ? score_scaled(x[e], softcap, slope, dg - jj, &tc) +
+                            load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + jj * bias_s.s3)
+                      : -INFINITY;
+#else
+            x[e] = in ? score_scaled(x[e], softcap, slope, dg - jj, &tc) : -INFINITY;
+#endif
+          }
+        }
+        const float8 x8 = vload8(0, x);
+        vstore8(x8, 0, &s[i][j]);
+        mx = fmax(mx, lane_max(x8));
+      }
+      /* A row with no visible key so far keeps m_i = -inf; subtracting 0
+       * instead keeps exp() at 0 rather than NaN. */
+      const float mu = mx == -INFINITY ? 0.0f : mx;
+      alpha[i] = exp(m_i[i] - mu);
+      m_i[i] = mx;
+      float8 l8 = 0.0f;
+      for (int j = 0; j < KB; j += 8) {
+        const float8 p = exp(vload8(0, &s[i][j]) - mu);
+        l8 += p;
+        vstore8(p, 0, &s[i][j]);
+      }
+      l_i[i] = l_i[i] * alpha[i] + lane_sum(l8);
+    }
+
+    /* O = O alpha + P V: 2 rows x 4 float8 columns at a time. */
+    for (int i = 0; i < RB; i += 2)
+      for (int c = 0; c < NV; c += 4) {
+        float8 a0 = acc[i][c] * alpha[i], a1 = acc[i][c + 1] * alpha[i],
+               a2 = acc[i][c + 2] * alpha[i], a3 = acc[i][c + 3] * alpha[i];
+        float8 a4 = acc[i + 1][c] * alpha[i + 1], a5 = acc[i + 1][c + 1] * alpha[i + 1],
+               a6 = acc[i + 1][c + 2] * alpha[i + 1], a7 = acc[i + 1][c + 3] * alpha[i + 1];
+        for (int j = 0; j < kn; ++j) {
+          const float8 p0 = s[i][j], p1 = s[i + 1][j];
+          const float8 y0 = vt[j][c], y1 = vt[j][c + 1], y2 = vt[j][c + 2], y3 = vt[j][c + 3];
+          a0 = fma(p0, y0, a0);
+          a1 = fma(p0, y1, a1);
+          a2 = fma(p0, y2, a2);
+          a3 = fma(p0, y3, a3);
+          a4 = fma(p1, y0, a4);
+          a5 = fma(p1, y1, a5);
+          a6 = fma(p1, y2, a6);
+          a7 = fma(p1, y3, a7);
+        }
+        acc[i][c] = a0;
+        acc[i][c + 1] = a1;
+        acc[i][c + 2] = a2;
+        acc[i][c + 3] = a3;
+        acc[i + 1][c] = a4;
+        acc[i + 1][c + 1] = a5;
+        acc[i + 1][c + 2] = a6;
+        acc[i + 1][c + 3] = a7;
+      }
+  }
+
+  /* The rows' ends. */
+  __global T *op = HEAD_ROWS(o, oo, os, b, h, seq.q0);
+  for (int i = 0; i < RB && r0 + i < nq; ++i) {
+    const int r = r0 + i;
+#if SPLIT
+    /* The part, unnormalized: the merge ends the row. */
+    const long pr = PART_ROW(split, h, get_num_groups(1), tq, seq.qflat + r);
+    for (int c = 0; c < NV; ++c)
+      vstore8(acc[i][c], c, part_o + pr * HD);
+    part_ml[2 * pr] = m_i[i];
+    part_ml[2 * pr + 1] = l_i[i];
+#else
+    float div, lse_hi, lse_lo;
+    const float fold =
+        row_end_at(r, nq, nk, wl, wr, SINK_OF(h), m_i[i], l_i[i], &div, &lse_hi, &lse_lo);
+    for (int c = 0; c < NV; ++c) {
+      float x[8];
+      vstore8(acc[i][c] * fold / div, 0, x);
+      for (int e = 0; e < 8 && c * 8 + e < d; ++e)
+        STORE(op, r * os.s1 + (c * 8 + e) * os.s3, x[e]);
+    }
+    if (lse) {
+      __global float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + r);
+      lp[0] = lse_hi;
+      if (ls.s3) lp[ls.s3] = lse_lo;
+    }
+#endif
+  }
+}
