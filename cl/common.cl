@@ -261,6 +261,21 @@ typedef struct key_pages {
 #define KEY_ROW(j, s) ((j) * (s).s1)
 #endif
 
+/* A kernel's kp and vp, row 0 of key/value head hk of sequence b in k and v
+ * (elements of type KT), from which KEY_ROW counts: paged, the rows are
+ * found through the pages (kpg) alone. The kernel's arguments and locals
+ * carry the names used here (PAGED_ARGS, seq, hk). */
+#if PAGED
+#define KV_HEADS(KT)                                                        \
+  const key_pages kpg = {bt + bt_o, bt_sb, bt_ss, b, page_size, num_pages}; \
+  __global const KT *kp = k + ko + hk * ks.s2;                              \
+  __global const KT *vp = v + vo + hk * vs.s2
+#else
+#define KV_HEADS(KT)                                           \
+  __global const KT *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0); \
+  __global const KT *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0)
+#endif
+
 /* The score terms after the epilogue: an additive bias (score += bias,
  * after scale, softcap and ALiBi) and attention sinks. */
 

@@ -206,14 +206,7 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
   int ilo, ihi;
   const rows w = rows_of(rb, hk, group, nq, &ilo, &ihi);
 
-#if PAGED
-  const key_pages kpg = {bt + bt_o, bt_sb, bt_ss, b, page_size, num_pages};
-  __global const RAW *kp = k + ko + hk * ks.s2;
-  __global const RAW *vp = v + vo + hk * vs.s2;
-#else
-  __global const RAW *kp = k + ko + b * ks.s0 + hk * ks.s2 + seq.k0 * ks.s1;
-  __global const RAW *vp = v + vo + b * vs.s0 + hk * vs.s2 + seq.k0 * vs.s1;
-#endif
+  KV_HEADS(RAW);
 
   /* Q, as floats, zero past the rows and past d. */
   __local float *Qs = (__local float *)Qv;

@@ -123,14 +123,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(
   if (r0 >= nq) return;
   const int hk = h / group;
   __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
-#if PAGED
-  const key_pages kpg = {bt + bt_o, bt_sb, bt_ss, b, page_size, num_pages};
-  __global const T *kp = k + ko + hk * ks.s2;
-  __global const T *vp = v + vo + hk * vs.s2;
-#else
-  __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
-  __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
-#endif
+  KV_HEADS(T);
 #if HAS_BIAS
   const long bias_h = bias_o + b * bias_s.s0 + h * bias_s.s1; /* row i, key j: + i s2 + j s3 */
 #endif
