@@ -127,7 +127,7 @@ inline seq_info seq_info_of(__global const int *cu_q, __global const int *cu_k, 
   return s;
 }
 
-/* A row's part when its keys are split (decode.cl, fwd.cl; merged by
+/* A row's part when its keys are split (decode.cl, fwd.cl, fwd_rows.cl; merged by
  * split.cl): the unnormalized O at part_o[PART_ROW * HD + c], m_i and l_i
  * at part_ml[2 PART_ROW] and the float after, for part s of query row qrow
  * (counted over all sequences) of head h. A part keeps m_i and l_i rather
@@ -135,6 +135,16 @@ inline seq_info seq_info_of(__global const int *cu_q, __global const int *cu_k, 
  * and every P of the backward pass with it, by up to half an ulp of the
  * logits (see lse_split). */
 #define PART_ROW(s, h, heads, tq, qrow) (((long)(s) * (heads) + (h)) * (tq) + (qrow))
+
+/* The forward kernels' (fwd.cl, fwd_rows.cl) arguments for a split. */
+#ifndef SPLIT
+#define SPLIT 0 /* 1: each row's keys split over nsplit work-groups, each writing a part */
+#endif
+#if SPLIT
+#define SPLIT_ARGS , int nsplit, __global float *part_o, __global float *part_ml, int tq
+#else
+#define SPLIT_ARGS
+#endif
 
 /* lse = m + ll (ll = log l) as the float pair (hi, lo): hi rounded, lo what
  * the rounding dropped (TwoSum, exact in float arithmetic). The backward

@@ -47,15 +47,6 @@
 #ifndef JK
 #define JK 16 /* V rows per staging step, dividing BC */
 #endif
-#ifndef SPLIT
-#define SPLIT 0 /* 1: each row's keys split over nsplit work-groups, each writing a part */
-#endif
-#if SPLIT
-/* The parts (PART_ROW, common.cl), merged by split.cl's attn_split_merge. */
-#define SPLIT_ARGS , int nsplit, __global float *part_o, __global float *part_ml, int tq
-#else
-#define SPLIT_ARGS
-#endif
 #define TX 16
 #define TY (BR / TM)
 #define NT (TX * TY)

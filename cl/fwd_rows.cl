@@ -33,15 +33,6 @@
 #ifndef KB
 #define KB 32 /* keys per tile, a multiple of 16 */
 #endif
-#ifndef SPLIT
-#define SPLIT 0 /* 1: each row's keys split over nsplit work-groups, each writing a part */
-#endif
-#if SPLIT
-/* The parts (PART_ROW, common.cl), merged by split.cl's attn_split_merge. */
-#define SPLIT_ARGS , int nsplit, __global float *part_o, __global float *part_ml, int tq
-#else
-#define SPLIT_ARGS
-#endif
 #define NV (HD / 8) /* float8s per row, a multiple of 4 */
 
 /* Eight float8s of the same element type: chunk c of a row as f32. */
