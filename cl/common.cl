@@ -146,6 +146,17 @@ inline seq_info seq_info_of(__global const int *cu_q, __global const int *cu_k, 
 #define SPLIT_ARGS
 #endif
 
+/* A forward work-group's first query row r0, in blocks of ROWS rows, and,
+ * split, its part (split): dimension 0 runs every block of part 0, then of
+ * part 1, and so on. */
+#if SPLIT
+#define ROW_BLOCK(ROWS)                                                        \
+  const int nblk = get_num_groups(0) / nsplit, split = get_group_id(0) / nblk; \
+  const int r0 = get_group_id(0) % nblk * (ROWS)
+#else
+#define ROW_BLOCK(ROWS) const int r0 = get_group_id(0) * (ROWS)
+#endif
+
 /* lse = m + ll (ll = log l) as the float pair (hi, lo): hi rounded, lo what
  * the rounding dropped (TwoSum, exact in float arithmetic). The backward
  * takes exp((s - hi) - lo), in which s - hi is exact near the row maximum:

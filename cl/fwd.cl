@@ -139,18 +139,9 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
 
   const int lid = get_local_id(0), tx = lid % TX, ty = lid / TX;
   const int b = get_group_id(2), h = get_group_id(1);
-#if SPLIT
-  const int nblk = get_num_groups(0) / nsplit, split = get_group_id(0) / nblk;
-  const int r0 = get_group_id(0) % nblk * BR;
-#else
-  const int r0 = get_group_id(0) * BR;
-#endif
+  ROW_BLOCK(BR);
   const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
-#if KV_USED
-  const int nq = seq.nq, nk = seq_used(used + used_o, used_sb, b, seq.nk, nnew) + nnew;
-#else
-  const int nq = seq.nq, nk = seq.nk;
-#endif
+  const int nq = seq.nq, nk = seq_keys(seq, b KV_USED_VALS);
   if (r0 >= nq) return; /* the whole group leaves: no barrier is skipped */
   const int hk = h / group;
   __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);

@@ -103,12 +103,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(
     __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,
     float softcap, int wl, int wr KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS SPLIT_ARGS) {
   const int b = get_group_id(2), h = get_group_id(1);
-#if SPLIT
-  const int nblk = get_num_groups(0) / nsplit, split = get_group_id(0) / nblk;
-  const int r0 = get_group_id(0) % nblk * RB;
-#else
-  const int r0 = get_group_id(0) * RB;
-#endif
+  ROW_BLOCK(RB);
   const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
   const int nq = seq.nq, nk = seq_keys(seq, b KV_USED_VALS);
   if (r0 >= nq) return;
