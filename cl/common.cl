@@ -146,15 +146,25 @@ inline seq_info seq_info_of(__global const int *cu_q, __global const int *cu_k, 
 #define SPLIT_ARGS
 #endif
 
-/* A forward work-group's first query row r0, in blocks of ROWS rows, and,
- * split, its part (split): dimension 0 runs every block of part 0, then of
- * part 1, and so on. */
+/* Part split of nsplit's share of the keys [lo, hi) in tiles of tile keys:
+ * [*j0, *jend), whole tiles counted from lo's, the last cut at hi; one part
+ * (split 0 of 1) gets them all. */
+inline void split_keys(int lo, int hi, int tile, int split, int nsplit, int *j0, int *jend) {
+  const int first = lo / tile, ntiles = lo < hi ? (hi + tile - 1) / tile - first : 0;
+  *j0 = (first + split * ntiles / nsplit) * tile;
+  *jend = min((first + (split + 1) * ntiles / nsplit) * tile, hi);
+}
+
+/* A forward work-group's first query row r0, in blocks of ROWS rows, and
+ * its part split of nsplit: dimension 0 runs every block of part 0, then of
+ * part 1, and so on (without SPLIT, part 0 of 1). */
 #if SPLIT
 #define ROW_BLOCK(ROWS)                                                        \
   const int nblk = get_num_groups(0) / nsplit, split = get_group_id(0) / nblk; \
   const int r0 = get_group_id(0) % nblk * (ROWS)
 #else
-#define ROW_BLOCK(ROWS) const int r0 = get_group_id(0) * (ROWS)
+#define ROW_BLOCK(ROWS) \
+  const int split = 0, nsplit = 1, r0 = get_group_id(0) * (ROWS)
 #endif
 
 /* lse = m + ll (ll = log l) as the float pair (hi, lo): hi rounded, lo what

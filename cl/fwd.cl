@@ -176,15 +176,9 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
 
   const int sc = lid % DK, sr = lid / DK;
   float qreg[QPT], kreg[KPT], vreg[VPT];
-#if SPLIT
   /* This split's share of the key tiles. */
-  const int first = lo / BC, ntiles = lo < hi ? (hi + BC - 1) / BC - first : 0;
-  const int jend = min((first + (split + 1) * ntiles / nsplit) * BC, hi);
-  int j0 = (first + split * ntiles / nsplit) * BC;
-#else
-  const int jend = hi;
-  int j0 = (lo / BC) * BC;
-#endif
+  int j0, jend;
+  split_keys(lo, hi, BC, split, nsplit, &j0, &jend);
   if (j0 < jend) load_qk(qreg, kreg, qp, qs, kp, ks, r0, j0, 0, sc, sr, nq, nk, d KEY_PAGES);
   for (; j0 < jend; j0 += BC) {
 #if HAS_BIAS

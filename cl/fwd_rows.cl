@@ -141,15 +141,9 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(
   /* The keys some row of the block can see. */
   int lo, hi;
   key_block_range(r0, min(r0 + RB, nq), nq, nk, wl, wr, &lo, &hi);
-#if SPLIT
   /* This split's share of the key tiles. */
-  const int first = lo / KB, ntiles = lo < hi ? (hi + KB - 1) / KB - first : 0;
-  const int jend = min((first + (split + 1) * ntiles / nsplit) * KB, hi);
-  int j0 = (first + split * ntiles / nsplit) * KB;
-#else
-  const int jend = hi;
-  int j0 = lo / KB * KB;
-#endif
+  int j0, jend;
+  split_keys(lo, hi, KB, split, nsplit, &j0, &jend);
   for (; j0 < jend; j0 += KB) {
     /* Keys past the range are padding: zero K and V rows, masked scores. */
     const int kn = min(KB, jend - j0);
