@@ -75,8 +75,9 @@ static void probe(void) {
     snprintf(probe_why, sizeof probe_why, "the CUDA driver reports no device");
   }
   const char *archs = attn__cuda_archs();
-  int count = 0, major = 0, minor = 0;
+  int count = 0, uncovered = -1; /* uncovered: the first device's cc without code */
   for (int d = 0; d < n && count < MAX_DEVICES; d++) {
+    int major = 0, minor = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -87,14 +88,17 @@ static void probe(void) {
     } else {
       attn__debug("cuda: device %d (compute %d.%d) has no code in this build (built for %s)", d,
                   major, minor, archs);
+      if (uncovered < 0) uncovered = 10 * major + minor;
     }
   }
-  if (n > 0 && count == 0)
-    snprintf(
-        probe_why, sizeof probe_why,
-        "this build has no code for the CUDA device%s here (compute %d.%d%s); it was built for "
-        "%s (CMAKE_CUDA_ARCHITECTURES)",
-        n > 1 ? "s" : "", major, minor, n > 1 ? ", ..." : "", archs);
+  if (n > 0 && count == 0 && uncovered >= 0)
+    snprintf(probe_why, sizeof probe_why,
+             "this build has no code for the CUDA device%s here (compute %d.%d%s); it was built "
+             "for %s (CMAKE_CUDA_ARCHITECTURES)",
+             n > 1 ? "s" : "", uncovered / 10, uncovered % 10, n > 1 ? ", ..." : "", archs);
+  else if (n > 0 && count == 0)
+    snprintf(probe_why, sizeof probe_why,
+             "the CUDA runtime could not read the devices' compute capability");
   probe_count = count;
 }
 
