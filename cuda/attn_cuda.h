@@ -54,7 +54,15 @@ typedef struct attn__cuda_device {
   int sm_count;
   int cc;            /* compute capability, 10 * major + minor */
   size_t smem_optin; /* cudaDevAttrMaxSharedMemoryPerBlockOptin */
+  /* The compute capability the code the device runs was compiled for (75
+   * where an H200 runs compute_75 PTX), and whether it is the architecture-
+   * specific kind (sm_90a: wgmma, setmaxnreg): what a row may use. */
+  int arch;
+  int arch_specific;
 } attn__cuda_device;
+
+/* Reads dev->arch and dev->arch_specific on the current device (image.cu). */
+cudaError_t attn__cuda_code_arch(attn__cuda_device *dev);
 
 /* Everything a launcher needs for one call. All pointers are device
  * pointers except pb's host-side fields (cu_q, cu_k, alibi in pb are host
@@ -92,7 +100,8 @@ struct attn__cuda_config {
   attn__cuda_kernel kernel;
   attn_dtype dtype;
   int dim;           /* head dims d with bucket(d) == dim (see attn__cuda_dim_bucket) */
-  int cc;            /* the lowest compute capability it runs on */
+  int cc;            /* the lowest compute capability its code needs (attn__cuda_device.arch) */
+  int specific;      /* and it needs cc's architecture-specific code (sm_90a) */
   int threads;       /* a block */
   int br, bc;        /* query rows and keys a block (or a step) */
   size_t smem;       /* dynamic shared memory, its largest kernel */

@@ -160,6 +160,7 @@ static int cuda_open(attn_context *ctx, int index) {
     e = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, I->device);
   size_t free_mem = 0;
   if (e == cudaSuccess) e = cudaMemGetInfo(&free_mem, &I->total_mem);
+  if (e == cudaSuccess) e = attn__cuda_code_arch(&I->dev);
   if (e != cudaSuccess) {
     if (I->own) cudaStreamDestroy(I->own);
     free(I);
@@ -169,8 +170,10 @@ static int cuda_open(attn_context *ctx, int index) {
   I->dev.smem_optin = (size_t)v;
   I->stream = I->own;
   ctx->impl = I;
-  attn__debug("cuda:%d: %d multiprocessors, compute %d.%d, %zu bytes of shared memory a block",
-              index, I->dev.sm_count, major, minor, I->dev.smem_optin);
+  attn__debug("cuda:%d: %d multiprocessors, compute %d.%d, %zu bytes of shared memory a block, "
+              "running code for %d.%d%s",
+              index, I->dev.sm_count, major, minor, I->dev.smem_optin, I->dev.arch / 10,
+              I->dev.arch % 10, I->dev.arch_specific ? "a" : "");
   return ATTN_OK;
 }
 

@@ -48,6 +48,13 @@ static int family_covers(attn__cuda_kernel k, const attn__problem *pb) {
   return 1;
 }
 
+/* Whether the device's code has the row's instructions: an image built for
+ * cc or later, and cc's own specific image where the row needs one. */
+static int code_runs(const attn__cuda_config *c, const attn__cuda_device *dev) {
+  if (c->specific) return dev->arch_specific && dev->arch == c->cc;
+  return dev->arch >= c->cc;
+}
+
 /* What a bias adds to a row's shared memory. */
 static size_t bias_smem(const attn__cuda_config *c, const attn__problem *pb) {
   if (!pb->has_bias) return 0;
@@ -67,7 +74,7 @@ static const attn__cuda_config *first_row(const attn__cuda_rows *t, const attn__
     if (pb->deterministic && c->smem_det > smem) smem = c->smem_det;
     smem += bias_smem(c, pb);
     if (bwd == backward && c->dtype == pb->dtype &&
-        c->dim == attn__cuda_dim_bucket(c->kernel, pb->head_dim) && dev->cc >= c->cc &&
+        c->dim == attn__cuda_dim_bucket(c->kernel, pb->head_dim) && code_runs(c, dev) &&
         smem <= dev->smem_optin && (attn__problem_uses(pb) & ~c->features) == 0 &&
         family_covers(c->kernel, pb))
       return c;
