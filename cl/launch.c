@@ -9,7 +9,8 @@
  * and kept for the context's life.
  *
  * Backward is always deterministic here: dQ and dK/dV come from separate
- * kernels that each own their outputs (bwd.cl), dbias is summed in launch
+ * kernels that each own their outputs (bwd.cl, or bwd_rows.cl where the
+ * config's bwd shape is ATTN__CL_BWD_ROWS), dbias is summed in launch
  * order or through row-block sums, dsinks in a fixed tree, with or without
  * ATTN_DETERMINISTIC.
  */

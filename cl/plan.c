@@ -1,7 +1,7 @@
 /*
  * What runs (ggml's "best kernel"): for a validated problem on a context's
  * device, the kernel family (attn_fwd, attn_decode for few query rows, or
- * attn_bwd_pre/dkdv/dq), the tiles it is built with, the optional features
+ * attn_bwd_pre/dkdv/dq, or their _rows forms), the tiles it is built with, the optional features
  * compiled into it, the key splits of a decode and the workspace it takes.
  * plan() (attn_supports()), the workspace sizing and the launches all read
  * the one config decided here, once per (dtype, head-dim bucket) and
