@@ -130,7 +130,8 @@ static size_t decode_local_bytes(int hd, int es, int dr, int ntd) {
 
 /* ATTN_CL_TILES=BR,TM,BC,DK,JK in place of the row's forward tiles
  * (bench/opencl_h200.sh sweeps it), or RB,KB where the row's forward is
- * attn_fwd_rows; a value the kernel cannot take is ignored. */
+ * attn_fwd_rows (and the backward's bwd_rows.cl, which takes the same RB and
+ * KB); a value the kernel cannot take is ignored. */
 static void override_tiles(const attn__cl_device *dev, const char *tiles, attn__cl_tiles *t) {
   int br, tm, bc, dk, jk;
   if (t->fwd == ATTN__CL_FWD_ROWS) {
