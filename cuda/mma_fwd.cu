@@ -505,6 +505,7 @@ constexpr attn__cuda_config fwd_row(const char *name) {
           .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
           .dim = D,
           .cc = 80,
+          .specific = 0,
           .threads = NW * 32,
           .br = BR,
           .bc = BC,
