@@ -1,26 +1,35 @@
 /*
  * Hopper forward pass (FlashAttention-2's forward steps on sm_90a's
- * warpgroup MMA): one thread block per (block of Br = 128 query rows, query
- * head, sequence), two warpgroups of 64 rows each (wgmma's M). Q is loaded
- * once; K and V blocks of Bc keys stream through STAGES shared-memory slots
- * with cp.async (block j+1 in flight while block j is computed), written in
- * the 128-byte swizzle that wgmma reads (wgmma.cuh). Blocks no row of the
- * tile can see (causal, windows) are skipped; only blocks straddling a
- * boundary are masked. S = Q K^T is one wgmma chain per warpgroup with both
- * operands in shared memory, its fp32 accumulators in registers; the online
- * softmax (m_i, l_i) runs on them in the exp2 domain; P is packed to 16 bits
- * in registers as the A operand of O += P V, V read from shared memory
- * through a transposed (MN-major) descriptor. O / l_i and lse = m_i ln 2 +
- * ln l_i are written once at the end (rows with no key: 0 and -inf).
+ * warpgroup MMA, in FlashAttention-3's warp-specialized form): one thread
+ * block per (block of Br = 128 query rows, query head, sequence), two
+ * consumer warpgroups of 64 rows each (wgmma's M) and one producer. The
+ * producer's one thread loads Q once and streams K and V blocks of Bc keys
+ * through STAGES shared-memory slots with the bulk tensor copy engine (TMA,
+ * the 128-byte swizzle that wgmma reads; wgmma.cuh), each slot handed over on
+ * an mbarrier when its bytes land and handed back by the consumers when
+ * their wgmma are done with it; it keeps 24 registers and the consumers take
+ * 240 (setmaxnreg). Blocks no row of the tile can see (causal, windows) are
+ * skipped; only blocks straddling a boundary are masked. Each consumer
+ * computes S = Q K^T as one wgmma chain with both operands in shared memory,
+ * its fp32 accumulators in registers; the online softmax (m_i, l_i) runs on
+ * them in the exp2 domain; P is packed to 16 bits in registers as the A
+ * operand of O += P V, V read from shared memory through a transposed
+ * (MN-major) descriptor. O / l_i and lse = m_i ln 2 + ln l_i are written once
+ * at the end (rows with no key: 0 and -inf).
+ *
+ * Where the operands cannot be described by a tensor map, the same steps run
+ * with every thread loading through cp.async into two slots (fwd_kernel).
  *
  * The parameters, the masks and the score epilogue are the tensor-core
  * family's (mma_common.cuh, common.cuh); this family covers the problems of
- * its kernel without the inference path's terms (bias, KV cache, sinks),
+ * its kernels without the inference path's terms (bias, KV cache, sinks),
  * which the plan gives to mma_fwd.cu.
  */
 #include "mma_common.cuh"
 #include "wgmma.cuh"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <math.h>
 
 namespace attn_hopper {
@@ -28,8 +37,357 @@ namespace attn_hopper {
 using namespace attn_mma;
 namespace wg = attn_wgmma;
 
-constexpr int kThreads = 256; /* two warpgroups */
-constexpr int kBr = 128;      /* 64 query rows a warpgroup */
+constexpr int kBr = 128; /* 64 query rows a consumer warpgroup */
+
+/* The warp-specialized kernel: a producer warpgroup and two consumers. */
+constexpr int kThreadsWs = 384;
+
+/* The cp.async kernel: two warpgroups that load and compute. */
+constexpr int kThreadsCp = 256;
+
+/* ---------------------------------------------------------------------- */
+/* A consumer warpgroup's 64 query rows                                     */
+/* ---------------------------------------------------------------------- */
+
+/* The online softmax of one warpgroup's rows over the key blocks, on
+ * wgmma's accumulator layout (wgmma.cuh): each thread holds rows r0 and
+ * r0 + 8 of the block (r0 = 16 w + g) and, per n8 tile, keys 2t, 2t + 1. */
+template <typename T, int D, int BC, bool SCORED>
+struct rows64 {
+  static constexpr int KD = D / 16;  /* k-steps of Q K^T */
+  static constexpr int KB = BC / 16; /* k-steps of P V */
+  static constexpr int NS = BC / 8;  /* n8 tiles of S */
+  static constexpr int NO = D / 8;   /* n8 tiles of O */
+  using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
+
+  int m0, m_last, nq, nk;
+  int i0; /* the thread's first row, m0 + r0 */
+  int t;
+  float slope_log2;
+  bool transform;
+  float o[NO][4], m_i[2], l_i[2];
+
+  __device__ __forceinline__ rows64(const params &p, int m0_, int nq_, int nk_, int row0, int lane,
+                                    int h)
+      : m0(m0_),
+        m_last(min(m0_ + kBr, nq_) - 1),
+        nq(nq_),
+        nk(nk_),
+        i0(m0_ + row0 + (lane >> 2)),
+        t(lane & 3) {
+    slope_log2 = SCORED && p.alibi ? p.alibi[h] * kLog2e : 0.f;
+    transform = SCORED && (p.softcap > 0.f || slope_log2 != 0.f);
+#pragma unroll
+    for (int n = 0; n < NO; ++n)
+      o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    m_i[0] = m_i[1] = -INFINITY;
+    l_i[0] = l_i[1] = 0.f;
+  }
+
+  /* S = Q K^T: D / 16 k-steps of m64 n(Bc) k16, the first overwriting. dq
+   * describes the warpgroup's 64 rows of a Q tile of q_rows rows, k_tile is
+   * the K slot's shared address; column block kk / 4, 32 bytes a k16 in it. */
+  template <int Q_ROWS>
+  __device__ __forceinline__ void scores(float (&s)[NS][4], uint64_t dq, uint32_t k_tile) const {
+    const uint64_t dk = wg::desc_k_major(k_tile);
+    wg::pin(s);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      const uint32_t qo = ((kk / 4) * Q_ROWS * 128 + (kk % 4) * 32) >> 4;
+      const uint32_t ko = ((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4;
+      mma::ss(s, dq + qo, dk + ko, kk > 0);
+    }
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(s);
+  }
+
+  /* Key block nb's scores to P (pa, k-step kk's A fragment of P V: n8
+   * tiles 2 kk and 2 kk + 1), m_i and l_i moved on and O rescaled. */
+  __device__ __forceinline__ void softmax(const params &p, float (&s)[NS][4], uint32_t (&pa)[KB][4],
+                                          int nb) {
+    /* Scores in the log2 domain; the mask only on blocks that straddle a
+     * boundary (sequence end, causal diagonal, window edge). Plain blocks
+     * keep the raw q.k and fold the scale into the exp2's FMA below
+     * (scale > 0, so the max commutes with it). */
+    const int n0 = nb * BC;
+    const bool full = n0 + BC <= nk && n0 >= key_lo(diag(m_last, nq, nk), p.window_left) &&
+                      n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
+    const bool raw = full && !transform;
+    const float mul = raw ? p.scale_log2 : 1.f;
+    if (!raw) {
+      /* Visible keys of the thread's two rows, as [lo, hi) relative to the
+       * thread's first column. */
+      int lo[2], hi[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int dg = diag(i0 + r * 8, nq, nk);
+        const int jt = n0 + 2 * t;
+        lo[r] = full ? -BC : max(0, key_lo(dg, p.window_left)) - jt;
+        hi[r] = full ? BC : min(nk, key_hi(dg, nk, p.window_right)) - jt;
+      }
+#pragma unroll
+      for (int n = 0; n < NS; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, c = n * 8 + (e & 1);
+          float v = s[n][e];
+          if (transform) {
+            float th;
+            v = score_log2(v, p.scale_log2, p.softcap_log2 > 0.f, p.softcap_log2, p.softcap_inv,
+                           slope_log2, diag(i0 + r * 8, nq, nk) - (n0 + 2 * t + c), &th);
+          } else {
+            v *= p.scale_log2;
+          }
+          s[n][e] = c >= lo[r] && c < hi[r] ? v : -INFINITY;
+        }
+      }
+    }
+
+    /* Online softmax: the row max over the quad that shares a row. */
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+    }
+    float mu[2], alpha[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      mx[r] = fmaxf(m_i[r], mx[r] * mul);
+      /* A row with no visible key yet keeps max -inf; subtracting 0 then
+       * gives exp2(-inf) = 0 instead of NaN. */
+      mu[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+      alpha[r] = ex2(m_i[r] - mu[r]);
+      m_i[r] = mx[r];
+    }
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      s[n][0] = ex2(fmaf(s[n][0], mul, -mu[0]));
+      s[n][1] = ex2(fmaf(s[n][1], mul, -mu[0]));
+      s[n][2] = ex2(fmaf(s[n][2], mul, -mu[1]));
+      s[n][3] = ex2(fmaf(s[n][3], mul, -mu[1]));
+      rs[0] += s[n][0] + s[n][1];
+      rs[1] += s[n][2] + s[n][3];
+    }
+    /* l_i stays a per-thread partial sum until the end. */
+    l_i[0] = l_i[0] * alpha[0] + rs[0];
+    l_i[1] = l_i[1] * alpha[1] + rs[1];
+#pragma unroll
+    for (int n = 0; n < NO; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < KB; ++kk) {
+      pa[kk][0] = elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+  }
+
+  /* O += P V, V's slot at v_tile: k-step kk reads its rows 16 kk.. (2048
+   * bytes a step), the column blocks Bc * 128 bytes apart. */
+  __device__ __forceinline__ void accumulate(uint32_t (&pa)[KB][4], uint32_t v_tile) {
+    const uint64_t dv = wg::desc_mn_major(v_tile, BC * 128);
+    wg::pin(pa);
+    wg::pin(o);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < KB; ++kk)
+      mma::rs(o, pa[kk], dv + ((kk * 16 * 128) >> 4), 1);
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(o);
+  }
+
+  /* O = acc / l, lse = m ln 2 + ln l; rows with no key: 0 and -inf. */
+  __device__ __forceinline__ void store(const params &p, int b, int h, const seq &sq) {
+    T *go = row_ptr<T>(p.o, b, sq.q0, h);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = l_i[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int i = i0 + r * 8;
+      /* The mask says whether the row saw a key, not l: a NaN or inf among
+       * its scores leaves l NaN (or 0 when all are -inf), and the row must
+       * then come out NaN rather than as a row that saw nothing. */
+      int klo, khi;
+      key_range(diag(i, nq, nk), nk, p.window_left, p.window_right, &klo, &khi);
+      const bool seen = klo < khi;
+      const float inv = seen ? 1.f / l : 0.f;
+      if (i < nq) {
+        T *orow = go + (int64_t)i * p.o.ss;
+#pragma unroll
+        for (int n = 0; n < NO; ++n)
+          *(uint32_t *)(orow + n * 8 + 2 * t) =
+              elem<T>::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        if (p.has_lse && t == 0)
+          lse_store(row_ptr<float>(p.lse, b, sq.q0 + i, h), p.lse.sd, seen, m_i[r] * kLn2, l);
+      }
+    }
+  }
+};
+
+/* The block's work: its query block, head and sequence, and the key blocks
+ * [nb_min, nb_min + nblocks) its rows see (the others are skipped). */
+struct block_work {
+  int m0, h, b, hk;
+  seq sq;
+  int nb_min, nblocks;
+};
+
+template <int BC>
+__device__ __forceinline__ block_work work_of(const params &p) {
+  block_work w;
+  int m_block;
+  /* Heaviest blocks (most keys under a causal mask) start first. */
+  attn_block_coords(p.order, &m_block, &w.h, &w.b);
+  w.hk = w.h / p.group;
+  w.sq = seq_of(p, w.b);
+  w.m0 = m_block * kBr;
+  w.nb_min = w.nblocks = 0;
+  if (w.m0 < w.sq.nq) {
+    int j_lo, j_hi;
+    key_block_range(w.m0, min(w.m0 + kBr, w.sq.nq), w.sq.nq, w.sq.nk, p.window_left, p.window_right,
+                    &j_lo, &j_hi);
+    w.nb_min = j_lo / BC;
+    w.nblocks = j_hi > j_lo ? (j_hi + BC - 1) / BC - w.nb_min : 0;
+  }
+  return w;
+}
+
+/* ---------------------------------------------------------------------- */
+/* The warp-specialized kernel (TMA)                                        */
+/* ---------------------------------------------------------------------- */
+
+/* One kernel shape: head dim D (64, 128 or 256: whole 64-element column
+ * blocks), Bc keys per step (64 or 128, the N of S's wgmma), STAGES K/V
+ * slots. SCORED compiles the score transforms (softcap, ALiBi) in. The maps
+ * are the 4-d views (head dim, rows, heads, sequences) of q, k and v, with a
+ * box of 64 x Br (q) or 64 x Bc (k, v) and the 128-byte swizzle (launcher). */
+template <typename T, int D, int BC, int STAGES, bool SCORED>
+__global__ void __launch_bounds__(kThreadsWs, 1)
+    fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                  const __grid_constant__ CUtensorMap tv, const params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using R = rows64<T, D, BC, SCORED>;
+  constexpr uint32_t kQBytes = kBr * D * sizeof(T);
+  constexpr uint32_t kSlot = BC * D * sizeof(T);
+  /* The registers each role keeps (FlashAttention-3's split for two
+   * consumers: 24 x 128 + 240 x 256 fits the SM's 64K). */
+  constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static_assert(D % 64 == 0 && BC % 64 == 0, "whole swizzle column blocks and 8-row groups");
+  static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
+  static_assert(STAGES >= 2, "at least double buffering");
+
+  /* The swizzle works on shared addresses: every tile 1024-byte aligned
+   * (the launcher asks 1024 bytes more than the tiles and barriers need). */
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = sQ + kQBytes;        /* [STAGES][D / 64][Bc][64] */
+  const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][D / 64][Bc][64] */
+  /* mbarriers, 8 bytes each: Q landed; slot s's K landed, its V landed,
+   * and the consumers are done with it. */
+  const uint32_t barQ = sV + STAGES * kSlot;
+  const uint32_t fullK = barQ + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
+
+  const int tid = threadIdx.x, wgi = tid >> 7;
+  const block_work w = work_of<BC>(p);
+  if (w.m0 >= w.sq.nq) return;
+
+  if (tid == 0) {
+    wg::mbar_init(barQ, 1);
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) {
+      wg::mbar_init(fullK + 8 * st, 1);
+      wg::mbar_init(fullV + 8 * st, 1);
+      wg::mbar_init(empty + 8 * st, 2 * 128); /* every consumer thread */
+    }
+    wg::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wgi == 0) {
+    /* Producer: one thread issues every copy. */
+    wg::regs_dec<kProducerRegs>();
+    if (tid == 0 && w.nblocks > 0) {
+      /* Varlen tensors are one sequence of all the rows (batch coordinate
+       * 0); rows past a tensor's end arrive as zeros. */
+      const int qb = p.cu_q ? 0 : w.b, kb = p.cu_k ? 0 : w.b;
+      const int q_row = (int)w.sq.q0 + w.m0, k_row = (int)w.sq.k0 + w.nb_min * BC;
+      wg::mbar_expect_tx(barQ, kQBytes);
+#pragma unroll
+      for (int cb = 0; cb < D / 64; ++cb)
+        wg::tma_load_4d(sQ + cb * kBr * 128, &tq, cb * 64, q_row, w.h, qb, barQ);
+      for (int it = 0; it < w.nblocks; ++it) {
+        const int st = it % STAGES, round = it / STAGES;
+        /* The slot's previous block (round - 1) is released. */
+        if (round > 0) wg::mbar_wait(empty + 8 * st, (round - 1) & 1);
+        const int row = k_row + it * BC;
+        wg::mbar_expect_tx(fullK + 8 * st, kSlot);
+#pragma unroll
+        for (int cb = 0; cb < D / 64; ++cb)
+          wg::tma_load_4d(sK + st * kSlot + cb * BC * 128, &tk, cb * 64, row, w.hk, kb,
+                          fullK + 8 * st);
+        wg::mbar_expect_tx(fullV + 8 * st, kSlot);
+#pragma unroll
+        for (int cb = 0; cb < D / 64; ++cb)
+          wg::tma_load_4d(sV + st * kSlot + cb * BC * 128, &tv, cb * 64, row, w.hk, kb,
+                          fullV + 8 * st);
+      }
+    }
+  } else {
+    /* Consumers: warpgroup c owns rows 64 c .. 64 c + 63. */
+    wg::regs_inc<kConsumerRegs>();
+    const int c = wgi - 1, lane = tid & 31, ctid = tid - 128;
+    R rows(p, w.m0, w.sq.nq, w.sq.nk, c * 64 + ((tid >> 5) & 3) * 16, lane, w.h);
+    if (w.nblocks > 0) {
+      const uint64_t dq = wg::desc_k_major(sQ + c * 64 * 128);
+      wg::mbar_wait(barQ, 0);
+      for (int it = 0; it < w.nblocks; ++it) {
+        const int st = it % STAGES, nb = w.nb_min + it;
+        const uint32_t parity = (uint32_t)(it / STAGES) & 1;
+        float s[R::NS][4];
+        uint32_t pa[R::KB][4];
+        wg::mbar_wait(fullK + 8 * st, parity);
+        rows.template scores<kBr>(s, dq, sK + st * kSlot);
+        rows.softmax(p, s, pa, nb);
+        wg::mbar_wait(fullV + 8 * st, parity);
+        if (p.cu_k && (nb + 1) * BC > w.sq.nk) {
+          /* The block's rows past a varlen sequence's end are the next
+           * sequence's: zeros instead, so that P's zeros meet no inf or NaN
+           * there. Both consumers reach this block together. */
+          const int z0 = w.sq.nk - nb * BC;
+          for (int i = ctid; i < (BC - z0) * (D / 8); i += 256)
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(
+                             sV + st * kSlot + wg::swizzled(BC, z0 + i / (D / 8), i % (D / 8))),
+                         "r"(0)
+                         : "memory");
+          wg::fence_proxy_async();
+          wg::named_sync(1, 256);
+        }
+        rows.accumulate(pa, sV + st * kSlot);
+        wg::mbar_arrive(empty + 8 * st);
+      }
+    }
+    rows.store(p, w.b, w.h, w.sq);
+  }
+#else
+  __trap();
+#endif
+}
+
+/* ---------------------------------------------------------------------- */
+/* The cp.async kernel                                                      */
+/* ---------------------------------------------------------------------- */
 
 /* cp.async of 16 bytes to a 32-bit shared address; zero-filled when !valid
  * (src is then not read but must be a valid address). */
@@ -48,9 +406,9 @@ __device__ __forceinline__ void load_tile(uint32_t s, const T *g, int64_t ss, in
   constexpr int kChunks = D / 8;
   constexpr int kTotal = ROWS * kChunks;
 #pragma unroll
-  for (int c0 = 0; c0 < kTotal; c0 += kThreads) {
+  for (int c0 = 0; c0 < kTotal; c0 += kThreadsCp) {
     const int c = c0 + tid;
-    if (kTotal % kThreads == 0 || c < kTotal) {
+    if (kTotal % kThreadsCp == 0 || c < kTotal) {
       const int r = c / kChunks, ch = c % kChunks;
       const bool ok = row0 + r < nrows;
       cp_async16_to(s + wg::swizzled(ROWS, r, ch), ok ? g + (int64_t)(row0 + r) * ss + ch * 8 : g,
@@ -59,265 +417,154 @@ __device__ __forceinline__ void load_tile(uint32_t s, const T *g, int64_t ss, in
   }
 }
 
-/* One kernel shape: head dim D (64, 128 or 256: whole 64-element column
- * blocks), Bc keys per step (64 or 128, the N of S's wgmma), STAGES K/V
- * slots. SCORED compiles the score transforms (softcap, ALiBi) in. */
-template <typename T, int D, int BC, int STAGES, bool SCORED>
-__global__ void __launch_bounds__(kThreads, 1) fwd_kernel(const params p) {
+/* The same steps with both warpgroups loading (cp.async into two slots,
+ * block j+1 in flight while block j is computed) and computing. */
+template <typename T, int D, int BC, bool SCORED>
+__global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int KD = D / 16;  /* k-steps of Q K^T */
-  constexpr int KB = BC / 16; /* k-steps of P V */
-  constexpr int NS = BC / 8;  /* n8 tiles of S */
-  constexpr int NO = D / 8;   /* n8 tiles of O */
+  using R = rows64<T, D, BC, SCORED>;
+  constexpr int STAGES = 2;
   constexpr uint32_t kQBytes = kBr * D * sizeof(T);
   constexpr uint32_t kSlot = BC * D * sizeof(T);
   static_assert(D % 64 == 0 && BC % 64 == 0, "whole swizzle column blocks and 8-row groups");
   static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
-  static_assert(STAGES >= 2, "at least double buffering");
-  using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
 
-  /* The swizzle works on shared addresses: every tile 1024-byte aligned
-   * (the launcher asks 1024 bytes more than the tiles need). */
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = sQ + kQBytes;        /* [STAGES][D / 64][Bc][64] */
   const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][D / 64][Bc][64] */
 
-  const int tid = threadIdx.x, lane = tid & 31;
-  const int wgi = tid >> 7, warp = (tid >> 5) & 3; /* warpgroup, warp in it */
-  const int g = lane >> 2, t = lane & 3;
-  /* Heaviest blocks (most keys under a causal mask) start first. */
-  int m_block, h, b;
-  attn_block_coords(p.order, &m_block, &h, &b);
-  const int hk = h / p.group;
-  const seq sq = seq_of(p, b);
-  const int nq = sq.nq, nk = sq.nk;
-  const int m0 = m_block * kBr;
-  if (m0 >= nq) return;
-  const int m_last = min(m0 + kBr, nq) - 1;
-  const int w0 = wgi * 64 + warp * 16; /* this warp's first row in the block */
-
-  /* Keys any row of this block sees; blocks outside are skipped. */
-  int j_lo, j_hi;
-  key_block_range(m0, m_last + 1, nq, nk, p.window_left, p.window_right, &j_lo, &j_hi);
-  const int nb_min = j_lo / BC;
-  const int nblocks = j_hi > j_lo ? (j_hi + BC - 1) / BC - nb_min : 0;
-
-  const T *gq = row_ptr<T>(p.q, b, sq.q0, h);
-  const T *gk = row_ptr<T>(p.k, b, sq.k0, hk);
-  const T *gv = row_ptr<T>(p.v, b, sq.k0, hk);
-  const float slope_log2 = SCORED && p.alibi ? p.alibi[h] * kLog2e : 0.f;
-  const bool transform = SCORED && (p.softcap > 0.f || slope_log2 != 0.f);
-
+  const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7;
+  const block_work w = work_of<BC>(p);
+  if (w.m0 >= w.sq.nq) return;
+  const int nk = w.sq.nk;
+  const T *gq = row_ptr<T>(p.q, w.b, w.sq.q0, w.h);
+  const T *gk = row_ptr<T>(p.k, w.b, w.sq.k0, w.hk);
+  const T *gv = row_ptr<T>(p.v, w.b, w.sq.k0, w.hk);
   auto load_kv = [&](int st, int nbk) {
     load_tile<BC, D>(sK + st * kSlot, gk, p.k.ss, nbk * BC, nk, tid);
     load_tile<BC, D>(sV + st * kSlot, gv, p.v.ss, nbk * BC, nk, tid);
   };
 
-  float acc_o[NO][4];
-  float m_i[2], l_i[2];
-#pragma unroll
-  for (int n = 0; n < NO; ++n)
-    acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
-  m_i[0] = m_i[1] = -INFINITY;
-  l_i[0] = l_i[1] = 0.f;
-
-  /* The warpgroup's 64 rows of Q (K-major, 8-row groups 1024 bytes apart),
-   * k-step kk at column block kk / 4, 32 bytes per k16 within it. */
-  const uint64_t dQ = wg::desc_k_major(sQ + wgi * 64 * 128);
-
-  if (nblocks > 0) {
-    /* Prologue: Q with the first K/V block, then STAGES-2 more blocks; one
-     * commit group per block (empty groups keep the count uniform). */
-    load_tile<kBr, D>(sQ, gq, p.q.ss, m0, nq, tid);
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {
-      if (st < nblocks) load_kv(st, nb_min + st);
-      cp_async_commit();
-    }
-
-    for (int it = 0; it < nblocks; ++it) {
-      const int nb = nb_min + it;
+  R rows(p, w.m0, w.sq.nq, nk, wgi * 64 + ((tid >> 5) & 3) * 16, lane, w.h);
+  if (w.nblocks > 0) {
+    const uint64_t dq = wg::desc_k_major(sQ + wgi * 64 * 128);
+    /* Prologue: Q with the first K/V block; one commit group per block
+     * (empty groups keep the count uniform). */
+    load_tile<kBr, D>(sQ, gq, p.q.ss, w.m0, w.sq.nq, tid);
+    load_kv(0, w.nb_min);
+    cp_async_commit();
+    for (int it = 0; it < w.nblocks; ++it) {
       const uint32_t slot = (uint32_t)(it % STAGES) * kSlot;
-      /* Block it has landed and is handed to the async proxy (wgmma); every
-       * warpgroup is done with block it-1, whose slot the load below reuses
-       * (each waited for its wgmma before this barrier). */
-      cp_async_wait<STAGES - 2>();
+      /* Block it has landed and is handed to the async proxy (wgmma); both
+       * warpgroups are done with block it-1, whose slot the load below
+       * reuses (each waited for its wgmma before this barrier). */
+      cp_async_wait<0>();
       wg::fence_proxy_async();
       __syncthreads();
-      {
-        const int nx = it + STAGES - 1;
-        if (nx < nblocks) load_kv(nx % STAGES, nb_min + nx);
-        cp_async_commit();
-      }
-
-      /* S = Q K^T: D / 16 k-steps of m64 n(Bc) k16, the first overwriting. */
-      float s[NS][4];
-      const uint64_t dK = wg::desc_k_major(sK + slot);
-      wg::pin(s);
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        const uint32_t qo = ((kk / 4) * kBr * 128 + (kk % 4) * 32) >> 4;
-        const uint32_t ko = ((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4;
-        mma::ss(s, dQ + qo, dK + ko, kk > 0);
-      }
-      wg::commit();
-      wg::wait<0>();
-      wg::pin(s);
-
-      /* Scores in the log2 domain; the mask only on blocks that straddle a
-       * boundary (sequence end, causal diagonal, window edge). Plain blocks
-       * keep the raw q.k and fold the scale into the exp2's FMA below
-       * (scale > 0, so the max commutes with it). */
-      const int n0 = nb * BC;
-      const bool full = n0 + BC <= nk && n0 >= key_lo(diag(m_last, nq, nk), p.window_left) &&
-                        n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
-      const bool raw = full && !transform;
-      const float mul = raw ? p.scale_log2 : 1.f;
-      if (!raw) {
-        /* Visible keys of the thread's two rows, as [lo, hi) relative to
-         * the thread's first column. */
-        int lo[2], hi[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i = m0 + w0 + g + r * 8;
-          const int jt = n0 + 2 * t;
-          const int dg = diag(i, nq, nk);
-          lo[r] = full ? -BC : max(0, key_lo(dg, p.window_left)) - jt;
-          hi[r] = full ? BC : min(nk, key_hi(dg, nk, p.window_right)) - jt;
-        }
-#pragma unroll
-        for (int n = 0; n < NS; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = e >> 1, c = n * 8 + (e & 1);
-            float v = s[n][e];
-            if (transform) {
-              const int i = m0 + w0 + g + r * 8;
-              float th;
-              v = score_log2(v, p.scale_log2, p.softcap_log2 > 0.f, p.softcap_log2, p.softcap_inv,
-                             slope_log2, diag(i, nq, nk) - (n0 + 2 * t + c), &th);
-            } else {
-              v *= p.scale_log2;
-            }
-            s[n][e] = c >= lo[r] && c < hi[r] ? v : -INFINITY;
-          }
-        }
-      }
-
-      /* Online softmax: the row max over the quad that shares a row. */
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int n = 0; n < NS; ++n) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
-      }
-      float mu[2], alpha[2], rs[2] = {0.f, 0.f};
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        mx[r] = fmaxf(m_i[r], mx[r] * mul);
-        /* A row with no visible key yet keeps max -inf; subtracting 0 then
-         * gives exp2(-inf) = 0 instead of NaN. */
-        mu[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-        alpha[r] = ex2(m_i[r] - mu[r]);
-        m_i[r] = mx[r];
-      }
-#pragma unroll
-      for (int n = 0; n < NS; ++n) {
-        s[n][0] = ex2(fmaf(s[n][0], mul, -mu[0]));
-        s[n][1] = ex2(fmaf(s[n][1], mul, -mu[0]));
-        s[n][2] = ex2(fmaf(s[n][2], mul, -mu[1]));
-        s[n][3] = ex2(fmaf(s[n][3], mul, -mu[1]));
-        rs[0] += s[n][0] + s[n][1];
-        rs[1] += s[n][2] + s[n][3];
-      }
-      /* l_i stays a per-thread partial sum until the end. */
-      l_i[0] = l_i[0] * alpha[0] + rs[0];
-      l_i[1] = l_i[1] * alpha[1] + rs[1];
-#pragma unroll
-      for (int n = 0; n < NO; ++n) {
-        acc_o[n][0] *= alpha[0];
-        acc_o[n][1] *= alpha[0];
-        acc_o[n][2] *= alpha[1];
-        acc_o[n][3] *= alpha[1];
-      }
-
-      /* O += P V: P's n8 tiles 2 kk, 2 kk + 1 are k-step kk's A fragment;
-       * V's k-step kk is its rows 16 kk.., 2048 bytes a step. */
-      uint32_t pa[KB][4];
-#pragma unroll
-      for (int kk = 0; kk < KB; ++kk) {
-        pa[kk][0] = elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-        pa[kk][1] = elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-        pa[kk][2] = elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[kk][3] = elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      }
-      const uint64_t dV = wg::desc_mn_major(sV + slot, BC * 128);
-      wg::pin(pa);
-      wg::pin(acc_o);
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < KB; ++kk)
-        mma::rs(acc_o, pa[kk], dV + ((kk * 16 * 128) >> 4), 1);
-      wg::commit();
-      wg::wait<0>();
-      wg::pin(acc_o);
+      if (it + 1 < w.nblocks) load_kv((it + 1) % STAGES, w.nb_min + it + 1);
+      cp_async_commit();
+      float s[R::NS][4];
+      uint32_t pa[R::KB][4];
+      rows.template scores<kBr>(s, dq, sK + slot);
+      rows.softmax(p, s, pa, w.nb_min + it);
+      rows.accumulate(pa, sV + slot);
     }
-    /* Drain the trailing (empty) groups before the block exits. */
+    /* Drain the trailing (empty) group before the block exits. */
     cp_async_wait_all();
   }
-
-  /* O = acc / l, lse = m ln 2 + ln l; rows with no key: 0 and -inf. */
-  T *go = row_ptr<T>(p.o, b, sq.q0, h);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = l_i[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int i = m0 + w0 + g + r * 8;
-    /* The mask says whether the row saw a key, not l: a NaN or inf among
-     * its scores leaves l NaN (or 0 when all are -inf), and the row must
-     * then come out NaN rather than as a row that saw nothing. */
-    int klo, khi;
-    key_range(diag(i, nq, nk), nk, p.window_left, p.window_right, &klo, &khi);
-    const bool seen = klo < khi;
-    const float inv = seen ? 1.f / l : 0.f;
-    if (i < nq) {
-      T *orow = go + (int64_t)i * p.o.ss;
-#pragma unroll
-      for (int n = 0; n < NO; ++n)
-        *(uint32_t *)(orow + n * 8 + 2 * t) =
-            elem<T>::pack(acc_o[n][2 * r] * inv, acc_o[n][2 * r + 1] * inv);
-      if (p.has_lse && t == 0)
-        lse_store(row_ptr<float>(p.lse, b, sq.q0 + i, h), p.lse.sd, seen, m_i[r] * kLn2, l);
-    }
-  }
+  rows.store(p, w.b, w.h, w.sq);
 #else
   __trap();
 #endif
 }
 
-/* The tiles plus the 1024 bytes that align them. */
-template <typename T, int D, int BC, int STAGES>
-constexpr size_t smem_bytes() {
-  return (size_t)(kBr + 2 * STAGES * BC) * D * sizeof(T) + 1024;
+/* ---------------------------------------------------------------------- */
+/* Launchers and rows                                                       */
+/* ---------------------------------------------------------------------- */
+
+/* Shared memory: the tiles, 3 STAGES + 1 mbarriers (the cp.async kernel has
+ * two slots and needs none), and the 1024 bytes that align the tiles. */
+template <int D, int BC, int STAGES>
+constexpr size_t smem_ws() {
+  return (size_t)(kBr + 2 * STAGES * BC) * D * 2 + 8 * (3 * STAGES + 1) + 1024;
+}
+template <int D, int BC>
+constexpr size_t smem_cp() {
+  return (size_t)(kBr + 2 * 2 * BC) * D * 2 + 1024;
 }
 
-template <typename T, int D, int BC, int STAGES, bool SCORED>
-static int launch_kernel(const attn__cuda_launch *L, const params &p) {
-  auto kern = fwd_kernel<T, D, BC, STAGES, SCORED>;
-  constexpr size_t smem = smem_bytes<T, D, BC, STAGES>();
+/* cuTensorMapEncodeTiled from the driver (the library links the runtime
+ * statically and never libcuda), looked up once; NULL where the driver has
+ * none. */
+static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void *f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return (PFN_cuTensorMapEncodeTiled_v12000)f;
+  }();
+  return fn;
+}
+
+/* The tensor map of t, `rows` rows of `heads` heads of `seqs` sequences
+ * (varlen: 1, its rows all of them) of D 16-bit elements, in boxes of 64
+ * elements x box_rows rows, swizzled as wgmma reads them. A dimension of
+ * one has no stride that matters; 16 stands in for any. */
+static bool encode(CUtensorMap *m, const tensor_ref &t, attn_dtype dt, int D, int64_t rows,
+                   int64_t heads, int64_t seqs, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
+  if (!fn) return false;
+  auto stride = [](int64_t n, int64_t s) { return (cuuint64_t)(n == 1 || s == 0 ? 16 : 2 * s); };
+  const cuuint64_t dim[4] = {(cuuint64_t)D, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)seqs};
+  const cuuint64_t strides[3] = {stride(rows, t.ss), stride(heads, t.sh), stride(seqs, t.sb)};
+  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  return fn(m, dt == ATTN_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            4, t.ptr, dim, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename K>
+static int launch_grid(const attn__cuda_launch *L, K kern, int threads, size_t smem, params *p,
+                       dim3 *grid) {
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
       cudaSuccess)
     return ATTN_EDEVICE;
-  dim3 grid((unsigned)((p.seqlen_q + kBr - 1) / kBr), (unsigned)p.heads_q, (unsigned)p.batch);
-  params pl = p;
-  pl.order =
-      attn_order_group(kern, kThreads, smem, grid, L->dev->sm_count, p.window_left, p.window_right);
-  kern<<<grid, kThreads, smem, L->stream>>>(pl);
+  *grid = dim3((unsigned)((p->seqlen_q + kBr - 1) / kBr), (unsigned)p->heads_q, (unsigned)p->batch);
+  p->order = attn_order_group(kern, threads, smem, *grid, L->dev->sm_count, p->window_left,
+                              p->window_right);
+  return ATTN_OK;
+}
+
+template <typename T, int D, int BC, int STAGES, bool SCORED>
+static int launch_kernel(const attn__cuda_launch *L, params p) {
+  const attn__problem *pb = L->pb;
+  CUtensorMap tq, tk, tv;
+  const int64_t seqs = pb->varlen ? 1 : pb->batch;
+  const int64_t rows_q = pb->varlen ? pb->total_q : pb->seqlen_q;
+  const int64_t rows_k = pb->varlen ? pb->total_k : pb->seqlen_k;
+  dim3 grid;
+  int st;
+  if (encode(&tq, p.q, pb->dtype, D, rows_q, pb->heads_q, seqs, kBr) &&
+      encode(&tk, p.k, pb->dtype, D, rows_k, pb->heads_kv, seqs, BC) &&
+      encode(&tv, p.v, pb->dtype, D, rows_k, pb->heads_kv, seqs, BC)) {
+    auto kern = fwd_ws_kernel<T, D, BC, STAGES, SCORED>;
+    constexpr size_t smem = smem_ws<D, BC, STAGES>();
+    if ((st = launch_grid(L, kern, kThreadsWs, smem, &p, &grid)) != ATTN_OK) return st;
+    kern<<<grid, kThreadsWs, smem, L->stream>>>(tq, tk, tv, p);
+  } else {
+    auto kern = fwd_kernel<T, D, BC, SCORED>;
+    constexpr size_t smem = smem_cp<D, BC>();
+    if ((st = launch_grid(L, kern, kThreadsCp, smem, &p, &grid)) != ATTN_OK) return st;
+    kern<<<grid, kThreadsCp, smem, L->stream>>>(p);
+  }
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 
@@ -337,10 +584,11 @@ constexpr attn__cuda_config fwd_row(const char *name) {
           .dim = D,
           .cc = 90,
           .specific = 1,
-          .threads = kThreads,
+          .threads = kThreadsWs,
           .br = kBr,
           .bc = BC,
-          .smem = smem_bytes<T, D, BC, STAGES>(),
+          .smem = smem_ws<D, BC, STAGES>() > smem_cp<D, BC>() ? smem_ws<D, BC, STAGES>()
+                                                              : smem_cp<D, BC>(),
           .smem_det = 0,
           .features = 0,
           .name = name,

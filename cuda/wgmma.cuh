@@ -1,9 +1,11 @@
 /*
  * PTX wrappers of the Hopper forward (hopper_fwd.cu): the warpgroup matrix
  * multiply (wgmma, sm_90a only) with its shared-memory matrix descriptors,
- * and the proxy fence that hands shared memory written by threads to it.
- * Only code compiled for sm_90a may call them (the kernels guard their body
- * with __CUDA_ARCH_FEAT_SM90_ALL); elsewhere they are never instantiated.
+ * the bulk tensor copy (TMA) with the mbarriers it completes on, the
+ * register reallocation between warpgroups (setmaxnreg, sm_90a), and the
+ * proxy fence that hands shared memory written by threads to the tensor
+ * cores. Only code compiled for sm_90a may call them (the kernels guard their
+ * body with __CUDA_ARCH_FEAT_SM90_ALL); elsewhere they are never instantiated.
  *
  * wgmma.mma_async m64nNk16 with f32 accumulators, PTX ISA "Asynchronous
  * Warpgroup Level Matrix Multiply-Accumulate": a warpgroup (4 warps, the
@@ -18,11 +20,13 @@
  * so an accumulator's n8 tiles 2 kk and 2 kk + 1, packed to 16 bits, are the
  * A fragment of k-step kk of the next product (P in P V), as with mma.sync.
  *
- * Shared-memory operands use the 128-byte swizzle: a tile of 16-bit elements
- * is stored as column blocks of 64 elements (128 bytes a row), each block
- * rows x 128 bytes, with the 16-byte chunk c of row r at chunk c ^ (r % 8).
- * The swizzle is a function of the shared address (bits 4-6 ^= bits 7-9), so
- * every tile starts 1024-byte aligned (8 rows, one swizzle atom).
+ * Shared-memory operands use the 128-byte swizzle, which the bulk tensor
+ * copy writes too (CU_TENSOR_MAP_SWIZZLE_128B, a box 64 elements wide): a
+ * tile of 16-bit elements is stored as column blocks of 64 elements (128
+ * bytes a row), each block rows x 128 bytes, with the 16-byte chunk c of row
+ * r at chunk c ^ (r % 8). The swizzle is a function of the shared address
+ * (bits 4-6 ^= bits 7-9), so every tile starts 1024-byte aligned (8 rows,
+ * one swizzle atom).
  */
 #ifndef ATTN_WGMMA_CUH
 #define ATTN_WGMMA_CUH
@@ -191,6 +195,80 @@ ATTN_WG_DEFINE(true, "bf16")
 #undef ATTN_WG_ACC64
 #undef ATTN_WG_ACC32
 #undef ATTN_WG_10
+
+/* ---------------------------------------------------------------------- */
+/* mbarriers and the bulk tensor copy                                       */
+/* ---------------------------------------------------------------------- */
+
+/* An mbarrier (8 bytes of shared memory at bar) expecting `count` arrivals
+ * a phase; its initialisation is made visible to the copy engine (the async
+ * proxy) before the block's barrier that publishes it. */
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+/* One arrival that also announces `bytes` to be written by bulk copies
+ * completing on bar in this phase. */
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+/* Waits (acquire) until the phase of parity `parity` has completed: phases
+ * count from 0, so a fresh barrier's phase 0 is waited for with parity 0,
+ * and parity 1 passes at once (the phase before it). */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.b32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+/* The box of a 4-d tensor map at coordinates (c0 innermost .. c3) into
+ * shared memory at dst, completing `box bytes` on bar; elements outside the
+ * tensor arrive as zeros. map is the generic address of a __grid_constant__
+ * kernel parameter. */
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c0, int c1, int c2,
+                                            int c3, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+/* ---------------------------------------------------------------------- */
+/* Warpgroup roles                                                          */
+/* ---------------------------------------------------------------------- */
+
+/* The registers a thread of this warpgroup may hold from here on: a
+ * producer gives its share back, consumers take it. The kernel must start
+ * with a register cap (__launch_bounds__ with a minimum of 1 block). */
+template <int N>
+__device__ __forceinline__ void regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+/* A barrier of `threads` threads (whole warps) on hardware barrier id (0 is
+ * __syncthreads'). */
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 }  // namespace attn_wgmma
 
