@@ -4,7 +4,7 @@
  *   - the decoding kernels (decode*.cu): a few query rows per KV head over
  *     a long KV cache, keys split across blocks (FlashDecoding);
  *   - the Hopper forward (wgmma, sm_90a only, f16/bf16; hopper_fwd.cu) for
- *     head dims 64, 128 and 256 without the inference path's terms;
+ *     head dims 64, 96, 128 and 256 without the inference path's terms;
  *   - the tensor-core kernels (mma.sync + ldmatrix, f16/bf16; mma_*.cu) for
  *     the common head dims;
  *   - the f32 forward's wide kernel (general_fwd32.cuh) for padded head dims

@@ -39,6 +39,13 @@ namespace wg = attn_wgmma;
 
 constexpr int kBr = 128; /* 64 query rows a consumer warpgroup */
 
+/* Shared-memory tiles hold whole 64-element column blocks (the swizzle's
+ * row): d = 96 takes two, the last half empty (zeros from the tensor map;
+ * Q K^T skips them, and P V's columns past d are never stored). */
+__host__ __device__ constexpr int padded(int d) {
+  return (d + 63) / 64 * 64;
+}
+
 /* The warp-specialized kernel: a producer warpgroup and two consumers. */
 constexpr int kThreadsWs = 384;
 
@@ -54,10 +61,10 @@ constexpr int kThreadsCp = 256;
  * r0 + 8 of the block (r0 = 16 w + g) and, per n8 tile, keys 2t, 2t + 1. */
 template <typename T, int D, int BC, bool SCORED>
 struct rows64 {
-  static constexpr int KD = D / 16;  /* k-steps of Q K^T */
-  static constexpr int KB = BC / 16; /* k-steps of P V */
-  static constexpr int NS = BC / 8;  /* n8 tiles of S */
-  static constexpr int NO = D / 8;   /* n8 tiles of O */
+  static constexpr int KD = D / 16;        /* k-steps of Q K^T */
+  static constexpr int KB = BC / 16;       /* k-steps of P V */
+  static constexpr int NS = BC / 8;        /* n8 tiles of S */
+  static constexpr int NO = padded(D) / 8; /* n8 tiles of O, d's and the padding's */
   using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
 
   int m0, m_last, nq, nk;
@@ -226,7 +233,7 @@ struct rows64 {
       if (i < nq) {
         T *orow = go + (int64_t)i * p.o.ss;
 #pragma unroll
-        for (int n = 0; n < NO; ++n)
+        for (int n = 0; n < D / 8; ++n)
           *(uint32_t *)(orow + n * 8 + 2 * t) =
               elem<T>::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
         if (p.has_lse && t == 0)
@@ -268,8 +275,8 @@ __device__ __forceinline__ block_work work_of(const params &p) {
 /* The warp-specialized kernel (TMA)                                        */
 /* ---------------------------------------------------------------------- */
 
-/* One kernel shape: head dim D (64, 128 or 256: whole 64-element column
- * blocks), Bc keys per step (64 or 128, the N of S's wgmma), STAGES K/V
+/* One kernel shape: head dim D (64, 96, 128 or 256; tiles of padded(D)
+ * columns), Bc keys per step (64 or 128, the N of S's wgmma), STAGES K/V
  * slots. SCORED compiles the score transforms (softcap, ALiBi) in. The maps
  * are the 4-d views (head dim, rows, heads, sequences) of q, k and v, with a
  * box of 64 x Br (q) or 64 x Bc (k, v) and the 128-byte swizzle (launcher). */
@@ -279,12 +286,13 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
                   const __grid_constant__ CUtensorMap tv, const params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using R = rows64<T, D, BC, SCORED>;
-  constexpr uint32_t kQBytes = kBr * D * sizeof(T);
-  constexpr uint32_t kSlot = BC * D * sizeof(T);
+  constexpr int DP = padded(D);
+  constexpr uint32_t kQBytes = kBr * DP * sizeof(T);
+  constexpr uint32_t kSlot = BC * DP * sizeof(T);
   /* The registers each role keeps (FlashAttention-3's split for two
    * consumers: 24 x 128 + 240 x 256 fits the SM's 64K). */
   constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-  static_assert(D % 64 == 0 && BC % 64 == 0, "whole swizzle column blocks and 8-row groups");
+  static_assert(D % 32 == 0 && BC % 64 == 0, "k16 steps of Q K^T, whole 8-row groups");
   static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
   static_assert(STAGES >= 2, "at least double buffering");
 
@@ -292,8 +300,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
    * (the launcher asks 1024 bytes more than the tiles and barriers need). */
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sK = sQ + kQBytes;        /* [STAGES][D / 64][Bc][64] */
-  const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][D / 64][Bc][64] */
+  const uint32_t sK = sQ + kQBytes;        /* [STAGES][DP / 64][Bc][64] */
+  const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][DP / 64][Bc][64] */
   /* mbarriers, 8 bytes each: Q landed; slot s's K landed, its V landed,
    * and the consumers are done with it. */
   const uint32_t barQ = sV + STAGES * kSlot;
@@ -325,7 +333,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
       const int q_row = (int)w.sq.q0 + w.m0, k_row = (int)w.sq.k0 + w.nb_min * BC;
       wg::mbar_expect_tx(barQ, kQBytes);
 #pragma unroll
-      for (int cb = 0; cb < D / 64; ++cb)
+      for (int cb = 0; cb < DP / 64; ++cb)
         wg::tma_load_4d(sQ + cb * kBr * 128, &tq, cb * 64, q_row, w.h, qb, barQ);
       for (int it = 0; it < w.nblocks; ++it) {
         const int st = it % STAGES, round = it / STAGES;
@@ -334,12 +342,12 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
         const int row = k_row + it * BC;
         wg::mbar_expect_tx(fullK + 8 * st, kSlot);
 #pragma unroll
-        for (int cb = 0; cb < D / 64; ++cb)
+        for (int cb = 0; cb < DP / 64; ++cb)
           wg::tma_load_4d(sK + st * kSlot + cb * BC * 128, &tk, cb * 64, row, w.hk, kb,
                           fullK + 8 * st);
         wg::mbar_expect_tx(fullV + 8 * st, kSlot);
 #pragma unroll
-        for (int cb = 0; cb < D / 64; ++cb)
+        for (int cb = 0; cb < DP / 64; ++cb)
           wg::tma_load_4d(sV + st * kSlot + cb * BC * 128, &tv, cb * 64, row, w.hk, kb,
                           fullV + 8 * st);
       }
@@ -366,9 +374,9 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
            * sequence's: zeros instead, so that P's zeros meet no inf or NaN
            * there. Both consumers reach this block together. */
           const int z0 = w.sq.nk - nb * BC;
-          for (int i = ctid; i < (BC - z0) * (D / 8); i += 256)
+          for (int i = ctid; i < (BC - z0) * (DP / 8); i += 256)
             asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(
-                             sV + st * kSlot + wg::swizzled(BC, z0 + i / (D / 8), i % (D / 8))),
+                             sV + st * kSlot + wg::swizzled(BC, z0 + i / (DP / 8), i % (DP / 8))),
                          "r"(0)
                          : "memory");
           wg::fence_proxy_async();
@@ -424,15 +432,16 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using R = rows64<T, D, BC, SCORED>;
   constexpr int STAGES = 2;
-  constexpr uint32_t kQBytes = kBr * D * sizeof(T);
-  constexpr uint32_t kSlot = BC * D * sizeof(T);
-  static_assert(D % 64 == 0 && BC % 64 == 0, "whole swizzle column blocks and 8-row groups");
+  constexpr int DP = padded(D);
+  constexpr uint32_t kQBytes = kBr * DP * sizeof(T);
+  constexpr uint32_t kSlot = BC * DP * sizeof(T);
+  static_assert(D % 32 == 0 && BC % 64 == 0, "k16 steps of Q K^T, whole 8-row groups");
   static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sK = sQ + kQBytes;        /* [STAGES][D / 64][Bc][64] */
-  const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][D / 64][Bc][64] */
+  const uint32_t sK = sQ + kQBytes;        /* [STAGES][DP / 64][Bc][64] */
+  const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][DP / 64][Bc][64] */
 
   const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7;
   const block_work w = work_of<BC>(p);
@@ -487,11 +496,11 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
  * two slots and needs none), and the 1024 bytes that align the tiles. */
 template <int D, int BC, int STAGES>
 constexpr size_t smem_ws() {
-  return (size_t)(kBr + 2 * STAGES * BC) * D * 2 + 8 * (3 * STAGES + 1) + 1024;
+  return (size_t)(kBr + 2 * STAGES * BC) * padded(D) * 2 + 8 * (3 * STAGES + 1) + 1024;
 }
 template <int D, int BC>
 constexpr size_t smem_cp() {
-  return (size_t)(kBr + 2 * 2 * BC) * D * 2 + 1024;
+  return (size_t)(kBr + 2 * 2 * BC) * padded(D) * 2 + 1024;
 }
 
 /* cuTensorMapEncodeTiled from the driver (the library links the runtime
@@ -597,12 +606,15 @@ constexpr attn__cuda_config fwd_row(const char *name) {
 
 /* The rows, <head dim, Bc, STAGES>. Bc = 128 for d <= 128 (FlashAttention-3's
  * tile for these dims) and 64 at d = 256, where O alone holds 128 registers a
- * thread; two stages fit every shape in the H200's 227 KB (d = 256: 193 KB). */
+ * thread; two stages fit every shape in the H200's 227 KB (d = 256: 193 KB).
+ * d = 96 runs d = 128's tiles (its P V computes the padding's columns too). */
 constexpr attn__cuda_config fwd_rows[] = {
     fwd_row<__half, 64, 128, 2>("Hopper forward (wgmma), f16, d = 64, 128 x 128 tiles"),
+    fwd_row<__half, 96, 128, 2>("Hopper forward (wgmma), f16, d = 96, 128 x 128 tiles"),
     fwd_row<__half, 128, 128, 2>("Hopper forward (wgmma), f16, d = 128, 128 x 128 tiles"),
     fwd_row<__half, 256, 64, 2>("Hopper forward (wgmma), f16, d = 256, 128 x 64 tiles"),
     fwd_row<__nv_bfloat16, 64, 128, 2>("Hopper forward (wgmma), bf16, d = 64, 128 x 128 tiles"),
+    fwd_row<__nv_bfloat16, 96, 128, 2>("Hopper forward (wgmma), bf16, d = 96, 128 x 128 tiles"),
     fwd_row<__nv_bfloat16, 128, 128, 2>("Hopper forward (wgmma), bf16, d = 128, 128 x 128 tiles"),
     fwd_row<__nv_bfloat16, 256, 64, 2>("Hopper forward (wgmma), bf16, d = 256, 128 x 64 tiles"),
 };
