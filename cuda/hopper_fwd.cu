@@ -17,8 +17,14 @@
  * (MN-major) descriptor. O / l_i and lse = m_i ln 2 + ln l_i are written once
  * at the end (rows with no key: 0 and -inf).
  *
+ * As in FlashAttention-3, a consumer issues block j's Q K^T together with
+ * block j-1's P V and runs block j's softmax while they execute, and up to
+ * d = 128 the two consumers take turns issuing (ping-pong on named barriers),
+ * so that the tensor cores work through the exponentials of either.
+ *
  * Where the operands cannot be described by a tensor map, the same steps run
- * with every thread loading through cp.async into two slots (fwd_kernel).
+ * one after the other with every thread loading through cp.async into two
+ * slots (fwd_kernel).
  *
  * The parameters, the masks and the score epilogue are the tensor-core
  * family's (mma_common.cuh, common.cuh); this family covers the problems of
@@ -73,6 +79,7 @@ struct rows64 {
   float slope_log2;
   bool transform;
   float o[NO][4], m_i[2], l_i[2];
+  float alpha[2]; /* the last block's rescaling of O, exp2(m_i before - m_i) */
 
   __device__ __forceinline__ rows64(const params &p, int m0_, int nq_, int nk_, int row0, int lane,
                                     int h)
@@ -91,29 +98,63 @@ struct rows64 {
     l_i[0] = l_i[1] = 0.f;
   }
 
+  /*
+   * The two products are issued (issue_scores, issue_pv) between a
+   * wgmma::fence, after the last ordinary write of the registers they use,
+   * and a commit; their results are read after the wait for their group, the
+   * registers pinned there (wgmma.cuh) so that no access moves across. The
+   * cp.async kernel runs them one at a time (scores, accumulate); the
+   * warp-specialized one overlaps block j's softmax with block j-1's P V.
+   */
+
   /* S = Q K^T: D / 16 k-steps of m64 n(Bc) k16, the first overwriting. dq
-   * describes the warpgroup's 64 rows of a Q tile of q_rows rows, k_tile is
+   * describes the warpgroup's 64 rows of a Q tile of Q_ROWS rows, k_tile is
    * the K slot's shared address; column block kk / 4, 32 bytes a k16 in it. */
   template <int Q_ROWS>
-  __device__ __forceinline__ void scores(float (&s)[NS][4], uint64_t dq, uint32_t k_tile) const {
+  __device__ __forceinline__ void issue_scores(float (&s)[NS][4], uint64_t dq,
+                                               uint32_t k_tile) const {
     const uint64_t dk = wg::desc_k_major(k_tile);
-    wg::pin(s);
-    wg::fence();
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {
       const uint32_t qo = ((kk / 4) * Q_ROWS * 128 + (kk % 4) * 32) >> 4;
       const uint32_t ko = ((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4;
       mma::ss(s, dq + qo, dk + ko, kk > 0);
     }
+  }
+
+  /* O += P V, V's slot at v_tile: k-step kk reads its rows 16 kk.. (2048
+   * bytes a step), the column blocks Bc * 128 bytes apart. */
+  __device__ __forceinline__ void issue_pv(uint32_t (&pa)[KB][4], uint32_t v_tile) {
+    const uint64_t dv = wg::desc_mn_major(v_tile, BC * 128);
+#pragma unroll
+    for (int kk = 0; kk < KB; ++kk)
+      mma::rs(o, pa[kk], dv + ((kk * 16 * 128) >> 4), 1);
+  }
+
+  template <int Q_ROWS>
+  __device__ __forceinline__ void scores(float (&s)[NS][4], uint64_t dq, uint32_t k_tile) const {
+    wg::pin(s);
+    wg::fence();
+    issue_scores<Q_ROWS>(s, dq, k_tile);
     wg::commit();
     wg::wait<0>();
     wg::pin(s);
   }
 
-  /* Key block nb's scores to P (pa, k-step kk's A fragment of P V: n8
-   * tiles 2 kk and 2 kk + 1), m_i and l_i moved on and O rescaled. */
-  __device__ __forceinline__ void softmax(const params &p, float (&s)[NS][4], uint32_t (&pa)[KB][4],
-                                          int nb) {
+  __device__ __forceinline__ void accumulate(uint32_t (&pa)[KB][4], uint32_t v_tile) {
+    wg::pin(pa);
+    wg::pin(o);
+    wg::fence();
+    issue_pv(pa, v_tile);
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(o);
+  }
+
+  /* Key block nb's scores to their exponentials, in place, with m_i and
+   * l_i moved on; alpha says how O must be rescaled (rescale), which may
+   * wait until O's last product is done. */
+  __device__ __forceinline__ void softmax(const params &p, float (&s)[NS][4], int nb) {
     /* Scores in the log2 domain; the mask only on blocks that straddle a
      * boundary (sequence end, causal diagonal, window edge). Plain blocks
      * keep the raw q.k and fold the scale into the exp2's FMA below
@@ -159,7 +200,7 @@ struct rows64 {
       mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
       mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
     }
-    float mu[2], alpha[2], rs[2] = {0.f, 0.f};
+    float mu[2], rs[2] = {0.f, 0.f};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -183,6 +224,9 @@ struct rows64 {
     /* l_i stays a per-thread partial sum until the end. */
     l_i[0] = l_i[0] * alpha[0] + rs[0];
     l_i[1] = l_i[1] * alpha[1] + rs[1];
+  }
+
+  __device__ __forceinline__ void rescale() {
 #pragma unroll
     for (int n = 0; n < NO; ++n) {
       o[n][0] *= alpha[0];
@@ -190,6 +234,11 @@ struct rows64 {
       o[n][2] *= alpha[1];
       o[n][3] *= alpha[1];
     }
+  }
+
+  /* P to 16 bits: k-step kk's A fragment of P V is n8 tiles 2 kk and
+   * 2 kk + 1. */
+  __device__ __forceinline__ void pack(const float (&s)[NS][4], uint32_t (&pa)[KB][4]) const {
 #pragma unroll
     for (int kk = 0; kk < KB; ++kk) {
       pa[kk][0] = elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
@@ -197,21 +246,6 @@ struct rows64 {
       pa[kk][2] = elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       pa[kk][3] = elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
-  }
-
-  /* O += P V, V's slot at v_tile: k-step kk reads its rows 16 kk.. (2048
-   * bytes a step), the column blocks Bc * 128 bytes apart. */
-  __device__ __forceinline__ void accumulate(uint32_t (&pa)[KB][4], uint32_t v_tile) {
-    const uint64_t dv = wg::desc_mn_major(v_tile, BC * 128);
-    wg::pin(pa);
-    wg::pin(o);
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < KB; ++kk)
-      mma::rs(o, pa[kk], dv + ((kk * 16 * 128) >> 4), 1);
-    wg::commit();
-    wg::wait<0>();
-    wg::pin(o);
   }
 
   /* O = acc / l, lse = m ln 2 + ln l; rows with no key: 0 and -inf. */
@@ -292,6 +326,9 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
   /* The registers each role keeps (FlashAttention-3's split for two
    * consumers: 24 x 128 + 240 x 256 fits the SM's 64K). */
   constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  /* The consumers take turns on the tensor cores up to d = 128, as in
+   * FlashAttention-3 (at d = 256 its P V is long enough alone). */
+  constexpr bool PINGPONG = D <= 128;
   static_assert(D % 32 == 0 && BC % 64 == 0, "k16 steps of Q K^T, whole 8-row groups");
   static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
   static_assert(STAGES >= 2, "at least double buffering");
@@ -353,38 +390,72 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
       }
     }
   } else {
-    /* Consumers: warpgroup c owns rows 64 c .. 64 c + 63. */
+    /* Consumers: warpgroup c owns rows 64 c .. 64 c + 63. Block j's
+     * softmax runs while the tensor cores do block j-1's P V (issued with
+     * block j's Q K^T), so O's rescaling by block j waits for that product,
+     * and P_j is packed only once P_(j-1)'s registers are free again. */
     wg::regs_inc<kConsumerRegs>();
     const int c = wgi - 1, lane = tid & 31, ctid = tid - 128;
     R rows(p, w.m0, w.sq.nq, w.sq.nk, c * 64 + ((tid >> 5) & 3) * 16, lane, w.h);
     if (w.nblocks > 0) {
       const uint64_t dq = wg::desc_k_major(sQ + c * 64 * 128);
+      auto stage = [](int it) { return (uint32_t)(it % STAGES); };
+      auto parity = [](int it) { return (uint32_t)(it / STAGES) & 1; };
+      float s[R::NS][4];
+      uint32_t pa[R::KB][4];
       wg::mbar_wait(barQ, 0);
-      for (int it = 0; it < w.nblocks; ++it) {
-        const int st = it % STAGES, nb = w.nb_min + it;
-        const uint32_t parity = (uint32_t)(it / STAGES) & 1;
-        float s[R::NS][4];
-        uint32_t pa[R::KB][4];
-        wg::mbar_wait(fullK + 8 * st, parity);
-        rows.template scores<kBr>(s, dq, sK + st * kSlot);
-        rows.softmax(p, s, pa, nb);
-        wg::mbar_wait(fullV + 8 * st, parity);
-        if (p.cu_k && (nb + 1) * BC > w.sq.nk) {
-          /* The block's rows past a varlen sequence's end are the next
-           * sequence's: zeros instead, so that P's zeros meet no inf or NaN
-           * there. Both consumers reach this block together. */
-          const int z0 = w.sq.nk - nb * BC;
-          for (int i = ctid; i < (BC - z0) * (DP / 8); i += 256)
-            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(
-                             sV + st * kSlot + wg::swizzled(BC, z0 + i / (DP / 8), i % (DP / 8))),
-                         "r"(0)
-                         : "memory");
-          wg::fence_proxy_async();
-          wg::named_sync(1, 256);
-        }
-        rows.accumulate(pa, sV + st * kSlot);
-        wg::mbar_arrive(empty + 8 * st);
+      wg::mbar_wait(fullK, 0);
+      rows.template scores<kBr>(s, dq, sK);
+      rows.softmax(p, s, w.nb_min);
+      rows.rescale();
+      rows.pack(s, pa);
+      /* Ping-pong (FlashAttention-3's scheduler barriers, ids 2 and 3): the
+       * warpgroups take turns issuing their products, so that one's softmax
+       * fills the tensor cores' time of the other's; the first turn is
+       * consumer 0's. */
+      if (PINGPONG && c == 0) wg::named_arrive(2, 256);
+      for (int it = 1; it < w.nblocks; ++it) {
+        const int prev = it - 1;
+        if (PINGPONG) wg::named_sync(2 + c, 256);
+        wg::mbar_wait(fullK + 8 * stage(it), parity(it));
+        wg::mbar_wait(fullV + 8 * stage(prev), parity(prev));
+        wg::pin(s);
+        wg::pin(pa);
+        wg::pin(rows.o);
+        wg::fence();
+        rows.template issue_scores<kBr>(s, dq, sK + stage(it) * kSlot);
+        wg::commit();
+        rows.issue_pv(pa, sV + stage(prev) * kSlot);
+        wg::commit();
+        if (PINGPONG) wg::named_arrive(2 + (1 - c), 256);
+        wg::wait<1>();
+        wg::pin(s);
+        rows.softmax(p, s, w.nb_min + it);
+        wg::wait<0>();
+        wg::pin(rows.o);
+        wg::pin(pa);
+        wg::mbar_arrive(empty + 8 * stage(prev));
+        rows.rescale();
+        rows.pack(s, pa);
       }
+      const int last = w.nblocks - 1, nb = w.nb_min + last;
+      wg::mbar_wait(fullV + 8 * stage(last), parity(last));
+      if (p.cu_k && (nb + 1) * BC > w.sq.nk) {
+        /* The block's rows past a varlen sequence's end are the next
+         * sequence's: zeros instead, so that P's zeros meet no inf or NaN
+         * there. It is the last block, which both consumers reach. */
+        const int z0 = w.sq.nk - nb * BC;
+        for (int i = ctid; i < (BC - z0) * (DP / 8); i += 256)
+          asm volatile(
+              "st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(
+                  sV + stage(last) * kSlot + wg::swizzled(BC, z0 + i / (DP / 8), i % (DP / 8))),
+              "r"(0)
+              : "memory");
+        wg::fence_proxy_async();
+        wg::named_sync(1, 256);
+      }
+      rows.accumulate(pa, sV + stage(last) * kSlot);
+      wg::mbar_arrive(empty + 8 * stage(last));
     }
     rows.store(p, w.b, w.h, w.sq);
   }
@@ -476,7 +547,9 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
       float s[R::NS][4];
       uint32_t pa[R::KB][4];
       rows.template scores<kBr>(s, dq, sK + slot);
-      rows.softmax(p, s, pa, w.nb_min + it);
+      rows.softmax(p, s, w.nb_min + it);
+      rows.rescale();
+      rows.pack(s, pa);
       rows.accumulate(pa, sV + slot);
     }
     /* Drain the trailing (empty) group before the block exits. */

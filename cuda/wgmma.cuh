@@ -265,9 +265,13 @@ __device__ __forceinline__ void regs_inc() {
 }
 
 /* A barrier of `threads` threads (whole warps) on hardware barrier id (0 is
- * __syncthreads'). */
+ * __syncthreads'): named_sync waits for all of them, named_arrive counts
+ * this warp in without waiting. */
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace attn_wgmma
