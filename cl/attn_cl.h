@@ -81,6 +81,14 @@ extern const char attn__cl_src_meta[];
 extern const char attn__cl_src_split[];
 extern const char attn__cl_src_selftest[];
 
+/* What identifies a device's compiled code: a hash of its platform's name
+ * and version, its name, its driver version and its OpenCL version. The
+ * program cache's keys start from it, and the stored tunings are kept by
+ * it (tune.c). */
+uint64_t attn__cl_device_key(const attn__cl_api *cl, cl_device_id dev);
+/* mkdir -p; a failure surfaces later as a failed write, which is ignored. */
+void attn__cl_make_dirs(const char *dir);
+
 /* Builds a program for one device from sources concatenated in order, with
  * options, through the disk cache (ATTN_CL_CACHE_DIR, ATTN_CL_CACHE=0), and
  * creates its kernels names[0..nk) into kernels. A cached binary that fails
@@ -307,5 +315,24 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
 int attn__cl_append(attn_context *ctx, const attn__problem *pb);
 int attn__cl_merge(attn_context *ctx, const attn__merge *m);
 void attn__cl_release_programs(attn__cl_impl *im);
+/* Releases the programs built for config c, whose tiles are changing. */
+void attn__cl_drop_programs(attn__cl_impl *im, const attn__cl_config *c);
+
+/* The tiles table's row for config c's device class, dtype and bucket. */
+const attn__cl_tiles *attn__cl_table_row(const attn__cl_config *c);
+/* Makes t, fitted to the device, config c's tiles (its programs go):
+ * ATTN_OK, or ATTN_EUNSUPPORTED when t does not fit the device. */
+int attn__cl_config_use(attn_context *ctx, attn__cl_config *c, const attn__cl_tiles *t);
+
+/* attn_tune (tune.c): the variations of the table row that attn_tune
+ * measures for (dtype, head_dim); making variation i the context's tiles;
+ * storing it for the device beside the program cache. */
+int attn__cl_tune_count(attn_context *ctx, attn_dtype dtype, int64_t head_dim);
+int attn__cl_tune_use(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int i);
+int attn__cl_tune_keep(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int i);
+/* The tiles stored for (dtype, bucket hd) on the context's device over t,
+ * where their kernels' shapes are t's (the table's row of the device's
+ * class); t unchanged when none are stored. */
+void attn__cl_tuned_tiles(attn_context *ctx, int dtype, int hd, attn__cl_tiles *t);
 
 #endif /* ATTN_CL_H */

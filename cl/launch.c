@@ -66,6 +66,15 @@ void attn__cl_release_programs(attn__cl_impl *im) {
   im->nprog = 0;
 }
 
+void attn__cl_drop_programs(attn__cl_impl *im, const attn__cl_config *c) {
+  for (int i = im->nprog - 1; i >= 0; --i)
+    if (im->progs[i].config == c) {
+      release_one(im, &im->progs[i]);
+      im->progs[i] = im->progs[--im->nprog];
+      memset(&im->progs[im->nprog], 0, sizeof im->progs[0]);
+    }
+}
+
 /* The sources (*nsrc of them), -D options and kernels (returned: how
  * many, by slot) of a program of config c. */
 static int program_parts(const attn__cl_config *c, int kind, unsigned f, const char **srcs,
@@ -231,12 +240,7 @@ int attn__cl_program_of(attn_context *ctx, attn__cl_config *c, int kind, unsigne
     other = 1;
   }
   if (other) {
-    for (int i = im->nprog - 1; i >= 0; --i)
-      if (im->progs[i].config == c) {
-        release_one(im, &im->progs[i]);
-        im->progs[i] = im->progs[--im->nprog];
-        memset(&im->progs[im->nprog], 0, sizeof im->progs[0]);
-      }
+    attn__cl_drop_programs(im, c);
     st = build_program(ctx, c, kind, features, &narrow, out);
   }
   return st;

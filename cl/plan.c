@@ -9,8 +9,8 @@
  *
  * The tiles are data: a row of the tuning table, keyed by dtype, head-dim
  * bucket and device class, then fitted to the device's local memory and
- * work-group size. ATTN_CL_TILES (ctx->settings.cl_tiles) overrides the
- * forward tiles, for tuning on a new device.
+ * work-group size. attn_tune measures variations of the row on the device
+ * and stores the fastest (tune.c), which later contexts take in its place.
  */
 #include "attn_cl.h"
 #include "rules.h"
@@ -128,31 +128,6 @@ static size_t decode_local_bytes(int hd, int es, int dr, int ntd) {
          (size_t)ntd * 4u + (size_t)ntd * 8u;
 }
 
-/* ATTN_CL_TILES=BR,TM,BC,DK,JK in place of the row's forward tiles
- * (bench/opencl_h200.sh sweeps it), or RB,KB where the row's forward is
- * attn_fwd_rows (and the backward's bwd_rows.cl, which takes the same RB and
- * KB); a value the kernel cannot take is ignored. */
-static void override_tiles(const attn__cl_device *dev, const char *tiles, attn__cl_tiles *t) {
-  int br, tm, bc, dk, jk;
-  if (t->fwd == ATTN__CL_FWD_ROWS) {
-    if (tiles[0] && sscanf(tiles, "%d,%d", &br, &bc) == 2 && br > 0 && br % 4 == 0 && br <= 256 &&
-        bc > 0 && bc % 16 == 0 && bc <= 256) {
-      t->rb = br;
-      t->kb = bc;
-    }
-    return;
-  }
-  if (tiles[0] && sscanf(tiles, "%d,%d,%d,%d,%d", &br, &tm, &bc, &dk, &jk) == 5 && tm > 0 &&
-      tm % 4 == 0 && br % tm == 0 && br / tm >= 1 && 16 * (br / tm) <= 1024 && bc % 16 == 0 &&
-      bc > 0 && dk > 0 && jk > 0 && bc % jk == 0 && (size_t)(16 * (br / tm)) <= dev->max_wg) {
-    t->br = br;
-    t->tm = tm;
-    t->bc = bc;
-    t->dk = dk;
-    t->jk = jk;
-  }
-}
-
 /* The local-memory fitting rule: smaller local memories shrink the staging
  * steps, then the key tile; the backward tile is the largest square whose
  * four operand tiles fit, with at least one output element per work-item.
@@ -203,6 +178,13 @@ static void name_bwd(attn__cl_config *c) {
     snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd HD=%d BB=%d", c->hd, t->bb);
 }
 
+static void name_all(attn__cl_config *c) {
+  name_fwd(c);
+  name_bwd(c);
+  snprintf(c->name[ATTN__CL_DECODE], sizeof c->name[0], "opencl attn_decode HD=%d DR<=%d NTD=%d",
+           c->hd, c->t.dr, c->t.ntd);
+}
+
 int attn__cl_config_tiles(attn__cl_config *config) {
   if (config->t.fwd == ATTN__CL_FWD_TILES && config->t.bwd == ATTN__CL_BWD_TILES) return 0;
   config->t.fwd = ATTN__CL_FWD_TILES;
@@ -218,18 +200,29 @@ static int choose(attn_context *ctx, int cls, int dtype, int hd, attn__cl_config
   const attn__cl_tiles *row = table_row(cls, dtype, hd);
   if (!row) return 0;
   attn__cl_tiles t = *row;
-  override_tiles(im->dev, ctx->settings.cl_tiles, &t);
+  attn__cl_tuned_tiles(ctx, dtype, hd, &t);
   if (!fit(im->dev, dtype, hd, &t)) return 0;
   c->valid = 1;
   c->dtype = dtype;
   c->hd = hd;
   c->narrow = cls != CLASS_GPU;
   c->t = t;
-  name_fwd(c);
-  name_bwd(c);
-  snprintf(c->name[ATTN__CL_DECODE], sizeof c->name[0], "opencl attn_decode HD=%d DR<=%d NTD=%d",
-           hd, t.dr, t.ntd);
+  name_all(c);
   return 1;
+}
+
+const attn__cl_tiles *attn__cl_table_row(const attn__cl_config *c) {
+  return table_row(c->narrow ? CLASS_CPU : CLASS_GPU, c->dtype, c->hd);
+}
+
+int attn__cl_config_use(attn_context *ctx, attn__cl_config *c, const attn__cl_tiles *t) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  attn__cl_tiles f = *t;
+  if (!fit(im->dev, c->dtype, c->hd, &f)) return ATTN_EUNSUPPORTED;
+  attn__cl_drop_programs(im, c);
+  c->t = f;
+  name_all(c);
+  return ATTN_OK;
 }
 
 int attn__cl_config_narrow(attn_context *ctx, attn__cl_config *config) {
