@@ -405,6 +405,14 @@ static int make_plan(attn_context *ctx, const attn__problem *pb, int backward, a
 int attn__forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
                   const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
                   const attn_tensor *lse) {
+  /* The operands below come from the caller's params: read through the
+   * copy, which holds defaults for the fields of a caller's older version. */
+  attn_params prm;
+  if (p) {
+    const int r = attn__params_read(ctx, p, &prm);
+    if (r) return r;
+    p = &prm;
+  }
   attn__problem pb;
   int rc = attn__problem_build(ctx, ATTN__FORWARD, p, q, k, v, o, lse, NULL, NULL, NULL, NULL, &pb);
   if (rc) return rc;
@@ -436,6 +444,14 @@ int attn__backward(attn_context *ctx, const attn_params *p, const attn_tensor *q
                    const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
                    const attn_tensor *lse, const attn_tensor *dout, const attn_tensor *dq,
                    const attn_tensor *dk, const attn_tensor *dv) {
+  /* The operands below come from the caller's params: read through the
+   * copy, which holds defaults for the fields of a caller's older version. */
+  attn_params prm;
+  if (p) {
+    const int r = attn__params_read(ctx, p, &prm);
+    if (r) return r;
+    p = &prm;
+  }
   attn__problem pb;
   int rc = attn__problem_build(ctx, ATTN__BACKWARD, p, q, k, v, o, lse, dout, dq, dk, dv, &pb);
   if (rc) return rc;

@@ -349,6 +349,10 @@ enum attn__op {
   ATTN__REFERENCE,
   ATTN__SUPPORTS_BACKWARD
 };
+/* The caller's attn_params (p not NULL) as this version knows it: the
+ * fields of its version over the defaults, or ATTN_EINVAL for a size no
+ * version has had. Read the caller's struct only through this. */
+int attn__params_read(attn_context *ctx, const attn_params *p, attn_params *out);
 int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *p,
                         const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                         const attn_tensor *o, const attn_tensor *lse, const attn_tensor *dout,
