@@ -577,7 +577,11 @@ constexpr attn__cuda_config fwd_row(const char *name) {
  * loads per mma against one slab and ran fastest at d = 64 (Bc = 64) and
  * d = 128 (Bc = 32, the largest without spills); d = 96 follows d = 128;
  * d = 256 holds O in 128 registers, so one slab per warp and Q in shared
- * memory. */
+ * memory. f32 through TF32 (rows the plan takes only for problems that
+ * allow it) takes the same shapes, not measured yet, its tiles twice the
+ * bytes: d = 128 fills 132 KB, one block an SM; d = 256 takes blocks of 16
+ * keys, with which ptxas spills nothing (32 spilled up to 160 bytes), in
+ * 130 KB; d = 32 follows d = 64. */
 constexpr attn__cuda_config fwd_rows[] = {
     fwd_row<__half, 64, 2, 4, 64, 2, false, 2>("tensor-core forward, f16, d = 64, 128 x 64 tiles"),
     fwd_row<__half, 96, 2, 4, 32, 2, false, 2>("tensor-core forward, f16, d = 96, 128 x 32 tiles"),
