@@ -435,6 +435,7 @@ constexpr attn__cuda_config mma_row(const char *name) {
           .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
           .dim = D,
           .cc = 80,
+          .specific = 0,
           .threads = kWarps * 32,
           .br = kRows,
           .bc = kWarps * kTile,

@@ -268,6 +268,7 @@ constexpr attn__cuda_config f32_row(const char *name) {
           .dtype = ATTN_F32,
           .dim = D,
           .cc = 80,
+          .specific = 0,
           .threads = f32_warps<D>() * 32,
           .br = kRows,
           .bc = f32_warps<D>() * kTile,

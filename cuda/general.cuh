@@ -1252,6 +1252,7 @@ constexpr attn__cuda_config general_row(attn__cuda_kernel kernel, int dim, size_
           .dtype = dtype_of<T>(),
           .dim = dim,
           .cc = 0,
+          .specific = 0,
           .threads = kThreads,
           .br = C::Br,
           .bc = C::Bc,

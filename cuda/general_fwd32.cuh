@@ -220,6 +220,7 @@ constexpr attn__cuda_config fwd32_row(const char *name) {
           .dtype = ATTN_F32,
           .dim = DP,
           .cc = 0,
+          .specific = 0,
           .threads = C::NT,
           .br = C::Br,
           .bc = C::Bc,

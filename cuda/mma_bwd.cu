@@ -693,6 +693,7 @@ constexpr attn__cuda_config bwd_row(const char *name) {
           .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
           .dim = D,
           .cc = 80,
+          .specific = 0,
           .threads = C::KNW * 32,
           .br = KBR,
           .bc = C::KBC,

@@ -559,6 +559,7 @@ constexpr attn__cuda_config fwd_row(const char *name) {
                                                     : ATTN_BF16,
           .dim = D,
           .cc = 80,
+          .specific = 0,
           .tf32 = tf32,
           .threads = NW * 32,
           .br = BR,
