@@ -40,6 +40,8 @@ class Params(C.Structure):
                 ("alibi_slopes", C.POINTER(C.c_float)), ("alibi_count", C.c_int64),
                 ("cu_seqlens_q", C.POINTER(C.c_int32)), ("cu_seqlens_k", C.POINTER(C.c_int32)),
                 ("batch", C.c_int64)]
+# The fields above are the first attn.h's attn_params (its size is accepted with
+# later fields at their defaults); the size is set from this struct.
 
 
 class Attn:

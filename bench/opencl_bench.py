@@ -73,8 +73,6 @@ def main():
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--log", default="opencl_bench.log")
     ap.add_argument("--sizes", default=None, help="comma-separated N values")
-    ap.add_argument("--tiles64", default="", help="ATTN_CL_TILES for d = 64")
-    ap.add_argument("--tiles128", default="", help="ATTN_CL_TILES for d = 128")
     a = ap.parse_args()
     log = open(a.log, "w")
     rows = []
@@ -86,9 +84,6 @@ def main():
                     b, h = max(1, 16384 // n), 2048 // d
                     rep = 2 if n >= 16384 else 5
                     env = dict(os.environ)
-                    tiles = a.tiles64 if d == 64 else a.tiles128
-                    if tiles:
-                        env["ATTN_CL_TILES"] = tiles
                     fw, bw = attn_run(a.attn, "opencl", b, n, h, d, dtype, True, rep, log, env)
                     try:
                         tfw, tbw = torch_sdpa(b, n, h, d, "f32", rep)

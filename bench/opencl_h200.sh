@@ -6,12 +6,10 @@
 #   here, once:   ../shared/device/stage.sh        (cmocka into .device/)
 #   device call:  bash bench/opencl_h200.sh         with carry [".device"]
 #   or            bash bench/opencl_h200.sh quick   (golden + 4k benchmark only: no
-#                                                    tile sweep, no suite)
-#   or            bash bench/opencl_h200.sh tune    (golden, tile sweep, 4k benchmark
-#                                                    with the best tiles; no suite)
+#                                                    attn tune, no suite)
+#   or            bash bench/opencl_h200.sh tune    (golden, attn tune, 4k benchmark
+#                                                    with the tuned tiles; no suite)
 #   or            bash bench/opencl_h200.sh suite   (golden + the suite only)
-# SWEEP="BR,TM,BC,DK,JK ..." replaces the tile sweep's list; BENCH_DEFAULTS=1 benchmarks
-# the default tiles instead of the sweep's best.
 #
 # Logs go to $OUT (the device tool brings them back). Results: bench/NOTES_opencl.md.
 set -u -o pipefail
@@ -40,31 +38,15 @@ stamp golden
 ATTN_BACKEND=opencl $A check tests/golden/cases >"$OUT/golden.txt" 2>&1
 echo "golden rc=$?: $(tail -1 "$OUT/golden.txt")"
 
-# Forward tile sweep, f32, 4k tokens: BR,TM,BC,DK,JK (see cl/opencl.c).
-stamp sweep
-best64="" best128="" b64=0 b128=0
-sweep=${SWEEP:-64,8,64,16,16 64,8,128,16,16 64,8,128,16,8 128,8,64,16,8 32,4,128,16,16 64,8,64,32,16}
-[ "$MODE" = quick ] || [ "$MODE" = suite ] && sweep=""
-for t in $sweep; do
-  for d in 64 128; do
-    g=$(ATTN_CL_TILES=$t timeout 60 $A run --backend opencl --batch 4 --seqlen 4096 \
-      --heads $((2048 / d)) --dim $d --repeat 5 --no-check 2>&1 |
-      sed -n 's/.*forward .* \([0-9.]*\) GFLOP\/s.*/\1/p')
-    echo "tiles $t d $d fwd ${g:-fail} GFLOP/s" | tee -a "$OUT/sweep.txt"
-    [ -n "$g" ] || continue
-    if [ $d = 64 ] && awk "BEGIN{exit !($g > $b64)}"; then b64=$g best64=$t; fi
-    if [ $d = 128 ] && awk "BEGIN{exit !($g > $b128)}"; then b128=$g best128=$t; fi
-  done
-done
-echo "best d=64: $best64 ($b64), d=128: $best128 ($b128)" | tee -a "$OUT/sweep.txt"
+# The tiles: attn tune measures the table's variations and keeps the fastest for the runs below.
+stamp tune
+[ "$MODE" = quick ] || [ "$MODE" = suite ] || ATTN_BACKEND=opencl timeout 400 $A tune --dtype f32,f16 --dim 64,128 --seqlen 4096 >"$OUT/tune.txt" 2>&1
 
 stamp bench
-# BENCH_DEFAULTS=1: the table with the library's default tiles, the sweep only reported.
-[ "${BENCH_DEFAULTS:-0}" = 1 ] && best64="" best128=""
 sizes=1024,4096,16384
 [ "$MODE" = full ] || sizes=4096
 [ "$MODE" = suite ] || python3 bench/opencl_bench.py --gpu --attn $A --log "$OUT/bench.log" --sizes $sizes \
-  --tiles64 "$best64" --tiles128 "$best128" >"$OUT/bench.txt" 2>&1
+  >"$OUT/bench.txt" 2>&1
 
 stamp suite
 [ "$MODE" = full ] || [ "$MODE" = suite ] && (cd $B && timeout 240 ctest -R "_opencl|opencl_without" -j4 --output-on-failure \

@@ -73,12 +73,21 @@ extern const char attn__cl_src_common[];
 extern const char attn__cl_src_fwd[];
 extern const char attn__cl_src_fwd_rows[];
 extern const char attn__cl_src_bwd[];
+extern const char attn__cl_src_bwd_rows[];
 extern const char attn__cl_src_decode[];
 extern const char attn__cl_src_append[];
 extern const char attn__cl_src_merge[];
 extern const char attn__cl_src_meta[];
 extern const char attn__cl_src_split[];
 extern const char attn__cl_src_selftest[];
+
+/* What identifies a device's compiled code: a hash of its platform's name
+ * and version, its name, its driver version and its OpenCL version. The
+ * program cache's keys start from it, and the stored tunings are kept by
+ * it (tune.c). */
+uint64_t attn__cl_device_key(const attn__cl_api *cl, cl_device_id dev);
+/* mkdir -p; a failure surfaces later as a failed write, which is ignored. */
+void attn__cl_make_dirs(const char *dir);
 
 /* Builds a program for one device from sources concatenated in order, with
  * options, through the disk cache (ATTN_CL_CACHE_DIR, ATTN_CL_CACHE=0), and
@@ -108,6 +117,13 @@ enum attn__cl_fwd_shape {
   ATTN__CL_FWD_ROWS   /* attn_fwd_rows (fwd_rows.cl): one item per group, RB rows, for CPUs */
 };
 
+/* The shape of the backward's dK/dV and dQ kernels (attn__cl_tiles.bwd). */
+enum attn__cl_bwd_shape {
+  ATTN__CL_BWD_TILES, /* attn_bwd_dkdv, attn_bwd_dq (bwd.cl): 128 items over BB x BB tiles */
+  ATTN__CL_BWD_ROWS   /* attn_bwd_dkdv_rows, attn_bwd_dq_rows (bwd_rows.cl): one item per
+                       * group, KB keys or RB rows, for CPUs */
+};
+
 /* The tiles one program is built with (fwd.cl's, fwd_rows.cl's and bwd.cl's
  * -D parameters). */
 typedef struct attn__cl_tiles {
@@ -118,7 +134,8 @@ typedef struct attn__cl_tiles {
   int dr;     /* decode: query rows per work-group (DR); 0: no decode kernel fits */
   int ntd;    /* decode: work-items and keys per tile (NTD) */
   int fwd;    /* the forward kernel's shape (attn__cl_fwd_shape) */
-  int rb, kb; /* attn_fwd_rows: query rows per work-item (RB), keys per tile (KB) */
+  int bwd;    /* the backward's dK/dV and dQ kernels' shape (attn__cl_bwd_shape) */
+  int rb, kb; /* attn_fwd_rows, bwd_rows.cl: query rows per work-item (RB), keys per tile (KB) */
 } attn__cl_tiles;
 
 /* attn__plan.kernel: the kernel family that runs. */
@@ -134,9 +151,10 @@ enum attn__cl_kernel {
  * a problem using an optional feature gets a program of its pass alone,
  * built with the feature's -D values (attn__cl_features). */
 enum attn__cl_prog_kind {
-  ATTN__CL_PROG_ATTN,   /* common.cl fwd.cl (or fwd_rows.cl) bwd.cl, no feature */
+  ATTN__CL_PROG_ATTN,   /* common.cl fwd.cl (or fwd_rows.cl) bwd.cl (and bwd_rows.cl), no
+                         * feature */
   ATTN__CL_PROG_FWD,    /* common.cl fwd.cl (or fwd_rows.cl), and split.cl when split */
-  ATTN__CL_PROG_BWD,    /* common.cl bwd.cl */
+  ATTN__CL_PROG_BWD,    /* common.cl bwd.cl (and bwd_rows.cl) */
   ATTN__CL_PROG_DECODE, /* common.cl decode.cl split.cl */
   ATTN__CL_PROG_APPEND, /* common.cl append.cl */
   ATTN__CL_PROG_MERGE,  /* common.cl merge.cl */
@@ -165,6 +183,8 @@ enum attn__cl_kernel_slot {
   ATTN__CL_K_PRE,
   ATTN__CL_K_DKDV,
   ATTN__CL_K_DQ,
+  ATTN__CL_K_DKDV_ROWS,
+  ATTN__CL_K_DQ_ROWS,
   ATTN__CL_K_ZERO,
   ATTN__CL_K_DBIAS_SUM,
   ATTN__CL_K_DSINKS,
@@ -273,9 +293,9 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
  * config pointer then names what runs. 0 when no narrower row fits. */
 int attn__cl_config_narrow(attn_context *ctx, attn__cl_config *config);
 
-/* Replaces attn_fwd_rows by attn_fwd in a config, where the device's
- * compiler cannot build the former. 0 when the config has no other
- * forward. */
+/* Replaces attn_fwd_rows by attn_fwd and bwd_rows.cl's kernels by bwd.cl's
+ * in a config, where the device's compiler cannot build the former. 0 when
+ * the config has no other kernels. */
 int attn__cl_config_tiles(attn__cl_config *config);
 
 /* The program of (config, kind, features) in the context's cl_context,
@@ -295,5 +315,24 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
 int attn__cl_append(attn_context *ctx, const attn__problem *pb);
 int attn__cl_merge(attn_context *ctx, const attn__merge *m);
 void attn__cl_release_programs(attn__cl_impl *im);
+/* Releases the programs built for config c, whose tiles are changing. */
+void attn__cl_drop_programs(attn__cl_impl *im, const attn__cl_config *c);
+
+/* The tiles table's row for config c's device class, dtype and bucket. */
+const attn__cl_tiles *attn__cl_table_row(const attn__cl_config *c);
+/* Makes t, fitted to the device, config c's tiles (its programs go):
+ * ATTN_OK, or ATTN_EUNSUPPORTED when t does not fit the device. */
+int attn__cl_config_use(attn_context *ctx, attn__cl_config *c, const attn__cl_tiles *t);
+
+/* attn_tune (tune.c): the variations of the table row that attn_tune
+ * measures for (dtype, head_dim); making variation i the context's tiles;
+ * storing it for the device beside the program cache. */
+int attn__cl_tune_count(attn_context *ctx, attn_dtype dtype, int64_t head_dim);
+int attn__cl_tune_use(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int i);
+int attn__cl_tune_keep(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int i);
+/* The tiles stored for (dtype, bucket hd) on the context's device over t,
+ * where their kernels' shapes are t's (the table's row of the device's
+ * class); t unchanged when none are stored. */
+void attn__cl_tuned_tiles(attn_context *ctx, int dtype, int hd, attn__cl_tiles *t);
 
 #endif /* ATTN_CL_H */

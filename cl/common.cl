@@ -397,3 +397,71 @@ inline float row_end_at(int i, int nq, int nk, int wl, int wr, float sink, float
 #else
 #define SINK_OF(h) 0.0f
 #endif
+
+/* Rows as float8s, for the CPU-shaped kernels (fwd_rows.cl, bwd_rows.cl),
+ * which keep a row of the head dimension in NV registers of 8 floats. */
+#ifndef HD
+#define HD 64 /* the head dimension rounded up: 32, 64, then a multiple of 32 */
+#endif
+#define NV (HD / 8) /* float8s per row, a multiple of 4 */
+
+/* Eight float8s of the same element type: chunk c of a row as f32. */
+#if DTYPE == 0
+#define VLOAD8(c, p) vload8((c), (p))
+#elif DTYPE == 1
+#define VLOAD8(c, p) vload_half8((c), (p))
+#else
+#define VLOAD8(c, p) as_float8(convert_uint8(vload8((c), (p))) << 16)
+#endif
+
+/* A row of d columns of stride sd at p, as NV float8s zero past d. */
+inline void load_row(float8 *dst, __global const T *p, long sd, int d) {
+  if (sd == 1 && d == HD) {
+    for (int c = 0; c < NV; ++c)
+      dst[c] = VLOAD8(c, p);
+    return;
+  }
+  for (int c = 0; c < NV; ++c) {
+    float x[8];
+    for (int e = 0; e < 8; ++e) {
+      const int col = c * 8 + e;
+      x[e] = col < d ? LOAD(p, col * sd) : 0.0f;
+    }
+    dst[c] = vload8(0, x);
+  }
+}
+
+/* The 8 x 8 block r[0..7] (rows, 8 columns each) transposed into t[0..7]:
+ * t[c] holds column c of the eight rows. */
+inline void transpose8(float8 *t, const float8 *r) {
+  float8 a[8], b[8];
+  for (int p = 0; p < 4; ++p) {
+    const float8 x = r[2 * p], y = r[2 * p + 1];
+    a[2 * p] = (float8)(x.s0, y.s0, x.s1, y.s1, x.s4, y.s4, x.s5, y.s5);
+    a[2 * p + 1] = (float8)(x.s2, y.s2, x.s3, y.s3, x.s6, y.s6, x.s7, y.s7);
+  }
+  for (int p = 0; p < 2; ++p)
+    for (int u = 0; u < 2; ++u) {
+      const float8 x = a[4 * p + u], y = a[4 * p + 2 + u];
+      b[4 * p + 2 * u] = (float8)(x.s01, y.s01, x.s45, y.s45);
+      b[4 * p + 2 * u + 1] = (float8)(x.s23, y.s23, x.s67, y.s67);
+    }
+  for (int c = 0; c < 4; ++c) {
+    t[c] = (float8)(b[c].lo, b[4 + c].lo);
+    t[c + 4] = (float8)(b[c].hi, b[4 + c].hi);
+  }
+}
+
+/* The sum of the lanes. */
+inline float lane_sum(float8 x) {
+  const float4 a = x.lo + x.hi;
+  const float2 b = a.lo + a.hi;
+  return b.s0 + b.s1;
+}
+
+/* The largest lane, NaN skipped (fmax), as fwd.cl's running max. */
+inline float lane_max(float8 x) {
+  const float4 a = fmax(x.lo, x.hi);
+  const float2 b = fmax(a.lo, a.hi);
+  return fmax(b.s0, b.s1);
+}

@@ -387,4 +387,7 @@ const attn__backend attn__backend_opencl = {
     .backward = attn__cl_backward,
     .append = attn__cl_append,
     .merge = attn__cl_merge,
+    .tune_count = attn__cl_tune_count,
+    .tune_use = attn__cl_tune_use,
+    .tune_keep = attn__cl_tune_keep,
 };

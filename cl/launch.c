@@ -9,7 +9,8 @@
  * and kept for the context's life.
  *
  * Backward is always deterministic here: dQ and dK/dV come from separate
- * kernels that each own their outputs (bwd.cl), dbias is summed in launch
+ * kernels that each own their outputs (bwd.cl, or bwd_rows.cl where the
+ * config's bwd shape is ATTN__CL_BWD_ROWS), dbias is summed in launch
  * order or through row-block sums, dsinks in a fixed tree, with or without
  * ATTN_DETERMINISTIC.
  */
@@ -27,6 +28,8 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_PRE] = "attn_bwd_pre",
     [ATTN__CL_K_DKDV] = "attn_bwd_dkdv",
     [ATTN__CL_K_DQ] = "attn_bwd_dq",
+    [ATTN__CL_K_DKDV_ROWS] = "attn_bwd_dkdv_rows",
+    [ATTN__CL_K_DQ_ROWS] = "attn_bwd_dq_rows",
     [ATTN__CL_K_ZERO] = "attn_bwd_zero",
     [ATTN__CL_K_DBIAS_SUM] = "attn_bwd_dbias_sum",
     [ATTN__CL_K_DSINKS] = "attn_bwd_dsinks",
@@ -41,11 +44,12 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
 /* The work-items per group each kernel is launched with (the forward's
  * depend on its tiles: 0 here). */
 static const size_t kernel_items[ATTN__CL_K_COUNT] = {
-    [ATTN__CL_K_FWD] = 0,          [ATTN__CL_K_FWD_ROWS] = 1, [ATTN__CL_K_PRE] = 64,
-    [ATTN__CL_K_DKDV] = 128,       [ATTN__CL_K_DQ] = 128,     [ATTN__CL_K_ZERO] = 64,
-    [ATTN__CL_K_DBIAS_SUM] = 64,   [ATTN__CL_K_DSINKS] = 64,  [ATTN__CL_K_DECODE] = 0,
-    [ATTN__CL_K_SPLIT_MERGE] = 64, [ATTN__CL_K_APPEND] = 64,  [ATTN__CL_K_MERGE_MAX] = 1,
-    [ATTN__CL_K_MERGE_ADD] = 64,   [ATTN__CL_K_OFFSETS] = 64,
+    [ATTN__CL_K_FWD] = 0,      [ATTN__CL_K_FWD_ROWS] = 1,  [ATTN__CL_K_PRE] = 64,
+    [ATTN__CL_K_DKDV] = 128,   [ATTN__CL_K_DQ] = 128,      [ATTN__CL_K_DKDV_ROWS] = 1,
+    [ATTN__CL_K_DQ_ROWS] = 1,  [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,
+    [ATTN__CL_K_DSINKS] = 64,  [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 64,
+    [ATTN__CL_K_APPEND] = 64,  [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,
+    [ATTN__CL_K_OFFSETS] = 64,
 };
 
 static void release_one(attn__cl_impl *im, attn__cl_program *p) {
@@ -60,6 +64,15 @@ void attn__cl_release_programs(attn__cl_impl *im) {
   for (int i = 0; i < im->nprog; ++i)
     release_one(im, &im->progs[i]);
   im->nprog = 0;
+}
+
+void attn__cl_drop_programs(attn__cl_impl *im, const attn__cl_config *c) {
+  for (int i = im->nprog - 1; i >= 0; --i)
+    if (im->progs[i].config == c) {
+      release_one(im, &im->progs[i]);
+      im->progs[i] = im->progs[--im->nprog];
+      memset(&im->progs[im->nprog], 0, sizeof im->progs[0]);
+    }
 }
 
 /* The sources (*nsrc of them), -D options and kernels (returned: how
@@ -77,8 +90,9 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
       len +=
           snprintf(opts + len, n - (size_t)len, " -DBR=%d -DBC=%d -DTM=%d -DDK=%d -DJK=%d -DBB=%d",
                    t->br, t->bc, t->tm, t->dk, t->jk, t->bb);
-      if (kind != ATTN__CL_PROG_BWD && t->fwd == ATTN__CL_FWD_ROWS) {
+      if (t->fwd == ATTN__CL_FWD_ROWS || t->bwd == ATTN__CL_BWD_ROWS)
         len += snprintf(opts + len, n - (size_t)len, " -DRB=%d -DKB=%d", t->rb, t->kb);
+      if (kind != ATTN__CL_PROG_BWD && t->fwd == ATTN__CL_FWD_ROWS) {
         srcs[ns++] = attn__cl_src_fwd_rows;
         slots[nk++] = ATTN__CL_K_FWD_ROWS;
       } else if (kind != ATTN__CL_PROG_BWD) {
@@ -92,8 +106,14 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
       if (kind != ATTN__CL_PROG_FWD) {
         srcs[ns++] = attn__cl_src_bwd;
         slots[nk++] = ATTN__CL_K_PRE;
-        slots[nk++] = ATTN__CL_K_DKDV;
-        slots[nk++] = ATTN__CL_K_DQ;
+        if (t->bwd == ATTN__CL_BWD_ROWS) {
+          srcs[ns++] = attn__cl_src_bwd_rows;
+          slots[nk++] = ATTN__CL_K_DKDV_ROWS;
+          slots[nk++] = ATTN__CL_K_DQ_ROWS;
+        } else {
+          slots[nk++] = ATTN__CL_K_DKDV;
+          slots[nk++] = ATTN__CL_K_DQ;
+        }
         if (f & (ATTN__CL_F_DBIAS1 | ATTN__CL_F_DBIAS2)) slots[nk++] = ATTN__CL_K_ZERO;
         if (f & ATTN__CL_F_DBIAS2) slots[nk++] = ATTN__CL_K_DBIAS_SUM;
         if (f & ATTN__CL_F_SINKS) slots[nk++] = ATTN__CL_K_DSINKS;
@@ -148,7 +168,7 @@ static int build_program(attn_context *ctx, const attn__cl_config *c, int kind, 
   p.features = f;
   *narrow = 0;
   char opts[320];
-  const char *srcs[3];
+  const char *srcs[5];
   int slots[ATTN__CL_K_COUNT];
   int nsrc;
   const int nk = program_parts(c, kind, f, srcs, &nsrc, opts, sizeof opts, slots);
@@ -205,26 +225,22 @@ int attn__cl_program_of(attn_context *ctx, attn__cl_config *c, int kind, unsigne
     return attn__error(ctx, ATTN_EINTERNAL, "too many OpenCL program variants in one context");
   int narrow = 0;
   int st = build_program(ctx, c, kind, features, &narrow, out);
-  /* A forward the device's compiler cannot build in the CPU shape is built
-   * in the tiled one (ATTN_DEBUG says why); like a narrowed config, the
-   * changed config is another: programs built for the old one go, so that
-   * none is found for it again. */
-  const int has_fwd = kind == ATTN__CL_PROG_ATTN || kind == ATTN__CL_PROG_FWD;
+  /* A forward or backward the device's compiler cannot build in the CPU
+   * shape is built in the tiled one (ATTN_DEBUG says why); like a narrowed
+   * config, the changed config is another: programs built for the old one
+   * go, so that none is found for it again. */
+  const int shaped =
+      kind == ATTN__CL_PROG_ATTN || kind == ATTN__CL_PROG_FWD || kind == ATTN__CL_PROG_BWD;
   int other = 0;
-  if ((st == ATTN_EBUILD || st == ATTN_EUNSUPPORTED) && has_fwd && attn__cl_config_tiles(c)) {
-    attn__debug("opencl: %s; attn_fwd runs the context's forward passes", ctx->errmsg);
+  if ((st == ATTN_EBUILD || st == ATTN_EUNSUPPORTED) && shaped && attn__cl_config_tiles(c)) {
+    attn__debug("opencl: %s; attn_fwd and bwd.cl run the context's passes", ctx->errmsg);
     ctx->errmsg[0] = 0;
     other = 1;
   } else if (st && narrow && attn__cl_config_narrow(ctx, c)) {
     other = 1;
   }
   if (other) {
-    for (int i = im->nprog - 1; i >= 0; --i)
-      if (im->progs[i].config == c) {
-        release_one(im, &im->progs[i]);
-        im->progs[i] = im->progs[--im->nprog];
-        memset(&im->progs[im->nprog], 0, sizeof im->progs[0]);
-      }
+    attn__cl_drop_programs(im, c);
     st = build_program(ctx, c, kind, features, &narrow, out);
   }
   return st;
@@ -623,11 +639,15 @@ static int zero(attn_context *ctx, const call *c, cl_mem mem, int64_t off, const
  * launch's row-block sums then added to it (DBIAS 2). */
 static int backward_dq(attn_context *ctx, const attn__problem *pb, const call *c, args *b) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
-  const size_t blocks = (size_t)((pb->seqlen_q + c->t->bb - 1) / c->t->bb);
+  const int rows = c->t->bwd == ATTN__CL_BWD_ROWS;
+  const int block = rows ? c->t->rb : c->t->bb;
+  const size_t items = rows ? 1 : 128;
+  const char *name = kernel_names[rows ? ATTN__CL_K_DQ_ROWS : ATTN__CL_K_DQ];
+  const size_t blocks = (size_t)((pb->seqlen_q + block - 1) / block);
   arg_tensor(b, &pb->dq, c->es);
   if (!(c->features & (ATTN__CL_F_DBIAS1 | ATTN__CL_F_DBIAS2)))
-    return launch(ctx, b->k, b, "attn_bwd_dq", blocks * 128, (size_t)pb->heads_q, (size_t)pb->batch,
-                  128);
+    return launch(ctx, b->k, b, name, blocks * items, (size_t)pb->heads_q, (size_t)pb->batch,
+                  items);
 
   /* dbias's shape: 1 where it broadcasts. */
   const attn__tensor *db = &pb->dbias;
@@ -635,21 +655,21 @@ static int backward_dq(attn_context *ctx, const attn__problem *pb, const call *c
                         pb->seqlen_k};
   const int64_t s[4] = {db->sb, db->sh, db->ss, db->sd};
   const int over_b = n[0] < pb->batch, over_h = n[1] < pb->heads_q;
-  const int rows = (c->features & ATTN__CL_F_DBIAS2) != 0;
+  const int sums = (c->features & ATTN__CL_F_DBIAS2) != 0;
   /* Each launch's grid: one sequence or head where dbias sums over them. */
   const size_t gy = over_h ? 1 : (size_t)pb->heads_q, gz = over_b ? 1 : (size_t)pb->batch;
   arg_bias(b, db);
   const cl_uint i_b0 = b->i;
   arg_int(b, 0);
   arg_int(b, 0);
-  arg_mem(b, rows ? im->work.mem : NULL);
+  arg_mem(b, sums ? im->work.mem : NULL);
   int st = zero(ctx, c, (cl_mem)db->native, (int64_t)(db->offset / 4), s, n);
-  args a = args_of(im, rows ? c->p->k[ATTN__CL_K_DBIAS_SUM] : NULL);
+  args a = args_of(im, sums ? c->p->k[ATTN__CL_K_DBIAS_SUM] : NULL);
   const int64_t ps[4] = {(int64_t)(gy * blocks) * pb->seqlen_k, (int64_t)blocks * pb->seqlen_k,
                          pb->seqlen_k, 1};
   const int64_t pn[4] = {(int64_t)gz, (int64_t)gy, (int64_t)blocks, pb->seqlen_k};
   const cl_uint i_sum_b0 = 3;
-  if (rows) {
+  if (sums) {
     arg_mem(&a, im->work.mem);
     arg_int(&a, (cl_int)blocks);
     arg_int(&a, (cl_int)pb->seqlen_k);
@@ -663,9 +683,9 @@ static int backward_dq(attn_context *ctx, const attn__problem *pb, const call *c
       const cl_int v[2] = {(cl_int)b0, (cl_int)h0};
       for (int j = 0; j < 2 && b->err == CL_SUCCESS; ++j)
         b->err = im->cl->clSetKernelArg(b->k, i_b0 + (cl_uint)j, sizeof v[j], &v[j]);
-      if (rows) st = zero(ctx, c, im->work.mem, 0, ps, pn);
-      if (!st) st = launch(ctx, b->k, b, "attn_bwd_dq", blocks * 128, gy, gz, 128);
-      if (st || !rows) continue;
+      if (sums) st = zero(ctx, c, im->work.mem, 0, ps, pn);
+      if (!st) st = launch(ctx, b->k, b, name, blocks * items, gy, gz, items);
+      if (st || !sums) continue;
       for (int j = 0; j < 2 && a.err == CL_SUCCESS; ++j)
         a.err = im->cl->clSetKernelArg(a.k, i_sum_b0 + (cl_uint)j, sizeof v[j], &v[j]);
       st = launch(ctx, a.k, &a, "attn_bwd_dbias_sum", cover(pb->seqlen_k, 64), gy, gz, 64);
@@ -695,7 +715,9 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
               (size_t)pb->batch, 64);
   if (st) return st;
 
-  const int slots[2] = {ATTN__CL_K_DKDV, ATTN__CL_K_DQ};
+  const int rows = c.t->bwd == ATTN__CL_BWD_ROWS;
+  const int slots[2] = {rows ? ATTN__CL_K_DKDV_ROWS : ATTN__CL_K_DKDV,
+                        rows ? ATTN__CL_K_DQ_ROWS : ATTN__CL_K_DQ};
   for (int w = 0; w < 2; ++w) {
     args b = args_of(im, p->k[slots[w]]);
     arg_tensor(&b, &pb->q, es);
@@ -710,9 +732,11 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
     if (w == 0) {
       arg_tensor(&b, &pb->dk, es);
       arg_tensor(&b, &pb->dv, es);
-      st = launch(ctx, b.k, &b, "attn_bwd_dkdv",
-                  (size_t)((pb->seqlen_k + c.t->bb - 1) / c.t->bb) * 128, (size_t)pb->heads_kv,
-                  (size_t)pb->batch, 128);
+      const int block = rows ? c.t->kb : c.t->bb;
+      const size_t items = rows ? 1 : 128;
+      st = launch(ctx, b.k, &b, kernel_names[slots[0]],
+                  (size_t)((pb->seqlen_k + block - 1) / block) * items, (size_t)pb->heads_kv,
+                  (size_t)pb->batch, items);
     } else {
       st = backward_dq(ctx, pb, &c, &b);
     }

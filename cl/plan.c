@@ -1,7 +1,7 @@
 /*
  * What runs (ggml's "best kernel"): for a validated problem on a context's
  * device, the kernel family (attn_fwd, attn_decode for few query rows, or
- * attn_bwd_pre/dkdv/dq), the tiles it is built with, the optional features
+ * attn_bwd_pre/dkdv/dq, or their _rows forms), the tiles it is built with, the optional features
  * compiled into it, the key splits of a decode and the workspace it takes.
  * plan() (attn_supports()), the workspace sizing and the launches all read
  * the one config decided here, once per (dtype, head-dim bucket) and
@@ -9,8 +9,8 @@
  *
  * The tiles are data: a row of the tuning table, keyed by dtype, head-dim
  * bucket and device class, then fitted to the device's local memory and
- * work-group size. ATTN_CL_TILES (ctx->settings.cl_tiles) overrides the
- * forward tiles, for tuning on a new device.
+ * work-group size. attn_tune measures variations of the row on the device
+ * and stores the fastest (tune.c), which later contexts take in its place.
  */
 #include "attn_cl.h"
 #include "rules.h"
@@ -56,21 +56,29 @@ enum { CLASS_GPU, CLASS_CPU };
  * for the fallback, see attn__cl_config_tiles): RB query rows per
  * work-item, so that each K and V row staged as f32 serves RB rows, with
  * the rows' Q and O (2 * RB * HD floats) and the K and V tiles (2 * KB *
- * HD) within a core's L1 and L2 caches: RB = 32 up to HD = 128, 16 above. */
+ * HD) within a core's L1 and L2 caches: RB = 32 up to HD = 128, 16 above.
+ * Its backward's dK/dV and dQ kernels are bwd_rows.cl's, for the same
+ * reasons, with the same RB and KB (bwd.cl's BB stays for the fallback). */
 static const struct tiles_row {
   int cls, dtype, hd_max;
-  attn__cl_tiles t; /* br, bc, tm, dk, jk, bb, dr, ntd, fwd, rb, kb */
+  attn__cl_tiles t; /* br, bc, tm, dk, jk, bb, dr, ntd, fwd, bwd, rb, kb */
 } tiles_table[] = {
-    {CLASS_GPU, ANY_DTYPE, 128, {128, 64, 8, 16, 8, 32, 8, 64, ATTN__CL_FWD_TILES, 0, 0}},
+    {CLASS_GPU,
+     ANY_DTYPE,
+     128,
+     {128, 64, 8, 16, 8, 32, 8, 64, ATTN__CL_FWD_TILES, ATTN__CL_BWD_TILES, 0, 0}},
     {CLASS_GPU,
      ANY_DTYPE,
      ATTN_MAX_HEAD_DIM,
-     {32, 64, 4, 16, 16, 32, 8, 64, ATTN__CL_FWD_TILES, 0, 0}},
-    {CLASS_CPU, ANY_DTYPE, 128, {64, 64, 8, 16, 16, 32, 8, 64, ATTN__CL_FWD_ROWS, 32, 32}},
+     {32, 64, 4, 16, 16, 32, 8, 64, ATTN__CL_FWD_TILES, ATTN__CL_BWD_TILES, 0, 0}},
+    {CLASS_CPU,
+     ANY_DTYPE,
+     128,
+     {64, 64, 8, 16, 16, 32, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 32, 32}},
     {CLASS_CPU,
      ANY_DTYPE,
      ATTN_MAX_HEAD_DIM,
-     {32, 64, 4, 16, 16, 32, 8, 64, ATTN__CL_FWD_ROWS, 16, 32}},
+     {32, 64, 4, 16, 16, 32, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 16, 32}},
 };
 
 static const attn__cl_tiles *table_row(int cls, int dtype, int hd) {
@@ -120,30 +128,6 @@ static size_t decode_local_bytes(int hd, int es, int dr, int ntd) {
          (size_t)ntd * 4u + (size_t)ntd * 8u;
 }
 
-/* ATTN_CL_TILES=BR,TM,BC,DK,JK in place of the row's forward tiles
- * (bench/opencl_h200.sh sweeps it), or RB,KB where the row's forward is
- * attn_fwd_rows; a value the kernel cannot take is ignored. */
-static void override_tiles(const attn__cl_device *dev, const char *tiles, attn__cl_tiles *t) {
-  int br, tm, bc, dk, jk;
-  if (t->fwd == ATTN__CL_FWD_ROWS) {
-    if (tiles[0] && sscanf(tiles, "%d,%d", &br, &bc) == 2 && br > 0 && br % 4 == 0 && br <= 256 &&
-        bc > 0 && bc % 16 == 0 && bc <= 256) {
-      t->rb = br;
-      t->kb = bc;
-    }
-    return;
-  }
-  if (tiles[0] && sscanf(tiles, "%d,%d,%d,%d,%d", &br, &tm, &bc, &dk, &jk) == 5 && tm > 0 &&
-      tm % 4 == 0 && br % tm == 0 && br / tm >= 1 && 16 * (br / tm) <= 1024 && bc % 16 == 0 &&
-      bc > 0 && dk > 0 && jk > 0 && bc % jk == 0 && (size_t)(16 * (br / tm)) <= dev->max_wg) {
-    t->br = br;
-    t->tm = tm;
-    t->bc = bc;
-    t->dk = dk;
-    t->jk = jk;
-  }
-}
-
 /* The local-memory fitting rule: smaller local memories shrink the staging
  * steps, then the key tile; the backward tile is the largest square whose
  * four operand tiles fit, with at least one output element per work-item.
@@ -185,10 +169,28 @@ static void name_fwd(attn__cl_config *c) {
              t->dk, t->jk);
 }
 
+static void name_bwd(attn__cl_config *c) {
+  const attn__cl_tiles *t = &c->t;
+  if (t->bwd == ATTN__CL_BWD_ROWS)
+    snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd_rows HD=%d RB=%d KB=%d",
+             c->hd, t->rb, t->kb);
+  else
+    snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd HD=%d BB=%d", c->hd, t->bb);
+}
+
+static void name_all(attn__cl_config *c) {
+  name_fwd(c);
+  name_bwd(c);
+  snprintf(c->name[ATTN__CL_DECODE], sizeof c->name[0], "opencl attn_decode HD=%d DR<=%d NTD=%d",
+           c->hd, c->t.dr, c->t.ntd);
+}
+
 int attn__cl_config_tiles(attn__cl_config *config) {
-  if (config->t.fwd == ATTN__CL_FWD_TILES) return 0;
+  if (config->t.fwd == ATTN__CL_FWD_TILES && config->t.bwd == ATTN__CL_BWD_TILES) return 0;
   config->t.fwd = ATTN__CL_FWD_TILES;
+  config->t.bwd = ATTN__CL_BWD_TILES;
   name_fwd(config);
+  name_bwd(config);
   return 1;
 }
 
@@ -198,18 +200,29 @@ static int choose(attn_context *ctx, int cls, int dtype, int hd, attn__cl_config
   const attn__cl_tiles *row = table_row(cls, dtype, hd);
   if (!row) return 0;
   attn__cl_tiles t = *row;
-  override_tiles(im->dev, ctx->settings.cl_tiles, &t);
+  attn__cl_tuned_tiles(ctx, dtype, hd, &t);
   if (!fit(im->dev, dtype, hd, &t)) return 0;
   c->valid = 1;
   c->dtype = dtype;
   c->hd = hd;
   c->narrow = cls != CLASS_GPU;
   c->t = t;
-  name_fwd(c);
-  snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd HD=%d BB=%d", hd, t.bb);
-  snprintf(c->name[ATTN__CL_DECODE], sizeof c->name[0], "opencl attn_decode HD=%d DR<=%d NTD=%d",
-           hd, t.dr, t.ntd);
+  name_all(c);
   return 1;
+}
+
+const attn__cl_tiles *attn__cl_table_row(const attn__cl_config *c) {
+  return table_row(c->narrow ? CLASS_CPU : CLASS_GPU, c->dtype, c->hd);
+}
+
+int attn__cl_config_use(attn_context *ctx, attn__cl_config *c, const attn__cl_tiles *t) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  attn__cl_tiles f = *t;
+  if (!fit(im->dev, c->dtype, c->hd, &f)) return ATTN_EUNSUPPORTED;
+  attn__cl_drop_programs(im, c);
+  c->t = f;
+  name_all(c);
+  return ATTN_OK;
 }
 
 int attn__cl_config_narrow(attn_context *ctx, attn__cl_config *config) {
@@ -376,7 +389,8 @@ void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const att
   if (plan->backward && pb->has_dbias && dbias_over_rows(pb)) {
     /* A row-block sum per work-group of one launch of attn_bwd_dq, which
      * covers one sequence or head where dbias sums over them. */
-    const size_t nqb = (size_t)((pb->seqlen_q + c->t.bb - 1) / c->t.bb);
+    const int block = c->t.bwd == ATTN__CL_BWD_ROWS ? c->t.rb : c->t.bb;
+    const size_t nqb = (size_t)((pb->seqlen_q + block - 1) / block);
     const size_t gb = pb->dbias.sb ? (size_t)pb->batch : 1,
                  gh = pb->dbias.sh ? (size_t)pb->heads_q : 1;
     ws->work = gb * gh * nqb * (size_t)pb->seqlen_k * sizeof(float);
@@ -395,7 +409,7 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
                        "the OpenCL backend takes at most 65535 sequences and heads");
   attn__cl_config *c = attn__cl_config_for(ctx, pb->dtype, pb->head_dim);
   if (!c) return ATTN_EUNSUPPORTED;
-  if (backward && pb->has_dbias &&
+  if (backward && pb->has_dbias && c->t.bwd == ATTN__CL_BWD_TILES &&
       bwd_local_bytes(c->hd, c->t.bb) + dbias_local_bytes(c->t.bb) > (size_t)im->dev->local_mem)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
                        "the OpenCL device %s has too little local memory (%llu bytes) for dbias "

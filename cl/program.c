@@ -71,8 +71,7 @@ static uint64_t get_le(const unsigned char *p, int n) {
   return x;
 }
 
-/* mkdir -p; failures surface later as a failed write, which is ignored. */
-static void make_dirs(const char *dir) {
+void attn__cl_make_dirs(const char *dir) {
   char tmp[sizeof((attn__settings *)0)->cl_cache_dir];
   snprintf(tmp, sizeof tmp, "%s", dir);
   for (char *p = tmp + 1; *p; ++p) {
@@ -173,6 +172,27 @@ static void info_str(const attn__cl_api *cl, cl_device_id dev, cl_device_info wh
   buf[n - 1] = 0;
 }
 
+uint64_t attn__cl_device_key(const attn__cl_api *cl, cl_device_id dev) {
+  char s[512];
+  cl_platform_id plat = NULL;
+  uint64_t key = FNV_OFFSET;
+  cl->clGetDeviceInfo(dev, CL_DEVICE_PLATFORM, sizeof plat, &plat, NULL);
+  s[0] = 0;
+  if (plat) cl->clGetPlatformInfo(plat, CL_PLATFORM_NAME, sizeof s - 1, s, NULL);
+  s[sizeof s - 1] = 0;
+  key = hash_str(key, s);
+  s[0] = 0;
+  if (plat) cl->clGetPlatformInfo(plat, CL_PLATFORM_VERSION, sizeof s - 1, s, NULL);
+  s[sizeof s - 1] = 0;
+  key = hash_str(key, s);
+  info_str(cl, dev, CL_DEVICE_NAME, s, sizeof s);
+  key = hash_str(key, s);
+  info_str(cl, dev, CL_DRIVER_VERSION, s, sizeof s);
+  key = hash_str(key, s);
+  info_str(cl, dev, CL_DEVICE_VERSION, s, sizeof s);
+  return hash_str(key, s);
+}
+
 static int build_error(attn_context *ctx, const attn__cl_api *cl, cl_program prog, cl_device_id dev,
                        cl_int err) {
   char log[1600] = "";
@@ -248,24 +268,9 @@ int attn__cl_build(attn_context *ctx, const attn__cl_api *cl, cl_context clctx, 
     kernels[i] = NULL;
 
   char path[sizeof ctx->settings.cl_cache_dir + 32] = "";
-  uint64_t key = FNV_OFFSET;
+  uint64_t key = 0;
   if (ctx->settings.cl_cache) {
-    char s[512];
-    cl_platform_id plat = NULL;
-    cl->clGetDeviceInfo(dev, CL_DEVICE_PLATFORM, sizeof plat, &plat, NULL);
-    s[0] = 0;
-    if (plat) cl->clGetPlatformInfo(plat, CL_PLATFORM_NAME, sizeof s - 1, s, NULL);
-    s[sizeof s - 1] = 0;
-    key = hash_str(key, s);
-    s[0] = 0;
-    if (plat) cl->clGetPlatformInfo(plat, CL_PLATFORM_VERSION, sizeof s - 1, s, NULL);
-    key = hash_str(key, s);
-    info_str(cl, dev, CL_DEVICE_NAME, s, sizeof s);
-    key = hash_str(key, s);
-    info_str(cl, dev, CL_DRIVER_VERSION, s, sizeof s);
-    key = hash_str(key, s);
-    info_str(cl, dev, CL_DEVICE_VERSION, s, sizeof s);
-    key = hash_str(key, s);
+    key = attn__cl_device_key(cl, dev);
     key = hash_str(key, options);
     for (int i = 0; i < nsrc; ++i)
       key = hash_str(key, srcs[i]);
@@ -322,7 +327,7 @@ int attn__cl_build(attn_context *ctx, const attn__cl_api *cl, cl_context clctx, 
       unsigned char *bins[1] = {bin};
       if (bin &&
           cl->clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bins, bins, NULL) == CL_SUCCESS) {
-        make_dirs(ctx->settings.cl_cache_dir);
+        attn__cl_make_dirs(ctx->settings.cl_cache_dir);
         write_cached(path, key, bin, size);
       }
       free(bin);

@@ -3,6 +3,8 @@
  * its plan (cuda/plan.c) and its kernel families:
  *   - the decoding kernels (decode*.cu): a few query rows per KV head over
  *     a long KV cache, keys split across blocks (FlashDecoding);
+ *   - the Hopper forward (wgmma, sm_90a only, f16/bf16; hopper_fwd.cu) for
+ *     head dims 64, 96, 128 and 256 without the inference path's terms;
  *   - the tensor-core kernels (mma.sync + ldmatrix, f16/bf16; mma_*.cu) for
  *     the common head dims, and the forward's f32 rows through TF32, for
  *     problems that allow it (ATTN_ALLOW_TF32);
@@ -85,7 +87,8 @@ typedef enum attn__cuda_kernel {
   ATTN__CUDA_F32_FORWARD,
   ATTN__CUDA_GENERAL_FORWARD,
   ATTN__CUDA_GENERAL_BACKWARD,
-  ATTN__CUDA_DECODE
+  ATTN__CUDA_DECODE,
+  ATTN__CUDA_HOPPER_FORWARD
 } attn__cuda_kernel;
 
 typedef struct attn__cuda_config attn__cuda_config;
@@ -119,6 +122,7 @@ typedef struct attn__cuda_rows {
 } attn__cuda_rows;
 
 /* The table, a family's rows each (in plan.c's order). */
+extern const attn__cuda_rows attn__cuda_hopper_forward_rows;
 extern const attn__cuda_rows attn__cuda_mma_forward_rows;
 extern const attn__cuda_rows attn__cuda_mma_backward_rows;
 extern const attn__cuda_rows attn__cuda_f32_forward_rows;
@@ -131,7 +135,8 @@ extern const attn__cuda_rows attn__cuda_decode_rows_f32;
 /* The head dim a family's kernels are built for: the exact one for the
  * tensor cores, else the next of 32, 64, 96, 128, 192, 256. */
 static inline int attn__cuda_dim_bucket(attn__cuda_kernel k, int64_t d) {
-  if (k == ATTN__CUDA_MMA_FORWARD || k == ATTN__CUDA_MMA_BACKWARD) return (int)d;
+  if (k == ATTN__CUDA_MMA_FORWARD || k == ATTN__CUDA_MMA_BACKWARD || k == ATTN__CUDA_HOPPER_FORWARD)
+    return (int)d;
   if (k == ATTN__CUDA_DECODE) return d <= 64 ? 64 : d <= 128 ? 128 : 256;
   return d <= 32 ? 32 : d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
 }

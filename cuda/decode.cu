@@ -55,6 +55,7 @@ constexpr size_t mma_smem() {
 
 template <typename T, int D, bool PAGED, bool SCORED>
 __global__ void __launch_bounds__(kWarps * 32) mma_kernel(const dparams P) {
+#if ATTN_CUDA_SM80
   constexpr int NT = kWarps * 32;
   constexpr int LD = D + kPad;
   constexpr int KD = D / 16; /* k-steps of Q K^T */
@@ -262,6 +263,9 @@ __global__ void __launch_bounds__(kWarps * 32) mma_kernel(const dparams P) {
   }
   __syncthreads();
   block_end<T, D, kWarps>(P, sAcc, sM, sL, b, sq, hk, r0, rn, split);
+#else
+  __trap(); /* the plan runs it only on sm_80 code */
+#endif
 }
 
 /* ---------------------------------------------------------------------- */

@@ -267,7 +267,7 @@ constexpr attn__cuda_config f32_row(const char *name) {
   return {.kernel = ATTN__CUDA_DECODE,
           .dtype = ATTN_F32,
           .dim = D,
-          .cc = 80,
+          .cc = 0, /* cp.async where there is one (copy.cuh) */
           .specific = 0,
           .tf32 = 0,
           .threads = f32_warps<D>() * 32,

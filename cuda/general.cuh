@@ -33,6 +33,7 @@
 
 #include "attn_cuda.h"
 #include "common.cuh"
+#include "copy.cuh"
 #include "order.cuh"
 
 #include <cuda_bf16.h>
@@ -213,17 +214,9 @@ __device__ __forceinline__ float4 cvt4(uint2 u, const __nv_bfloat16 *) {
                      __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
 }
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+using attn_copy::cp_async16;
+using attn_copy::cp_async_commit;
+using attn_copy::cp_async_wait;
 
 /* Loads rows r0 .. r0+ROWS-1 (of a sequence with nrows rows) of one head,
  * row r starting at element row_at(r) of t, into a [ROWS][ld] float tile; rows past nrows and
@@ -242,7 +235,7 @@ __device__ __forceinline__ void load_rows(float *sm, int ld, const gtensor &t, R
       if (r0 + r < nrows && c < d) {
         const T *src = (const T *)t.p + row_at(r0 + r) + c;
         if constexpr (sizeof(T) == 4) {
-          cp_async16(dst, src);
+          cp_async16(dst, src, true);
         } else {
           *(float4 *)dst = cvt4(*(const uint2 *)src, (const T *)nullptr);
         }

@@ -62,7 +62,7 @@ __device__ __forceinline__ void load_rows32(float *sm, int ld, const float *g, l
   if (c < d && nvalid >= ROWS && ROWS % RSTEP == 0) {
 #pragma unroll
     for (int k = 0; k < N; k++) {
-      cp_async16(dst + k * RSTEP * ld, src);
+      cp_async16(dst + k * RSTEP * ld, src, true);
       src += step;
     }
   } else {
@@ -71,7 +71,7 @@ __device__ __forceinline__ void load_rows32(float *sm, int ld, const float *g, l
       const int rr = r + k * RSTEP;
       if (rr < ROWS) {
         if (c < d && rr < nvalid)
-          cp_async16(dst + k * RSTEP * ld, src);
+          cp_async16(dst + k * RSTEP * ld, src, true);
         else
           *(float4 *)(dst + k * RSTEP * ld) = make_float4(0.f, 0.f, 0.f, 0.f);
       }

@@ -147,6 +147,7 @@ __device__ __forceinline__ void warp_xb(float (&acc)[NO][4], const float (&x)[NX
  * riding with Q and dO; the plain kernels keep no registers for it. */
 template <typename T, int D, int BC, int BR, int NW, bool SOFTCAP, int BIAS = 0>
 __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
+#if ATTN_CUDA_SM80
   using BT = std::conditional_t<BIAS == 4, float, T>;
   constexpr int NT = NW * 32;
   constexpr int LD = D + kPad;
@@ -392,10 +393,14 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
       }
     }
   }
+#else
+  __trap(); /* the plan runs it only on sm_80 code */
+#endif
 }
 
 template <typename T, int D, int BR, int BC, int NW, bool SOFTCAP, int BIAS = 0>
 __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
+#if ATTN_CUDA_SM80
   using BT = std::conditional_t<BIAS == 4, float, T>;
   constexpr int NT = NW * 32;
   constexpr int LD = D + kPad;
@@ -554,6 +559,9 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
             elem<T>::pack(acc[n][2 * r] * p.scale, acc[n][2 * r + 1] * p.scale);
     }
   }
+#else
+  __trap(); /* the plan runs it only on sm_80 code */
+#endif
 }
 
 static int set_smem(const void *kern, size_t smem) {

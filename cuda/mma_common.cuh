@@ -39,6 +39,7 @@
 
 #include "attn_cuda.h"
 #include "common.cuh"
+#include "copy.cuh"
 #include "order.cuh"
 
 #include <cuda_bf16.h>
@@ -191,22 +192,10 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-/* 16 bytes global -> shared, bypassing L1; zero-filled when !valid (the
- * source address is then not read, but must still be a valid pointer). */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
+using attn_copy::cp_async16;
+using attn_copy::cp_async_commit;
+using attn_copy::cp_async_wait;
+using attn_copy::cp_async_wait_all;
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

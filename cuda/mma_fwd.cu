@@ -119,6 +119,7 @@ void make_params(const attn__cuda_launch *L, int backward, params *p) {
 template <typename T, int D, int MT, int NW, int BC, int STAGES, bool Q_IN_REGS, int MINB,
           bool SCORED, int BIAS = 0, bool CACHE = false>
 __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
+#if ATTN_CUDA_SM80
   using BT = std::conditional_t<BIAS == 4, float, T>;
   constexpr bool TF32 = std::is_same<T, float>::value;
   constexpr int NT = NW * 32;
@@ -496,6 +497,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
       }
     }
   }
+#else
+  __trap(); /* the plan runs it only on sm_80 code */
+#endif
 }
 
 template <typename T, int D, int MT, int NW, int BC, int STAGES, bool QR, int MINB, bool SCORED,

@@ -3,9 +3,10 @@
  * first row of the tuning table that covers the problem on the device
  * (attn__cuda_workspace then sizes its scratch). The rows are the families'
  * (attn_cuda.h), walked decoding first (the few query rows it covers run
- * there, keys split across the device), then tensor cores (f32 through TF32
- * when the problem allows it), then the f32 wide kernel, then the general
- * kernels, which cover every problem.
+ * there, keys split across the device), then the Hopper forward (where the
+ * device runs sm_90a code), then tensor cores (f32 through TF32 when the
+ * problem allows it), then the f32 wide kernel, then the general kernels,
+ * which cover every problem.
  */
 #include "attn_cuda.h"
 
@@ -14,6 +15,7 @@
 /* What a family needs of the problem beyond the row's key. */
 static int family_covers(attn__cuda_kernel k, const attn__problem *pb) {
   switch (k) {
+    case ATTN__CUDA_HOPPER_FORWARD:
     case ATTN__CUDA_MMA_FORWARD:
     case ATTN__CUDA_MMA_BACKWARD: {
       /* The kernels index rows in int. */
@@ -86,9 +88,9 @@ static const attn__cuda_config *first_row(const attn__cuda_rows *t, const attn__
 const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,
                                          int backward, char *why, size_t why_len) {
   static const attn__cuda_rows *const table[] = {
-      &attn__cuda_decode_rows,       &attn__cuda_decode_rows_f32,   &attn__cuda_mma_forward_rows,
-      &attn__cuda_mma_backward_rows, &attn__cuda_f32_forward_rows,  &attn__cuda_general_rows_f32,
-      &attn__cuda_general_rows_f16,  &attn__cuda_general_rows_bf16,
+      &attn__cuda_decode_rows,      &attn__cuda_decode_rows_f32,   &attn__cuda_hopper_forward_rows,
+      &attn__cuda_mma_forward_rows, &attn__cuda_mma_backward_rows, &attn__cuda_f32_forward_rows,
+      &attn__cuda_general_rows_f32, &attn__cuda_general_rows_f16,  &attn__cuda_general_rows_bf16,
   };
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
     const attn__cuda_config *c = first_row(table[i], dev, pb, backward);

@@ -12,6 +12,7 @@
  *   6. Parameters            attn_params, attn_params_init()
  *   7. Forward and backward  attn_forward(), attn_backward(), attn_supports()
  *   8. Merging partial results  attn_merge()
+ *   9. Tuning                attn_tune()
  *
  * The exact semantics (causal alignment, windows, GQA, softcap, ALiBi, bias,
  * sinks, KV caches, variable-length batches, rows that see no key) are those
@@ -90,7 +91,8 @@ extern "C" {
   X(EINVAL, 21, "invalid argument")                                             \
   X(EINTERNAL, 22, "internal error")                                            \
   X(EBUSY, 23, "the context is in use by another call")                        \
-  X(ECACHE, 24, "KV-cache lengths or block table entries are out of range")
+  X(ECACHE, 24, "KV-cache lengths or block table entries are out of range")     \
+  X(EIO, 25, "a file could not be read or written")
 
 typedef enum attn_status {
 #define ATTN__STATUS_ENUM(name, value, msg) ATTN_##name = value,
@@ -481,6 +483,23 @@ ATTN_API int attn_supports(attn_context *ctx, const attn_params *p, const attn_t
 ATTN_API int attn_merge(attn_context *ctx, int n, const attn_tensor *o_parts,
                         const attn_tensor *lse_parts, const attn_tensor *o,
                         const attn_tensor *lse);
+
+/* ------------------------------------------------------------------------ */
+/* 9. Tuning                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Measures the context's kernel configurations for dtype and head_dim on its
+ * device, forward and backward over one sequence of seqlen rows and 8 heads
+ * (0: 1024 rows), and keeps the fastest: for this context at once, and for
+ * every later context on the same device and driver. The OpenCL backend
+ * tries variations of its tiles table's row for the device's class and
+ * stores the winner beside its program cache (ATTN_CL_CACHE_DIR; with
+ * ATTN_CL_CACHE=0, for this context only); every variation is compiled, so
+ * this takes seconds to minutes. ATTN_EUNSUPPORTED where the backend has
+ * nothing to tune (the CPU and CUDA backends: their tables are fixed when
+ * the library is built). ATTN_EIO when the result cannot be stored.
+ * ATTN_DEBUG=1 logs each measurement. */
+ATTN_API int attn_tune(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int64_t seqlen);
 
 #ifdef __cplusplus
 }

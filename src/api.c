@@ -402,9 +402,17 @@ static int make_plan(attn_context *ctx, const attn__problem *pb, int backward, a
   return rc;
 }
 
-static int forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
-                   const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
-                   const attn_tensor *lse) {
+int attn__forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                  const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+                  const attn_tensor *lse) {
+  /* The operands below come from the caller's params: read through the
+   * copy, which holds defaults for the fields of a caller's older version. */
+  attn_params prm;
+  if (p) {
+    const int r = attn__params_read(ctx, p, &prm);
+    if (r) return r;
+    p = &prm;
+  }
   attn__problem pb;
   int rc = attn__problem_build(ctx, ATTN__FORWARD, p, q, k, v, o, lse, NULL, NULL, NULL, NULL, &pb);
   if (rc) return rc;
@@ -429,13 +437,21 @@ static int forward(attn_context *ctx, const attn_params *p, const attn_tensor *q
 int attn_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
                  const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
                  const attn_tensor *lse) {
-  ENTERED(ctx, forward(ctx, p, q, k, v, o, lse));
+  ENTERED(ctx, attn__forward(ctx, p, q, k, v, o, lse));
 }
 
-static int backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
-                    const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
-                    const attn_tensor *lse, const attn_tensor *dout, const attn_tensor *dq,
-                    const attn_tensor *dk, const attn_tensor *dv) {
+int attn__backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                   const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+                   const attn_tensor *lse, const attn_tensor *dout, const attn_tensor *dq,
+                   const attn_tensor *dk, const attn_tensor *dv) {
+  /* The operands below come from the caller's params: read through the
+   * copy, which holds defaults for the fields of a caller's older version. */
+  attn_params prm;
+  if (p) {
+    const int r = attn__params_read(ctx, p, &prm);
+    if (r) return r;
+    p = &prm;
+  }
   attn__problem pb;
   int rc = attn__problem_build(ctx, ATTN__BACKWARD, p, q, k, v, o, lse, dout, dq, dk, dv, &pb);
   if (rc) return rc;
@@ -462,7 +478,7 @@ int attn_backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
                   const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
                   const attn_tensor *lse, const attn_tensor *dout, const attn_tensor *dq,
                   const attn_tensor *dk, const attn_tensor *dv) {
-  ENTERED(ctx, backward(ctx, p, q, k, v, o, lse, dout, dq, dk, dv));
+  ENTERED(ctx, attn__backward(ctx, p, q, k, v, o, lse, dout, dq, dk, dv));
 }
 
 static int supports(attn_context *ctx, const attn_params *p, const attn_tensor *q,
@@ -508,4 +524,8 @@ static int merge(attn_context *ctx, int n, const attn_tensor *o_parts, const att
 int attn_merge(attn_context *ctx, int n, const attn_tensor *o_parts, const attn_tensor *lse_parts,
                const attn_tensor *o, const attn_tensor *lse) {
   ENTERED(ctx, merge(ctx, n, o_parts, lse_parts, o, lse));
+}
+
+int attn_tune(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int64_t seqlen) {
+  ENTERED(ctx, attn__tune(ctx, dtype, head_dim, seqlen));
 }

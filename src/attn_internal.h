@@ -199,7 +199,6 @@ typedef struct attn__settings {
   int backend_nomem;       /* set, but no memory for the copy */
   char cl_library[1024];   /* ATTN_CL_LIBRARY: the OpenCL library to load */
   int cl_library_too_long; /* ATTN_CL_LIBRARY did not fit in cl_library */
-  char cl_tiles[64];       /* ATTN_CL_TILES: OpenCL forward tiles, for tuning */
   int cl_cache;            /* 0 when ATTN_CL_CACHE=0 or there is no folder */
   char cl_cache_dir[1024]; /* ATTN_CL_CACHE_DIR, $XDG_CACHE_HOME/attn or
                             * $HOME/.cache/attn */
@@ -302,6 +301,14 @@ struct attn__backend {
   int (*append)(attn_context *ctx, const attn__problem *pb);
   /* attn_merge(), validated. */
   int (*merge)(attn_context *ctx, const attn__merge *m);
+  /* attn_tune() (src/tune.c measures): how many configurations the backend
+   * has to try for (dtype, head_dim), 0 for none; tune_use makes
+   * configuration i the context's (ATTN_EUNSUPPORTED: it does not fit the
+   * device, skip it); tune_keep makes it the device's choice, for this
+   * context and later ones. NULL where the backend tunes nothing. */
+  int (*tune_count)(attn_context *ctx, attn_dtype dtype, int64_t head_dim);
+  int (*tune_use)(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int i);
+  int (*tune_keep)(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int i);
 };
 
 /* Each backend folder defines one of these; the registry in src/backend.c
@@ -313,6 +320,18 @@ extern const attn__backend attn__backend_opencl;
 #ifdef ATTN_HAVE_CUDA
 extern const attn__backend attn__backend_cuda;
 #endif
+
+/* attn_forward() and attn_backward() for a caller already inside the
+ * context (src/api.c; attn_tune's measurements), and attn_tune's body
+ * (src/tune.c). */
+int attn__forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                  const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+                  const attn_tensor *lse);
+int attn__backward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
+                   const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+                   const attn_tensor *lse, const attn_tensor *dout, const attn_tensor *dq,
+                   const attn_tensor *dk, const attn_tensor *dv);
+int attn__tune(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int64_t seqlen);
 
 /* The registry (src/backend.c): the backend of a kind if it was built, and
  * opening ctx on the backend a specification ("cuda:1", NULL for
@@ -331,6 +350,10 @@ enum attn__op {
   ATTN__REFERENCE,
   ATTN__SUPPORTS_BACKWARD
 };
+/* The caller's attn_params (p not NULL) as this version knows it: the
+ * fields of its version over the defaults, or ATTN_EINVAL for a size no
+ * version has had. Read the caller's struct only through this. */
+int attn__params_read(attn_context *ctx, const attn_params *p, attn_params *out);
 int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *p,
                         const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                         const attn_tensor *o, const attn_tensor *lse, const attn_tensor *dout,

@@ -39,7 +39,6 @@ void attn__settings_read(attn__settings *out) {
       out->backend_nomem = 1;
   }
   out->cl_library_too_long = !copy_var(out->cl_library, sizeof out->cl_library, "ATTN_CL_LIBRARY");
-  if (!copy_var(out->cl_tiles, sizeof out->cl_tiles, "ATTN_CL_TILES")) out->cl_tiles[0] = '\0';
 
   char cache[16];
   copy_var(cache, sizeof cache, "ATTN_CL_CACHE");

@@ -3,6 +3,8 @@
  * of bad input has its own status, and the sentence names the argument. */
 #include "attn_internal.h"
 
+#include <stddef.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -298,18 +300,23 @@ static int check_cu(attn_context *ctx, const char *name, const int32_t *cu, int6
 
 #define KNOWN_FLAGS (ATTN_CAUSAL | ATTN_DETERMINISTIC | ATTN_ALLOW_TF32 | ATTN_ASYNC)
 
-/* The size of the first attn_params, which had every field up to alibi and
- * varlen. A later version that appends fields keeps this constant and reads
- * the new ones only when p->size covers them. */
-#define PARAMS_SIZE_V1 sizeof(attn_params)
+/* The sizes attn_params has had: the first version's, every field up to
+ * alibi and varlen (88 bytes on LP64), then this version's, with the
+ * inference path's fields. A caller built against an earlier attn.h passes
+ * its own size and gets the defaults of the fields it lacks. */
+static const size_t params_sizes[] = {offsetof(attn_params, batch) + sizeof(int64_t),
+                                      sizeof(attn_params)};
 /* A size this large is not an attn_params of any version: uninitialized. */
 #define PARAMS_SIZE_MAX 4096
 
 /* The caller's attn_params as this version knows it, in *out: the fields its
  * size covers over the defaults. Bytes past this version's fields must be
  * zero, the defaults of fields this version does not know. */
-static int read_params(attn_context *ctx, const attn_params *p, attn_params *out) {
-  if (p->size < PARAMS_SIZE_V1 || p->size > PARAMS_SIZE_MAX)
+int attn__params_read(attn_context *ctx, const attn_params *p, attn_params *out) {
+  int known = p->size > sizeof(attn_params) && p->size <= PARAMS_SIZE_MAX;
+  for (size_t i = 0; i < sizeof params_sizes / sizeof params_sizes[0]; i++)
+    known |= p->size == params_sizes[i];
+  if (!known)
     return attn__error(ctx, ATTN_EINVAL,
                        "params.size is %zu; it is set by attn_params_init() (%zu in this "
                        "version): initialize params with it",
@@ -321,7 +328,8 @@ static int read_params(attn_context *ctx, const attn_params *p, attn_params *out
                          "params: byte %zu is set, but this version of attn knows only the first "
                          "%zu bytes of attn_params; the caller's later fields cannot be honoured",
                          sizeof(attn_params) + i, sizeof(attn_params));
-  memcpy(out, p, sizeof *out);
+  attn_params_init(out);
+  memcpy(out, p, p->size < sizeof *out ? p->size : sizeof *out);
   out->size = sizeof *out;
   return ATTN_OK;
 }
@@ -333,7 +341,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
                         attn__problem *pb) {
   if (!caller) return attn__error(ctx, ATTN_ENULL, "params is NULL");
   attn_params params;
-  int rc = read_params(ctx, caller, &params);
+  int rc = attn__params_read(ctx, caller, &params);
   if (rc) return rc;
   const attn_params *p = &params;
   if (!q) return attn__error(ctx, ATTN_ENULL, "q is NULL");

@@ -29,6 +29,7 @@ int main(void) {
                {"fwd.cl", attn__cl_src_fwd},
                {"fwd_rows.cl", attn__cl_src_fwd_rows},
                {"bwd.cl", attn__cl_src_bwd},
+               {"bwd_rows.cl", attn__cl_src_bwd_rows},
                {"decode.cl", attn__cl_src_decode},
                {"split.cl", attn__cl_src_split},
                {"append.cl", attn__cl_src_append},

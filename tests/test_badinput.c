@@ -6,6 +6,8 @@
  */
 #include "testutil.h"
 
+#include <stddef.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -607,6 +609,30 @@ static void params_without_init_are_einval(at_backend *b) {
   bad_free(x);
 }
 
+/* A caller built against the first attn.h, whose attn_params ended at
+ * batch: the fields after it take their defaults, and a bad one of its own
+ * is still refused. */
+static void params_of_the_first_version_run_with_defaults(at_backend *b) {
+  bad *x = bad_new();
+  const size_t v1 = offsetof(attn_params, batch) + sizeof(int64_t);
+  unsigned char *mem = at_malloc(v1);
+  attn_params p;
+  attn_params_init(&p);
+  p.size = v1;
+  p.flags = ATTN_CAUSAL;
+  memcpy(mem, &p, v1);
+  int rc = attn_forward(b->ctx, (const attn_params *)mem, &x->q, &x->k, &x->v, &x->o, &x->lse);
+  if (rc != ATTN_OK)
+    fail_msg("first-version params: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+  ((attn_params *)mem)->window_left = -5;
+  memcpy(x->snapshot, x->arena, sizeof(float) * SLOT * NSLOTS);
+  rc = attn_forward(b->ctx, (const attn_params *)mem, &x->q, &x->k, &x->v, &x->o, &x->lse);
+  check_failure(b, x, "attn_forward", "a first-version window below -1", rc, ATTN_EWINDOW,
+                "window_left");
+  at_free(mem);
+  bad_free(x);
+}
+
 /* A caller built against a later attn.h, whose attn_params has grown. */
 static void params_of_a_later_version_run_when_new_fields_are_defaults(at_backend *b) {
   bad *x = bad_new();
@@ -834,6 +860,7 @@ int main(int argc, char **argv) {
       AT_TEST(unknown_flag_bits_are_einval),
       AT_TEST(params_without_init_are_einval),
       AT_TEST(params_of_a_later_version_run_when_new_fields_are_defaults),
+      AT_TEST(params_of_the_first_version_run_with_defaults),
       AT_TEST(unknown_backend_name_is_ebackend),
       AT_TEST(buffer_of_another_context_is_ebuffer),
       AT_TEST(buffer_too_small_is_ebuffer),

@@ -46,5 +46,6 @@ int cmd_run(int argc, char **argv);       /* cmd_run.c */
 int cmd_vit(int argc, char **argv);       /* cmd_run.c */
 int cmd_check(int argc, char **argv);     /* cmd_check.c */
 int cmd_bandwidth(int argc, char **argv); /* cmd_bandwidth.c */
+int cmd_tune(int argc, char **argv);      /* cmd_tune.c */
 
 #endif /* ATTN_TOOLS_CLI_H */

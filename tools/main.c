@@ -41,6 +41,7 @@ static int usage_main(FILE *f) {
           "  vit        ViT-B/16 self-attention of a 224x224 image (197 tokens, 12 heads of 64)\n"
           "  check      run golden case folders and compare with the tolerance rule\n"
           "  bandwidth  the device's memory read rate, the ceiling of attn run's GB/s\n"
+          "  tune       measure the device's kernel configurations and keep the fastest\n"
           "\n"
           "Each command takes --help. The backend comes from --backend SPEC or ATTN_BACKEND\n"
           "(auto, cpu, opencl, cuda, optionally :N for a device index).\n"
@@ -107,7 +108,7 @@ const char *cli_human_bytes(double bytes, char *buf, size_t len) {
 
 int main(int argc, char **argv) {
   if (argc < 2)
-    return cli_complain("give a command: info, run, vit, check or bandwidth (see attn --help)");
+    return cli_complain("give a command: info, run, vit, check, bandwidth or tune (see attn --help)");
   const char *cmd = argv[1];
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help"))
     return usage_main(stdout);
@@ -119,12 +120,13 @@ int main(int argc, char **argv) {
               {"run", "attn run", cmd_run},
               {"vit", "attn vit", cmd_vit},
               {"check", "attn check", cmd_check},
-              {"bandwidth", "attn bandwidth", cmd_bandwidth}};
+              {"bandwidth", "attn bandwidth", cmd_bandwidth},
+              {"tune", "attn tune", cmd_tune}};
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(cmd, cmds[i].name)) {
       cli_prog = cmds[i].prog;
       return cmds[i].fn(argc - 1, argv + 1);
     }
   return cli_complain(
-      "unknown command \"%s\" (commands: info, run, vit, check, bandwidth; see attn --help)", cmd);
+      "unknown command \"%s\" (commands: info, run, vit, check, bandwidth, tune; see attn --help)", cmd);
 }

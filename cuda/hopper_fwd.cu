@@ -1,0 +1,699 @@
+/*
+ * Hopper forward pass (FlashAttention-2's forward steps on sm_90a's
+ * warpgroup MMA, in FlashAttention-3's warp-specialized form): one thread
+ * block per (block of Br = 128 query rows, query head, sequence), two
+ * consumer warpgroups of 64 rows each (wgmma's M) and one producer. The
+ * producer's one thread loads Q once and streams K and V blocks of Bc keys
+ * through STAGES shared-memory slots with the bulk tensor copy engine (TMA,
+ * the 128-byte swizzle that wgmma reads; wgmma.cuh), each slot handed over on
+ * an mbarrier when its bytes land and handed back by the consumers when
+ * their wgmma are done with it; it keeps 24 registers and the consumers take
+ * 240 (setmaxnreg). Blocks no row of the tile can see (causal, windows) are
+ * skipped; only blocks straddling a boundary are masked. Each consumer
+ * computes S = Q K^T as one wgmma chain with both operands in shared memory,
+ * its fp32 accumulators in registers; the online softmax (m_i, l_i) runs on
+ * them in the exp2 domain; P is packed to 16 bits in registers as the A
+ * operand of O += P V, V read from shared memory through a transposed
+ * (MN-major) descriptor. O / l_i and lse = m_i ln 2 + ln l_i are written once
+ * at the end (rows with no key: 0 and -inf).
+ *
+ * As in FlashAttention-3, a consumer issues block j's Q K^T together with
+ * block j-1's P V and runs block j's softmax while they execute, and up to
+ * d = 128 the two consumers take turns issuing (ping-pong on named barriers),
+ * so that the tensor cores work through the exponentials of either.
+ *
+ * Where the operands cannot be described by a tensor map, the same steps run
+ * one after the other with every thread loading through cp.async into two
+ * slots (fwd_kernel).
+ *
+ * The parameters, the masks and the score epilogue are the tensor-core
+ * family's (mma_common.cuh, common.cuh); this family covers the problems of
+ * its kernels without the inference path's terms (bias, KV cache, sinks),
+ * which the plan gives to mma_fwd.cu.
+ */
+#include "mma_common.cuh"
+#include "wgmma.cuh"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <math.h>
+
+namespace attn_hopper {
+
+using namespace attn_mma;
+namespace wg = attn_wgmma;
+
+constexpr int kBr = 128; /* 64 query rows a consumer warpgroup */
+
+/* Shared-memory tiles hold whole 64-element column blocks (the swizzle's
+ * row): d = 96 takes two, the last half empty (zeros from the tensor map;
+ * Q K^T skips them, and P V's columns past d are never stored). */
+__host__ __device__ constexpr int padded(int d) {
+  return (d + 63) / 64 * 64;
+}
+
+/* The warp-specialized kernel: a producer warpgroup and two consumers. */
+constexpr int kThreadsWs = 384;
+
+/* The cp.async kernel: two warpgroups that load and compute. */
+constexpr int kThreadsCp = 256;
+
+/* ---------------------------------------------------------------------- */
+/* A consumer warpgroup's 64 query rows                                     */
+/* ---------------------------------------------------------------------- */
+
+/* The online softmax of one warpgroup's rows over the key blocks, on
+ * wgmma's accumulator layout (wgmma.cuh): each thread holds rows r0 and
+ * r0 + 8 of the block (r0 = 16 w + g) and, per n8 tile, keys 2t, 2t + 1. */
+template <typename T, int D, int BC, bool SCORED>
+struct rows64 {
+  static constexpr int KD = D / 16;        /* k-steps of Q K^T */
+  static constexpr int KB = BC / 16;       /* k-steps of P V */
+  static constexpr int NS = BC / 8;        /* n8 tiles of S */
+  static constexpr int NO = padded(D) / 8; /* n8 tiles of O, d's and the padding's */
+  using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
+
+  int m0, m_last, nq, nk;
+  int i0; /* the thread's first row, m0 + r0 */
+  int t;
+  float slope_log2;
+  bool transform;
+  float o[NO][4], m_i[2], l_i[2];
+  float alpha[2]; /* the last block's rescaling of O, exp2(m_i before - m_i) */
+
+  __device__ __forceinline__ rows64(const params &p, int m0_, int nq_, int nk_, int row0, int lane,
+                                    int h)
+      : m0(m0_),
+        m_last(min(m0_ + kBr, nq_) - 1),
+        nq(nq_),
+        nk(nk_),
+        i0(m0_ + row0 + (lane >> 2)),
+        t(lane & 3) {
+    slope_log2 = SCORED && p.alibi ? p.alibi[h] * kLog2e : 0.f;
+    transform = SCORED && (p.softcap > 0.f || slope_log2 != 0.f);
+#pragma unroll
+    for (int n = 0; n < NO; ++n)
+      o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    m_i[0] = m_i[1] = -INFINITY;
+    l_i[0] = l_i[1] = 0.f;
+  }
+
+  /*
+   * The two products are issued (issue_scores, issue_pv) between a
+   * wgmma::fence, after the last ordinary write of the registers they use,
+   * and a commit; their results are read after the wait for their group, the
+   * registers pinned there (wgmma.cuh) so that no access moves across. The
+   * cp.async kernel runs them one at a time (scores, accumulate); the
+   * warp-specialized one overlaps block j's softmax with block j-1's P V.
+   */
+
+  /* S = Q K^T: D / 16 k-steps of m64 n(Bc) k16, the first overwriting. dq
+   * describes the warpgroup's 64 rows of a Q tile of Q_ROWS rows, k_tile is
+   * the K slot's shared address; column block kk / 4, 32 bytes a k16 in it. */
+  template <int Q_ROWS>
+  __device__ __forceinline__ void issue_scores(float (&s)[NS][4], uint64_t dq,
+                                               uint32_t k_tile) const {
+    const uint64_t dk = wg::desc_k_major(k_tile);
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      const uint32_t qo = ((kk / 4) * Q_ROWS * 128 + (kk % 4) * 32) >> 4;
+      const uint32_t ko = ((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4;
+      mma::ss(s, dq + qo, dk + ko, kk > 0);
+    }
+  }
+
+  /* O += P V, V's slot at v_tile: k-step kk reads its rows 16 kk.. (2048
+   * bytes a step), the column blocks Bc * 128 bytes apart. */
+  __device__ __forceinline__ void issue_pv(uint32_t (&pa)[KB][4], uint32_t v_tile) {
+    const uint64_t dv = wg::desc_mn_major(v_tile, BC * 128);
+#pragma unroll
+    for (int kk = 0; kk < KB; ++kk)
+      mma::rs(o, pa[kk], dv + ((kk * 16 * 128) >> 4), 1);
+  }
+
+  template <int Q_ROWS>
+  __device__ __forceinline__ void scores(float (&s)[NS][4], uint64_t dq, uint32_t k_tile) const {
+    wg::pin(s);
+    wg::fence();
+    issue_scores<Q_ROWS>(s, dq, k_tile);
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(s);
+  }
+
+  __device__ __forceinline__ void accumulate(uint32_t (&pa)[KB][4], uint32_t v_tile) {
+    wg::pin(pa);
+    wg::pin(o);
+    wg::fence();
+    issue_pv(pa, v_tile);
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(o);
+  }
+
+  /* Key block nb's scores to their exponentials, in place, with m_i and
+   * l_i moved on; alpha says how O must be rescaled (rescale), which may
+   * wait until O's last product is done. */
+  __device__ __forceinline__ void softmax(const params &p, float (&s)[NS][4], int nb) {
+    /* Scores in the log2 domain; the mask only on blocks that straddle a
+     * boundary (sequence end, causal diagonal, window edge). Plain blocks
+     * keep the raw q.k and fold the scale into the exp2's FMA below
+     * (scale > 0, so the max commutes with it). */
+    const int n0 = nb * BC;
+    const bool full = n0 + BC <= nk && n0 >= key_lo(diag(m_last, nq, nk), p.window_left) &&
+                      n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
+    const bool raw = full && !transform;
+    const float mul = raw ? p.scale_log2 : 1.f;
+    if (!raw) {
+      /* Visible keys of the thread's two rows, as [lo, hi) relative to the
+       * thread's first column. */
+      int lo[2], hi[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int dg = diag(i0 + r * 8, nq, nk);
+        const int jt = n0 + 2 * t;
+        lo[r] = full ? -BC : max(0, key_lo(dg, p.window_left)) - jt;
+        hi[r] = full ? BC : min(nk, key_hi(dg, nk, p.window_right)) - jt;
+      }
+#pragma unroll
+      for (int n = 0; n < NS; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, c = n * 8 + (e & 1);
+          float v = s[n][e];
+          if (transform) {
+            float th;
+            v = score_log2(v, p.scale_log2, p.softcap_log2 > 0.f, p.softcap_log2, p.softcap_inv,
+                           slope_log2, diag(i0 + r * 8, nq, nk) - (n0 + 2 * t + c), &th);
+          } else {
+            v *= p.scale_log2;
+          }
+          s[n][e] = c >= lo[r] && c < hi[r] ? v : -INFINITY;
+        }
+      }
+    }
+
+    /* Online softmax: the row max over the quad that shares a row. */
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+    }
+    float mu[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      mx[r] = fmaxf(m_i[r], mx[r] * mul);
+      /* A row with no visible key yet keeps max -inf; subtracting 0 then
+       * gives exp2(-inf) = 0 instead of NaN. */
+      mu[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+      alpha[r] = ex2(m_i[r] - mu[r]);
+      m_i[r] = mx[r];
+    }
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      s[n][0] = ex2(fmaf(s[n][0], mul, -mu[0]));
+      s[n][1] = ex2(fmaf(s[n][1], mul, -mu[0]));
+      s[n][2] = ex2(fmaf(s[n][2], mul, -mu[1]));
+      s[n][3] = ex2(fmaf(s[n][3], mul, -mu[1]));
+      rs[0] += s[n][0] + s[n][1];
+      rs[1] += s[n][2] + s[n][3];
+    }
+    /* l_i stays a per-thread partial sum until the end. */
+    l_i[0] = l_i[0] * alpha[0] + rs[0];
+    l_i[1] = l_i[1] * alpha[1] + rs[1];
+  }
+
+  __device__ __forceinline__ void rescale() {
+#pragma unroll
+    for (int n = 0; n < NO; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+  }
+
+  /* P to 16 bits: k-step kk's A fragment of P V is n8 tiles 2 kk and
+   * 2 kk + 1. */
+  __device__ __forceinline__ void pack(const float (&s)[NS][4], uint32_t (&pa)[KB][4]) const {
+#pragma unroll
+    for (int kk = 0; kk < KB; ++kk) {
+      pa[kk][0] = elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+  }
+
+  /* O = acc / l, lse = m ln 2 + ln l; rows with no key: 0 and -inf. */
+  __device__ __forceinline__ void store(const params &p, int b, int h, const seq &sq) {
+    T *go = row_ptr<T>(p.o, b, sq.q0, h);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = l_i[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int i = i0 + r * 8;
+      /* The mask says whether the row saw a key, not l: a NaN or inf among
+       * its scores leaves l NaN (or 0 when all are -inf), and the row must
+       * then come out NaN rather than as a row that saw nothing. */
+      int klo, khi;
+      key_range(diag(i, nq, nk), nk, p.window_left, p.window_right, &klo, &khi);
+      const bool seen = klo < khi;
+      const float inv = seen ? 1.f / l : 0.f;
+      if (i < nq) {
+        T *orow = go + (int64_t)i * p.o.ss;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+          *(uint32_t *)(orow + n * 8 + 2 * t) =
+              elem<T>::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        if (p.has_lse && t == 0)
+          lse_store(row_ptr<float>(p.lse, b, sq.q0 + i, h), p.lse.sd, seen, m_i[r] * kLn2, l);
+      }
+    }
+  }
+};
+
+/* The block's work: its query block, head and sequence, and the key blocks
+ * [nb_min, nb_min + nblocks) its rows see (the others are skipped). */
+struct block_work {
+  int m0, h, b, hk;
+  seq sq;
+  int nb_min, nblocks;
+};
+
+template <int BC>
+__device__ __forceinline__ block_work work_of(const params &p) {
+  block_work w;
+  int m_block;
+  /* Heaviest blocks (most keys under a causal mask) start first. */
+  attn_block_coords(p.order, &m_block, &w.h, &w.b);
+  w.hk = w.h / p.group;
+  w.sq = seq_of(p, w.b);
+  w.m0 = m_block * kBr;
+  w.nb_min = w.nblocks = 0;
+  if (w.m0 < w.sq.nq) {
+    int j_lo, j_hi;
+    key_block_range(w.m0, min(w.m0 + kBr, w.sq.nq), w.sq.nq, w.sq.nk, p.window_left, p.window_right,
+                    &j_lo, &j_hi);
+    w.nb_min = j_lo / BC;
+    w.nblocks = j_hi > j_lo ? (j_hi + BC - 1) / BC - w.nb_min : 0;
+  }
+  return w;
+}
+
+/* ---------------------------------------------------------------------- */
+/* The warp-specialized kernel (TMA)                                        */
+/* ---------------------------------------------------------------------- */
+
+/* One kernel shape: head dim D (64, 96, 128 or 256; tiles of padded(D)
+ * columns), Bc keys per step (64 or 128, the N of S's wgmma), STAGES K/V
+ * slots. SCORED compiles the score transforms (softcap, ALiBi) in. The maps
+ * are the 4-d views (head dim, rows, heads, sequences) of q, k and v, with a
+ * box of 64 x Br (q) or 64 x Bc (k, v) and the 128-byte swizzle (launcher). */
+template <typename T, int D, int BC, int STAGES, bool SCORED>
+__global__ void __launch_bounds__(kThreadsWs, 1)
+    fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                  const __grid_constant__ CUtensorMap tv, const params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using R = rows64<T, D, BC, SCORED>;
+  constexpr int DP = padded(D);
+  constexpr uint32_t kQBytes = kBr * DP * sizeof(T);
+  constexpr uint32_t kSlot = BC * DP * sizeof(T);
+  /* The registers each role keeps (FlashAttention-3's split for two
+   * consumers: 24 x 128 + 240 x 256 fits the SM's 64K). */
+  constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  /* The consumers take turns on the tensor cores up to d = 128, as in
+   * FlashAttention-3 (at d = 256 its P V is long enough alone). */
+  constexpr bool PINGPONG = D <= 128;
+  static_assert(D % 32 == 0 && BC % 64 == 0, "k16 steps of Q K^T, whole 8-row groups");
+  static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
+  static_assert(STAGES >= 2, "at least double buffering");
+
+  /* The swizzle works on shared addresses: every tile 1024-byte aligned
+   * (the launcher asks 1024 bytes more than the tiles and barriers need). */
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = sQ + kQBytes;        /* [STAGES][DP / 64][Bc][64] */
+  const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][DP / 64][Bc][64] */
+  /* mbarriers, 8 bytes each: Q landed; slot s's K landed, its V landed,
+   * and the consumers are done with it. */
+  const uint32_t barQ = sV + STAGES * kSlot;
+  const uint32_t fullK = barQ + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
+
+  const int tid = threadIdx.x, wgi = tid >> 7;
+  const block_work w = work_of<BC>(p);
+  if (w.m0 >= w.sq.nq) return;
+
+  if (tid == 0) {
+    wg::mbar_init(barQ, 1);
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) {
+      wg::mbar_init(fullK + 8 * st, 1);
+      wg::mbar_init(fullV + 8 * st, 1);
+      wg::mbar_init(empty + 8 * st, 2 * 128); /* every consumer thread */
+    }
+    wg::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wgi == 0) {
+    /* Producer: one thread issues every copy. */
+    wg::regs_dec<kProducerRegs>();
+    if (tid == 0 && w.nblocks > 0) {
+      /* Varlen tensors are one sequence of all the rows (batch coordinate
+       * 0); rows past a tensor's end arrive as zeros. */
+      const int qb = p.cu_q ? 0 : w.b, kb = p.cu_k ? 0 : w.b;
+      const int q_row = (int)w.sq.q0 + w.m0, k_row = (int)w.sq.k0 + w.nb_min * BC;
+      wg::mbar_expect_tx(barQ, kQBytes);
+#pragma unroll
+      for (int cb = 0; cb < DP / 64; ++cb)
+        wg::tma_load_4d(sQ + cb * kBr * 128, &tq, cb * 64, q_row, w.h, qb, barQ);
+      for (int it = 0; it < w.nblocks; ++it) {
+        const int st = it % STAGES, round = it / STAGES;
+        /* The slot's previous block (round - 1) is released. */
+        if (round > 0) wg::mbar_wait(empty + 8 * st, (round - 1) & 1);
+        const int row = k_row + it * BC;
+        wg::mbar_expect_tx(fullK + 8 * st, kSlot);
+#pragma unroll
+        for (int cb = 0; cb < DP / 64; ++cb)
+          wg::tma_load_4d(sK + st * kSlot + cb * BC * 128, &tk, cb * 64, row, w.hk, kb,
+                          fullK + 8 * st);
+        wg::mbar_expect_tx(fullV + 8 * st, kSlot);
+#pragma unroll
+        for (int cb = 0; cb < DP / 64; ++cb)
+          wg::tma_load_4d(sV + st * kSlot + cb * BC * 128, &tv, cb * 64, row, w.hk, kb,
+                          fullV + 8 * st);
+      }
+    }
+  } else {
+    /* Consumers: warpgroup c owns rows 64 c .. 64 c + 63. Block j's
+     * softmax runs while the tensor cores do block j-1's P V (issued with
+     * block j's Q K^T), so O's rescaling by block j waits for that product,
+     * and P_j is packed only once P_(j-1)'s registers are free again. */
+    wg::regs_inc<kConsumerRegs>();
+    const int c = wgi - 1, lane = tid & 31, ctid = tid - 128;
+    R rows(p, w.m0, w.sq.nq, w.sq.nk, c * 64 + ((tid >> 5) & 3) * 16, lane, w.h);
+    if (w.nblocks > 0) {
+      const uint64_t dq = wg::desc_k_major(sQ + c * 64 * 128);
+      auto stage = [](int it) { return (uint32_t)(it % STAGES); };
+      auto parity = [](int it) { return (uint32_t)(it / STAGES) & 1; };
+      float s[R::NS][4];
+      uint32_t pa[R::KB][4];
+      wg::mbar_wait(barQ, 0);
+      wg::mbar_wait(fullK, 0);
+      rows.template scores<kBr>(s, dq, sK);
+      rows.softmax(p, s, w.nb_min);
+      rows.rescale();
+      rows.pack(s, pa);
+      /* Ping-pong (FlashAttention-3's scheduler barriers, ids 2 and 3): the
+       * warpgroups take turns issuing their products, so that one's softmax
+       * fills the tensor cores' time of the other's; the first turn is
+       * consumer 0's. */
+      if (PINGPONG && c == 0) wg::named_arrive(2, 256);
+      for (int it = 1; it < w.nblocks; ++it) {
+        const int prev = it - 1;
+        if (PINGPONG) wg::named_sync(2 + c, 256);
+        wg::mbar_wait(fullK + 8 * stage(it), parity(it));
+        wg::mbar_wait(fullV + 8 * stage(prev), parity(prev));
+        wg::pin(s);
+        wg::pin(pa);
+        wg::pin(rows.o);
+        wg::fence();
+        rows.template issue_scores<kBr>(s, dq, sK + stage(it) * kSlot);
+        wg::commit();
+        rows.issue_pv(pa, sV + stage(prev) * kSlot);
+        wg::commit();
+        if (PINGPONG) wg::named_arrive(2 + (1 - c), 256);
+        wg::wait<1>();
+        wg::pin(s);
+        rows.softmax(p, s, w.nb_min + it);
+        wg::wait<0>();
+        wg::pin(rows.o);
+        wg::pin(pa);
+        wg::mbar_arrive(empty + 8 * stage(prev));
+        rows.rescale();
+        rows.pack(s, pa);
+      }
+      const int last = w.nblocks - 1, nb = w.nb_min + last;
+      wg::mbar_wait(fullV + 8 * stage(last), parity(last));
+      if (p.cu_k && (nb + 1) * BC > w.sq.nk) {
+        /* The block's rows past a varlen sequence's end are the next
+         * sequence's: zeros instead, so that P's zeros meet no inf or NaN
+         * there. It is the last block, which both consumers reach. */
+        const int z0 = w.sq.nk - nb * BC;
+        for (int i = ctid; i < (BC - z0) * (DP / 8); i += 256)
+          asm volatile(
+              "st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(
+                  sV + stage(last) * kSlot + wg::swizzled(BC, z0 + i / (DP / 8), i % (DP / 8))),
+              "r"(0)
+              : "memory");
+        wg::fence_proxy_async();
+        wg::named_sync(1, 256);
+      }
+      rows.accumulate(pa, sV + stage(last) * kSlot);
+      wg::mbar_arrive(empty + 8 * stage(last));
+    }
+    rows.store(p, w.b, w.h, w.sq);
+  }
+#else
+  __trap();
+#endif
+}
+
+/* ---------------------------------------------------------------------- */
+/* The cp.async kernel                                                      */
+/* ---------------------------------------------------------------------- */
+
+/* cp.async of 16 bytes to a 32-bit shared address; zero-filled when !valid
+ * (src is then not read but must be a valid address). */
+__device__ __forceinline__ void cp_async16_to(uint32_t dst, const void *src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+
+/* ROWS x D elements from global rows row0.. (row stride ss) into the
+ * swizzled tile at shared address s (wgmma.cuh); rows at or past nrows are
+ * zero-filled, so that P's zeros never meet stale values in V. Consecutive
+ * threads take consecutive chunks of a row: whole rows per warp. */
+template <int ROWS, int D, typename T>
+__device__ __forceinline__ void load_tile(uint32_t s, const T *g, int64_t ss, int row0, int nrows,
+                                          int tid) {
+  constexpr int kChunks = D / 8;
+  constexpr int kTotal = ROWS * kChunks;
+#pragma unroll
+  for (int c0 = 0; c0 < kTotal; c0 += kThreadsCp) {
+    const int c = c0 + tid;
+    if (kTotal % kThreadsCp == 0 || c < kTotal) {
+      const int r = c / kChunks, ch = c % kChunks;
+      const bool ok = row0 + r < nrows;
+      cp_async16_to(s + wg::swizzled(ROWS, r, ch), ok ? g + (int64_t)(row0 + r) * ss + ch * 8 : g,
+                    ok);
+    }
+  }
+}
+
+/* The same steps with both warpgroups loading (cp.async into two slots,
+ * block j+1 in flight while block j is computed) and computing. */
+template <typename T, int D, int BC, bool SCORED>
+__global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using R = rows64<T, D, BC, SCORED>;
+  constexpr int STAGES = 2;
+  constexpr int DP = padded(D);
+  constexpr uint32_t kQBytes = kBr * DP * sizeof(T);
+  constexpr uint32_t kSlot = BC * DP * sizeof(T);
+  static_assert(D % 32 == 0 && BC % 64 == 0, "k16 steps of Q K^T, whole 8-row groups");
+  static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = sQ + kQBytes;        /* [STAGES][DP / 64][Bc][64] */
+  const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][DP / 64][Bc][64] */
+
+  const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7;
+  const block_work w = work_of<BC>(p);
+  if (w.m0 >= w.sq.nq) return;
+  const int nk = w.sq.nk;
+  const T *gq = row_ptr<T>(p.q, w.b, w.sq.q0, w.h);
+  const T *gk = row_ptr<T>(p.k, w.b, w.sq.k0, w.hk);
+  const T *gv = row_ptr<T>(p.v, w.b, w.sq.k0, w.hk);
+  auto load_kv = [&](int st, int nbk) {
+    load_tile<BC, D>(sK + st * kSlot, gk, p.k.ss, nbk * BC, nk, tid);
+    load_tile<BC, D>(sV + st * kSlot, gv, p.v.ss, nbk * BC, nk, tid);
+  };
+
+  R rows(p, w.m0, w.sq.nq, nk, wgi * 64 + ((tid >> 5) & 3) * 16, lane, w.h);
+  if (w.nblocks > 0) {
+    const uint64_t dq = wg::desc_k_major(sQ + wgi * 64 * 128);
+    /* Prologue: Q with the first K/V block; one commit group per block
+     * (empty groups keep the count uniform). */
+    load_tile<kBr, D>(sQ, gq, p.q.ss, w.m0, w.sq.nq, tid);
+    load_kv(0, w.nb_min);
+    cp_async_commit();
+    for (int it = 0; it < w.nblocks; ++it) {
+      const uint32_t slot = (uint32_t)(it % STAGES) * kSlot;
+      /* Block it has landed and is handed to the async proxy (wgmma); both
+       * warpgroups are done with block it-1, whose slot the load below
+       * reuses (each waited for its wgmma before this barrier). */
+      cp_async_wait<0>();
+      wg::fence_proxy_async();
+      __syncthreads();
+      if (it + 1 < w.nblocks) load_kv((it + 1) % STAGES, w.nb_min + it + 1);
+      cp_async_commit();
+      float s[R::NS][4];
+      uint32_t pa[R::KB][4];
+      rows.template scores<kBr>(s, dq, sK + slot);
+      rows.softmax(p, s, w.nb_min + it);
+      rows.rescale();
+      rows.pack(s, pa);
+      rows.accumulate(pa, sV + slot);
+    }
+    /* Drain the trailing (empty) group before the block exits. */
+    cp_async_wait_all();
+  }
+  rows.store(p, w.b, w.h, w.sq);
+#else
+  __trap();
+#endif
+}
+
+/* ---------------------------------------------------------------------- */
+/* Launchers and rows                                                       */
+/* ---------------------------------------------------------------------- */
+
+/* Shared memory: the tiles, 3 STAGES + 1 mbarriers (the cp.async kernel has
+ * two slots and needs none), and the 1024 bytes that align the tiles. */
+template <int D, int BC, int STAGES>
+constexpr size_t smem_ws() {
+  return (size_t)(kBr + 2 * STAGES * BC) * padded(D) * 2 + 8 * (3 * STAGES + 1) + 1024;
+}
+template <int D, int BC>
+constexpr size_t smem_cp() {
+  return (size_t)(kBr + 2 * 2 * BC) * padded(D) * 2 + 1024;
+}
+
+/* cuTensorMapEncodeTiled from the driver (the library links the runtime
+ * statically and never libcuda), looked up once; NULL where the driver has
+ * none. */
+static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void *f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return (PFN_cuTensorMapEncodeTiled_v12000)f;
+  }();
+  return fn;
+}
+
+/* The tensor map of t, `rows` rows of `heads` heads of `seqs` sequences
+ * (varlen: 1, its rows all of them) of D 16-bit elements, in boxes of 64
+ * elements x box_rows rows, swizzled as wgmma reads them. A dimension of
+ * one has no stride that matters; 16 stands in for any. */
+static bool encode(CUtensorMap *m, const tensor_ref &t, attn_dtype dt, int D, int64_t rows,
+                   int64_t heads, int64_t seqs, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
+  if (!fn) return false;
+  auto stride = [](int64_t n, int64_t s) { return (cuuint64_t)(n == 1 || s == 0 ? 16 : 2 * s); };
+  const cuuint64_t dim[4] = {(cuuint64_t)D, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)seqs};
+  const cuuint64_t strides[3] = {stride(rows, t.ss), stride(heads, t.sh), stride(seqs, t.sb)};
+  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  return fn(m, dt == ATTN_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            4, t.ptr, dim, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename K>
+static int launch_grid(const attn__cuda_launch *L, K kern, int threads, size_t smem, params *p,
+                       dim3 *grid) {
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+      cudaSuccess)
+    return ATTN_EDEVICE;
+  *grid = dim3((unsigned)((p->seqlen_q + kBr - 1) / kBr), (unsigned)p->heads_q, (unsigned)p->batch);
+  p->order = attn_order_group(kern, threads, smem, *grid, L->dev->sm_count, p->window_left,
+                              p->window_right);
+  return ATTN_OK;
+}
+
+template <typename T, int D, int BC, int STAGES, bool SCORED>
+static int launch_kernel(const attn__cuda_launch *L, params p) {
+  const attn__problem *pb = L->pb;
+  CUtensorMap tq, tk, tv;
+  const int64_t seqs = pb->varlen ? 1 : pb->batch;
+  const int64_t rows_q = pb->varlen ? pb->total_q : pb->seqlen_q;
+  const int64_t rows_k = pb->varlen ? pb->total_k : pb->seqlen_k;
+  dim3 grid;
+  int st;
+  if (encode(&tq, p.q, pb->dtype, D, rows_q, pb->heads_q, seqs, kBr) &&
+      encode(&tk, p.k, pb->dtype, D, rows_k, pb->heads_kv, seqs, BC) &&
+      encode(&tv, p.v, pb->dtype, D, rows_k, pb->heads_kv, seqs, BC)) {
+    auto kern = fwd_ws_kernel<T, D, BC, STAGES, SCORED>;
+    constexpr size_t smem = smem_ws<D, BC, STAGES>();
+    if ((st = launch_grid(L, kern, kThreadsWs, smem, &p, &grid)) != ATTN_OK) return st;
+    kern<<<grid, kThreadsWs, smem, L->stream>>>(tq, tk, tv, p);
+  } else {
+    auto kern = fwd_kernel<T, D, BC, SCORED>;
+    constexpr size_t smem = smem_cp<D, BC>();
+    if ((st = launch_grid(L, kern, kThreadsCp, smem, &p, &grid)) != ATTN_OK) return st;
+    kern<<<grid, kThreadsCp, smem, L->stream>>>(p);
+  }
+  return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
+}
+
+template <typename T, int D, int BC, int STAGES>
+static int launch_fwd(const attn__cuda_launch *L, const attn__cuda_config *c) {
+  (void)c;
+  params p;
+  make_params(L, 0, &p);
+  if (p.softcap > 0.f || p.alibi) return launch_kernel<T, D, BC, STAGES, true>(L, p);
+  return launch_kernel<T, D, BC, STAGES, false>(L, p);
+}
+
+template <typename T, int D, int BC, int STAGES>
+constexpr attn__cuda_config fwd_row(const char *name) {
+  return {.kernel = ATTN__CUDA_HOPPER_FORWARD,
+          .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
+          .dim = D,
+          .cc = 90,
+          .specific = 1,
+          .tf32 = 0,
+          .threads = kThreadsWs,
+          .br = kBr,
+          .bc = BC,
+          .smem = smem_ws<D, BC, STAGES>() > smem_cp<D, BC>() ? smem_ws<D, BC, STAGES>()
+                                                              : smem_cp<D, BC>(),
+          .smem_det = 0,
+          .features = 0,
+          .name = name,
+          .launch = launch_fwd<T, D, BC, STAGES>};
+}
+
+/* The rows, <head dim, Bc, STAGES>. Bc = 128 for d <= 128 (FlashAttention-3's
+ * tile for these dims) and 64 at d = 256, where O alone holds 128 registers a
+ * thread; two stages fit every shape in the H200's 227 KB (d = 256: 193 KB).
+ * d = 96 runs d = 128's tiles (its P V computes the padding's columns too). */
+constexpr attn__cuda_config fwd_rows[] = {
+    fwd_row<__half, 64, 128, 2>("Hopper forward (wgmma), f16, d = 64, 128 x 128 tiles"),
+    fwd_row<__half, 96, 128, 2>("Hopper forward (wgmma), f16, d = 96, 128 x 128 tiles"),
+    fwd_row<__half, 128, 128, 2>("Hopper forward (wgmma), f16, d = 128, 128 x 128 tiles"),
+    fwd_row<__half, 256, 64, 2>("Hopper forward (wgmma), f16, d = 256, 128 x 64 tiles"),
+    fwd_row<__nv_bfloat16, 64, 128, 2>("Hopper forward (wgmma), bf16, d = 64, 128 x 128 tiles"),
+    fwd_row<__nv_bfloat16, 96, 128, 2>("Hopper forward (wgmma), bf16, d = 96, 128 x 128 tiles"),
+    fwd_row<__nv_bfloat16, 128, 128, 2>("Hopper forward (wgmma), bf16, d = 128, 128 x 128 tiles"),
+    fwd_row<__nv_bfloat16, 256, 64, 2>("Hopper forward (wgmma), bf16, d = 256, 128 x 64 tiles"),
+};
+
+}  // namespace attn_hopper
+
+extern "C" const attn__cuda_rows attn__cuda_hopper_forward_rows = {
+    attn_hopper::fwd_rows, (int)(sizeof attn_hopper::fwd_rows / sizeof attn_hopper::fwd_rows[0])};
