@@ -26,7 +26,8 @@
  * The -D parameters (cl/plan.c's tiles table, CPU class): RB, a multiple
  * of 4, and KB, a multiple of 16, as fwd_rows.cl takes them.
  */
-/* RB and KB, and the product S = Q K^T (rows_dot_keys): common.cl. */
+/* RB and KB, the product S = Q K^T (rows_dot_keys) and the sums of products
+ * (sum_products): common.cl. */
 #ifndef DBIAS
 #define DBIAS 0 /* dbias: 0 none, 1 added tile by tile, 2 through row-block sums */
 #endif
@@ -162,40 +163,6 @@ inline void rows_p_ds(const rows_block *rb, float8 (*kt)[KG], float8 (*vt)[KG],
       }
     }
   }
-}
-
-/* acc[a] += sum over b < nb of w[a * wa + b * wb] * x[b] for a < na, na
- * even (w is zero where a or b runs past the data): 2 rows of acc x 4
- * float8 columns at a time, b in order. dV and dK sum P and dS over the
- * query rows (w[i][j] read down a column), dQ sums dS over the keys. */
-inline void sum_products(float8 (*acc)[NV], int na, const float *w, int wa, int wb,
-                         float8 (*x)[NV], int nb) {
-  for (int a = 0; a < na; a += 2)
-    for (int c = 0; c < NV; c += 4) {
-      float8 a0 = acc[a][c], a1 = acc[a][c + 1], a2 = acc[a][c + 2], a3 = acc[a][c + 3];
-      float8 a4 = acc[a + 1][c], a5 = acc[a + 1][c + 1], a6 = acc[a + 1][c + 2],
-             a7 = acc[a + 1][c + 3];
-      for (int b = 0; b < nb; ++b) {
-        const float8 w0 = w[a * wa + b * wb], w1 = w[(a + 1) * wa + b * wb];
-        const float8 y0 = x[b][c], y1 = x[b][c + 1], y2 = x[b][c + 2], y3 = x[b][c + 3];
-        a0 = fma(w0, y0, a0);
-        a1 = fma(w0, y1, a1);
-        a2 = fma(w0, y2, a2);
-        a3 = fma(w0, y3, a3);
-        a4 = fma(w1, y0, a4);
-        a5 = fma(w1, y1, a5);
-        a6 = fma(w1, y2, a6);
-        a7 = fma(w1, y3, a7);
-      }
-      acc[a][c] = a0;
-      acc[a][c + 1] = a1;
-      acc[a][c + 2] = a2;
-      acc[a][c + 3] = a3;
-      acc[a + 1][c] = a4;
-      acc[a + 1][c + 1] = a5;
-      acc[a + 1][c + 2] = a6;
-      acc[a + 1][c + 3] = a7;
-    }
 }
 
 /* n rows of acc (times f) into the first d columns of rows r0.. of p. */

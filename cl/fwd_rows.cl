@@ -142,34 +142,11 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(
       l_i[i] = l_i[i] * alpha[i] + lane_sum(l8);
     }
 
-    /* O = O alpha + P V: 2 rows x 4 float8 columns at a time. */
-    for (int i = 0; i < RB; i += 2)
-      for (int c = 0; c < NV; c += 4) {
-        float8 a0 = acc[i][c] * alpha[i], a1 = acc[i][c + 1] * alpha[i],
-               a2 = acc[i][c + 2] * alpha[i], a3 = acc[i][c + 3] * alpha[i];
-        float8 a4 = acc[i + 1][c] * alpha[i + 1], a5 = acc[i + 1][c + 1] * alpha[i + 1],
-               a6 = acc[i + 1][c + 2] * alpha[i + 1], a7 = acc[i + 1][c + 3] * alpha[i + 1];
-        for (int j = 0; j < kn; ++j) {
-          const float8 p0 = s[i][j], p1 = s[i + 1][j];
-          const float8 y0 = vt[j][c], y1 = vt[j][c + 1], y2 = vt[j][c + 2], y3 = vt[j][c + 3];
-          a0 = fma(p0, y0, a0);
-          a1 = fma(p0, y1, a1);
-          a2 = fma(p0, y2, a2);
-          a3 = fma(p0, y3, a3);
-          a4 = fma(p1, y0, a4);
-          a5 = fma(p1, y1, a5);
-          a6 = fma(p1, y2, a6);
-          a7 = fma(p1, y3, a7);
-        }
-        acc[i][c] = a0;
-        acc[i][c + 1] = a1;
-        acc[i][c + 2] = a2;
-        acc[i][c + 3] = a3;
-        acc[i + 1][c] = a4;
-        acc[i + 1][c + 1] = a5;
-        acc[i + 1][c + 2] = a6;
-        acc[i + 1][c + 3] = a7;
-      }
+    /* O = O alpha + P V, keys in order. */
+    for (int i = 0; i < RB; ++i)
+      for (int c = 0; c < NV; ++c)
+        acc[i][c] *= alpha[i];
+    sum_products(acc, RB, &s[0][0], KB, 1, vt, kn);
   }
 
   /* The rows' ends. */
