@@ -7,6 +7,8 @@
  * once to build and warm up, then timed TUNE_REPEAT times to the device's
  * completion, the medians summed.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
 #include "attn_internal.h"
 
 #include <stdlib.h>
