@@ -45,13 +45,13 @@ namespace wg = attn_wgmma;
 
 static int failures = 0;
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
       printf("CUDA error: %s (%s:%d: %s)\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); \
-      exit(2);                                                                         \
-    }                                                                                  \
+      exit(2);                                                                                \
+    }                                                                                         \
   } while (0)
 
 static float h2f(__half x) {
@@ -234,8 +234,10 @@ static void report(const char *what, double err, long bad, long n) {
 template <typename T, int D, int BC>
 static void test_ss(const char *name) {
   std::vector<T> q(128 * D), k(BC * D);
-  for (auto &x : q) x = f2h<T>((float)rand_int(-3, 3));
-  for (auto &x : k) x = f2h<T>((float)rand_int(-3, 3));
+  for (auto &x : q)
+    x = f2h<T>((float)rand_int(-3, 3));
+  for (auto &x : k)
+    x = f2h<T>((float)rand_int(-3, 3));
   T *dq = to_device(q), *dk = to_device(k);
   float *ds;
   CK(cudaMalloc(&ds, 128 * BC * sizeof(float)));
@@ -252,11 +254,11 @@ static void test_ss(const char *name) {
   for (int i = 0; i < 128; i++)
     for (int j = 0; j < BC; j++) {
       double want = 0;
-      for (int c = 0; c < D; c++) want += (double)h2f(q[i * D + c]) * h2f(k[j * D + c]);
+      for (int c = 0; c < D; c++)
+        want += (double)h2f(q[i * D + c]) * h2f(k[j * D + c]);
       const double e = fabs(s[i * BC + j] - want);
       if (!(e == 0)) {
-        if (bad < 4)
-          printf("       s[%d][%d] = %g, want %g\n", i, j, s[i * BC + j], want);
+        if (bad < 4) printf("       s[%d][%d] = %g, want %g\n", i, j, s[i * BC + j], want);
         bad++;
         err = e > err || isnan(e) ? e : err;
       }
@@ -270,8 +272,10 @@ static void test_ss(const char *name) {
 template <typename T, int D, int BC>
 static void test_rs(const char *name) {
   std::vector<T> p(128 * BC), v(BC * D);
-  for (auto &x : p) x = f2h<T>((float)rand_int(-3, 3));
-  for (auto &x : v) x = f2h<T>((float)rand_int(-3, 3));
+  for (auto &x : p)
+    x = f2h<T>((float)rand_int(-3, 3));
+  for (auto &x : v)
+    x = f2h<T>((float)rand_int(-3, 3));
   T *dp = to_device(p), *dv = to_device(v);
   float *dout;
   CK(cudaMalloc(&dout, 128 * D * sizeof(float)));
@@ -288,11 +292,11 @@ static void test_rs(const char *name) {
   for (int i = 0; i < 128; i++)
     for (int c = 0; c < D; c++) {
       double want = 0;
-      for (int j = 0; j < BC; j++) want += (double)h2f(p[i * BC + j]) * h2f(v[j * D + c]);
+      for (int j = 0; j < BC; j++)
+        want += (double)h2f(p[i * BC + j]) * h2f(v[j * D + c]);
       const double e = fabs(o[i * D + c] - want);
       if (!(e == 0)) {
-        if (bad < 4)
-          printf("       o[%d][%d] = %g, want %g\n", i, c, o[i * D + c], want);
+        if (bad < 4) printf("       o[%d][%d] = %g, want %g\n", i, c, o[i * D + c], want);
         bad++;
         err = e > err || isnan(e) ? e : err;
       }
@@ -318,7 +322,8 @@ template <typename T>
 static void test_tma(const char *name, int B, int N, int H, int D, int row, int head, int batch,
                      int box_rows) {
   std::vector<T> x((size_t)B * N * H * D);
-  for (size_t i = 0; i < x.size(); i++) x[i] = f2h<T>((float)(int)(i % 251) - 125.f);
+  for (size_t i = 0; i < x.size(); i++)
+    x[i] = f2h<T>((float)(int)(i % 251) - 125.f);
   T *dx = to_device(x), *dout;
   CK(cudaMalloc(&dout, (size_t)box_rows * D * sizeof(T)));
   CUtensorMap map;
@@ -472,7 +477,8 @@ static void run_problem(attn_context *ctx, const problem &pr) {
   attn_tensor lse = varlen ? attn_tensor_lse(lseh.data(), 0, pr.hq, rows_q)
                            : attn_tensor_lse(lseh.data(), B, pr.hq, pr.nq);
   std::vector<float> slopes(pr.hq);
-  for (int h = 0; h < pr.hq; h++) slopes[h] = powf(2.f, -8.f * (h + 1) / pr.hq);
+  for (int h = 0; h < pr.hq; h++)
+    slopes[h] = powf(2.f, -8.f * (h + 1) / pr.hq);
   attn_params p;
   attn_params_init(&p);
   p.flags = pr.causal ? ATTN_CAUSAL : 0;
@@ -527,7 +533,8 @@ static void run_problem(attn_context *ctx, const problem &pr) {
     el = fmax(el, fabs(got - want));
     ml = fmax(ml, fabs(want));
   }
-  const double bo = at_golden_bound("o", pr.dt, NAN, mo), bl = at_golden_bound("lse", pr.dt, NAN, ml);
+  const double bo = at_golden_bound("o", pr.dt, NAN, mo),
+               bl = at_golden_bound("lse", pr.dt, NAN, ml);
   const bool ok = eo <= bo && el <= bl && nan_bad == 0;
   if (!ok) failures++;
   printf("  %-4s %-44s o %.3g (bound %.3g), lse %.3g (bound %.3g)%s", ok ? "ok" : "FAIL", pr.name,
@@ -556,8 +563,8 @@ int main() {
   test_rs<__half, 64, 128>("rs f16 d=64 Bc=128");
   test_rs<__nv_bfloat16, 256, 64>("rs bf16 d=256 Bc=64");
   test_tma<__half>("tma f16 d=128, 128 rows from 200 of 300", 1, 300, 1, 128, 200, 0, 0, 128);
-  test_tma<__nv_bfloat16>("tma bf16 d=64 bshd [2][300][3], (100, h2, b1)", 2, 300, 3, 64, 100, 2,
-                          1, 128);
+  test_tma<__nv_bfloat16>("tma bf16 d=64 bshd [2][300][3], (100, h2, b1)", 2, 300, 3, 64, 100, 2, 1,
+                          128);
   test_tma<__half>("tma f16 d=256 bshd [2][150][2], 64 rows at 120", 2, 150, 2, 256, 120, 1, 1, 64);
   const int part1 = failures;
 
@@ -569,32 +576,213 @@ int main() {
     return 1;
   }
   std::vector<problem> ps = {
-      {"varlen f16 d=128 causal GQA 4/2", ATTN_F16, 128, 4, 2, true, -1, -1, 0, false,
-       {1, 130, 257, 0, 300}, {1, 130, 257, 0, 300}, 0, 0, 0, 0, -1},
-      {"varlen bf16 d=64 MQA 2/1, nq != nk", ATTN_BF16, 64, 2, 1, false, -1, -1, 0, false,
-       {200, 77, 512}, {300, 77, 129}, 0, 0, 0, 0, -1},
-      {"varlen bf16 d=256 causal", ATTN_BF16, 256, 2, 2, true, -1, -1, 0, false, {129, 255, 64},
-       {129, 255, 64}, 0, 0, 0, 0, -1},
-      {"varlen f16 d=128, NaN v in sequence 1", ATTN_F16, 128, 2, 2, false, -1, -1, 0, false,
-       {100, 150, 90}, {100, 150, 90}, 0, 0, 0, 0, 1},
-      {"varlen bf16 d=64 window 50,20 softcap alibi", ATTN_BF16, 64, 4, 4, false, 50, 20, 30.f,
-       true, {333, 64, 200}, {400, 64, 250}, 0, 0, 0, 0, -1},
-      {"bhsd f16 d=128 causal window 100 softcap alibi", ATTN_F16, 128, 2, 2, true, 100, -1, 30.f,
-       true, {}, {}, 2, 300, 300, 1, -1},
-      {"fused qkv bf16 d=64 window 64,32", ATTN_BF16, 64, 3, 3, false, 64, 32, 0, false, {}, {}, 2,
-       257, 257, 2, -1},
-      {"bshd f16 d=256 causal 130 x 700 MQA 4/1", ATTN_F16, 256, 4, 1, true, -1, -1, 0, false, {},
-       {}, 1, 130, 700, 0, -1},
-      {"bshd bf16 d=64 causal 300 x 100 (rows see none)", ATTN_BF16, 64, 2, 2, true, -1, -1, 0,
-       false, {}, {}, 2, 300, 100, 0, -1},
-      {"varlen f16 d=96 causal GQA 6/2", ATTN_F16, 96, 6, 2, true, -1, -1, 0, false,
-       {250, 3, 129}, {250, 3, 129}, 0, 0, 0, 0, -1},
-      {"bshd bf16 d=96 300 x 450, NaN-free padding", ATTN_BF16, 96, 2, 2, false, -1, -1, 0, false,
-       {}, {}, 2, 300, 450, 0, -1},
-      {"bshd f16 d=64 1 x 1000 (decode-sized)", ATTN_F16, 64, 8, 8, false, -1, -1, 0, false, {},
-       {}, 1, 1, 1000, 0, -1},
+      {"varlen f16 d=128 causal GQA 4/2",
+       ATTN_F16,
+       128,
+       4,
+       2,
+       true,
+       -1,
+       -1,
+       0,
+       false,
+       {1, 130, 257, 0, 300},
+       {1, 130, 257, 0, 300},
+       0,
+       0,
+       0,
+       0,
+       -1},
+      {"varlen bf16 d=64 MQA 2/1, nq != nk",
+       ATTN_BF16,
+       64,
+       2,
+       1,
+       false,
+       -1,
+       -1,
+       0,
+       false,
+       {200, 77, 512},
+       {300, 77, 129},
+       0,
+       0,
+       0,
+       0,
+       -1},
+      {"varlen bf16 d=256 causal",
+       ATTN_BF16,
+       256,
+       2,
+       2,
+       true,
+       -1,
+       -1,
+       0,
+       false,
+       {129, 255, 64},
+       {129, 255, 64},
+       0,
+       0,
+       0,
+       0,
+       -1},
+      {"varlen f16 d=128, NaN v in sequence 1",
+       ATTN_F16,
+       128,
+       2,
+       2,
+       false,
+       -1,
+       -1,
+       0,
+       false,
+       {100, 150, 90},
+       {100, 150, 90},
+       0,
+       0,
+       0,
+       0,
+       1},
+      {"varlen bf16 d=64 window 50,20 softcap alibi",
+       ATTN_BF16,
+       64,
+       4,
+       4,
+       false,
+       50,
+       20,
+       30.f,
+       true,
+       {333, 64, 200},
+       {400, 64, 250},
+       0,
+       0,
+       0,
+       0,
+       -1},
+      {"bhsd f16 d=128 causal window 100 softcap alibi",
+       ATTN_F16,
+       128,
+       2,
+       2,
+       true,
+       100,
+       -1,
+       30.f,
+       true,
+       {},
+       {},
+       2,
+       300,
+       300,
+       1,
+       -1},
+      {"fused qkv bf16 d=64 window 64,32",
+       ATTN_BF16,
+       64,
+       3,
+       3,
+       false,
+       64,
+       32,
+       0,
+       false,
+       {},
+       {},
+       2,
+       257,
+       257,
+       2,
+       -1},
+      {"bshd f16 d=256 causal 130 x 700 MQA 4/1",
+       ATTN_F16,
+       256,
+       4,
+       1,
+       true,
+       -1,
+       -1,
+       0,
+       false,
+       {},
+       {},
+       1,
+       130,
+       700,
+       0,
+       -1},
+      {"bshd bf16 d=64 causal 300 x 100 (rows see none)",
+       ATTN_BF16,
+       64,
+       2,
+       2,
+       true,
+       -1,
+       -1,
+       0,
+       false,
+       {},
+       {},
+       2,
+       300,
+       100,
+       0,
+       -1},
+      {"varlen f16 d=96 causal GQA 6/2",
+       ATTN_F16,
+       96,
+       6,
+       2,
+       true,
+       -1,
+       -1,
+       0,
+       false,
+       {250, 3, 129},
+       {250, 3, 129},
+       0,
+       0,
+       0,
+       0,
+       -1},
+      {"bshd bf16 d=96 300 x 450, NaN-free padding",
+       ATTN_BF16,
+       96,
+       2,
+       2,
+       false,
+       -1,
+       -1,
+       0,
+       false,
+       {},
+       {},
+       2,
+       300,
+       450,
+       0,
+       -1},
+      {"bshd f16 d=64 1 x 1000 (decode-sized)",
+       ATTN_F16,
+       64,
+       8,
+       8,
+       false,
+       -1,
+       -1,
+       0,
+       false,
+       {},
+       {},
+       1,
+       1,
+       1000,
+       0,
+       -1},
   };
-  for (const problem &pr : ps) run_problem(ctx, pr);
+  for (const problem &pr : ps)
+    run_problem(ctx, pr);
   attn_context_free(ctx);
 
   printf("hopper_check: part 1 %s, part 2 %s\n", part1 ? "FAILED" : "ok",

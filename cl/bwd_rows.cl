@@ -96,7 +96,7 @@ inline void stage_rows_block(rows_block *rb, __global const T *qp, long4 qs, __g
 #endif
 #if DBIAS
 /* dS before softcap's derivative, the bias's gradient. */
-#define ROWS_DR_PARAM , float (*dr)[KB]
+#define ROWS_DR_PARAM , float(*dr)[KB]
 #define ROWS_DR(x) , (x)
 #else
 #define ROWS_DR_PARAM
@@ -105,10 +105,9 @@ inline void stage_rows_block(rows_block *rb, __global const T *qp, long4 qs, __g
 
 /* P into p and dS into ds for rows i0.. of rb and keys j0 .. j0 + kn of
  * kt/vt (K^T and V^T), by common.cl's rules, as bwd.cl's tile_p_ds. */
-inline void rows_p_ds(const rows_block *rb, float8 (*kt)[KG], float8 (*vt)[KG],
-                      float (*p)[KB], float (*ds)[KB], int i0, int j0, int kn, int nq, int nk,
-                      float scale, float softcap, float slope, int wl,
-                      int wr ROWS_BIAS_PARAM ROWS_DR_PARAM) {
+inline void rows_p_ds(const rows_block *rb, float8 (*kt)[KG], float8 (*vt)[KG], float (*p)[KB],
+                      float (*ds)[KB], int i0, int j0, int kn, int nq, int nk, float scale,
+                      float softcap, float slope, int wl, int wr ROWS_BIAS_PARAM ROWS_DR_PARAM) {
   /* S * scale rounded before lse is taken from it, as the forward and
    * bwd.cl round it: a fused multiply-subtract here would differ by the
    * rounding, which exp amplifies where the logits are large. */
@@ -166,8 +165,7 @@ inline void rows_p_ds(const rows_block *rb, float8 (*kt)[KG], float8 (*vt)[KG],
 }
 
 /* n rows of acc (times f) into the first d columns of rows r0.. of p. */
-inline void store_rows(__global T *p, long4 s, int r0, int n, float8 (*acc)[NV], float f,
-                       int d) {
+inline void store_rows(__global T *p, long4 s, int r0, int n, float8 (*acc)[NV], float f, int d) {
   for (int i = 0; i < n; ++i)
     for (int c = 0; c < NV; ++c) {
       float x[8];
@@ -256,7 +254,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dq_rows(
   __global float *dbp = dbias + dbias_o + b * dbias_s.s0 + h * dbias_s.s1;
 #elif DBIAS == 2
   __global float *dbp = part + PART_SLOT(get_group_id(0), get_group_id(1), get_group_id(2),
-                                              get_num_groups(0), get_num_groups(1));
+                                         get_num_groups(0), get_num_groups(1));
 #endif
   float8 kt[HD][KG], vt[HD][KG], kr[KB][NV], dq_acc[RB][NV];
   float p[RB][KB], ds[RB][KB];

@@ -163,8 +163,7 @@ inline void split_keys(int lo, int hi, int tile, int split, int nsplit, int *j0,
   const int nblk = get_num_groups(0) / nsplit, split = get_group_id(0) / nblk; \
   const int r0 = get_group_id(0) % nblk * (ROWS)
 #else
-#define ROW_BLOCK(ROWS) \
-  const int split = 0, nsplit = 1, r0 = get_group_id(0) * (ROWS)
+#define ROW_BLOCK(ROWS) const int split = 0, nsplit = 1, r0 = get_group_id(0) * (ROWS)
 #endif
 
 /* lse = m + ll (ll = log l) as the float pair (hi, lo): hi rounded, lo what
@@ -485,8 +484,7 @@ inline float lane_max(float8 x) {
 inline void rows_dot_keys(float (*out)[KB], const float *xf, float8 (*yt)[KB / 8], int kn) {
   for (int i = 0; i < RB; i += 4)
     for (int g = 0; g < (kn + 7) / 8; g += 2) {
-      float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f,
-             a7 = 0.0f;
+      float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f, a7 = 0.0f;
       for (int c = 0; c < HD; ++c) {
         const float8 y0 = yt[c][g], y1 = yt[c][g + 1];
         const float8 x0 = (float8)(xf[i * HD + c]), x1 = (float8)(xf[(i + 1) * HD + c]),
@@ -516,8 +514,8 @@ inline void rows_dot_keys(float (*out)[KB], const float *xf, float8 (*yt)[KB / 8
  * float8 columns at a time, b in order: the forward's P V and the
  * backward's dQ sum over the keys, dV and dK over the query rows (w[i][j]
  * read down a column). */
-inline void sum_products(float8 (*acc)[NV], int na, const float *w, int wa, int wb,
-                         float8 (*x)[NV], int nb) {
+inline void sum_products(float8 (*acc)[NV], int na, const float *w, int wa, int wb, float8 (*x)[NV],
+                         int nb) {
   for (int a = 0; a < na; a += 2)
     for (int c = 0; c < NV; c += 4) {
       float8 a0 = acc[a][c], a1 = acc[a][c + 1], a2 = acc[a][c + 2], a3 = acc[a][c + 3];

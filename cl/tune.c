@@ -25,8 +25,8 @@
 static const struct {
   int br, tm, bc, dk, jk;
 } fwd_tiles[] = {
-    {128, 8, 64, 16, 8},  {64, 4, 64, 16, 8},   {128, 8, 128, 16, 8},
-    {64, 4, 128, 16, 16}, {128, 8, 64, 32, 8},  {64, 8, 64, 16, 16},
+    {128, 8, 64, 16, 8},  {64, 4, 64, 16, 8},  {128, 8, 128, 16, 8},
+    {64, 4, 128, 16, 16}, {128, 8, 64, 32, 8}, {64, 8, 64, 16, 16},
 };
 static const int bwd_tiles[] = {32, 16, 64};
 
@@ -92,15 +92,14 @@ static int tuned_path(attn_context *ctx, char *path, size_t n) {
 /* A line as ints: dtype, bucket, the kernels' shapes (which say the
  * device class), then the tiles. */
 static void line_of(const attn__cl_config *c, const attn__cl_tiles *t, int *v) {
-  const int x[LINE_INTS] = {c->dtype, c->hd, t->fwd, t->bwd, t->br, t->bc, t->tm,
+  const int x[LINE_INTS] = {c->dtype, c->hd, t->fwd, t->bwd, t->br,  t->bc, t->tm,
                             t->dk,    t->jk, t->bb,  t->dr,  t->ntd, t->rb, t->kb};
   memcpy(v, x, sizeof x);
 }
 
 static int parse(const char *s, int *v) {
-  return sscanf(s, "%d %d %d %d %d %d %d %d %d %d %d %d %d %d", &v[0], &v[1], &v[2], &v[3],
-                &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12],
-                &v[13]) == LINE_INTS;
+  return sscanf(s, "%d %d %d %d %d %d %d %d %d %d %d %d %d %d", &v[0], &v[1], &v[2], &v[3], &v[4],
+                &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13]) == LINE_INTS;
 }
 
 /* The variation of row t whose tiles a stored line holds, or -1: a line
@@ -141,23 +140,22 @@ int attn__cl_tune_keep(attn_context *ctx, attn_dtype dtype, int64_t head_dim, in
   int rc = attn__cl_tune_use(ctx, dtype, head_dim, i);
   if (rc) return rc;
   if (!tuned_path(ctx, path, sizeof path)) {
-    attn__debug("opencl: the program cache is off (ATTN_CL_CACHE=0): the tiles are kept for "
-                "this context only");
+    attn__debug(
+        "opencl: the program cache is off (ATTN_CL_CACHE=0): the tiles are kept for "
+        "this context only");
     return ATTN_OK;
   }
   /* The other lines stay; this one replaces its (dtype, bucket, class). */
-  int v[LINE_INTS], w[LINE_INTS];
-  line_of(c, attn__cl_table_row(c), v);
+  int w[LINE_INTS];
   line_of(c, &c->t, w);
   snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
   attn__cl_make_dirs(ctx->settings.cl_cache_dir);
   FILE *out = fopen(tmp, "w");
-  if (!out)
-    return attn__error(ctx, ATTN_EIO, "cannot write the tuned tiles to %s", tmp);
+  if (!out) return attn__error(ctx, ATTN_EIO, "cannot write the tuned tiles to %s", tmp);
   FILE *in = fopen(path, "r");
   while (in && fgets(line, sizeof line, in)) {
     int u[LINE_INTS];
-    if (parse(line, u) && !(u[0] == v[0] && u[1] == v[1] && u[2] == v[2] && u[3] == v[3]))
+    if (parse(line, u) && !(u[0] == w[0] && u[1] == w[1] && u[2] == w[2] && u[3] == w[3]))
       fputs(line, out);
   }
   if (in) fclose(in);

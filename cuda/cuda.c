@@ -170,10 +170,11 @@ static int cuda_open(attn_context *ctx, int index) {
   I->dev.smem_optin = (size_t)v;
   I->stream = I->own;
   ctx->impl = I;
-  attn__debug("cuda:%d: %d multiprocessors, compute %d.%d, %zu bytes of shared memory a block, "
-              "running code for %d.%d%s",
-              index, I->dev.sm_count, major, minor, I->dev.smem_optin, I->dev.arch / 10,
-              I->dev.arch % 10, I->dev.arch_specific ? "a" : "");
+  attn__debug(
+      "cuda:%d: %d multiprocessors, compute %d.%d, %zu bytes of shared memory a block, "
+      "running code for %d.%d%s",
+      index, I->dev.sm_count, major, minor, I->dev.smem_optin, I->dev.arch / 10, I->dev.arch % 10,
+      I->dev.arch_specific ? "a" : "");
   return ATTN_OK;
 }
 

@@ -47,13 +47,13 @@ static void fill(void *dst, attn_dtype dtype, size_t n, uint32_t seed) {
 }
 
 /* The median of TUNE_REPEAT runs of one pass, after one untimed run. */
-static int time_pass(attn_context *ctx, int backward, const attn_params *p,
-                     const attn_tensor *t, double *median) {
+static int time_pass(attn_context *ctx, int backward, const attn_params *p, const attn_tensor *t,
+                     double *median) {
   double s[TUNE_REPEAT];
   for (int r = -1; r < TUNE_REPEAT; ++r) {
     const double t0 = now_s();
-    int rc = backward ? attn__backward(ctx, p, &t[Q], &t[K], &t[V], &t[O], &t[LSE], &t[DO],
-                                       &t[DQ], &t[DK], &t[DV])
+    int rc = backward ? attn__backward(ctx, p, &t[Q], &t[K], &t[V], &t[O], &t[LSE], &t[DO], &t[DQ],
+                                       &t[DK], &t[DV])
                       : attn__forward(ctx, p, &t[Q], &t[K], &t[V], &t[O], &t[LSE]);
     if (!rc) rc = ctx->backend->synchronize(ctx);
     if (rc) return rc;
@@ -93,8 +93,8 @@ int attn__tune(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int64_t se
   const attn__backend *be = ctx->backend;
   if (dtype != ATTN_F32 && dtype != ATTN_F16 && dtype != ATTN_BF16)
     return attn__error(ctx, ATTN_EDTYPE, "dtype must be ATTN_F32, ATTN_F16 or ATTN_BF16");
-  if (head_dim <= 0) return attn__error(ctx, ATTN_ESIZE, "head_dim %lld is not positive",
-                                        (long long)head_dim);
+  if (head_dim <= 0)
+    return attn__error(ctx, ATTN_ESIZE, "head_dim %lld is not positive", (long long)head_dim);
   if (head_dim > ATTN_MAX_HEAD_DIM)
     return attn__error(ctx, ATTN_EHEADDIM, "head_dim %lld is above ATTN_MAX_HEAD_DIM (%d)",
                        (long long)head_dim, ATTN_MAX_HEAD_DIM);

@@ -32,6 +32,8 @@ int cli_out_of_host_memory(void);
  * [lo, hi]; otherwise a sentence naming the option and the value on stderr,
  * and -1. run_options.c */
 int cli_parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* A dtype's name (f32, f16, bf16) the same way; run_options.c. */
+int cli_parse_dtype(const char *opt, const char *s, attn_dtype *out);
 
 /* Bytes this process may still allocate (MemAvailable, else the physical
  * memory, capped by an address-space limit): a bound for refusing absurd

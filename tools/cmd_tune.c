@@ -12,14 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int parse_dtype(const char *s, attn_dtype *out) {
-  if (!strcmp(s, "f32")) *out = ATTN_F32;
-  else if (!strcmp(s, "f16")) *out = ATTN_F16;
-  else if (!strcmp(s, "bf16")) *out = ATTN_BF16;
-  else return -1;
-  return 0;
-}
-
 #define MAX_LIST 16
 
 int cmd_tune(int argc, char **argv) {
@@ -29,21 +21,23 @@ int cmd_tune(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      printf("usage: attn tune [--backend SPEC] [--dtype LIST] [--dim LIST] [--seqlen N] [--quiet]\n"
-             "Measures the backend's kernel configurations on the device for each dtype (a comma\n"
-             "list of f32, f16, bf16; default all three) and head dim (default 64,128), forward\n"
-             "and backward over one sequence of N rows (default 1024) and 8 heads, and keeps the\n"
-             "fastest for every later run on this device and driver (the OpenCL backend stores\n"
-             "them beside its program cache, ATTN_CL_CACHE_DIR). Each measurement is logged on\n"
-             "stderr unless --quiet. The CPU and CUDA backends have nothing to tune.\n"
-             "Exit status: 0 done, 1 a failure while running, 2 a wrong option or value, or a\n"
-             "backend with nothing to tune.\n");
+      printf(
+          "usage: attn tune [--backend SPEC] [--dtype LIST] [--dim LIST] [--seqlen N] [--quiet]\n"
+          "Measures the backend's kernel configurations on the device for each dtype (a comma\n"
+          "list of f32, f16, bf16; default all three) and head dim (default 64,128), forward\n"
+          "and backward over one sequence of N rows (default 1024) and 8 heads, and keeps the\n"
+          "fastest for every later run on this device and driver (the OpenCL backend stores\n"
+          "them beside its program cache, ATTN_CL_CACHE_DIR). Each measurement is logged on\n"
+          "stderr unless --quiet. The CPU and CUDA backends have nothing to tune.\n"
+          "Exit status: 0 done, 1 a failure while running, 2 a wrong option or value, or a\n"
+          "backend with nothing to tune.\n");
       return 0;
     } else if (!strcmp(a, "--backend") || !strcmp(a, "--dtype") || !strcmp(a, "--dim")) {
       if (!val || !*val) return cli_complain("%s needs a value", a);
-      if (a[2] == 'b') backend = val;
-      else if (a[3] == 't') dtypes = val;
-      else dims = val;
+      const char **slot = !strcmp(a, "--backend") ? &backend
+                          : !strcmp(a, "--dtype") ? &dtypes
+                                                  : &dims;
+      *slot = val;
       i++;
     } else if (!strcmp(a, "--seqlen")) {
       if (cli_parse_int(a, val, 16, 1 << 16, &seqlen)) return EXIT_USAGE;
@@ -60,8 +54,8 @@ int cmd_tune(int argc, char **argv) {
   char buf[256];
   snprintf(buf, sizeof buf, "%s", dtypes);
   for (char *s = strtok(buf, ","); s; s = strtok(NULL, ",")) {
-    if (ndt == MAX_LIST || parse_dtype(s, &dt[ndt]))
-      return cli_complain("--dtype: \"%s\" is not f32, f16 or bf16 (or the list is too long)", s);
+    if (ndt == MAX_LIST) return cli_complain("--dtype: at most %d dtypes", MAX_LIST);
+    if (cli_parse_dtype("--dtype", s, &dt[ndt])) return EXIT_USAGE;
     ndt++;
   }
   snprintf(buf, sizeof buf, "%s", dims);

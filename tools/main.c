@@ -108,7 +108,8 @@ const char *cli_human_bytes(double bytes, char *buf, size_t len) {
 
 int main(int argc, char **argv) {
   if (argc < 2)
-    return cli_complain("give a command: info, run, vit, check, bandwidth or tune (see attn --help)");
+    return cli_complain(
+        "give a command: info, run, vit, check, bandwidth or tune (see attn --help)");
   const char *cmd = argv[1];
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help"))
     return usage_main(stdout);
@@ -128,5 +129,6 @@ int main(int argc, char **argv) {
       return cmds[i].fn(argc - 1, argv + 1);
     }
   return cli_complain(
-      "unknown command \"%s\" (commands: info, run, vit, check, bandwidth, tune; see attn --help)", cmd);
+      "unknown command \"%s\" (commands: info, run, vit, check, bandwidth, tune; see attn --help)",
+      cmd);
 }

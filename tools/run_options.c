@@ -42,6 +42,19 @@ int cli_parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_
   return 0;
 }
 
+int cli_parse_dtype(const char *opt, const char *s, attn_dtype *out) {
+  if (!s) return cli_complain("%s needs a value (f32, f16 or bf16)", opt), -1;
+  if (!strcmp(s, "f32"))
+    *out = ATTN_F32;
+  else if (!strcmp(s, "f16"))
+    *out = ATTN_F16;
+  else if (!strcmp(s, "bf16"))
+    *out = ATTN_BF16;
+  else
+    return cli_complain("%s \"%s\" is not f32, f16 or bf16", opt, s), -1;
+  return 0;
+}
+
 /* --seed: any 64-bit value, all of which give different inputs. */
 static int parse_u64(const char *opt, const char *s, uint64_t *out) {
   if (!s) return cli_complain("%s needs a value", opt), -1;
@@ -163,17 +176,7 @@ int run_parse(int argc, char **argv, run_opts *o, int vit) {
       if (cli_parse_int(a, val, 1, RUN_MAX_REPEAT, &o->repeat)) return -1;
       i++;
     } else if (!strcmp(a, "--dtype")) {
-      if (val && !strcmp(val, "f32")) {
-        o->dtype = ATTN_F32;
-      } else if (val && !strcmp(val, "f16")) {
-        o->dtype = ATTN_F16;
-      } else if (val && !strcmp(val, "bf16")) {
-        o->dtype = ATTN_BF16;
-      } else if (!val) {
-        return cli_complain("--dtype needs a value (f32, f16 or bf16)"), -1;
-      } else {
-        return cli_complain("--dtype \"%s\" is not f32, f16 or bf16", val), -1;
-      }
+      if (cli_parse_dtype(a, val, &o->dtype)) return -1;
       i++;
     } else if (!strcmp(a, "--backward")) {
       o->backward = 1;
