@@ -233,15 +233,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int nq = w.sq.nq, nk = w.sq.nk, n0 = w.n0;
     const int c = wgi - 1, ctid = tid - 128, lane = tid & 31, warp = (tid >> 5) & 3;
     const int g = lane >> 2, t = lane & 3;
-    /* The thread's keys: rows j[0], j[1] of S^T, and the query rows [qlo,
-     * qhi) that see each (none past the sequence). */
-    int j[2], qlo[2], qhi[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      j[r] = n0 + c * 64 + warp * 16 + g + r * 8;
-      query_range(j[r], nq, nk, p.window_left, p.window_right, &qlo[r], &qhi[r]);
-      if (j[r] >= nk) qlo[r] = qhi[r] = 0;
-    }
+    /* The thread's keys: rows j0 and j0 + 8 of S^T. */
+    const int j0 = n0 + c * 64 + warp * 16 + g;
     float dk[NO][4], dv[NO][4];
 #pragma unroll
     for (int n = 0; n < NO; ++n)
@@ -284,7 +277,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
 
         /* S^T = K Q^T and dP^T = V dO^T, one commit group each. */
-        float s[NS][4], dp[NS][4];
+        /* S^T = K Q^T and dP^T = V dO^T, one commit group each; P^T =
+         * exp2(score - lse2) runs while dP^T's product does. Under softcap,
+         * dS needs tanh's values too, which with tanhf's temporaries do not
+         * fit beside dP^T's accumulators at d = 128: there dP^T's product
+         * follows the P pass, which keeps tanh in th. */
+        float s[NS][4], dp[NS][4], th[SOFTCAP ? NS : 1][4];
+        auto issue_dp = [&] {
+          wg::mbar_wait(full_do + 8 * st, ph);
+          wg::fence();
+          const uint64_t b_do = wg::desc_k_major(do_slot);
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk)
+            mma::ss(dp, a_v + wg::kstep_k_major(kBc, kk), b_do + wg::kstep_k_major(kBr, kk),
+                    kk > 0);
+          wg::commit();
+        };
         wg::pin(s);
         wg::pin(dp);
         wg::fence();
@@ -295,62 +303,56 @@ __global__ void __launch_bounds__(kThreads, 1)
             mma::ss(s, a_k + wg::kstep_k_major(kBc, kk), b_q + wg::kstep_k_major(kBr, kk), kk > 0);
         }
         wg::commit();
-        wg::mbar_wait(full_do + 8 * st, ph);
-        wg::fence();
-        {
-          const uint64_t b_do = wg::desc_k_major(do_slot);
-#pragma unroll
-          for (int kk = 0; kk < D / 16; ++kk)
-            mma::ss(dp, a_v + wg::kstep_k_major(kBc, kk), b_do + wg::kstep_k_major(kBr, kk),
-                    kk > 0);
+        if constexpr (SOFTCAP) {
+          wg::wait<0>();
+        } else {
+          issue_dp();
+          wg::wait<1>();
         }
-        wg::commit();
+        wg::pin(s);
 
-        /* P^T = exp2(score - lse2), the mask only on blocks that straddle a
-         * boundary (sequence end, causal diagonal, window edge); query rows
-         * past the sequence have lse2 = +inf and so P = 0. The thread's
-         * columns are queries 8 n + 2 t (+1), whose lse2 and D pairs it reads
-         * from the slot. Under softcap, dS needs tanh's value too: both
-         * products first, then one pass. */
+        /* The mask only on blocks that straddle a boundary (sequence end,
+         * causal diagonal, window edge); query rows past the sequence have
+         * lse2 = +inf and so P = 0. The thread's columns are queries 8 n + 2 t
+         * (+1), whose lse2 and D pairs it reads from the slot. */
         const int i_last = min(m0 + kBr, nq) - 1;
         const bool full = n0 + kBc <= nk &&
                           n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
                           n0 + kBc <= key_hi(diag(m0, nq, nk), nk, p.window_right);
         const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
         const uint32_t a_l = sL + (st * kBr + 2 * t) * 4, a_d = sD + (st * kBr + 2 * t) * 4;
-        if constexpr (SOFTCAP) {
-          wg::wait<0>();
-          wg::pin(dp);
-        } else {
-          wg::wait<1>();
-        }
-        wg::pin(s);
 #pragma unroll
         for (int n = 0; n < NS; ++n) {
           const float2 l2 = lds64(a_l + n * 32);
-          const float2 dd = SOFTCAP ? lds64(a_d + n * 32) : make_float2(0.f, 0.f);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int r = e >> 1, i = m0 + n * 8 + 2 * t + (e & 1);
-            float th;
+            const int i = m0 + n * 8 + 2 * t + (e & 1), j = j0 + (e >> 1) * 8;
+            const int dg = diag(i, nq, nk);
+            float tanh_v;
             float v = score_log2(s[n][e], p.scale_log2, SOFTCAP, p.softcap_log2, p.softcap_inv,
-                                 slope_log2, diag(i, nq, nk) - j[r], &th);
-            if (!full && !(i >= qlo[r] && i < qhi[r])) v = -INFINITY;
-            const float pr = ex2(v - ((e & 1) ? l2.y : l2.x));
-            s[n][e] = pr;
-            if constexpr (SOFTCAP)
-              dp[n][e] = score_grad(pr * (dp[n][e] - ((e & 1) ? dd.y : dd.x)), th);
+                                 slope_log2, dg - j, &tanh_v);
+            if (!full && !(j < nk && key_visible(dg, j, p.window_left, p.window_right)))
+              v = -INFINITY;
+            s[n][e] = ex2(v - ((e & 1) ? l2.y : l2.x));
+            if constexpr (SOFTCAP) th[n][e] = tanh_v;
           }
         }
-        if constexpr (!SOFTCAP) {
-          wg::wait<0>();
-          wg::pin(dp);
+        if constexpr (SOFTCAP) {
+          wg::pin(s);
+          wg::pin(th);
+          issue_dp();
+        }
+        /* dS^T = P^T (dP^T - D), times the softcap's derivative, in place of
+         * dP^T. */
+        wg::wait<0>();
+        wg::pin(dp);
 #pragma unroll
-          for (int n = 0; n < NS; ++n) {
-            const float2 dd = lds64(a_d + n * 32);
+        for (int n = 0; n < NS; ++n) {
+          const float2 dd = lds64(a_d + n * 32);
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              dp[n][e] = s[n][e] * (dp[n][e] - ((e & 1) ? dd.y : dd.x));
+          for (int e = 0; e < 4; ++e) {
+            const float ds = s[n][e] * (dp[n][e] - ((e & 1) ? dd.y : dd.x));
+            dp[n][e] = SOFTCAP ? score_grad(ds, th[n][e]) : ds;
           }
         }
 
@@ -432,9 +434,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     T *gdv = row_ptr<T>(p.dv, w.b, w.sq.k0, w.hk);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if (j[r] < nk) {
-        T *rk = gdk + (int64_t)j[r] * p.dk.ss;
-        T *rv = gdv + (int64_t)j[r] * p.dv.ss;
+      const int j = j0 + r * 8;
+      if (j < nk) {
+        T *rk = gdk + (int64_t)j * p.dk.ss;
+        T *rv = gdv + (int64_t)j * p.dv.ss;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
           *(uint32_t *)(rk + n * 8 + 2 * t) =
