@@ -23,7 +23,7 @@
  * Part 2 runs attn_backward (cuda backend) against the test kit's float64
  * reference (at_ref_backward) on varlen with GQA, a NaN in the next
  * sequence's V rows, strided layouts (bhsd, fused qkv), windows, softcap,
- * ALiBi, rows that see no key. Each problem runs twice: as asked (the Hopper
+ * ALiBi, rows that see no key, d = 96 (tiles of 128 columns, half padding). Each problem runs twice: as asked (the Hopper
  * rows at d = 64 and 128) and deterministic (which the plan gives the
  * tensor-core backward): the second is the peer figure of the golden rule,
  * err <= 3 peer + 1e-6 max|ref| (testkit's at_golden_bound). ATTN_DEBUG=1
@@ -639,8 +639,10 @@ int main() {
        {}, {}, 1, 1000, 1000, 0, -1},
       {"bshd bf16 d=128 1 x 1000 (one query row)", ATTN_BF16, 128, 4, 4, false, -1, -1, 0, false,
        {}, {}, 2, 1, 1000, 0, -1},
-      {"bshd f16 d=96 causal 200 x 200 (tensor-core row)", ATTN_F16, 96, 2, 2, true, -1, -1, 0,
+      {"bshd f16 d=96 causal 200 x 200 (padded columns)", ATTN_F16, 96, 2, 2, true, -1, -1, 0,
        false, {}, {}, 1, 200, 200, 0, -1},
+      {"varlen bf16 d=96 causal GQA 6/2", ATTN_BF16, 96, 6, 2, true, -1, -1, 0, false,
+       {250, 3, 129}, {250, 3, 129}, 0, 0, 0, 0, -1},
   };
   for (const problem &pr : ps) run_problem(ctx, pr);
   attn_context_free(ctx);

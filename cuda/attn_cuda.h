@@ -5,8 +5,8 @@
  *     a long KV cache, keys split across blocks (FlashDecoding);
  *   - the Hopper forward (wgmma, sm_90a only, f16/bf16; hopper_fwd.cu) for
  *     head dims 64, 96, 128 and 256 without the inference path's terms;
- *   - the Hopper backward (the same; hopper_bwd.cu) for head dims 64 and
- *     128, without those terms and not in deterministic mode;
+ *   - the Hopper backward (the same; hopper_bwd.cu) for head dims 64, 96
+ *     and 128, without those terms and not in deterministic mode;
  *   - the tensor-core kernels (mma.sync + ldmatrix, f16/bf16; mma_*.cu) for
  *     the common head dims;
  *   - the f32 forward's wide kernel (general_fwd32.cuh) for padded head dims

@@ -524,13 +524,17 @@ constexpr attn__cuda_config bwd_row(const char *name) {
           .launch = launch_bwd<T, D>};
 }
 
-/* The rows: FlashAttention-3's tiles for these dims (Bc = 128 keys, Br = 64
- * query rows); d = 128 holds dK and dV in 128 of the consumers' 240
- * registers. Shared memory: 161 KB at d = 128, 97 KB at d = 64. */
+/* The rows: FlashAttention-3's tiles for d = 128 (Bc = 128 keys, Br = 64
+ * query rows), taken for d = 64 too; d = 128 holds dK and dV in 128 of the
+ * consumers' 240 registers, and d = 96 runs its tiles (the padding's columns
+ * computed, never stored). Shared memory: 162 KB at d = 96 and 128, 98 KB at
+ * d = 64. */
 constexpr attn__cuda_config bwd_rows[] = {
     bwd_row<__half, 64>("Hopper backward (wgmma), f16, d = 64, 64 x 128 tiles"),
+    bwd_row<__half, 96>("Hopper backward (wgmma), f16, d = 96, 64 x 128 tiles"),
     bwd_row<__half, 128>("Hopper backward (wgmma), f16, d = 128, 64 x 128 tiles"),
     bwd_row<__nv_bfloat16, 64>("Hopper backward (wgmma), bf16, d = 64, 64 x 128 tiles"),
+    bwd_row<__nv_bfloat16, 96>("Hopper backward (wgmma), bf16, d = 96, 64 x 128 tiles"),
     bwd_row<__nv_bfloat16, 128>("Hopper backward (wgmma), bf16, d = 128, 64 x 128 tiles"),
 };
 
