@@ -105,17 +105,17 @@ typedef int (*attn__cuda_launcher)(const attn__cuda_launch *L, const attn__cuda_
 struct attn__cuda_config {
   attn__cuda_kernel kernel;
   attn_dtype dtype;
-  int dim;           /* head dims d with bucket(d) == dim (see attn__cuda_dim_bucket) */
-  int cc;            /* the lowest compute capability its code needs (attn__cuda_device.arch) */
-  int specific;      /* and it needs cc's architecture-specific code (sm_90a) */
-  int threads;       /* a block */
-  int br, bc;        /* query rows and keys a block (or a step) */
-  size_t smem;       /* dynamic shared memory, its largest kernel */
-  size_t smem_det;   /* backward: and its deterministic pass's, 0 if none */
-  unsigned features; /* the ATTN__USES_* bits (attn_internal.h) its kernels implement */
+  int dim;              /* head dims d with bucket(d) == dim (see attn__cuda_dim_bucket) */
+  int cc;               /* the lowest compute capability its code needs (attn__cuda_device.arch) */
+  int specific;         /* and it needs cc's architecture-specific code (sm_90a) */
+  int threads;          /* a block */
+  int br, bc;           /* query rows and keys a block (or a step) */
+  size_t smem;          /* dynamic shared memory, its largest kernel */
+  size_t smem_det;      /* backward: and its deterministic pass's, 0 if none */
+  unsigned features;    /* the ATTN__USES_* bits (attn_internal.h) its kernels implement */
   int nondeterministic; /* backward: its sums run in no fixed order (fp32 atomics), so it
                          * never takes a deterministic problem */
-  const char *name;  /* family and tiles in words */
+  const char *name;     /* family and tiles in words */
   attn__cuda_launcher launch;
 };
 

@@ -147,8 +147,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = base + S::K, sV = base + S::V, sQ = base + S::Q, sdO = base + S::dO;
   const uint32_t sdS = base + S::dS, sL = base + S::L, sD = base + S::Dsum;
-  const uint32_t bar_kv = base + S::bar_kv, full_q = base + S::full_q,
-                 full_do = base + S::full_do, empty = base + S::empty;
+  const uint32_t bar_kv = base + S::bar_kv, full_q = base + S::full_q, full_do = base + S::full_do,
+                 empty = base + S::empty;
 
   const int tid = threadIdx.x, wgi = tid >> 7;
   if (blockIdx.x * kBc >= seq_of(p, blockIdx.z).nk) return;
@@ -257,8 +257,8 @@ __global__ void __launch_bounds__(kThreads, 1)
        * dS^T slot's rows k_row0.., B the same rows of K, column block
        * q_col0 / 64, both MN-major (one 64-column block each). */
       const int k_row0 = kSplitKeys ? c * 64 : 0, q_col0 = kSplitKeys ? 0 : c * 64;
-      const uint64_t b_dq = wg::desc_mn_major(sK + (q_col0 / 64) * kBc * 128 + k_row0 * 128,
-                                              kBc * 128);
+      const uint64_t b_dq =
+          wg::desc_mn_major(sK + (q_col0 / 64) * kBc * 128 + k_row0 * 128, kBc * 128);
 
       for (int it = 0; it < w.items; ++it) {
         const int st = it % kStages;
@@ -316,8 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1)
          * lse2 = +inf and so P = 0. The thread's columns are queries 8 n + 2 t
          * (+1), whose lse2 and D pairs it reads from the slot. */
         const int i_last = min(m0 + kBr, nq) - 1;
-        const bool full = n0 + kBc <= nk &&
-                          n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
+        const bool full = n0 + kBc <= nk && n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
                           n0 + kBc <= key_hi(diag(m0, nq, nk), nk, p.window_right);
         const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
         const uint32_t a_l = sL + (st * kBr + 2 * t) * 4, a_d = sD + (st * kBr + 2 * t) * 4;

@@ -136,7 +136,8 @@ __device__ __forceinline__ void fence_proxy_async() {
  * different bank groups. The caller fences (fence_proxy_async) before the
  * barrier that hands the tile to wgmma. */
 template <int KS>
-__device__ __forceinline__ void stash(uint32_t tile, int rows, int row0, const uint32_t (&a)[KS][4]) {
+__device__ __forceinline__ void stash(uint32_t tile, int rows, int row0,
+                                      const uint32_t (&a)[KS][4]) {
   const int lane = threadIdx.x & 31, m = lane >> 3;
   const int r = row0 + ((threadIdx.x >> 5) & 3) * 16 + (lane & 7) + (m & 1) * 8;
 #pragma unroll
@@ -185,51 +186,51 @@ __device__ __forceinline__ void stash(uint32_t tile, int rows, int row0, const u
 template <bool BF16>
 struct mma;
 
-#define ATTN_WG_DEFINE(BF16, TY)                                                         \
-  template <>                                                                            \
-  struct mma<BF16> {                                                                     \
-    static __device__ __forceinline__ void ss(float (&d)[8][4], uint64_t a, uint64_t b,  \
-                                              int scale_d) {                             \
-      asm volatile(ATTN_WG_SS(64, TY, ATTN_WG_ACC32, 32, 33, 34, "0")                    \
-                   : ATTN_WG_F32(0)                                                      \
-                   : "l"(a), "l"(b), "r"(scale_d));                                      \
-    }                                                                                    \
-    static __device__ __forceinline__ void ss(float (&d)[16][4], uint64_t a, uint64_t b, \
-                                              int scale_d) {                             \
-      asm volatile(ATTN_WG_SS(128, TY, ATTN_WG_ACC64, 64, 65, 66, "0")                   \
-                   : ATTN_WG_F32(0), ATTN_WG_F32(8)                                      \
-                   : "l"(a), "l"(b), "r"(scale_d));                                      \
-    }                                                                                    \
-    static __device__ __forceinline__ void ss_mn(float (&d)[8][4], uint64_t a,           \
-                                                 uint64_t b, int scale_d) {              \
-      asm volatile(ATTN_WG_SS(64, TY, ATTN_WG_ACC32, 32, 33, 34, "1")                    \
-                   : ATTN_WG_F32(0)                                                      \
-                   : "l"(a), "l"(b), "r"(scale_d));                                      \
-    }                                                                                    \
-    static __device__ __forceinline__ void ss_mn(float (&d)[16][4], uint64_t a,          \
-                                                 uint64_t b, int scale_d) {              \
-      asm volatile(ATTN_WG_SS(128, TY, ATTN_WG_ACC64, 64, 65, 66, "1")                   \
-                   : ATTN_WG_F32(0), ATTN_WG_F32(8)                                      \
-                   : "l"(a), "l"(b), "r"(scale_d));                                      \
-    }                                                                                    \
-    static __device__ __forceinline__ void rs(float (&d)[8][4], const uint32_t (&a)[4],  \
-                                              uint64_t b, int scale_d) {                 \
-      asm volatile(ATTN_WG_RS(64, TY, ATTN_WG_ACC32, 32, 33, 34, 35, 36, 37)             \
-                   : ATTN_WG_F32(0)                                                      \
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));  \
-    }                                                                                    \
-    static __device__ __forceinline__ void rs(float (&d)[16][4], const uint32_t (&a)[4], \
-                                              uint64_t b, int scale_d) {                 \
-      asm volatile(ATTN_WG_RS(128, TY, ATTN_WG_ACC64, 64, 65, 66, 67, 68, 69)            \
-                   : ATTN_WG_F32(0), ATTN_WG_F32(8)                                      \
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));  \
-    }                                                                                    \
-    static __device__ __forceinline__ void rs(float (&d)[32][4], const uint32_t (&a)[4], \
-                                              uint64_t b, int scale_d) {                 \
-      asm volatile(ATTN_WG_RS(256, TY, ATTN_WG_ACC128, 128, 129, 130, 131, 132, 133)     \
-                   : ATTN_WG_F32(0), ATTN_WG_F32(8), ATTN_WG_F32(16), ATTN_WG_F32(24)    \
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));  \
-    }                                                                                    \
+#define ATTN_WG_DEFINE(BF16, TY)                                                            \
+  template <>                                                                               \
+  struct mma<BF16> {                                                                        \
+    static __device__ __forceinline__ void ss(float (&d)[8][4], uint64_t a, uint64_t b,     \
+                                              int scale_d) {                                \
+      asm volatile(ATTN_WG_SS(64, TY, ATTN_WG_ACC32, 32, 33, 34, "0")                       \
+                   : ATTN_WG_F32(0)                                                         \
+                   : "l"(a), "l"(b), "r"(scale_d));                                         \
+    }                                                                                       \
+    static __device__ __forceinline__ void ss(float (&d)[16][4], uint64_t a, uint64_t b,    \
+                                              int scale_d) {                                \
+      asm volatile(ATTN_WG_SS(128, TY, ATTN_WG_ACC64, 64, 65, 66, "0")                      \
+                   : ATTN_WG_F32(0), ATTN_WG_F32(8)                                         \
+                   : "l"(a), "l"(b), "r"(scale_d));                                         \
+    }                                                                                       \
+    static __device__ __forceinline__ void ss_mn(float (&d)[8][4], uint64_t a, uint64_t b,  \
+                                                 int scale_d) {                             \
+      asm volatile(ATTN_WG_SS(64, TY, ATTN_WG_ACC32, 32, 33, 34, "1")                       \
+                   : ATTN_WG_F32(0)                                                         \
+                   : "l"(a), "l"(b), "r"(scale_d));                                         \
+    }                                                                                       \
+    static __device__ __forceinline__ void ss_mn(float (&d)[16][4], uint64_t a, uint64_t b, \
+                                                 int scale_d) {                             \
+      asm volatile(ATTN_WG_SS(128, TY, ATTN_WG_ACC64, 64, 65, 66, "1")                      \
+                   : ATTN_WG_F32(0), ATTN_WG_F32(8)                                         \
+                   : "l"(a), "l"(b), "r"(scale_d));                                         \
+    }                                                                                       \
+    static __device__ __forceinline__ void rs(float (&d)[8][4], const uint32_t (&a)[4],     \
+                                              uint64_t b, int scale_d) {                    \
+      asm volatile(ATTN_WG_RS(64, TY, ATTN_WG_ACC32, 32, 33, 34, 35, 36, 37)                \
+                   : ATTN_WG_F32(0)                                                         \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));     \
+    }                                                                                       \
+    static __device__ __forceinline__ void rs(float (&d)[16][4], const uint32_t (&a)[4],    \
+                                              uint64_t b, int scale_d) {                    \
+      asm volatile(ATTN_WG_RS(128, TY, ATTN_WG_ACC64, 64, 65, 66, 67, 68, 69)               \
+                   : ATTN_WG_F32(0), ATTN_WG_F32(8)                                         \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));     \
+    }                                                                                       \
+    static __device__ __forceinline__ void rs(float (&d)[32][4], const uint32_t (&a)[4],    \
+                                              uint64_t b, int scale_d) {                    \
+      asm volatile(ATTN_WG_RS(256, TY, ATTN_WG_ACC128, 128, 129, 130, 131, 132, 133)        \
+                   : ATTN_WG_F32(0), ATTN_WG_F32(8), ATTN_WG_F32(16), ATTN_WG_F32(24)       \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));     \
+    }                                                                                       \
   };
 
 ATTN_WG_DEFINE(false, "f16")
