@@ -276,7 +276,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           wg::named_sync(1, 256);
         }
 
-        /* S^T = K Q^T and dP^T = V dO^T, one commit group each. */
         /* S^T = K Q^T and dP^T = V dO^T, one commit group each; P^T =
          * exp2(score - lse2) runs while dP^T's product does. Under softcap,
          * dS needs tanh's values too, which with tanhf's temporaries do not
