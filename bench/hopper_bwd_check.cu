@@ -5,17 +5,19 @@
  * Part 1 tests the kernel's wgmma pieces on their own, with small integers
  * (exact in f16, bf16 and f32) against the CPU, in the kernel's order and
  * with its descriptors (cuda/wgmma.cuh), for one block of 128 keys (two
- * warpgroups of 64) and 64 query rows:
- *   st    S^T = K Q^T: A = the warpgroup's 64 rows of K, B = Q (64 rows),
+ * warpgroups of 64) and Br = 64 or 128 query rows:
+ *   st    S^T = K Q^T: A = the warpgroup's 64 rows of K, B = Q (Br rows),
  *         both K-major;
  *   dv    dV = P^T dO: S^T's accumulators packed as the A fragments (the
  *         transposed layout: keys as M, queries as the reduction), dO
- *         through the MN-major descriptor of a 64-row tile;
+ *         through the MN-major descriptor of a Br-row tile;
  *   stash the same fragments written by stmatrix into the swizzled dS^T
- *         tile [128 keys][64 queries], read back element by element;
+ *         tile [128 keys][Br queries], read back element by element;
  *   dq    dQ = dS K from that tile as an MN-major A (ss_mn), K as an
- *         MN-major B: at d = 128 each warpgroup 64 columns over all 128 keys
- *         (after a barrier of both), at d = 64 all columns over its own keys;
+ *         MN-major B, each warpgroup 64 rows by 64 columns: at d = 128 half
+ *         the columns over all 128 keys, at d = 64 with Br = 128 half the
+ *         rows over all keys (both after a barrier of both warpgroups), at
+ *         d = 64 with Br = 64 all of it over the warpgroup's own keys;
  *   tma   a 64-row box through wgmma.cuh's encode_rows (bhsd strides, rows
  *         past the end).
  * If part 1 fails, the kernel cannot work: the line says which piece.
@@ -155,26 +157,34 @@ __device__ uint32_t pack2(float lo, float hi) {
          (uint32_t) * reinterpret_cast<unsigned short *>(&b) << 16;
 }
 
+/* hopper_bwd.cu's dQ split for (D, BR): each warpgroup's product is rows
+ * [row0, + 64) by columns [col0, + 64) over keys [key0, + keys). */
+struct dq_part {
+  int row0, col0, key0, keys;
+};
+__host__ __device__ dq_part dq_part_of(int D, int BR, int c) {
+  if (BR == 128) return {c * 64, 0, 0, 128}; /* rows */
+  if (D == 64) return {0, 0, c * 64, 64};    /* keys */
+  return {0, c * 64, 0, 128};                /* columns */
+}
+
 /* hopper_bwd.cu's consumer steps for one key block and one query block:
- * k[128][D], q[64][D], o (dO)[64][D] in, st[128][64] = S^T, dv[128][D] =
- * S^T dO, ds[128][64] = the stashed tile read back, dq[2][64][64] = each
- * warpgroup's dQ product (d = 128: columns 64 c .. 64 c + 63 over all keys;
- * d = 64: all columns over keys 64 c ..). */
-template <typename T, int D>
+ * k[128][D], q[BR][D], o (dO)[BR][D] in, st[128][BR] = S^T, dv[128][D] =
+ * S^T dO, ds[128][BR] = the stashed tile read back, dq[2][64][64] = each
+ * warpgroup's dQ product (dq_part_of). */
+template <typename T, int D, int BR>
 __global__ void __launch_bounds__(256) k_chain(const T *k, const T *q, const T *o, float *st,
                                                float *dv, float *ds, float *dq) {
   using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
-  constexpr int kBc = 128, kBr = 64, NO = D / 8, KB = kBr / 16;
-  constexpr bool kSplitKeys = D == 64;
-  constexpr int KQ = kSplitKeys ? 64 : kBc;
+  constexpr int kBc = 128, NO = D / 8, NS = BR / 8, KB = BR / 16;
   extern __shared__ __align__(1024) unsigned char sm[];
   const uint32_t sK = (smem_u32(sm) + 1023u) & ~1023u, sQ = sK + kBc * D * 2;
-  const uint32_t sdO = sQ + kBr * D * 2, sdS = sdO + kBr * D * 2;
+  const uint32_t sdO = sQ + BR * D * 2, sdS = sdO + BR * D * 2;
   for (int i = threadIdx.x; i < kBc * D; i += 256)
     put(sK, kBc, i / D, i % D, k[i]);
-  for (int i = threadIdx.x; i < kBr * D; i += 256) {
-    put(sQ, kBr, i / D, i % D, q[i]);
-    put(sdO, kBr, i / D, i % D, o[i]);
+  for (int i = threadIdx.x; i < BR * D; i += 256) {
+    put(sQ, BR, i / D, i % D, q[i]);
+    put(sdO, BR, i / D, i % D, o[i]);
   }
   wg::fence_proxy_async();
   __syncthreads();
@@ -182,22 +192,22 @@ __global__ void __launch_bounds__(256) k_chain(const T *k, const T *q, const T *
   const int g = lane >> 2, t = lane & 3;
 
   /* S^T = K Q^T */
-  float s[8][4];
+  float s[NS][4];
   const uint64_t a_k = wg::desc_k_major(sK + c * 64 * 128), b_q = wg::desc_k_major(sQ);
   wg::pin(s);
   wg::fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    mma::ss(s, a_k + wg::kstep_k_major(kBc, kk), b_q + wg::kstep_k_major(kBr, kk), kk > 0);
+    mma::ss(s, a_k + wg::kstep_k_major(kBc, kk), b_q + wg::kstep_k_major(BR, kk), kk > 0);
   wg::commit();
   wg::wait<0>();
   wg::pin(s);
   const int row = c * 64 + warp * 16 + g;
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
+  for (int n = 0; n < NS; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      st[(row + 8 * (e >> 1)) * kBr + 8 * n + 2 * t + (e & 1)] = s[n][e];
+      st[(row + 8 * (e >> 1)) * BR + 8 * n + 2 * t + (e & 1)] = s[n][e];
 
   /* The A fragments, as the kernel packs P^T and dS^T. */
   uint32_t pa[KB][4];
@@ -215,7 +225,7 @@ __global__ void __launch_bounds__(256) k_chain(const T *k, const T *q, const T *
   wg::pin(acc);
   wg::fence();
   {
-    const uint64_t b_do = wg::desc_mn_major(sdO, kBr * 128);
+    const uint64_t b_do = wg::desc_mn_major(sdO, BR * 128);
 #pragma unroll
     for (int kk = 0; kk < KB; ++kk)
       mma::rs(acc, pa[kk], b_do + wg::kstep_mn_major(kk), kk > 0);
@@ -232,19 +242,20 @@ __global__ void __launch_bounds__(256) k_chain(const T *k, const T *q, const T *
   /* The stash and dQ = dS K */
   wg::stash<KB>(sdS, kBc, c * 64, pa);
   wg::fence_proxy_async();
-  if (kSplitKeys)
+  const dq_part part = dq_part_of(D, BR, c);
+  if (part.keys == 64)
     wg::named_sync(2 + c, 128);
   else
     wg::named_sync(1, 256);
-  const int k_row0 = kSplitKeys ? c * 64 : 0, q_col0 = kSplitKeys ? 0 : c * 64;
   float d8[8][4];
   wg::pin(d8);
   wg::fence();
   {
-    const uint64_t a_ds = wg::desc_mn_major(sdS + k_row0 * 128, kBc * 128);
-    const uint64_t b_dq = wg::desc_mn_major(sK + (q_col0 / 64) * kBc * 128 + k_row0 * 128, kBc * 128);
-#pragma unroll
-    for (int kk = 0; kk < KQ / 16; ++kk)
+    const uint64_t a_ds =
+        wg::desc_mn_major(sdS + (part.row0 / 64) * kBc * 128 + part.key0 * 128, kBc * 128);
+    const uint64_t b_dq =
+        wg::desc_mn_major(sK + (part.col0 / 64) * kBc * 128 + part.key0 * 128, kBc * 128);
+    for (int kk = 0; kk < part.keys / 16; ++kk)
       mma::ss_mn(d8, a_ds + wg::kstep_mn_major(kk), b_dq + wg::kstep_mn_major(kk), kk > 0);
   }
   wg::commit();
@@ -256,15 +267,14 @@ __global__ void __launch_bounds__(256) k_chain(const T *k, const T *q, const T *
     for (int e = 0; e < 4; ++e)
       dq[(c * 64 + warp * 16 + g + 8 * (e >> 1)) * 64 + 8 * n + 2 * t + (e & 1)] = d8[n][e];
   __syncthreads();
-  for (int i = tid; i < kBc * kBr; i += 256)
-    ds[i] = h2f(get<T>(sdS, kBc, i / kBr, i % kBr));
+  for (int i = tid; i < kBc * BR; i += 256)
+    ds[i] = h2f(get<T>(sdS, kBc, i / BR, i % BR));
 }
 
-template <typename T, int D>
+template <typename T, int D, int BR>
 static void test_chain(const char *tag) {
-  constexpr int kBc = 128, kBr = 64;
-  constexpr bool kSplitKeys = D == 64;
-  std::vector<T> k(kBc * D), q(kBr * D), o(kBr * D);
+  constexpr int kBc = 128;
+  std::vector<T> k(kBc * D), q(BR * D), o(BR * D);
   /* {-1, 0, 1}: S^T within +-128, exact in 16 bits; the products' sums
    * within 2^14, exact in f32. */
   for (auto &x : k) x = f2h<T>((float)rand_int(-1, 1));
@@ -272,61 +282,62 @@ static void test_chain(const char *tag) {
   for (auto &x : o) x = f2h<T>((float)rand_int(-1, 1));
   T *dk = to_device(k), *dq_in = to_device(q), *d_o = to_device(o);
   float *dst, *ddv, *dds, *ddq;
-  CK(cudaMalloc(&dst, kBc * kBr * 4));
+  CK(cudaMalloc(&dst, kBc * BR * 4));
   CK(cudaMalloc(&ddv, kBc * D * 4));
-  CK(cudaMalloc(&dds, kBc * kBr * 4));
-  CK(cudaMalloc(&ddq, 2 * kBr * 64 * 4));
-  CK(cudaMemset(dst, 0xff, kBc * kBr * 4));
+  CK(cudaMalloc(&dds, kBc * BR * 4));
+  CK(cudaMalloc(&ddq, 2 * 64 * 64 * 4));
+  CK(cudaMemset(dst, 0xff, kBc * BR * 4));
   CK(cudaMemset(ddv, 0xff, kBc * D * 4));
-  CK(cudaMemset(dds, 0xff, kBc * kBr * 4));
-  CK(cudaMemset(ddq, 0xff, 2 * kBr * 64 * 4));
-  const size_t smem = (size_t)(kBc + 2 * kBr) * D * 2 + kBc * kBr * 2 + 1024;
-  CK(cudaFuncSetAttribute(k_chain<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  k_chain<T, D><<<1, 256, smem>>>(dk, dq_in, d_o, dst, ddv, dds, ddq);
+  CK(cudaMemset(dds, 0xff, kBc * BR * 4));
+  CK(cudaMemset(ddq, 0xff, 2 * 64 * 64 * 4));
+  const size_t smem = (size_t)(kBc + 2 * BR) * D * 2 + kBc * BR * 2 + 1024;
+  CK(cudaFuncSetAttribute(k_chain<T, D, BR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          (int)smem));
+  k_chain<T, D, BR><<<1, 256, smem>>>(dk, dq_in, d_o, dst, ddv, dds, ddq);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
-  std::vector<float> st(kBc * kBr), dv(kBc * D), ds(kBc * kBr), dq(2 * kBr * 64);
+  std::vector<float> st(kBc * BR), dv(kBc * D), ds(kBc * BR), dq(2 * 64 * 64);
   CK(cudaMemcpy(st.data(), dst, st.size() * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(dv.data(), ddv, dv.size() * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(ds.data(), dds, ds.size() * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(dq.data(), ddq, dq.size() * 4, cudaMemcpyDeviceToHost));
-  std::vector<double> ref(kBc * kBr);
+  std::vector<double> ref(kBc * BR);
   for (int j = 0; j < kBc; j++)
-    for (int i = 0; i < kBr; i++) {
+    for (int i = 0; i < BR; i++) {
       double a = 0;
       for (int x = 0; x < D; x++) a += (double)h2f(k[j * D + x]) * h2f(q[i * D + x]);
-      ref[j * kBr + i] = a;
+      ref[j * BR + i] = a;
     }
   char name[96];
   tally t1, t2, t3, t4;
   for (int j = 0; j < kBc; j++)
-    for (int i = 0; i < kBr; i++) t1.add("st", j, i, st[j * kBr + i], ref[j * kBr + i]);
+    for (int i = 0; i < BR; i++) t1.add("st", j, i, st[j * BR + i], ref[j * BR + i]);
   snprintf(name, sizeof name, "st    %s S^T = K Q^T (K-major A and B)", tag);
   report(name, t1);
   for (int j = 0; j < kBc; j++)
     for (int x = 0; x < D; x++) {
       double a = 0;
-      for (int i = 0; i < kBr; i++) a += ref[j * kBr + i] * h2f(o[i * D + x]);
+      for (int i = 0; i < BR; i++) a += ref[j * BR + i] * h2f(o[i * D + x]);
       t2.add("dv", j, x, dv[j * D + x], a);
     }
   snprintf(name, sizeof name, "dv    %s P^T dO (A from S^T's registers)", tag);
   report(name, t2);
   for (int j = 0; j < kBc; j++)
-    for (int i = 0; i < kBr; i++) t3.add("ds", j, i, ds[j * kBr + i], ref[j * kBr + i]);
+    for (int i = 0; i < BR; i++) t3.add("ds", j, i, ds[j * BR + i], ref[j * BR + i]);
   snprintf(name, sizeof name, "stash %s stmatrix into the dS^T tile", tag);
   report(name, t3);
-  for (int c = 0; c < 2; c++)
-    for (int i = 0; i < kBr; i++)
+  for (int c = 0; c < 2; c++) {
+    const dq_part part = dq_part_of(D, BR, c);
+    for (int i = 0; i < 64; i++)
       for (int x = 0; x < 64; x++) {
-        const int k_row0 = kSplitKeys ? c * 64 : 0, q_col0 = kSplitKeys ? 0 : c * 64;
-        const int nkeys = kSplitKeys ? 64 : kBc;
         double a = 0;
-        for (int j = k_row0; j < k_row0 + nkeys; j++)
-          a += ref[j * kBr + i] * h2f(k[j * D + q_col0 + x]);
-        t4.add(c ? "dq1" : "dq0", i, x, dq[(c * kBr + i) * 64 + x], a);
+        for (int j = part.key0; j < part.key0 + part.keys; j++)
+          a += ref[j * BR + part.row0 + i] * h2f(k[j * D + part.col0 + x]);
+        t4.add(c ? "dq1" : "dq0", i, x, dq[(c * 64 + i) * 64 + x], a);
       }
-  snprintf(name, sizeof name, "dq    %s dS K (both MN-major, %s)", tag,
-           kSplitKeys ? "keys split" : "columns split");
+  }
+  snprintf(name, sizeof name, "dq    %s dS K (both MN-major, %s split)", tag,
+           BR == 128 ? "rows" : D == 64 ? "keys" : "columns");
   report(name, t4);
   CK(cudaFree(dk));
   CK(cudaFree(dq_in));
@@ -720,11 +731,13 @@ int main() {
     return 2;
   }
 
-  printf("part 1: the backward's wgmma pieces (one block of 128 keys x 64 query rows)\n");
-  test_chain<__half, 128>("f16  d=128");
-  test_chain<__nv_bfloat16, 128>("bf16 d=128");
-  test_chain<__half, 64>("f16  d=64 ");
-  test_chain<__nv_bfloat16, 64>("bf16 d=64 ");
+  printf("part 1: the backward's wgmma pieces (one block of 128 keys x Br query rows)\n");
+  test_chain<__half, 128, 64>("f16  d=128 Br=64 ");
+  test_chain<__nv_bfloat16, 128, 64>("bf16 d=128 Br=64 ");
+  test_chain<__half, 64, 128>("f16  d=64  Br=128");
+  test_chain<__nv_bfloat16, 64, 128>("bf16 d=64  Br=128");
+  test_chain<__half, 64, 64>("f16  d=64  Br=64 ");
+  test_chain<__nv_bfloat16, 64, 64>("bf16 d=64  Br=64 ");
   test_dq32<__half>("dq32  f16  d=64 columns split, B from mid-row (unused)");
   test_dq32<__nv_bfloat16>("dq32  bf16 d=64 columns split, B from mid-row (unused)");
   test_tma<__half>("tma   f16 d=128 bhsd [2][3][300], 64 rows at 280", 2, 300, 3, 128, 280, 1, 1);

@@ -6,7 +6,8 @@
  *
  * One thread block per (block of Bc = 128 keys, kv head, sequence): K and V
  * stay in shared memory, and the block loops over the query heads of the GQA
- * group and the query blocks of Br = 64 rows that see these keys. A producer
+ * group and the query blocks of Br rows (64, or 128 at d = 64) that see
+ * these keys. A producer
  * warp streams Q and dO through two slots with the bulk tensor copy (TMA,
  * the 128-byte swizzle that wgmma reads; wgmma.cuh), with their lse2 and D
  * rows, each slot handed over on mbarriers and handed back by the consumers.
@@ -20,11 +21,13 @@
  *                                       of a product over the queries),
  *   dQ  = dS K                         (dS^T through shared memory, read as
  *                                       an MN-major A),
- * the last added into the workspace's fp32 dq accumulator with atomics. At
- * d = 128 (and 96, padded) each warpgroup's dQ is half of the columns over
- * all 128 keys, so both warpgroups' dS^T must be in shared memory first; at
- * d = 64 it is every column over the warpgroup's own 64 keys (a product of
- * 64 columns either way), and the two halves meet in the atomics.
+ * the last added into the workspace's fp32 dq accumulator with atomics.
+ * Each warpgroup's dQ product is 64 query rows by 64 columns: at d = 128 (and
+ * 96, padded; Br = 64) half of the columns over all 128 keys, at d = 64 with
+ * Br = 128 half of the rows over all keys, so that both warpgroups' dS^T must
+ * be in shared memory first; at d = 64 with Br = 64 (under softcap, whose
+ * tanh values take the registers of the larger tile) every column over the
+ * warpgroup's own 64 keys, the two halves meeting in the atomics.
  *
  * The softmax scale multiplies dK at the end and dQ in the conversion. dQ's
  * atomics make the sum's order vary run to run: the plan gives deterministic
@@ -41,7 +44,6 @@ namespace attn_hopper_bwd {
 using namespace attn_mma;
 namespace wg = attn_wgmma;
 
-constexpr int kBr = 64;    /* query rows a step: N of S^T, the reduction of dV and dK */
 constexpr int kBc = 128;   /* keys a block, 64 a consumer warpgroup (wgmma's M) */
 constexpr int kStages = 2; /* Q/dO slots */
 constexpr int kThreads = 384;
@@ -52,20 +54,20 @@ __host__ __device__ constexpr int padded(int d) {
   return (d + 63) / 64 * 64;
 }
 
-/* Shared memory, bytes from the 1024-aligned base (every tile starts on a
- * swizzle atom): K, V, the Q and dO slots, two dS^T slots ([Bc][Br], one
- * column block; two, so that a warpgroup writes the next one while the
- * other may still read this one), the slots' lse2 and D rows, and the
- * mbarriers: K/V landed; slot s's Q (with lse2) landed, its dO (with D)
- * landed, and the consumers are done with it. */
-template <int D>
+/* Shared memory for Br query rows a step, bytes from the 1024-aligned base
+ * (every tile starts on a swizzle atom): K, V, the Q and dO slots, two dS^T
+ * slots ([Bc][Br], Br / 64 column blocks; two, so that a warpgroup writes
+ * the next one while the other may still read this one), the slots' lse2
+ * and D rows, and the mbarriers: K/V landed; slot s's Q (with lse2) landed,
+ * its dO (with D) landed, and the consumers are done with it. */
+template <int D, int BR>
 struct tiles {
   static constexpr int DP = padded(D);
-  static constexpr uint32_t kKV = kBc * DP * 2, kQ = kBr * DP * 2, kDS = kBc * kBr * 2;
+  static constexpr uint32_t kKV = kBc * DP * 2, kQ = BR * DP * 2, kDS = kBc * BR * 2;
   static constexpr uint32_t K = 0, V = kKV, Q = 2 * kKV, dO = Q + kStages * kQ;
   static constexpr uint32_t dS = dO + kStages * kQ;
-  static constexpr uint32_t L = dS + 2 * kDS, Dsum = L + kStages * kBr * 4;
-  static constexpr uint32_t bar_kv = Dsum + kStages * kBr * 4, full_q = bar_kv + 8,
+  static constexpr uint32_t L = dS + 2 * kDS, Dsum = L + kStages * BR * 4;
+  static constexpr uint32_t bar_kv = Dsum + kStages * BR * 4, full_q = bar_kv + 8,
                             full_do = full_q + 8 * kStages, empty = full_do + 8 * kStages;
   static constexpr size_t smem = empty + 8 * kStages + 1024; /* and the alignment */
 };
@@ -98,6 +100,7 @@ struct block_work {
   int mb_min, nmb, items;
 };
 
+template <int BR>
 __device__ __forceinline__ block_work work_of(const params &p) {
   block_work w;
   w.n0 = blockIdx.x * kBc;
@@ -109,38 +112,42 @@ __device__ __forceinline__ block_work work_of(const params &p) {
     int i_lo, i_hi;
     query_block_range(w.n0, min(w.n0 + kBc, w.sq.nk), w.sq.nq, w.sq.nk, p.window_left,
                       p.window_right, &i_lo, &i_hi);
-    w.mb_min = i_lo / kBr;
-    w.nmb = i_hi > i_lo ? (i_hi + kBr - 1) / kBr - w.mb_min : 0;
+    w.mb_min = i_lo / BR;
+    w.nmb = i_hi > i_lo ? (i_hi + BR - 1) / BR - w.mb_min : 0;
     w.items = w.nmb * p.group;
   }
   return w;
 }
 
-/* One kernel shape: head dim D (64, 96 or 128; tiles of padded(D) columns).
- * SOFTCAP compiles the softcap's tanh and derivative in; ALiBi is a run-time
- * slope. The maps are the 4-d views (head dim, rows, heads, sequences) of
- * q, k, v and dout, with a box of 64 x Br (q, dout) or 64 x Bc (k, v) and
- * the 128-byte swizzle (launcher). */
-template <typename T, int D, bool SOFTCAP>
+/* dQ = dS K's split between the two warpgroups, each a product of 64 query
+ * rows by 64 columns (the top). */
+enum dq_split { kSplitColumns, kSplitKeys, kSplitRows };
+
+/* One kernel shape: head dim D (64, 96 or 128; tiles of padded(D) columns),
+ * BR query rows a step (64; 128 at d = 64). SOFTCAP compiles the softcap's
+ * tanh and derivative in; ALiBi is a run-time slope. The maps are the 4-d
+ * views (head dim, rows, heads, sequences) of q, k, v and dout, with a box
+ * of 64 x BR (q, dout) or 64 x Bc (k, v) and the 128-byte swizzle
+ * (launcher). */
+template <typename T, int D, int BR, bool SOFTCAP>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
                const params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = tiles<D>;
+  using S = tiles<D, BR>;
   using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
   constexpr int DP = S::DP;
-  constexpr int NO = DP / 8;   /* n8 tiles of dK, dV */
-  constexpr int NS = kBr / 8;  /* n8 tiles of S^T, dP^T (query columns) */
-  constexpr int KB = kBr / 16; /* k-steps of dV += P^T dO, dK += dS^T Q */
-  /* dQ's split between the warpgroups (the top): columns [q_col0, + 64) over
-   * keys [k_row0, + KQ) of the block. */
-  constexpr bool kSplitKeys = DP == 64;
-  constexpr int KQ = kSplitKeys ? 64 : kBc;
+  constexpr int NO = DP / 8;  /* n8 tiles of dK, dV */
+  constexpr int NS = BR / 8;  /* n8 tiles of S^T, dP^T (query columns) */
+  constexpr int KB = BR / 16; /* k-steps of dV += P^T dO, dK += dS^T Q */
+  constexpr dq_split kSplit = BR == 128 ? kSplitRows : DP == 64 ? kSplitKeys : kSplitColumns;
   /* The registers each role keeps (FlashAttention-3's split for two
    * consumers: 24 x 128 + 240 x 256 fits the SM's 64K). */
   constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(D % 16 == 0 && DP <= 128, "k16 steps of S^T; dK and dV fit the registers");
+  static_assert(BR == 64 || (BR == 128 && DP == 64 && !SOFTCAP),
+                "S^T, dP^T, dK and dV (and tanh's values) within the consumers' registers");
   static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -175,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1)
      * release on its own. */
     wg::regs_dec<kProducerRegs>();
     const int warp = tid >> 5, lane = tid & 31;
-    const block_work w = work_of(p);
+    const block_work w = work_of<BR>(p);
     if (warp == 0 && lane == 0 && w.items > 0) {
       /* Varlen tensors are one sequence of all the rows (batch coordinate
        * 0); rows past a tensor's end arrive as zeros. */
@@ -192,18 +199,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int h = w.hk * p.group + hh;
         for (int mb = 0; mb < w.nmb; ++mb, ++it) {
           const int st = it % kStages, round = it / kStages;
-          const int q_row = (int)w.sq.q0 + (w.mb_min + mb) * kBr;
+          const int q_row = (int)w.sq.q0 + (w.mb_min + mb) * BR;
           /* The slot's previous item (round - 1) is released. */
           if (round > 0) wg::mbar_wait(empty + 8 * st, (round - 1) & 1);
           wg::mbar_expect_tx(full_q + 8 * st, S::kQ);
 #pragma unroll
           for (int cb = 0; cb < DP / 64; ++cb)
-            wg::tma_load_4d(sQ + st * S::kQ + cb * kBr * 128, &tq, cb * 64, q_row, h, qb,
+            wg::tma_load_4d(sQ + st * S::kQ + cb * BR * 128, &tq, cb * 64, q_row, h, qb,
                             full_q + 8 * st);
           wg::mbar_expect_tx(full_do + 8 * st, S::kQ);
 #pragma unroll
           for (int cb = 0; cb < DP / 64; ++cb)
-            wg::tma_load_4d(sdO + st * S::kQ + cb * kBr * 128, &tdo, cb * 64, q_row, h, qb,
+            wg::tma_load_4d(sdO + st * S::kQ + cb * BR * 128, &tdo, cb * 64, q_row, h, qb,
                             full_do + 8 * st);
         }
       }
@@ -214,13 +221,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int64_t ws0 = ws_row(p, w.sq, w.b, w.hk * p.group + hh, 0);
         for (int mb = 0; mb < w.nmb; ++mb, ++it) {
           const int st = it % kStages, round = it / kStages;
-          const int m0 = (w.mb_min + mb) * kBr;
+          const int m0 = (w.mb_min + mb) * BR;
           if (round > 0) wg::mbar_wait(empty + 8 * st, (round - 1) & 1);
 #pragma unroll
-          for (int r = lane; r < kBr; r += 32) {
+          for (int r = lane; r < BR; r += 32) {
             const bool ok = m0 + r < w.sq.nq;
-            sts32(sL + (st * kBr + r) * 4, ok ? p.lse2[ws0 + m0 + r] : INFINITY);
-            sts32(sD + (st * kBr + r) * 4, ok ? p.dsum[ws0 + m0 + r] : 0.f);
+            sts32(sL + (st * BR + r) * 4, ok ? p.lse2[ws0 + m0 + r] : INFINITY);
+            sts32(sD + (st * BR + r) * 4, ok ? p.dsum[ws0 + m0 + r] : 0.f);
           }
           wg::mbar_arrive(full_q + 8 * st);
           wg::mbar_arrive(full_do + 8 * st);
@@ -229,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     wg::regs_inc<kConsumerRegs>();
-    const block_work w = work_of(p);
+    const block_work w = work_of<BR>(p);
     const int nq = w.sq.nq, nk = w.sq.nk, n0 = w.n0;
     const int c = wgi - 1, ctid = tid - 128, lane = tid & 31, warp = (tid >> 5) & 3;
     const int g = lane >> 2, t = lane & 3;
@@ -253,25 +260,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       /* A of S^T and dP^T: this warpgroup's 64 rows of K and V. */
       const uint64_t a_k = wg::desc_k_major(sK + c * 64 * 128);
       const uint64_t a_v = wg::desc_k_major(sV + c * 64 * 128);
-      /* dQ = dS K over keys [k_row0, + KQ), columns [q_col0, + 64): A is the
-       * dS^T slot's rows k_row0.., B the same rows of K, column block
-       * q_col0 / 64, both MN-major (one 64-column block each). */
-      const int k_row0 = kSplitKeys ? c * 64 : 0, q_col0 = kSplitKeys ? 0 : c * 64;
+      /* dQ = dS K for query rows [dq_row0, + 64) of the step and columns
+       * [q_col0, + 64), over keys [k_row0, + KQ): A is the dS^T slot's rows
+       * k_row0.. of column block dq_row0 / 64, B the same rows of K's column
+       * block q_col0 / 64, both MN-major (one 64-element block each). */
+      constexpr int KQ = kSplit == kSplitKeys ? 64 : kBc;
+      const int k_row0 = kSplit == kSplitKeys ? c * 64 : 0;
+      const int q_col0 = kSplit == kSplitColumns ? c * 64 : 0;
+      const int dq_row0 = kSplit == kSplitRows ? c * 64 : 0;
       const uint64_t b_dq =
           wg::desc_mn_major(sK + (q_col0 / 64) * kBc * 128 + k_row0 * 128, kBc * 128);
 
       for (int it = 0; it < w.items; ++it) {
         const int st = it % kStages;
         const uint32_t ph = (uint32_t)(it / kStages) & 1;
-        const int h = w.hk * p.group + it / w.nmb, m0 = (w.mb_min + it % w.nmb) * kBr;
+        const int h = w.hk * p.group + it / w.nmb, m0 = (w.mb_min + it % w.nmb) * BR;
         const uint32_t q_slot = sQ + st * S::kQ, do_slot = sdO + st * S::kQ;
         const uint32_t ds_slot = sdS + (it & 1) * S::kDS;
 
         wg::mbar_wait(full_q + 8 * st, ph);
-        if (p.cu_q && m0 + kBr > nq) {
+        if (p.cu_q && m0 + BR > nq) {
           wg::mbar_wait(full_do + 8 * st, ph);
-          zero_rows<DP>(q_slot, kBr, nq - m0, ctid);
-          zero_rows<DP>(do_slot, kBr, nq - m0, ctid);
+          zero_rows<DP>(q_slot, BR, nq - m0, ctid);
+          zero_rows<DP>(do_slot, BR, nq - m0, ctid);
           wg::fence_proxy_async();
           wg::named_sync(1, 256);
         }
@@ -288,8 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint64_t b_do = wg::desc_k_major(do_slot);
 #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk)
-            mma::ss(dp, a_v + wg::kstep_k_major(kBc, kk), b_do + wg::kstep_k_major(kBr, kk),
-                    kk > 0);
+            mma::ss(dp, a_v + wg::kstep_k_major(kBc, kk), b_do + wg::kstep_k_major(BR, kk), kk > 0);
           wg::commit();
         };
         wg::pin(s);
@@ -299,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint64_t b_q = wg::desc_k_major(q_slot);
 #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk)
-            mma::ss(s, a_k + wg::kstep_k_major(kBc, kk), b_q + wg::kstep_k_major(kBr, kk), kk > 0);
+            mma::ss(s, a_k + wg::kstep_k_major(kBc, kk), b_q + wg::kstep_k_major(BR, kk), kk > 0);
         }
         wg::commit();
         if constexpr (SOFTCAP) {
@@ -314,11 +324,11 @@ __global__ void __launch_bounds__(kThreads, 1)
          * causal diagonal, window edge); query rows past the sequence have
          * lse2 = +inf and so P = 0. The thread's columns are queries 8 n + 2 t
          * (+1), whose lse2 and D pairs it reads from the slot. */
-        const int i_last = min(m0 + kBr, nq) - 1;
+        const int i_last = min(m0 + BR, nq) - 1;
         const bool full = n0 + kBc <= nk && n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
                           n0 + kBc <= key_hi(diag(m0, nq, nk), nk, p.window_right);
         const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
-        const uint32_t a_l = sL + (st * kBr + 2 * t) * 4, a_d = sD + (st * kBr + 2 * t) * 4;
+        const uint32_t a_l = sL + (st * BR + 2 * t) * 4, a_d = sD + (st * BR + 2 * t) * 4;
 #pragma unroll
         for (int n = 0; n < NS; ++n) {
           const float2 l2 = lds64(a_l + n * 32);
@@ -373,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         /* dQ reads dS^T rows [k_row0, + KQ): both warpgroups' rows, or this
          * one's. The slot alternates, so this barrier also tells a
          * warpgroup that the other is done with the slot it writes next. */
-        if (kSplitKeys)
+        if (kSplit == kSplitKeys)
           wg::named_sync(2 + c, 128);
         else
           wg::named_sync(1, 256);
@@ -388,18 +398,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::pin(dq);
         wg::fence();
         {
-          const uint64_t b_do = wg::desc_mn_major(do_slot, kBr * 128);
+          const uint64_t b_do = wg::desc_mn_major(do_slot, BR * 128);
 #pragma unroll
           for (int kk = 0; kk < KB; ++kk)
             mma::rs(dv, pa[kk], b_do + wg::kstep_mn_major(kk), 1);
-          const uint64_t a_ds = wg::desc_mn_major(ds_slot + k_row0 * 128, kBc * 128);
+          const uint64_t a_ds =
+              wg::desc_mn_major(ds_slot + (dq_row0 / 64) * kBc * 128 + k_row0 * 128, kBc * 128);
 #pragma unroll
           for (int kk = 0; kk < KQ / 16; ++kk)
             mma::ss_mn(dq, a_ds + wg::kstep_mn_major(kk), b_dq + wg::kstep_mn_major(kk), kk > 0);
         }
         wg::commit();
         {
-          const uint64_t b_q = wg::desc_mn_major(q_slot, kBr * 128);
+          const uint64_t b_q = wg::desc_mn_major(q_slot, BR * 128);
 #pragma unroll
           for (int kk = 0; kk < KB; ++kk)
             mma::rs(dk, da[kk], b_q + wg::kstep_mn_major(kk), 1);
@@ -410,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::pin(dv);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int i = m0 + warp * 16 + g + r * 8;
+          const int i = m0 + dq_row0 + warp * 16 + g + r * 8;
           if (i < nq) {
             float *dst = p.dq_acc + ws_row(p, w.sq, w.b, h, i) * D + q_col0 + 2 * t;
 #pragma unroll
@@ -465,29 +476,11 @@ static int fall_back(const attn__cuda_launch *L) {
   return ATTN_EINTERNAL;
 }
 
-template <typename T, int D, bool SOFTCAP>
-static int run(const attn__cuda_launch *L, const params &p, const CUtensorMap &tq,
-               const CUtensorMap &tk, const CUtensorMap &tv, const CUtensorMap &tdo) {
-  auto kern = bwd_kernel<T, D, SOFTCAP>;
-  constexpr size_t smem = tiles<D>::smem;
-  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-      cudaSuccess)
-    return ATTN_EDEVICE;
-  int rc = bwd_prep<T, D>(p, L->stream);
-  if (rc != ATTN_OK) return rc;
-  const dim3 grid((unsigned)((p.seqlen_k + kBc - 1) / kBc), (unsigned)p.heads_kv,
-                  (unsigned)p.batch);
-  kern<<<grid, kThreads, smem, L->stream>>>(tq, tk, tv, tdo, p);
-  if (cudaGetLastError() != cudaSuccess) return ATTN_EDEVICE;
-  return bwd_dq_convert<T, D>(p, L->stream);
-}
-
-template <typename T, int D>
-static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
+/* One shape's launches around the prep pass and the dq conversion; false
+ * where a tensor map cannot describe an operand. */
+template <typename T, int D, int BR, bool SOFTCAP>
+static bool run(const attn__cuda_launch *L, const params &p, int *rc) {
   const attn__problem *pb = L->pb;
-  params p;
-  make_params(L, 1, &p);
-  bwd_workspace(L, &p);
   const int64_t seqs = pb->varlen ? 1 : pb->batch;
   const int64_t rows_q = pb->varlen ? pb->total_q : pb->seqlen_q;
   const int64_t rows_k = pb->varlen ? pb->total_k : pb->seqlen_k;
@@ -496,44 +489,69 @@ static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
                            box);
   };
   CUtensorMap tq, tk, tv, tdo;
-  if (!p.dq_atomic || !encode(&tq, p.q, rows_q, pb->heads_q, kBr) ||
-      !encode(&tdo, p.dout, rows_q, pb->heads_q, kBr) ||
+  if (!encode(&tq, p.q, rows_q, pb->heads_q, BR) ||
+      !encode(&tdo, p.dout, rows_q, pb->heads_q, BR) ||
       !encode(&tk, p.k, rows_k, pb->heads_kv, kBc) || !encode(&tv, p.v, rows_k, pb->heads_kv, kBc))
-    return fall_back(L);
-  if (p.softcap > 0.f) return run<T, D, true>(L, p, tq, tk, tv, tdo);
-  return run<T, D, false>(L, p, tq, tk, tv, tdo);
+    return false;
+  auto kern = bwd_kernel<T, D, BR, SOFTCAP>;
+  constexpr size_t smem = tiles<D, BR>::smem;
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+      cudaSuccess) {
+    *rc = ATTN_EDEVICE;
+    return true;
+  }
+  if ((*rc = bwd_prep<T, D>(p, L->stream)) != ATTN_OK) return true;
+  const dim3 grid((unsigned)((p.seqlen_k + kBc - 1) / kBc), (unsigned)p.heads_kv,
+                  (unsigned)p.batch);
+  kern<<<grid, kThreads, smem, L->stream>>>(tq, tk, tv, tdo, p);
+  *rc = cudaGetLastError() == cudaSuccess ? bwd_dq_convert<T, D>(p, L->stream) : ATTN_EDEVICE;
+  return true;
 }
 
-template <typename T, int D>
+/* Under softcap, Br = 64 (tanh's values need the registers of the larger
+ * tile). */
+template <typename T, int D, int BR>
+static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
+  params p;
+  make_params(L, 1, &p);
+  bwd_workspace(L, &p);
+  int rc = ATTN_OK;
+  const bool ran = p.dq_atomic && (p.softcap > 0.f ? run<T, D, 64, true>(L, p, &rc)
+                                                   : run<T, D, BR, false>(L, p, &rc));
+  return ran ? rc : fall_back(L);
+}
+
+template <typename T, int D, int BR>
 constexpr attn__cuda_config bwd_row(const char *name) {
+  constexpr size_t smem = tiles<D, BR>::smem, smem_64 = tiles<D, 64>::smem;
   return {.kernel = ATTN__CUDA_HOPPER_BACKWARD,
           .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
           .dim = D,
           .cc = 90,
           .specific = 1,
           .threads = kThreads,
-          .br = kBr,
+          .br = BR,
           .bc = kBc,
-          .smem = tiles<D>::smem,
+          .smem = smem > smem_64 ? smem : smem_64,
           .smem_det = 0,
           .features = 0,
           .nondeterministic = 1,
           .name = name,
-          .launch = launch_bwd<T, D>};
+          .launch = launch_bwd<T, D, BR>};
 }
 
-/* The rows: FlashAttention-3's tiles for d = 128 (Bc = 128 keys, Br = 64
- * query rows), taken for d = 64 too; d = 128 holds dK and dV in 128 of the
- * consumers' 240 registers, and d = 96 runs its tiles (the padding's columns
- * computed, never stored). Shared memory: 162 KB at d = 96 and 128, 98 KB at
- * d = 64. */
+/* The rows, <head dim, Br>: FlashAttention-3's tiles for these dims (Bc =
+ * 128 keys; Br = 128 query rows at d = 64, 64 at d = 128, where dK and dV
+ * take 128 of the consumers' 240 registers); d = 96 runs d = 128's tiles
+ * (the padding's columns computed, never stored). Shared memory: 162 KB at
+ * d = 96 and 128, 163 KB at d = 64. */
 constexpr attn__cuda_config bwd_rows[] = {
-    bwd_row<__half, 64>("Hopper backward (wgmma), f16, d = 64, 64 x 128 tiles"),
-    bwd_row<__half, 96>("Hopper backward (wgmma), f16, d = 96, 64 x 128 tiles"),
-    bwd_row<__half, 128>("Hopper backward (wgmma), f16, d = 128, 64 x 128 tiles"),
-    bwd_row<__nv_bfloat16, 64>("Hopper backward (wgmma), bf16, d = 64, 64 x 128 tiles"),
-    bwd_row<__nv_bfloat16, 96>("Hopper backward (wgmma), bf16, d = 96, 64 x 128 tiles"),
-    bwd_row<__nv_bfloat16, 128>("Hopper backward (wgmma), bf16, d = 128, 64 x 128 tiles"),
+    bwd_row<__half, 64, 128>("Hopper backward (wgmma), f16, d = 64, 128 x 128 tiles"),
+    bwd_row<__half, 96, 64>("Hopper backward (wgmma), f16, d = 96, 64 x 128 tiles"),
+    bwd_row<__half, 128, 64>("Hopper backward (wgmma), f16, d = 128, 64 x 128 tiles"),
+    bwd_row<__nv_bfloat16, 64, 128>("Hopper backward (wgmma), bf16, d = 64, 128 x 128 tiles"),
+    bwd_row<__nv_bfloat16, 96, 64>("Hopper backward (wgmma), bf16, d = 96, 64 x 128 tiles"),
+    bwd_row<__nv_bfloat16, 128, 64>("Hopper backward (wgmma), bf16, d = 128, 64 x 128 tiles"),
 };
 
 }  // namespace attn_hopper_bwd
