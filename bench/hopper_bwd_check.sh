@@ -78,9 +78,16 @@ rows() { grep -o "ward: [^,]*" "$1" | sort | uniq -c | sed 's/^/    /'; }
 
 if has check && [ -x "$BUILD/hopper_bwd_check" ]; then
   stamp check
-  ATTN_DEBUG=1 timeout 150 "$BUILD/hopper_bwd_check" >"$OUT/check.txt" 2>"$OUT/check_debug.txt" &&
-    result[check]=ok || result[check]=FAIL
+  ATTN_DEBUG=1 timeout 150 "$BUILD/hopper_bwd_check" >"$OUT/check.txt" 2>"$OUT/check_debug.txt"
+  rc=$?
+  [ $rc = 0 ] && result[check]=ok || result[check]="FAIL (rc $rc)"
   cat "$OUT/check.txt"
+  if [ $rc = 124 ]; then
+    # A kernel that never finishes would hang every later step too.
+    result[check]="HUNG (timed out after 150 s; later steps skipped)"
+    STEPS=""
+    tail -5 "$OUT/check_debug.txt"
+  fi
   echo "rows the checker's calls ran:"
   rows "$OUT/check_debug.txt"
 fi
