@@ -636,6 +636,7 @@ constexpr attn__cuda_config fwd_row(const char *name) {
                                                               : smem_cp<D, BC>(),
           .smem_det = 0,
           .features = 0,
+          .nondeterministic = 0,
           .name = name,
           .launch = launch_fwd<T, D, BC, STAGES>};
 }

@@ -623,6 +623,7 @@ constexpr attn__cuda_config bwd_row(const char *name) {
           .smem = C::smem_kv,
           .smem_det = C::smem_q,
           .features = ATTN__USES_BIAS | ATTN__USES_SINKS | ATTN__USES_DBIAS | ATTN__USES_DSINKS,
+          .nondeterministic = 0,
           .name = name,
           .launch = launch_bwd<T, D, KBR>};
 }
