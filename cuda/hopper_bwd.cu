@@ -175,9 +175,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (wgi == 0) {
-    /* Producer: warp 0's lane 0 issues every copy; warp 1's lanes write two
-     * rows each of the slot's lse2 and D (+inf and 0 past the sequence, so
-     * that P = 0 there), whose loads do not hold the copies up. Each role
+    /* Producer: warp 0's lane 0 issues every copy; warp 1's lanes write
+     * BR / 32 rows each of the slot's lse2 and D (+inf and 0 past the
+     * sequence, so that P = 0 there), whose loads do not hold the copies up.
+     * Each role
      * walks the items in the consumers' order and waits for a slot's
      * release on its own. */
     wg::regs_dec<kProducerRegs>();
