@@ -276,9 +276,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
   }
 }
 
-/* Work-group (x, y, z)'s slot in DBIAS 2's partial buffer, for a launch of
- * attn_bwd_dq with nx x ny x .. work-groups: nk_all floats each. */
-#define PART_SLOT(x, y, z, nx, ny) ((((long)(z) * (ny) + (y)) * (nx) + (x)) * nk_all)
+/* PART_SLOT, a work-group's slot in DBIAS 2's partial buffer: common.cl. */
 
 #if DBIAS
 /* dbias[dbias_o + b s0 + h s1 + i s2 + j s3]; this launch's first sequence

@@ -26,12 +26,8 @@
  * The -D parameters (cl/plan.c's tiles table, CPU class): RB, a multiple
  * of 4, and KB, a multiple of 16, as fwd_rows.cl takes them.
  */
-#ifndef RB
-#define RB 32 /* query rows per block, a multiple of 4 */
-#endif
-#ifndef KB
-#define KB 32 /* keys per block, a multiple of 16 */
-#endif
+/* RB and KB, the product S = Q K^T (rows_dot_keys) and the sums of products
+ * (sum_products): common.cl. */
 #ifndef DBIAS
 #define DBIAS 0 /* dbias: 0 none, 1 added tile by tile, 2 through row-block sums */
 #endif
@@ -59,38 +55,6 @@ inline void stage_keys_t(float8 (*yt)[KG], __global const T *p, long4 s, int j0,
         yt[8 * c + u][g] = t[u];
     }
   }
-}
-
-/* out[i][j] = row i of xf . key j of yt for RB rows and the first kn keys:
- * an FMA per column, in column order from 0, as fwd_rows.cl and bwd.cl
- * compute S. */
-inline void rows_dot_keys(float (*out)[KB], const float *xf, float8 (*yt)[KG], int kn) {
-  for (int i = 0; i < RB; i += 4)
-    for (int g = 0; g < (kn + 7) / 8; g += 2) {
-      float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f,
-             a7 = 0.0f;
-      for (int c = 0; c < HD; ++c) {
-        const float8 y0 = yt[c][g], y1 = yt[c][g + 1];
-        const float8 x0 = (float8)(xf[i * HD + c]), x1 = (float8)(xf[(i + 1) * HD + c]),
-                     x2 = (float8)(xf[(i + 2) * HD + c]), x3 = (float8)(xf[(i + 3) * HD + c]);
-        a0 = fma(x0, y0, a0);
-        a1 = fma(x0, y1, a1);
-        a2 = fma(x1, y0, a2);
-        a3 = fma(x1, y1, a3);
-        a4 = fma(x2, y0, a4);
-        a5 = fma(x2, y1, a5);
-        a6 = fma(x3, y0, a6);
-        a7 = fma(x3, y1, a7);
-      }
-      vstore8(a0, g, out[i]);
-      vstore8(a1, g + 1, out[i]);
-      vstore8(a2, g, out[i + 1]);
-      vstore8(a3, g + 1, out[i + 1]);
-      vstore8(a4, g, out[i + 2]);
-      vstore8(a5, g + 1, out[i + 2]);
-      vstore8(a6, g, out[i + 3]);
-      vstore8(a7, g + 1, out[i + 3]);
-    }
 }
 
 /* The rows' operands and statistics: Q and dO rows (zero past the
@@ -201,38 +165,6 @@ inline void rows_p_ds(const rows_block *rb, float8 (*kt)[KG], float8 (*vt)[KG],
   }
 }
 
-/* acc[j] += sum over the RB rows i of w[i][j] * x[i], for keys j < kn
- * rounded up to 2 (w is zero past kn): 2 keys x 4 float8 columns at a
- * time, rows in order. */
-inline void keys_sum_rows(float8 (*acc)[NV], float (*w)[KB], float8 (*x)[NV], int kn) {
-  for (int j = 0; j < kn; j += 2)
-    for (int c = 0; c < NV; c += 4) {
-      float8 a0 = acc[j][c], a1 = acc[j][c + 1], a2 = acc[j][c + 2], a3 = acc[j][c + 3];
-      float8 a4 = acc[j + 1][c], a5 = acc[j + 1][c + 1], a6 = acc[j + 1][c + 2],
-             a7 = acc[j + 1][c + 3];
-      for (int i = 0; i < RB; ++i) {
-        const float8 w0 = w[i][j], w1 = w[i][j + 1];
-        const float8 y0 = x[i][c], y1 = x[i][c + 1], y2 = x[i][c + 2], y3 = x[i][c + 3];
-        a0 = fma(w0, y0, a0);
-        a1 = fma(w0, y1, a1);
-        a2 = fma(w0, y2, a2);
-        a3 = fma(w0, y3, a3);
-        a4 = fma(w1, y0, a4);
-        a5 = fma(w1, y1, a5);
-        a6 = fma(w1, y2, a6);
-        a7 = fma(w1, y3, a7);
-      }
-      acc[j][c] = a0;
-      acc[j][c + 1] = a1;
-      acc[j][c + 2] = a2;
-      acc[j][c + 3] = a3;
-      acc[j + 1][c] = a4;
-      acc[j + 1][c + 1] = a5;
-      acc[j + 1][c + 2] = a6;
-      acc[j + 1][c + 3] = a7;
-    }
-}
-
 /* n rows of acc (times f) into the first d columns of rows r0.. of p. */
 inline void store_rows(__global T *p, long4 s, int r0, int n, float8 (*acc)[NV], float f,
                        int d) {
@@ -286,16 +218,14 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dkdv_rows(
       stage_rows_block(&rb, qp, qs, gp, gs, lse, lo_, ls, delta, b, h, seq, i0, tq, d);
       rows_p_ds(&rb, kt, vt, p, ds, i0, j0, kn, nq, nk, scale, softcap, slope, wl,
                 wr ROWS_BIAS(bias_bh) ROWS_DR(dr));
-      keys_sum_rows(dv_acc, p, rb.g, kn);
-      keys_sum_rows(dk_acc, ds, rb.q, kn);
+      /* Keys rounded up to 2: p and ds are zero past kn. */
+      sum_products(dv_acc, (kn + 1) & ~1, &p[0][0], 1, KB, rb.g, RB);
+      sum_products(dk_acc, (kn + 1) & ~1, &ds[0][0], 1, KB, rb.q, RB);
     }
   }
   store_rows(HEAD_ROWS(dk, dko, dks, b, hk, seq.k0), dks, j0, kn, dk_acc, scale, d);
   store_rows(HEAD_ROWS(dv, dvo, dvs, b, hk, seq.k0), dvs, j0, kn, dv_acc, 1.0f, d);
 }
-
-/* Work-item (x, y, z)'s slot in DBIAS 2's partial buffer, as bwd.cl's. */
-#define ROWS_PART_SLOT(x, y, z, nx, ny) ((((long)(z) * (ny) + (y)) * (nx) + (x)) * nk_all)
 
 #if DBIAS
 /* As bwd.cl's attn_bwd_dq takes them. */
@@ -325,7 +255,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dq_rows(
 #if DBIAS == 1
   __global float *dbp = dbias + dbias_o + b * dbias_s.s0 + h * dbias_s.s1;
 #elif DBIAS == 2
-  __global float *dbp = part + ROWS_PART_SLOT(get_group_id(0), get_group_id(1), get_group_id(2),
+  __global float *dbp = part + PART_SLOT(get_group_id(0), get_group_id(1), get_group_id(2),
                                               get_num_groups(0), get_num_groups(1));
 #endif
   float8 kt[HD][KG], vt[HD][KG], kr[KB][NV], dq_acc[RB][NV];
@@ -371,34 +301,8 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dq_rows(
       dbp[j0 + j] = sum;
     }
 #endif
-    /* dQ += dS K: 2 rows x 4 float8 columns at a time, keys in order. */
-    for (int i = 0; i < RB; i += 2)
-      for (int c = 0; c < NV; c += 4) {
-        float8 a0 = dq_acc[i][c], a1 = dq_acc[i][c + 1], a2 = dq_acc[i][c + 2],
-               a3 = dq_acc[i][c + 3];
-        float8 a4 = dq_acc[i + 1][c], a5 = dq_acc[i + 1][c + 1], a6 = dq_acc[i + 1][c + 2],
-               a7 = dq_acc[i + 1][c + 3];
-        for (int j = 0; j < kn; ++j) {
-          const float8 w0 = ds[i][j], w1 = ds[i + 1][j];
-          const float8 y0 = kr[j][c], y1 = kr[j][c + 1], y2 = kr[j][c + 2], y3 = kr[j][c + 3];
-          a0 = fma(w0, y0, a0);
-          a1 = fma(w0, y1, a1);
-          a2 = fma(w0, y2, a2);
-          a3 = fma(w0, y3, a3);
-          a4 = fma(w1, y0, a4);
-          a5 = fma(w1, y1, a5);
-          a6 = fma(w1, y2, a6);
-          a7 = fma(w1, y3, a7);
-        }
-        dq_acc[i][c] = a0;
-        dq_acc[i][c + 1] = a1;
-        dq_acc[i][c + 2] = a2;
-        dq_acc[i][c + 3] = a3;
-        dq_acc[i + 1][c] = a4;
-        dq_acc[i + 1][c + 1] = a5;
-        dq_acc[i + 1][c + 2] = a6;
-        dq_acc[i + 1][c + 3] = a7;
-      }
+    /* dQ += dS K, keys in order. */
+    sum_products(dq_acc, RB, &ds[0][0], KB, 1, kr, kn);
   }
   store_rows(HEAD_ROWS(dq, dqo, dqs, b, h, seq.q0), dqs, i0, min(RB, nq - i0), dq_acc, scale, d);
 }

@@ -398,12 +398,23 @@ inline float row_end_at(int i, int nq, int nk, int wl, int wr, float sink, float
 #define SINK_OF(h) 0.0f
 #endif
 
+/* Work-group (x, y, z)'s slot in DBIAS 2's partial buffer, for a launch of
+ * a dQ kernel (bwd.cl's or bwd_rows.cl's) with nx x ny x .. work-groups:
+ * nk_all floats each. */
+#define PART_SLOT(x, y, z, nx, ny) ((((long)(z) * (ny) + (y)) * (nx) + (x)) * nk_all)
+
 /* Rows as float8s, for the CPU-shaped kernels (fwd_rows.cl, bwd_rows.cl),
  * which keep a row of the head dimension in NV registers of 8 floats. */
 #ifndef HD
 #define HD 64 /* the head dimension rounded up: 32, 64, then a multiple of 32 */
 #endif
 #define NV (HD / 8) /* float8s per row, a multiple of 4 */
+#ifndef RB
+#define RB 32 /* query rows per work-item, a multiple of 4 */
+#endif
+#ifndef KB
+#define KB 32 /* keys per tile, a multiple of 16 */
+#endif
 
 /* Eight float8s of the same element type: chunk c of a row as f32. */
 #if DTYPE == 0
@@ -464,4 +475,73 @@ inline float lane_max(float8 x) {
   const float4 a = fmax(x.lo, x.hi);
   const float2 b = fmax(a.lo, a.hi);
   return fmax(b.s0, b.s1);
+}
+
+/* out[i][j] = row i of xf (RB rows of HD floats) . key j of yt (K^T, 8 keys
+ * to a float8) for the first kn keys: 4 rows x 16 keys at a time, each an
+ * FMA per column in column order from 0, as bwd.cl computes S too. The
+ * forward's S and the backward's must be bit-identical, or exp(S - lse)
+ * amplifies the difference where the logits are large. */
+inline void rows_dot_keys(float (*out)[KB], const float *xf, float8 (*yt)[KB / 8], int kn) {
+  for (int i = 0; i < RB; i += 4)
+    for (int g = 0; g < (kn + 7) / 8; g += 2) {
+      float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f,
+             a7 = 0.0f;
+      for (int c = 0; c < HD; ++c) {
+        const float8 y0 = yt[c][g], y1 = yt[c][g + 1];
+        const float8 x0 = (float8)(xf[i * HD + c]), x1 = (float8)(xf[(i + 1) * HD + c]),
+                     x2 = (float8)(xf[(i + 2) * HD + c]), x3 = (float8)(xf[(i + 3) * HD + c]);
+        a0 = fma(x0, y0, a0);
+        a1 = fma(x0, y1, a1);
+        a2 = fma(x1, y0, a2);
+        a3 = fma(x1, y1, a3);
+        a4 = fma(x2, y0, a4);
+        a5 = fma(x2, y1, a5);
+        a6 = fma(x3, y0, a6);
+        a7 = fma(x3, y1, a7);
+      }
+      vstore8(a0, g, out[i]);
+      vstore8(a1, g + 1, out[i]);
+      vstore8(a2, g, out[i + 1]);
+      vstore8(a3, g + 1, out[i + 1]);
+      vstore8(a4, g, out[i + 2]);
+      vstore8(a5, g + 1, out[i + 2]);
+      vstore8(a6, g, out[i + 3]);
+      vstore8(a7, g + 1, out[i + 3]);
+    }
+}
+
+/* acc[a] += sum over b < nb of w[a * wa + b * wb] * x[b] for a < na, na
+ * even (w is zero where a or b runs past the data): 2 rows of acc x 4
+ * float8 columns at a time, b in order: the forward's P V and the
+ * backward's dQ sum over the keys, dV and dK over the query rows (w[i][j]
+ * read down a column). */
+inline void sum_products(float8 (*acc)[NV], int na, const float *w, int wa, int wb,
+                         float8 (*x)[NV], int nb) {
+  for (int a = 0; a < na; a += 2)
+    for (int c = 0; c < NV; c += 4) {
+      float8 a0 = acc[a][c], a1 = acc[a][c + 1], a2 = acc[a][c + 2], a3 = acc[a][c + 3];
+      float8 a4 = acc[a + 1][c], a5 = acc[a + 1][c + 1], a6 = acc[a + 1][c + 2],
+             a7 = acc[a + 1][c + 3];
+      for (int b = 0; b < nb; ++b) {
+        const float8 w0 = w[a * wa + b * wb], w1 = w[(a + 1) * wa + b * wb];
+        const float8 y0 = x[b][c], y1 = x[b][c + 1], y2 = x[b][c + 2], y3 = x[b][c + 3];
+        a0 = fma(w0, y0, a0);
+        a1 = fma(w0, y1, a1);
+        a2 = fma(w0, y2, a2);
+        a3 = fma(w0, y3, a3);
+        a4 = fma(w1, y0, a4);
+        a5 = fma(w1, y1, a5);
+        a6 = fma(w1, y2, a6);
+        a7 = fma(w1, y3, a7);
+      }
+      acc[a][c] = a0;
+      acc[a][c + 1] = a1;
+      acc[a][c + 2] = a2;
+      acc[a][c + 3] = a3;
+      acc[a + 1][c] = a4;
+      acc[a + 1][c + 1] = a5;
+      acc[a + 1][c + 2] = a6;
+      acc[a + 1][c + 3] = a7;
+    }
 }

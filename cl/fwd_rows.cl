@@ -24,13 +24,8 @@
  * of 4, and KB, a multiple of 16. RB * HD and KB * HD floats each stay
  * within a CPU's L1 or L2 cache.
  */
-/* HD, NV and the rows' helpers (load_row, transpose8): common.cl. */
-#ifndef RB
-#define RB 32 /* query rows per work-item (work-group), a multiple of 4 */
-#endif
-#ifndef KB
-#define KB 32 /* keys per tile, a multiple of 16 */
-#endif
+/* HD, NV, RB, KB and the rows' helpers (load_row, transpose8, rows_dot_keys):
+ * common.cl. */
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(
     __global const T *q, long qo, long4 qs, __global const T *k, long ko, long4 ks,
@@ -104,36 +99,8 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(
           ktr[8 * c + u][g] = t[u];
       }
 
-    /* S = Q K^T: 4 rows x 16 keys at a time, each score an FMA per column
-     * in column order, as bwd.cl recomputes it: S must be bit-identical to
-     * the backward's, or exp(S - lse) amplifies the difference where the
-     * logits are large. */
-    for (int i = 0; i < RB; i += 4)
-      for (int g = 0; g < (kn + 7) / 8; g += 2) {
-        float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f,
-               a7 = 0.0f;
-        for (int c = 0; c < HD; ++c) {
-          const float8 y0 = ktr[c][g], y1 = ktr[c][g + 1];
-          const float8 x0 = (float8)(qf[i * HD + c]), x1 = (float8)(qf[(i + 1) * HD + c]),
-                       x2 = (float8)(qf[(i + 2) * HD + c]), x3 = (float8)(qf[(i + 3) * HD + c]);
-          a0 = fma(x0, y0, a0);
-          a1 = fma(x0, y1, a1);
-          a2 = fma(x1, y0, a2);
-          a3 = fma(x1, y1, a3);
-          a4 = fma(x2, y0, a4);
-          a5 = fma(x2, y1, a5);
-          a6 = fma(x3, y0, a6);
-          a7 = fma(x3, y1, a7);
-        }
-        vstore8(a0, g, s[i]);
-        vstore8(a1, g + 1, s[i]);
-        vstore8(a2, g, s[i + 1]);
-        vstore8(a3, g + 1, s[i + 1]);
-        vstore8(a4, g, s[i + 2]);
-        vstore8(a5, g + 1, s[i + 2]);
-        vstore8(a6, g, s[i + 3]);
-        vstore8(a7, g + 1, s[i + 3]);
-      }
+    /* S = Q K^T, bit-identical to the backward's (common.cl). */
+    rows_dot_keys(s, qf, ktr, kn);
 
     /* Scores, mask and the online softmax, row by row, 8 keys at a time. */
     for (int i = 0; i < RB; ++i) {
@@ -175,34 +142,11 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(
       l_i[i] = l_i[i] * alpha[i] + lane_sum(l8);
     }
 
-    /* O = O alpha + P V: 2 rows x 4 float8 columns at a time. */
-    for (int i = 0; i < RB; i += 2)
-      for (int c = 0; c < NV; c += 4) {
-        float8 a0 = acc[i][c] * alpha[i], a1 = acc[i][c + 1] * alpha[i],
-               a2 = acc[i][c + 2] * alpha[i], a3 = acc[i][c + 3] * alpha[i];
-        float8 a4 = acc[i + 1][c] * alpha[i + 1], a5 = acc[i + 1][c + 1] * alpha[i + 1],
-               a6 = acc[i + 1][c + 2] * alpha[i + 1], a7 = acc[i + 1][c + 3] * alpha[i + 1];
-        for (int j = 0; j < kn; ++j) {
-          const float8 p0 = s[i][j], p1 = s[i + 1][j];
-          const float8 y0 = vt[j][c], y1 = vt[j][c + 1], y2 = vt[j][c + 2], y3 = vt[j][c + 3];
-          a0 = fma(p0, y0, a0);
-          a1 = fma(p0, y1, a1);
-          a2 = fma(p0, y2, a2);
-          a3 = fma(p0, y3, a3);
-          a4 = fma(p1, y0, a4);
-          a5 = fma(p1, y1, a5);
-          a6 = fma(p1, y2, a6);
-          a7 = fma(p1, y3, a7);
-        }
-        acc[i][c] = a0;
-        acc[i][c + 1] = a1;
-        acc[i][c + 2] = a2;
-        acc[i][c + 3] = a3;
-        acc[i + 1][c] = a4;
-        acc[i + 1][c + 1] = a5;
-        acc[i + 1][c + 2] = a6;
-        acc[i + 1][c + 3] = a7;
-      }
+    /* O = O alpha + P V, keys in order. */
+    for (int i = 0; i < RB; ++i)
+      for (int c = 0; c < NV; ++c)
+        acc[i][c] *= alpha[i];
+    sum_products(acc, RB, &s[0][0], KB, 1, vt, kn);
   }
 
   /* The rows' ends. */

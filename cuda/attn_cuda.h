@@ -8,7 +8,8 @@
  *   - the Hopper backward (the same; hopper_bwd.cu) for head dims 64, 96
  *     and 128, without those terms and not in deterministic mode;
  *   - the tensor-core kernels (mma.sync + ldmatrix, f16/bf16; mma_*.cu) for
- *     the common head dims;
+ *     the common head dims, and the forward's f32 rows through TF32, for
+ *     problems that allow it (ATTN_ALLOW_TF32);
  *   - the f32 forward's wide kernel (general_fwd32.cuh) for padded head dims
  *     64 and 128 with 16-byte rows;
  *   - the general kernels (any head dim 1..256, every dtype, f32 in true
@@ -17,8 +18,8 @@
  * Each family exports its rows of the tuning table: one kernel
  * configuration each, its traits and its launcher. The plan walks them in
  * the order above and takes the first row whose key (dtype, head dim, lowest
- * compute capability) and needs (shared memory, alignment) the problem and
- * the device meet; the launcher then runs exactly that row.
+ * compute capability, TF32) and needs (shared memory, alignment) the problem
+ * and the device meet; the launcher then runs exactly that row.
  */
 #ifndef ATTN_CUDA_H
 #define ATTN_CUDA_H
@@ -108,6 +109,7 @@ struct attn__cuda_config {
   int dim;              /* head dims d with bucket(d) == dim (see attn__cuda_dim_bucket) */
   int cc;               /* the lowest compute capability its code needs (attn__cuda_device.arch) */
   int specific;         /* and it needs cc's architecture-specific code (sm_90a) */
+  int tf32;             /* f32 through TF32 tensor cores: only where the problem allows it */
   int threads;          /* a block */
   int br, bc;           /* query rows and keys a block (or a step) */
   size_t smem;          /* dynamic shared memory, its largest kernel */
@@ -162,8 +164,9 @@ static inline int attn__cuda_rows4(const attn__tensor *t, const attn__problem *p
 /* Whether t's rows load as 16-byte chunks (cp.async, ldmatrix): the base and
  * every row start 16-byte aligned, the head dim contiguous. */
 static inline int attn__cuda_aligned16(const attn__tensor *t) {
-  return t->native && attn__cuda_base(t) % 16 == 0 && t->sd == 1 && t->ss % 8 == 0 &&
-         t->sh % 8 == 0 && t->sb % 8 == 0;
+  const int64_t e = 16 / (int64_t)attn_dtype_size(t->dtype); /* elements in 16 bytes */
+  return t->native && attn__cuda_base(t) % 16 == 0 && t->sd == 1 && t->ss % e == 0 &&
+         t->sh % e == 0 && t->sb % e == 0;
 }
 
 /* The shared memory that a bias of elements of `size` bytes adds to a row

@@ -440,6 +440,7 @@ constexpr attn__cuda_config mma_row(const char *name) {
           .dim = D,
           .cc = 80,
           .specific = 0,
+          .tf32 = 0,
           .threads = kWarps * 32,
           .br = kRows,
           .bc = kWarps * kTile,

@@ -269,6 +269,7 @@ constexpr attn__cuda_config f32_row(const char *name) {
           .dim = D,
           .cc = 0, /* cp.async where there is one (copy.cuh) */
           .specific = 0,
+          .tf32 = 0,
           .threads = f32_warps<D>() * 32,
           .br = kRows,
           .bc = f32_warps<D>() * kTile,

@@ -1246,6 +1246,7 @@ constexpr attn__cuda_config general_row(attn__cuda_kernel kernel, int dim, size_
           .dim = dim,
           .cc = 0,
           .specific = 0,
+          .tf32 = 0,
           .threads = kThreads,
           .br = C::Br,
           .bc = C::Bc,

@@ -221,6 +221,7 @@ constexpr attn__cuda_config fwd32_row(const char *name) {
           .dim = DP,
           .cc = 0,
           .specific = 0,
+          .tf32 = 0,
           .threads = C::NT,
           .br = C::Br,
           .bc = C::Bc,

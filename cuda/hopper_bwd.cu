@@ -530,6 +530,7 @@ constexpr attn__cuda_config bwd_row(const char *name) {
           .dim = D,
           .cc = 90,
           .specific = 1,
+          .tf32 = 0,
           .threads = kThreads,
           .br = BR,
           .bc = kBc,

@@ -629,6 +629,7 @@ constexpr attn__cuda_config fwd_row(const char *name) {
           .dim = D,
           .cc = 90,
           .specific = 1,
+          .tf32 = 0,
           .threads = kThreadsWs,
           .br = kBr,
           .bc = BC,

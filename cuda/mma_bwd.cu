@@ -617,6 +617,7 @@ constexpr attn__cuda_config bwd_row(const char *name) {
           .dim = D,
           .cc = 80,
           .specific = 0,
+          .tf32 = 0,
           .threads = C::KNW * 32,
           .br = KBR,
           .bc = C::KBC,

@@ -13,9 +13,26 @@
  * A C fragment of two neighbouring n-tiles is therefore an A fragment of the
  * next product once packed to 16 bits (P in P V, dS in dS K), with no shuffles.
  *
- * Shared-memory tiles are row-major with rows padded by 8 elements (16 bytes),
- * so the 8 rows an ldmatrix phase reads land in 8 distinct 16-byte bank groups
- * for every head dim we specialise (a power-of-two swizzle would not cover 96).
+ * f32 runs the forward through TF32 (mma.sync m16n8k8 .tf32, fp32
+ * accumulation; "Matrix fragments for mma.m16n8k8", .tf32), operands rounded
+ * to TF32 by cvt.rna:
+ *   A (16x8, row-major):  a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4)
+ *   B (8x8, k-major):     b0 = (k t, n g), b1 = (k t+4, n g)
+ *   C (16x8, fp32):       as above
+ * An ldmatrix 8x8 of b16 over 32-bit data is an 8x4 block of it, lane
+ * (g, t) holding element (g, t): the same ldmatrix.x4 loads, at the same byte
+ * offsets, give the A fragment of a row-major tile and the B fragments of a
+ * tile stored [n][k], k-steps of 8 floats where 16-bit types take 16 (32
+ * bytes either way). A C fragment is no A fragment here, but the sum over k
+ * does not care for its order: columns 2t and 2t+1 of P go in as A's t and
+ * t+4, and B reads the matching rows 2t and 2t+1 of V one float at a time.
+ *
+ * Shared-memory tiles are row-major with rows padded by 16 bytes (8 elements
+ * of 16 bits, 4 floats), so the 8 rows an ldmatrix phase reads land in 8
+ * distinct 16-byte bank groups for every head dim we specialise (a
+ * power-of-two swizzle would not cover 96). For f32 rows of D + 4 floats
+ * (D a multiple of 16) also put V's rows 2t, 2t + 1 (t = 0..3) 8 banks apart,
+ * so the warp's scalar B loads of P V, columns g = 0..7, meet no conflict.
  */
 #ifndef ATTN_MMA_COMMON_CUH
 #define ATTN_MMA_COMMON_CUH
@@ -33,8 +50,14 @@
 
 namespace attn_mma {
 
-/* Row padding of every shared-memory tile, in elements (see the top). */
+/* Row padding of the bias tiles and of the backward's tiles, in elements
+ * (see the top). */
 constexpr int kPad = 8;
+
+/* Elements of T in 16 bytes: a cp.async, an ldmatrix row, and the row
+ * padding of the forward's Q, K and V tiles (see the top). */
+template <typename T>
+constexpr int kChunk = 16 / (int)sizeof(T);
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -142,6 +165,25 @@ struct elem<__nv_bfloat16> {
   }
 };
 
+/* f32 through TF32: the tensor cores' m16n8k8, operands rounded to TF32
+ * (10-bit mantissa, ties away from zero) by tf32(). */
+template <>
+struct elem<float> {
+  static __device__ __forceinline__ uint32_t tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+  }
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
 /* ---------------------------------------------------------------------- */
 /* PTX wrappers                                                             */
 /* ---------------------------------------------------------------------- */
@@ -199,15 +241,16 @@ __device__ __forceinline__ float2 lds64(uint32_t a) {
 }
 
 /* Per-lane element offsets of the fragment loads below, for a tile of row
- * stride LD: A from [m][k] (non-transposed), B from [n][k] (non-transposed),
- * B from [k][n] (transposed). Add (row * LD + col) of the 16x16 corner. */
-template <int LD>
+ * stride LD whose 16 bytes hold E elements: A from [m][k] (non-transposed),
+ * B from [n][k] (non-transposed), B from [k][n] (transposed). Add (row * LD
+ * + col) of the fragment's corner. */
+template <int LD, int E = 8>
 __device__ __forceinline__ int lane_a(int lane) {
-  return (lane & 15) * LD + (lane >> 4) * 8;
+  return (lane & 15) * LD + (lane >> 4) * E;
 }
-template <int LD>
+template <int LD, int E = 8>
 __device__ __forceinline__ int lane_b_nk(int lane) {
-  return ((lane & 7) + (lane >> 4) * 8) * LD + ((lane >> 3) & 1) * 8;
+  return ((lane & 7) + (lane >> 4) * 8) * LD + ((lane >> 3) & 1) * E;
 }
 template <int LD>
 __device__ __forceinline__ int lane_b_kn(int lane) {
@@ -251,30 +294,33 @@ __device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const T *s, int n0, 
 /* Tiles                                                                    */
 /* ---------------------------------------------------------------------- */
 
-/* ROWS x D elements from global rows row0.. (row stride ss) into a padded
- * shared tile; rows at or past nrows are zero-filled. */
+/* ROWS x D elements from global rows row0.. (row stride ss) into a shared
+ * tile of rows padded by 16 bytes; rows at or past nrows are zero-filled.
+ * Chunk c (16 bytes, row-major) is thread c % NT's, as in load_rows and
+ * tf32_tile. */
 template <int ROWS, int D, int NT, typename T>
 __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t ss, int row0, int nrows,
                                           int tid) {
-  constexpr int kChunks = D / 8;
+  constexpr int E = kChunk<T>, LD = D + E;
+  constexpr int kChunks = D / E;
   constexpr int kStep = NT / kChunks;
   if constexpr (NT % kChunks == 0 && ROWS % kStep == 0) {
     /* Each thread keeps one column of 16-byte chunks and walks rows kStep
      * apart: one base address per thread, whole rows per step. */
-    const int r0 = tid / kChunks, col = (tid % kChunks) * 8;
+    const int r0 = tid / kChunks, col = (tid % kChunks) * E;
     const T *src = g + (int64_t)(row0 + r0) * ss + col;
-    T *dst = s + r0 * (D + kPad) + col;
+    T *dst = s + r0 * LD + col;
 #pragma unroll
     for (int k = 0; k < ROWS / kStep; ++k) {
       const bool ok = row0 + r0 + k * kStep < nrows;
-      cp_async16(dst + k * kStep * (D + kPad), ok ? src + (int64_t)k * kStep * ss : g, ok);
+      cp_async16(dst + k * kStep * LD, ok ? src + (int64_t)k * kStep * ss : g, ok);
     }
-  } else { /* d = 96: 12 chunks a row do not divide the threads */
+  } else { /* d = 96: 12 chunks a row (24 of f32) do not divide the threads */
 #pragma unroll
     for (int c = tid; c < ROWS * kChunks; c += NT) {
-      const int r = c / kChunks, col = (c % kChunks) * 8;
+      const int r = c / kChunks, col = (c % kChunks) * E;
       const bool ok = row0 + r < nrows;
-      cp_async16(s + r * (D + kPad) + col, ok ? g + (int64_t)(row0 + r) * ss + col : g, ok);
+      cp_async16(s + r * LD + col, ok ? g + (int64_t)(row0 + r) * ss + col : g, ok);
     }
   }
 }
@@ -284,12 +330,33 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t ss, int row0
 template <int ROWS, int D, int NT, typename T, typename RowAt>
 __device__ __forceinline__ void load_rows(T *s, RowAt row_at, const T *any, int row0, int nrows,
                                           int tid) {
-  constexpr int kChunks = D / 8;
+  constexpr int E = kChunk<T>, LD = D + E;
+  constexpr int kChunks = D / E;
 #pragma unroll
   for (int c = tid; c < ROWS * kChunks; c += NT) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const int r = c / kChunks, col = (c % kChunks) * E;
     const bool ok = row0 + r < nrows;
-    cp_async16(s + r * (D + kPad) + col, ok ? row_at(row0 + r) + col : any, ok);
+    cp_async16(s + r * LD + col, ok ? row_at(row0 + r) + col : any, ok);
+  }
+}
+
+/* A float tile of load_tile or load_rows rounded to TF32 in place, once for
+ * every warp that reads it: each thread rounds the chunks its own cp.async
+ * wrote, which cp_async_wait has made visible to it (a barrier then shows
+ * them to the others). */
+template <int ROWS, int D, int NT>
+__device__ __forceinline__ void tf32_tile(float *s, int tid) {
+  constexpr int E = kChunk<float>, LD = D + E;
+  constexpr int kChunks = D / E;
+#pragma unroll 2
+  for (int c = tid; c < ROWS * kChunks; c += NT) {
+    float4 *p = reinterpret_cast<float4 *>(s + (c / kChunks) * LD + (c % kChunks) * E);
+    float4 v = *p;
+    v.x = __uint_as_float(elem<float>::tf32(v.x));
+    v.y = __uint_as_float(elem<float>::tf32(v.y));
+    v.z = __uint_as_float(elem<float>::tf32(v.z));
+    v.w = __uint_as_float(elem<float>::tf32(v.w));
+    *p = v;
   }
 }
 

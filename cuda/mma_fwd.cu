@@ -1,5 +1,6 @@
 /*
- * Tensor-core forward pass (FlashAttention-2, forward): one thread block per
+ * Tensor-core forward pass (FlashAttention-2, forward), f16 and bf16, and f32
+ * through TF32 where the caller allows it (ATTN_ALLOW_TF32): one thread block per
  * (block of Br query rows, query head, sequence); each warp owns MT m16 slabs
  * of query rows (two by default, as FlashAttention-2, so each K/V fragment
  * read from shared memory feeds two mma). Q is loaded once; K and V blocks of
@@ -10,6 +11,11 @@
  * runs in registers in the exp2 domain, P is packed to 16 bits in registers
  * as the A operand of O += P V, and O / l_i and lse = m_i ln 2 + ln l_i are
  * written once at the end (rows with no key: 0 and -inf).
+ *
+ * f32 takes the same steps on f32 tiles: each thread rounds the chunks of Q,
+ * K and V it loaded to TF32 in shared memory, once, before the barrier that
+ * publishes them; P is rounded in registers; both products are m16n8k8 with
+ * fp32 accumulation, and the softmax, masks and epilogue are the f16 ones.
  *
  * Also here: the parameter block shared with the backward pass.
  */
@@ -115,15 +121,19 @@ template <typename T, int D, int MT, int NW, int BC, int STAGES, bool Q_IN_REGS,
 __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
 #if ATTN_CUDA_SM80
   using BT = std::conditional_t<BIAS == 4, float, T>;
+  constexpr bool TF32 = std::is_same<T, float>::value;
   constexpr int NT = NW * 32;
   constexpr int BR = 16 * MT * NW;
-  constexpr int LD = D + kPad;
+  constexpr int E = kChunk<T>;   /* elements in 16 bytes */
+  constexpr int LD = D + E;      /* Q, K, V tile rows */
   constexpr int LDB = BC + kPad; /* bias tile rows */
-  constexpr int KD = D / 16;     /* k-steps of Q K^T */
+  constexpr int KS = 2 * E;      /* k of one mma: 16, or 8 for TF32 (32 bytes) */
+  constexpr int KD = D / KS;     /* k-steps of Q K^T */
   constexpr int NS = BC / 8;     /* n-tiles of S */
   constexpr int NO = D / 8;      /* n-tiles of O */
   static_assert(BC % 16 == 0 && D % 16 == 0, "tiles are multiples of 16");
   static_assert(STAGES >= 2, "at least double buffering");
+  static_assert(!TF32 || BIAS != 2, "an f32 problem's bias is f32 (plan.c)");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sQ = (T *)smem_raw;
@@ -195,10 +205,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
     l_i[mt][0] = l_i[mt][1] = 0.f;
   }
 
-  /* Per-lane shared addresses of the fragment loads (bytes). */
-  const uint32_t aQ = smem_addr(sQ) + (uint32_t)(w0 * LD + lane_a<LD>(lane)) * sizeof(T);
-  const uint32_t bK = smem_addr(sK) + (uint32_t)lane_b_nk<LD>(lane) * sizeof(T);
-  const uint32_t bV = smem_addr(sV) + (uint32_t)lane_b_kn<LD>(lane) * sizeof(T);
+  /* Per-lane shared addresses of the fragment loads (bytes). TF32 reads V
+   * one float at a time: rows 2t and 2t + 1 of each 8 keys, column g. */
+  const uint32_t aQ = smem_addr(sQ) + (uint32_t)(w0 * LD + lane_a<LD, E>(lane)) * sizeof(T);
+  const uint32_t bK = smem_addr(sK) + (uint32_t)lane_b_nk<LD, E>(lane) * sizeof(T);
+  const uint32_t bV =
+      smem_addr(sV) + (uint32_t)(TF32 ? 2 * t * LD + g : lane_b_kn<LD>(lane)) * sizeof(T);
   constexpr uint32_t kSlot = BC * LD * sizeof(T);
   /* BIAS: the thread's pair of keys (2t, 2t + 1) in its row g of the warp. */
   const uint32_t aB = smem_addr(sB) + (uint32_t)((w0 + g) * LDB + 2 * t) * sizeof(BT);
@@ -215,13 +227,14 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
     uint32_t qf[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KD : 1][4];
     if (Q_IN_REGS) {
       cp_async_wait<STAGES - 2>();
+      if constexpr (TF32) tf32_tile<BR, D, NT>((float *)sQ, tid);
       __syncthreads();
 #pragma unroll
       for (int mt = 0; mt < (Q_IN_REGS ? MT : 0); ++mt)
 #pragma unroll
         for (int kk = 0; kk < KD; ++kk)
           ldsm_x4(qf[Q_IN_REGS ? mt : 0][Q_IN_REGS ? kk : 0],
-                  aQ + (mt * 16 * LD + kk * 16) * sizeof(T));
+                  aQ + (mt * 16 * LD + kk * KS) * sizeof(T));
     }
 
     for (int it = 0; it < nblocks; ++it) {
@@ -229,8 +242,14 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
       const uint32_t cK = bK + (it % STAGES) * kSlot;
       const uint32_t cV = bV + (it % STAGES) * kSlot;
       /* Block it has landed, and every warp is done with block it-1, whose
-       * slot the load below reuses. */
+       * slot the load below reuses. TF32: the thread's chunks of it (and of
+       * Q, first) rounded before the barrier publishes them. */
       cp_async_wait<STAGES - 2>();
+      if constexpr (TF32) {
+        if (!Q_IN_REGS && it == 0) tf32_tile<BR, D, NT>((float *)sQ, tid);
+        tf32_tile<BC, D, NT>((float *)sK + (it % STAGES) * BC * LD, tid);
+        tf32_tile<BC, D, NT>((float *)sV + (it % STAGES) * BC * LD, tid);
+      }
       __syncthreads();
       {
         const int nx = it + STAGES - 1;
@@ -255,13 +274,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
             for (int x = 0; x < 4; ++x)
               a[mt][x] = qf[Q_IN_REGS ? mt : 0][Q_IN_REGS ? kk : 0][x];
           } else {
-            ldsm_x4(a[mt], aQ + (mt * 16 * LD + kk * 16) * sizeof(T));
+            ldsm_x4(a[mt], aQ + (mt * 16 * LD + kk * KS) * sizeof(T));
           }
         }
 #pragma unroll
         for (int np = 0; np < NS / 2; ++np) {
           uint32_t bb[4];
-          ldsm_x4(bb, cK + (np * 16 * LD + kk * 16) * sizeof(T));
+          ldsm_x4(bb, cK + (np * 16 * LD + kk * KS) * sizeof(T));
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             elem<T>::mma(s[mt][2 * np], a[mt], bb[0], bb[1]);
@@ -275,7 +294,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
       auto bias_pair = [&](int mt, int n, int r) {
         const uint32_t a =
             aB + (it % STAGES) * kSlotB + (uint32_t)((mt * 16 + r * 8) * LDB + n * 8) * sizeof(BT);
-        return BIAS == 4 ? lds64(a) : elem<T>::unpack(lds32(a));
+        if constexpr (BIAS == 2)
+          return elem<T>::unpack(lds32(a));
+        else
+          return lds64(a);
       };
 
       /* Scores in the log2 domain; the mask only on blocks that straddle a
@@ -378,25 +400,50 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
         }
       }
 
-      /* O += P V; P is already in A-fragment order. */
+      /* O += P V; P is already in A-fragment order (16 bits), or TF32 takes
+       * n-tile kk of S as the A fragment of keys 8 kk.., its columns 2t, 2t+1
+       * as A's t, t+4, and B as V's rows 2t, 2t+1 to match (see
+       * mma_common.cuh). */
+      if constexpr (TF32) {
 #pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk) {
-        uint32_t a[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          a[mt][0] = elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-          a[mt][1] = elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-          a[mt][2] = elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-          a[mt][3] = elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
-#pragma unroll
-        for (int np = 0; np < D / 16; ++np) {
-          uint32_t bb[4];
-          ldsm_x4_t(bb, cV + (kk * 16 * LD + np * 16) * sizeof(T));
+        for (int kk = 0; kk < NS; ++kk) {
+          uint32_t a[MT][4];
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            elem<T>::mma(acc_o[mt][2 * np], a[mt], bb[0], bb[1]);
-            elem<T>::mma(acc_o[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+            a[mt][0] = elem<T>::tf32(s[mt][kk][0]);
+            a[mt][1] = elem<T>::tf32(s[mt][kk][2]);
+            a[mt][2] = elem<T>::tf32(s[mt][kk][1]);
+            a[mt][3] = elem<T>::tf32(s[mt][kk][3]);
+          }
+#pragma unroll
+          for (int n = 0; n < NO; ++n) {
+            const uint32_t b0 = lds32(cV + (kk * 8 * LD + n * 8) * sizeof(T));
+            const uint32_t b1 = lds32(cV + ((kk * 8 + 1) * LD + n * 8) * sizeof(T));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+              elem<T>::mma(acc_o[mt][n], a[mt], b0, b1);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+          uint32_t a[MT][4];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            a[mt][0] = elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            a[mt][1] = elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            a[mt][2] = elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            a[mt][3] = elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+          }
+#pragma unroll
+          for (int np = 0; np < D / 16; ++np) {
+            uint32_t bb[4];
+            ldsm_x4_t(bb, cV + (kk * 16 * LD + np * 16) * sizeof(T));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              elem<T>::mma(acc_o[mt][2 * np], a[mt], bb[0], bb[1]);
+              elem<T>::mma(acc_o[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+            }
           }
         }
       }
@@ -438,9 +485,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
       if (i < nq) {
         T *orow = go + (int64_t)i * p.o.ss;
 #pragma unroll
-        for (int n = 0; n < NO; ++n)
-          *(uint32_t *)(orow + n * 8 + 2 * t) =
-              elem<T>::pack(acc_o[mt][n][2 * r] * inv, acc_o[mt][n][2 * r + 1] * inv);
+        for (int n = 0; n < NO; ++n) {
+          const float lo = acc_o[mt][n][2 * r] * inv, hi = acc_o[mt][n][2 * r + 1] * inv;
+          if constexpr (TF32)
+            *(float2 *)(orow + n * 8 + 2 * t) = make_float2(lo, hi);
+          else
+            *(uint32_t *)(orow + n * 8 + 2 * t) = elem<T>::pack(lo, hi);
+        }
         if (p.has_lse && t == 0)
           lse_store(row_ptr<float>(p.lse, b, sq.q0 + i, h), p.lse.sd, seen, m * kLn2, l);
       }
@@ -483,9 +534,13 @@ template <typename T, int D, int MT, int NW, int BC, int STAGES, bool QR, int MI
 static int launch_bias(const attn__cuda_launch *L, const attn__cuda_config *c, const params &p) {
   const attn__problem *pb = L->pb;
   if (!pb->has_bias) return launch_cache<T, D, MT, NW, BC, STAGES, QR, MINB, SCORED, 0>(L, c, p);
-  if (pb->bias.dtype == ATTN_F32)
+  if constexpr (std::is_same<T, float>::value) {
     return launch_cache<T, D, MT, NW, BC, STAGES, QR, MINB, SCORED, 4>(L, c, p);
-  return launch_cache<T, D, MT, NW, BC, STAGES, QR, MINB, SCORED, 2>(L, c, p);
+  } else {
+    if (pb->bias.dtype == ATTN_F32)
+      return launch_cache<T, D, MT, NW, BC, STAGES, QR, MINB, SCORED, 4>(L, c, p);
+    return launch_cache<T, D, MT, NW, BC, STAGES, QR, MINB, SCORED, 2>(L, c, p);
+  }
 }
 
 template <typename T, int D, int MT, int NW, int BC, int STAGES, bool QR, int MINB>
@@ -501,15 +556,19 @@ template <typename T, int D, int MT, int NW, int BC, int STAGES, bool QR, int MI
 constexpr attn__cuda_config fwd_row(const char *name) {
   constexpr int BR = 16 * MT * NW;
   static_assert(STAGES == 2, "attn__cuda_mma_fwd_bias_smem counts two bias tiles");
+  constexpr bool tf32 = std::is_same<T, float>::value;
   return {.kernel = ATTN__CUDA_MMA_FORWARD,
-          .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
+          .dtype = tf32                             ? ATTN_F32
+                   : std::is_same<T, __half>::value ? ATTN_F16
+                                                    : ATTN_BF16,
           .dim = D,
           .cc = 80,
           .specific = 0,
+          .tf32 = tf32,
           .threads = NW * 32,
           .br = BR,
           .bc = BC,
-          .smem = (size_t)(BR + 2 * STAGES * BC) * (D + kPad) * sizeof(T),
+          .smem = (size_t)(BR + 2 * STAGES * BC) * (D + kChunk<T>)*sizeof(T),
           .smem_det = 0,
           .features = ATTN__USES_SEQUSED | ATTN__USES_PAGED | ATTN__USES_APPEND | ATTN__USES_BIAS |
                       ATTN__USES_SINKS,
@@ -524,7 +583,11 @@ constexpr attn__cuda_config fwd_row(const char *name) {
  * loads per mma against one slab and ran fastest at d = 64 (Bc = 64) and
  * d = 128 (Bc = 32, the largest without spills); d = 96 follows d = 128;
  * d = 256 holds O in 128 registers, so one slab per warp and Q in shared
- * memory. */
+ * memory. f32 through TF32 (rows the plan takes only for problems that
+ * allow it) takes the same shapes, not measured yet, its tiles twice the
+ * bytes: d = 128 fills 132 KB, one block an SM; d = 256 takes blocks of 16
+ * keys, with which ptxas spills nothing (32 spilled up to 160 bytes), in
+ * 130 KB; d = 32 follows d = 64. */
 constexpr attn__cuda_config fwd_rows[] = {
     fwd_row<__half, 64, 2, 4, 64, 2, false, 2>("tensor-core forward, f16, d = 64, 128 x 64 tiles"),
     fwd_row<__half, 96, 2, 4, 32, 2, false, 2>("tensor-core forward, f16, d = 96, 128 x 32 tiles"),
@@ -539,6 +602,16 @@ constexpr attn__cuda_config fwd_rows[] = {
         "tensor-core forward, bf16, d = 128, 128 x 32 tiles"),
     fwd_row<__nv_bfloat16, 256, 1, 4, 32, 2, false, 2>(
         "tensor-core forward, bf16, d = 256, 64 x 32 tiles"),
+    fwd_row<float, 32, 2, 4, 64, 2, false, 2>(
+        "tensor-core forward, f32 as TF32, d = 32, 128 x 64 tiles"),
+    fwd_row<float, 64, 2, 4, 64, 2, false, 2>(
+        "tensor-core forward, f32 as TF32, d = 64, 128 x 64 tiles"),
+    fwd_row<float, 96, 2, 4, 32, 2, false, 2>(
+        "tensor-core forward, f32 as TF32, d = 96, 128 x 32 tiles"),
+    fwd_row<float, 128, 2, 4, 32, 2, false, 2>(
+        "tensor-core forward, f32 as TF32, d = 128, 128 x 32 tiles"),
+    fwd_row<float, 256, 1, 4, 16, 2, false, 1>(
+        "tensor-core forward, f32 as TF32, d = 256, 64 x 16 tiles"),
 };
 
 }  // namespace attn_mma

@@ -4,8 +4,9 @@
  * (attn__cuda_workspace then sizes its scratch). The rows are the families'
  * (attn_cuda.h), walked decoding first (the few query rows it covers run
  * there, keys split across the device), then the Hopper forward and
- * backward (where the device runs sm_90a code), then tensor cores, then the
- * f32 wide kernel, then the general kernels, which cover every problem.
+ * backward (where the device runs sm_90a code), then tensor cores (f32
+ * through TF32 when the problem allows it), then the f32 wide kernel, then
+ * the general kernels, which cover every problem.
  */
 #include "attn_cuda.h"
 
@@ -77,7 +78,7 @@ static const attn__cuda_config *first_row(const attn__cuda_rows *t, const attn__
     size_t smem = c->smem;
     if (pb->deterministic && c->smem_det > smem) smem = c->smem_det;
     smem += bias_smem(c, pb);
-    if (bwd == backward && c->dtype == pb->dtype &&
+    if (bwd == backward && c->dtype == pb->dtype && (!c->tf32 || pb->allow_tf32) &&
         c->dim == attn__cuda_dim_bucket(c->kernel, pb->head_dim) && code_runs(c, dev) &&
         smem <= dev->smem_optin && (attn__problem_uses(pb) & ~c->features) == 0 &&
         !(pb->deterministic && c->nondeterministic) && family_covers(c->kernel, pb))

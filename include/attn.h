@@ -303,8 +303,22 @@ ATTN_API attn_tensor attn_tensor_on(attn_tensor t, attn_buffer *buffer, size_t o
 /* attn_params.flags */
 #define ATTN_CAUSAL 0x1u        /* keys after the bottom-right-aligned diagonal are hidden */
 #define ATTN_DETERMINISTIC 0x2u /* backward: bit-identical gradients run to run */
+#define ATTN_ALLOW_TF32 0x8u    /* f32 forward: products may round operands to TF32 */
 #define ATTN_ASYNC 0x10u        /* GPU: return once queued (device tensors only) */
-/* Bits 0x4 and 0x8 are retired; any bit not named here is ATTN_EINVAL. */
+/* Bit 0x4 is retired; any bit not named here is ATTN_EINVAL.
+ *
+ * Without ATTN_ALLOW_TF32, f32 is computed in float32. With it, the CUDA
+ * backend may run an f32 forward pass on the tensor cores in TF32 (compute
+ * capability 8.0 and later, head dims 32, 64, 96, 128 and 256, rows 16-byte
+ * aligned): Q K^T and P V round their operands to TF32's 10-bit mantissa
+ * (unit roundoff 2^-11, as f16's; float32's is 2^-24) and accumulate in
+ * float32, and the softmax stays float32. A score then moves by up to about
+ * 2^-11 times the sum of |q_c k_c| scale, so o and lse come near f16
+ * attention's accuracy, not float32's, and large logits lose the most (a
+ * score of 1e3 by up to ~0.5). The golden README states the tolerance TF32
+ * is held to. A problem TF32 does not cover, every other backend, and the
+ * backward pass (it reads the o and lse it is given) compute in float32
+ * whatever the flag. */
 
 typedef struct attn_params {
   /* sizeof(attn_params) as the caller's attn.h has it, set by

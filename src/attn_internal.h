@@ -80,6 +80,7 @@ typedef struct attn__problem {
   int causal;         /* informational; the window already says it */
   const float *alibi; /* host memory, heads_q slopes; NULL = none (or alibi_dev) */
   int deterministic;  /* backward: 1 = no atomics, fixed reduction order */
+  int allow_tf32;     /* f32 forward: products may round their operands to TF32 */
   int async;
   int has_lse; /* forward: whether lse is wanted */
   /* lse holds (hi, lo) pairs: lo at element + lse.sd (attn_tensor_lse_hilo);

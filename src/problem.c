@@ -298,7 +298,7 @@ static int check_cu(attn_context *ctx, const char *name, const int32_t *cu, int6
   return ATTN_OK;
 }
 
-#define KNOWN_FLAGS (ATTN_CAUSAL | ATTN_DETERMINISTIC | ATTN_ASYNC)
+#define KNOWN_FLAGS (ATTN_CAUSAL | ATTN_DETERMINISTIC | ATTN_ALLOW_TF32 | ATTN_ASYNC)
 
 /* The sizes attn_params has had: the first version's, every field up to
  * alibi and varlen (88 bytes on LP64), then this version's, with the
@@ -626,7 +626,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   if (p->flags & ~KNOWN_FLAGS)
     return attn__error(ctx, ATTN_EINVAL,
                        "params.flags has bits 0x%x that name no flag (known: ATTN_CAUSAL, "
-                       "ATTN_DETERMINISTIC, ATTN_ASYNC)",
+                       "ATTN_DETERMINISTIC, ATTN_ALLOW_TF32, ATTN_ASYNC)",
                        p->flags & ~KNOWN_FLAGS);
 
   /* Score terms: the bias (its own float dtype, size-1 dimensions
@@ -789,6 +789,7 @@ int attn__problem_build(attn_context *ctx, enum attn__op op, const attn_params *
   if (pb->causal && (pb->window_right < 0 || pb->window_right > 0)) pb->window_right = 0;
   pb->alibi = p->alibi_slopes;
   pb->deterministic = (p->flags & ATTN_DETERMINISTIC) != 0;
+  pb->allow_tf32 = (p->flags & ATTN_ALLOW_TF32) != 0;
   pb->async = (p->flags & ATTN_ASYNC) != 0;
   fill_tensor(ctx, q, varlen, 0, &pb->q);
   fill_tensor(ctx, k, varlen, 0, &pb->k);

@@ -62,6 +62,7 @@ static void compare(at_golden_result *r, const char *out, const void *x, attn_dt
   r->peer = peer;
   r->ratio = isnan(peer) ? NAN : peer > 0 ? err / (factor(out) * peer) : NAN;
   r->num_splits = -1;
+  r->tf32 = 0;
   r->pass = err <= r->bound;
 }
 
@@ -86,7 +87,20 @@ static void compare_exact(at_golden_result *r, const char *out, const void *x, c
   r->peer = NAN;
   r->ratio = NAN;
   r->num_splits = -1;
+  r->tf32 = 0;
   r->pass = same;
+}
+
+/* With TF32 allowed, what rounding to TF32 alone costs this output (the
+ * reference computed as TF32, against the exact answer) joins its peer
+ * figure: bound F * (peer + tf32) + 1e-6 * max(1, max|ref|), or with no
+ * peer figure the dtype's bound plus F * tf32. */
+static void add_tf32(at_golden_result *r, double tf32) {
+  const double F = factor(r->output);
+  r->tf32 = tf32;
+  r->bound += F * tf32;
+  if (!isnan(r->peer) && r->peer + tf32 > 0) r->ratio = r->max_err / (F * (r->peer + tf32));
+  r->pass = r->max_err <= r->bound;
 }
 
 /* Keeps, per output, the worst of the forward's runs. */
@@ -163,13 +177,14 @@ typedef struct bufs {
   void *o, *o2, *kc, *vc, *dq, *dk, *dv;
   float *l, *l2, *lhi, *dbias, *dsinks;
   double *xo, *xl, *xdq, *xdk, *xdv, *xdb, *xds; /* the reference's outputs */
+  double *t; /* the reference computed as TF32, one output at a time */
   unsigned char *empty_o;
 } bufs;
 
 static void bufs_free(bufs *b) {
-  void *all[] = {b->o,   b->o2,  b->kc,     b->vc,  b->dq,   b->dk,  b->dv,   b->l,
-                 b->l2,  b->lhi, b->dbias,  b->dsinks, b->xo, b->xl, b->xdq, b->xdk,
-                 b->xdv, b->xdb, b->xds, b->empty_o};
+  void *all[] = {b->o,   b->o2,  b->kc,  b->vc,    b->dq,     b->dk, b->dv,
+                 b->l,   b->l2,  b->lhi, b->dbias, b->dsinks, b->xo, b->xl,
+                 b->xdq, b->xdk, b->xdv, b->xdb,   b->xds,    b->t,  b->empty_o};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     free(all[i]);
 }
@@ -202,6 +217,57 @@ static int declined(attn_context *ctx, at_golden_report *rep, const char *pass, 
   return rep->status;
 }
 
+/* What rounding to TF32 alone costs each output of the case (add_tf32):
+ * the reference computed as TF32 against the case's answers, in t[] in the
+ * order o, lse, dq, dk, dv, dbias, dsinks (the backward's when backward is
+ * set). Returns the reference's status. */
+static int tf32_errors(attn_context *ctx, const at_golden *g, int backward, bufs *B, double t[7]) {
+  const attn_dtype dt = g->dtype;
+  const int64_t Hq = g->heads_q, Hkv = g->heads_kv, d = g->head_dim;
+  const int64_t nq = g->total_q * Hq * d, nk = g->total_k * Hkv * d, nl = g->total_q * Hq;
+  const int64_t nb = g->bias && g->dbias ? bias_count(g) : 0;
+  attn_tensor q = like_q(g, g->q, dt), k = like_k(g, g->k, dt), v = like_k(g, g->v, dt);
+  at_golden_result r;
+  int64_t n = nq > nk ? nq : nk;
+  if (nb > n) n = nb;
+  free(B->t);
+  B->t = malloc(sizeof(double) * (size_t)(4 * n + nl + Hq) + 1);
+  if (!B->t) return attn__error(ctx, ATTN_ENOMEM, "out of memory for the TF32 reference");
+  double *x0 = B->t, *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n, *xl = x3 + n, *xs = xl + nl;
+  for (int i = 0; i < 7; i++)
+    t[i] = 0;
+  int st;
+  if (!backward) {
+    st = at_ref_forward(ctx, &g->params, &q, &k, &v, x0, xl);
+    if (st) return st;
+    compare(&r, "o", to_float(x0, nq), ATTN_F32, g->o, nq, NULL, dt, NAN);
+    t[0] = r.max_err;
+    compare(&r, "lse", to_float(xl, nl), ATTN_F32, g->lse, nl, NULL, dt, NAN);
+    t[1] = r.max_err;
+    return ATTN_OK;
+  }
+  const int with_ds = g->sinks && g->dsinks;
+  attn_tensor dout = like_q(g, g->dout, dt);
+  st = at_ref_backward_terms(ctx, &g->params, &q, &k, &v, &dout, x0, x1, x2, nb ? x3 : NULL,
+                             with_ds ? xs : NULL, NULL, NULL);
+  if (st) return st;
+  compare(&r, "dq", to_float(x0, nq), ATTN_F32, g->dq, nq, NULL, dt, NAN);
+  t[2] = r.max_err;
+  compare(&r, "dk", to_float(x1, nk), ATTN_F32, g->dk, nk, NULL, dt, NAN);
+  t[3] = r.max_err;
+  compare(&r, "dv", to_float(x2, nk), ATTN_F32, g->dv, nk, NULL, dt, NAN);
+  t[4] = r.max_err;
+  if (nb) {
+    compare(&r, "dbias", to_float(x3, nb), ATTN_F32, g->dbias, nb, NULL, dt, NAN);
+    t[5] = r.max_err;
+  }
+  if (with_ds) {
+    compare(&r, "dsinks", to_float(xs, Hq), ATTN_F32, g->dsinks, Hq, NULL, dt, NAN);
+    t[6] = r.max_err;
+  }
+  return ATTN_OK;
+}
+
 static int run_case(attn_context *ctx, const at_golden *g, int forward_only, int reference,
                     at_golden_report *rep) {
   memset(rep, 0, sizeof *rep);
@@ -222,6 +288,14 @@ static int run_case(attn_context *ctx, const at_golden *g, int forward_only, int
     goto done;
   }
   mark_empty(g, B.empty_o);
+
+  /* TF32's own error on the case, where it is allowed (add_tf32). */
+  const int tf32 = (g->params.flags & ATTN_ALLOW_TF32) && dt == ATTN_F32;
+  double terr[7] = {0};
+  if (tf32 && (st = tf32_errors(ctx, g, 0, &B, terr)) != ATTN_OK) {
+    fail_report(rep, st, "TF32 reference forward: ", attn_errmsg(ctx));
+    goto done;
+  }
 
   /* Forward: o, lse and, after an append, the cache. */
   const char *fwd_names[4] = {"o", "lse", "k_out", "v_out"};
@@ -299,6 +373,10 @@ static int run_case(attn_context *ctx, const at_golden *g, int forward_only, int
     }
     compare(&r[0], "o", o_out, odt, g->o, nq, B.empty_o, dt, g->peer_o);
     compare(&r[1], "lse", B.lhi, ATTN_F32, g->lse, nl, NULL, dt, g->peer_lse);
+    if (tf32) {
+      add_tf32(&r[0], terr[0]);
+      add_tf32(&r[1], terr[1]);
+    }
     if (append) {
       compare_exact(&r[2], "k_out", B.kc, g->k_out, dt, nk);
       compare_exact(&r[3], "v_out", B.vc, g->v_out, dt, nk);
@@ -316,6 +394,10 @@ static int run_case(attn_context *ctx, const at_golden *g, int forward_only, int
     const int with_ds = g->sinks && g->dsinks;
     attn_tensor dout = like_q(g, g->dout, dt);
     const void *gq, *gk, *gv, *gb = NULL, *gs = NULL;
+    if (tf32 && (st = tf32_errors(ctx, g, 1, &B, terr)) != ATTN_OK) {
+      fail_report(rep, st, "TF32 reference backward: ", attn_errmsg(ctx));
+      goto done;
+    }
     attn_dtype gdt = dt;
     if (reference) {
       B.xdq = malloc((size_t)nq * sizeof(double) + 1);
@@ -379,12 +461,26 @@ static int run_case(attn_context *ctx, const at_golden *g, int forward_only, int
       gq = B.dq, gk = B.dk, gv = B.dv, gb = B.dbias, gs = B.dsinks;
     }
     at_golden_result *r = rep->r + rep->n;
-    compare(r++, "dq", gq, gdt, g->dq, nq, B.empty_o, dt, g->peer_dq);
-    compare(r++, "dk", gk, gdt, g->dk, nk, NULL, dt, g->peer_dk);
-    compare(r++, "dv", gv, gdt, g->dv, nk, NULL, dt, g->peer_dv);
+    compare(r, "dq", gq, gdt, g->dq, nq, B.empty_o, dt, g->peer_dq);
+    if (tf32) add_tf32(r, terr[2]);
+    r++;
+    compare(r, "dk", gk, gdt, g->dk, nk, NULL, dt, g->peer_dk);
+    if (tf32) add_tf32(r, terr[3]);
+    r++;
+    compare(r, "dv", gv, gdt, g->dv, nk, NULL, dt, g->peer_dv);
+    if (tf32) add_tf32(r, terr[4]);
+    r++;
     /* dbias and dsinks are float32 whatever the inputs' dtype. */
-    if (nb) compare(r++, "dbias", gb, ATTN_F32, g->dbias, nb, NULL, dt, g->peer_dbias);
-    if (with_ds) compare(r++, "dsinks", gs, ATTN_F32, g->dsinks, Hq, NULL, dt, g->peer_dsinks);
+    if (nb) {
+      compare(r, "dbias", gb, ATTN_F32, g->dbias, nb, NULL, dt, g->peer_dbias);
+      if (tf32) add_tf32(r, terr[5]);
+      r++;
+    }
+    if (with_ds) {
+      compare(r, "dsinks", gs, ATTN_F32, g->dsinks, Hq, NULL, dt, g->peer_dsinks);
+      if (tf32) add_tf32(r, terr[6]);
+      r++;
+    }
     rep->n = (int)(r - rep->r);
   }
   rep->pass = 1;

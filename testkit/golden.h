@@ -72,7 +72,11 @@ typedef struct at_golden_result {
   double max_err; /* max |X - ref| over finite-ref elements; INFINITY if a NaN or a wrong -inf */
   double bound;   /* the README's tolerance for this output (0 for k_out, v_out: exact copies) */
   double peer;    /* the case's peer_max_err figure; NAN where it has none */
-  double ratio;   /* max_err / (F * peer) — the README's F achieved; NAN when no peer figure */
+  double ratio;   /* max_err / (F * peer) — the README's F achieved; NAN when no peer figure
+                     (with TF32, max_err / (F * (peer + tf32))) */
+  double tf32;    /* with ATTN_ALLOW_TF32 on an f32 case, the error rounding to TF32 alone makes
+                     (the reference computed as TF32, testkit/ref.h), whose F times joins the
+                     bound; 0 otherwise */
   int num_splits; /* forward outputs: the params.num_splits whose run gave max_err; -1 backward */
   int pass;
 } at_golden_result;
@@ -102,7 +106,10 @@ double at_golden_bound(const char *out, attn_dtype dt, double peer, double maxre
 extern const int at_golden_splits[AT_GOLDEN_SPLIT_RUNS];
 
 /* Runs the case on ctx (host tensors; forward once per at_golden_splits value, then backward
-   unless forward_only), compares every output with the tolerance rule of the golden README (rows
+   unless forward_only) with g->params (a caller may add ATTN_ALLOW_TF32 to its flags: then an f32
+   case is held to the README's TF32 rule, each bound growing by F times the error rounding to
+   TF32 alone makes, see at_golden_result.tf32), compares every output with the tolerance rule of
+   the golden README (rows
    whose reference lse is -inf, or with sinks is the sink while the reference o row is zero, must
    give exactly that lse and an all-zero o and dq row; no NaN anywhere; f16/bf16 lse within
    1e-5*max(1,max|ref|)); after an append, the cache k and v must equal k_out and v_out exactly.

@@ -2,7 +2,15 @@
  * score of the row materialized and everything accumulated in double. Slow
  * and simple on purpose: the tests and `attn check`/`attn run` measure the
  * backends against it. Memory is O(Nk) per row, so it also runs on long
- * sequences, only slowly. */
+ * sequences, only slowly.
+ *
+ * An f32 problem with ATTN_ALLOW_TF32 is computed as TF32 tensor cores
+ * would, and otherwise in double: q, k, v and the probabilities rounded to
+ * TF32 where they enter Q K^T and P V, and the backward from that forward's
+ * o and lse (P = exp(s - lse) with exact scores, D = rowsum(do o)), as the
+ * backends' backward reads what a TF32 forward gave it. The difference from
+ * the exact answer is the error TF32 itself makes on the inputs: the
+ * checkers' TF32 tolerance (ref.h). */
 #include "ref.h"
 #include "rules.h"
 
@@ -10,6 +18,27 @@
 
 static double load(const attn__tensor *t, int64_t elem) {
   return attn__load((const char *)t->native + t->offset, t->dtype, elem);
+}
+
+/* x as a float rounded to TF32 (10-bit mantissa) as cvt.rna.tf32.f32 does:
+ * to nearest, ties away from zero; inf and NaN unchanged. */
+static double tf32(double x) {
+  float f = (float)x;
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* Whether the problem is computed as TF32 (see the top). */
+static int uses_tf32(const attn__problem *pb) {
+  return pb->allow_tf32 && pb->dtype == ATTN_F32;
+}
+
+/* An operand of Q K^T or P V as the problem's products take it. */
+static double operand(const attn__problem *pb, double x) {
+  return uses_tf32(pb) ? tf32(x) : x;
 }
 
 static int64_t at(const attn__tensor *t, int64_t b, int64_t row, int64_t h, int64_t c) {
@@ -28,9 +57,10 @@ static double key_elem(const attn__problem *pb, const attn__tensor *t, const att
 }
 
 /* Scores of row i (of sequence b, query head h) against every visible key:
- * s[j - lo] for j in [lo, hi). Also the softcap derivative ds/du when asked. */
+ * s[j - lo] for j in [lo, hi), from q and k rounded to TF32 when round is
+ * set. Also the softcap derivative ds/du when asked. */
 static void row_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i, int64_t lo,
-                       int64_t hi, double *s, double *dsdu) {
+                       int64_t hi, int round, double *s, double *dsdu) {
   int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
   int64_t hk = h / (pb->heads_q / pb->heads_kv);
   int64_t rq = attn__row0_q(pb, b) + i;
@@ -38,8 +68,11 @@ static void row_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i,
   double slope = attn__problem_slope(pb, h);
   for (int64_t j = lo; j < hi; j++) {
     double u = 0;
-    for (int64_t c = 0; c < pb->head_dim; c++)
-      u += load(&pb->q, at(&pb->q, b, rq, h, c)) * key_elem(pb, &pb->k, &pb->k_new, b, j, hk, c);
+    for (int64_t c = 0; c < pb->head_dim; c++) {
+      double qc = load(&pb->q, at(&pb->q, b, rq, h, c));
+      double kc = key_elem(pb, &pb->k, &pb->k_new, b, j, hk, c);
+      u += round ? tf32(qc) * tf32(kc) : qc * kc;
+    }
     /* The rules' score in double (the backends' is float): the reference's
      * precision, with the same steps. t = 0 without softcap gives ds/du = 1. */
     double t;
@@ -104,12 +137,13 @@ int at_ref_forward_progress(attn_context *ctx, const attn_params *p, const attn_
           for (int64_t c = 0; c < d; c++)
             orow[c] = 0;
         if (lo < hi) {
-          row_scores(&pb, b, h, i, lo, hi, s, NULL);
+          row_scores(&pb, b, h, i, lo, hi, uses_tf32(&pb), s, NULL);
           l = softmax(s, hi - lo, pb.has_bias, pb.has_sinks, sink_of(&pb, h));
           if (orow)
             for (int64_t j = lo; j < hi; j++)
               for (int64_t c = 0; c < d; c++)
-                orow[c] += s[j - lo] * key_elem(&pb, &pb.v, &pb.v_new, b, j, h / group, c);
+                orow[c] += operand(&pb, s[j - lo]) *
+                           operand(&pb, key_elem(&pb, &pb.v, &pb.v_new, b, j, h / group, c));
         } else if (pb.has_sinks) {
           l = sink_of(&pb, h); /* the sink alone: o = 0 */
         }
@@ -168,9 +202,9 @@ int at_ref_backward_terms(attn_context *ctx, const attn_params *p, const attn_te
   int64_t d = pb.head_dim, hq = pb.heads_q, hkv = pb.heads_kv, group = hq / hkv;
   int64_t done = 0, rows = pb.total_q * hq;
   size_t nk_max = (size_t)(pb.seqlen_k > 0 ? pb.seqlen_k : 1);
-  double *s = malloc(sizeof(double) * nk_max * 3);
+  double *s = malloc(sizeof(double) * (nk_max * 4 + (size_t)d));
   if (!s) return attn__error(ctx, ATTN_ENOMEM, "reference: out of memory for a row of scores");
-  double *g = s + nk_max, *dp = g + nk_max;
+  double *g = s + nk_max, *dp = g + nk_max, *st = dp + nk_max, *ot = st + nk_max;
   if (dq) memset(dq, 0, sizeof(double) * (size_t)(pb.total_q * hq * d));
   if (dk) memset(dk, 0, sizeof(double) * (size_t)(pb.total_k * hkv * d));
   if (dv) memset(dv, 0, sizeof(double) * (size_t)(pb.total_k * hkv * d));
@@ -189,10 +223,25 @@ int at_ref_backward_terms(attn_context *ctx, const attn_params *p, const attn_te
         attn__problem_key_range(&pb, i, nq, nk, &lo, &hi);
         if (progress) progress(user, ++done, rows);
         if (lo >= hi) continue; /* a row that sees no key passes no gradient */
-        row_scores(&pb, b, h, i, lo, hi, s, g);
-        const double lse = softmax(s, hi - lo, pb.has_bias, pb.has_sinks, sink_of(&pb, h));
+        row_scores(&pb, b, h, i, lo, hi, 0, s, g);
+        double lse = softmax(s, hi - lo, pb.has_bias, pb.has_sinks, sink_of(&pb, h));
         if (lse == -INFINITY) continue;
-        /* dP_ij = do_i . v_j; D_i = sum_j P_ij dP_ij. */
+        /* TF32: P_ij = exp(s_ij - lse) with the TF32 forward's lse, and D_i
+         * from its o (the top). */
+        int64_t n = hi - lo;
+        if (uses_tf32(&pb)) {
+          row_scores(&pb, b, h, i, lo, hi, 1, st, NULL);
+          const double lt = softmax(st, n, pb.has_bias, pb.has_sinks, sink_of(&pb, h));
+          for (int64_t c = 0; c < d; c++) {
+            ot[c] = 0;
+            for (int64_t j = lo; j < hi; j++)
+              ot[c] += tf32(st[j - lo]) * tf32(load(&pb.v, at(&pb.v, b, rk0 + j, hk, c)));
+          }
+          for (int64_t j = 0; j < n; j++)
+            s[j] *= exp(lse - lt);
+          lse = lt;
+        }
+        /* dP_ij = do_i . v_j; D_i = sum_j P_ij dP_ij (= do_i . o_i). */
         double D = 0;
         for (int64_t j = lo; j < hi; j++) {
           double acc = 0;
@@ -201,6 +250,11 @@ int at_ref_backward_terms(attn_context *ctx, const attn_params *p, const attn_te
                 load(&tdo, at(&tdo, b, rq0 + i, h, c)) * load(&pb.v, at(&pb.v, b, rk0 + j, hk, c));
           dp[j - lo] = acc;
           D += s[j - lo] * acc;
+        }
+        if (uses_tf32(&pb)) {
+          D = 0;
+          for (int64_t c = 0; c < d; c++)
+            D += load(&tdo, at(&tdo, b, rq0 + i, h, c)) * ot[c];
         }
         /* The sink has no value (dP = 0): its dS is P_sink (0 - D). */
         if (dsinks && pb.has_sinks) dsinks[h] += -exp(sink_of(&pb, h) - lse) * D;

@@ -754,6 +754,32 @@ static void key_splits_pass_their_check(at_backend *b) {
   at_free(r);
 }
 
+/* --tf32 (ATTN_ALLOW_TF32): the problem line says so, the check passes, and
+ * what rounding to TF32 alone costs is printed beside the error. */
+static void a_tf32_run_states_its_own_rounding_beside_the_error(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN_CHECKED(r, "--seqlen", "40", "--heads", "2", "--dim", "64", "--tf32", "--backward");
+  assert_non_null(strstr(r->out, "head_dim 64, f32 (TF32 allowed)"));
+  assert_non_null(strstr(r->out, "  tf32      rounding to TF32 alone (the reference as TF32): o "));
+  at_free(r);
+}
+
+/* attn check --tf32: a column of TF32's own rounding, and the summary says
+ * TF32 was allowed. */
+static void check_with_tf32_prints_its_rounding_column(at_backend *b) {
+  (void)b;
+  char dir[4200];
+  source_case(dir, sizeof dir);
+  outcome *r = at_malloc(sizeof *r);
+  RUN(r, QUICK_S, 0, "check", "--tf32", "--forward-only", dir);
+  if (r->status != 0 || !strstr(r->out, "err/peer         tf32  result") ||
+      !strstr(r->out, "(forward, TF32 allowed)") || strstr(r->out, "FAIL"))
+    fail_msg("attn check --tf32: status %d (want 0), stdout:\n%s\nstderr:\n%s", r->status, r->out,
+             r->err);
+  at_free(r);
+}
+
 /* A float32 score overflows at scale 3e38, which the library answers with
  * NaN (attn.h) and the double reference does not: the check must fail, say
  * so on stdout and stderr, and exit 1. */
@@ -800,6 +826,8 @@ int main(int argc, char **argv) {
       AT_TEST(sinks_pass_their_check),
       AT_TEST(the_backward_checks_dbias_and_dsinks),
       AT_TEST(key_splits_pass_their_check),
+      AT_TEST(a_tf32_run_states_its_own_rounding_beside_the_error),
+      AT_TEST(check_with_tf32_prints_its_rounding_column),
       AT_TEST(a_result_outside_the_tolerance_exits_1),
       AT_TEST(bandwidth_reports_a_read_rate),
   };

@@ -3,9 +3,11 @@
  * on every backend, held to the golden README's tolerance rule (F times the
  * peer implementation's error), the forward once per num_splits of
  * at_golden_splits; a backend that declines a case is skipped with its
- * reason. The cases are the project's external ground truth, computed in
- * float64 by another implementation; the common tests hold the test kit's own
- * reference to them, backend independent.
+ * reason. Each f32 case runs again with ATTN_ALLOW_TF32, held to the README's
+ * TF32 rule (CUDA then takes the TF32 tensor cores; the other backends stay
+ * float32, which the rule allows). The cases are the project's external
+ * ground truth, computed in float64 by another implementation; the common
+ * tests hold the test kit's own reference to them, backend independent.
  */
 #include "golden.h"
 #include "testutil.h"
@@ -18,6 +20,7 @@
 typedef struct golden_case {
   char *dir;
   int backward;
+  int tf32; /* run with ATTN_ALLOW_TF32 (f32 cases) */
 } golden_case;
 
 static void print_report(const at_golden *g, const at_golden_report *rep, int from, int to) {
@@ -48,6 +51,7 @@ static void expect_within(at_golden *g, const at_golden_report *rep, int from, i
 static void load_case(const golden_case *c, at_golden *g) {
   char err[1024];
   if (at_golden_load(c->dir, g, err, sizeof err) != 0) fail_msg("%s", err);
+  if (c->tf32) g->params.flags |= ATTN_ALLOW_TF32;
   if (c->backward && !g->dq) {
     at_golden_free(g);
     at_skip("%s has no dq/dk/dv references", c->dir);
@@ -126,35 +130,52 @@ int main(int argc, char **argv) {
     at_test t[] = {AT_TEST(golden_folder_holds_cases)};
     return at_main(argc, argv, "golden", t, 1, NULL, 0);
   }
-  /* Per backend: each case forward and backward; common: the reference on each. */
-  golden_case *cases = calloc((size_t)n * 2, sizeof *cases);
-  at_test *tests = calloc((size_t)n * 2, sizeof *tests);
+  /* Per backend: each case forward and backward, and again with TF32 allowed
+   * where the case is f32; common: the reference on each. */
+  golden_case *cases = calloc((size_t)n * 4, sizeof *cases);
+  at_test *tests = calloc((size_t)n * 4, sizeof *tests);
   at_test *common = calloc((size_t)n * 2, sizeof *common);
-  char **names = calloc((size_t)n * 4, sizeof *names);
+  char **names = calloc((size_t)n * 6, sizeof *names);
   if (!cases || !tests || !common || !names) return 1;
-  for (int i = 0; i < 2 * n; i++) {
-    const char *dir = dirs[i / 2];
+  size_t ntests = 0;
+  for (int i = 0; i < 4 * n; i++) {
+    const char *dir = dirs[i / 4];
     const char *base = strrchr(dir, '/');
     base = base ? base + 1 : dir;
-    int bwd = i % 2;
-    size_t len = strlen(base) + sizeof "_reference_backward_matches_within_tolerance";
-    names[i] = malloc(len);
-    names[2 * n + i] = malloc(len);
-    if (!names[i] || !names[2 * n + i]) return 1;
-    snprintf(names[i], len, "%s_%s_matches_within_tolerance", base, bwd ? "backward" : "forward");
-    snprintf(names[2 * n + i], len, "%s_reference_%s_matches_within_tolerance", base,
-             bwd ? "backward" : "forward");
-    cases[i].dir = dirs[i / 2];
-    cases[i].backward = bwd;
-    tests[i].name = names[i];
-    tests[i].fn = golden_case_matches_within_tolerance;
-    tests[i].arg = &cases[i];
-    common[i].name = names[2 * n + i];
-    common[i].fn = golden_case_reference_matches_within_tolerance;
-    common[i].arg = &cases[i];
+    int bwd = i % 2, tf32 = i / 2 % 2;
+    if (tf32) {
+      /* A case that cannot be loaded fails in its plain tests. */
+      at_golden g;
+      if (at_golden_load(dir, &g, err, sizeof err) != 0) continue;
+      attn_dtype dt = g.dtype;
+      at_golden_free(&g);
+      if (dt != ATTN_F32) continue;
+    }
+    size_t len = strlen(base) + sizeof "_reference_backward_tf32_matches_within_tolerance";
+    char *name = names[ntests] = malloc(len);
+    if (!name) return 1;
+    snprintf(name, len, "%s_%s%s_matches_within_tolerance", base, bwd ? "backward" : "forward",
+             tf32 ? "_tf32" : "");
+    cases[ntests].dir = dirs[i / 4];
+    cases[ntests].backward = bwd;
+    cases[ntests].tf32 = tf32;
+    tests[ntests].name = name;
+    tests[ntests].fn = golden_case_matches_within_tolerance;
+    tests[ntests].arg = &cases[ntests];
+    if (!tf32) {
+      int c = i / 4 * 2 + bwd;
+      names[4 * n + c] = malloc(len);
+      if (!names[4 * n + c]) return 1;
+      snprintf(names[4 * n + c], len, "%s_reference_%s_matches_within_tolerance", base,
+               bwd ? "backward" : "forward");
+      common[c].name = names[4 * n + c];
+      common[c].fn = golden_case_reference_matches_within_tolerance;
+      common[c].arg = &cases[ntests];
+    }
+    ntests++;
   }
-  int rc = at_main(argc, argv, "golden", tests, (size_t)n * 2, common, (size_t)n * 2);
-  for (int i = 0; i < 4 * n; i++)
+  int rc = at_main(argc, argv, "golden", tests, ntests, common, (size_t)n * 2);
+  for (int i = 0; i < 6 * n; i++)
     free(names[i]);
   free(names);
   free(common);

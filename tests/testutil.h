@@ -115,7 +115,7 @@ typedef struct at_shape {
   /* varlen when cu_q is set: B sequences, rows cu[b] .. cu[b+1]-1 */
   const int32_t *cu_q, *cu_k;
   at_layout layout;
-  unsigned flags; /* ATTN_CAUSAL, ATTN_DETERMINISTIC */
+  unsigned flags; /* ATTN_CAUSAL, ATTN_DETERMINISTIC, ATTN_ALLOW_TF32 */
   int64_t wl, wr; /* window; 0 in both means none (-1, -1) unless win is set */
   int win;
   double softcap, scale;
@@ -167,8 +167,9 @@ double at_get(const attn_tensor *t, int64_t i);
 int64_t at_count(const attn_tensor *t);
 
 /* Runs forward on b and checks o and lse against the double reference:
- * tolerance per dtype, rows with no key exactly zero / -inf, no NaN, padding
- * untouched. Returns 1 when it ran, 0 when the backend refused the problem
+ * tolerance per dtype (with ATTN_ALLOW_TF32 on f32, plus F times what
+ * rounding to TF32 alone costs: the golden README's TF32 rule), rows with no
+ * key exactly zero / -inf, no NaN, padding untouched. Returns 1 when it ran, 0 when the backend refused the problem
  * with ATTN_EUNSUPPORTED (with a reason, which is checked). */
 int at_check_forward(at_backend *b, const at_shape *s);
 /* The same for forward then backward, checking dq, dk, dv. */

@@ -26,14 +26,14 @@ static void cannot_load(const char *dir, const char *why) {
 }
 
 int cmd_check(int argc, char **argv) {
-  int forward_only = 0, nargs = 0;
+  int forward_only = 0, tf32 = 0, nargs = 0;
   const char *backend = NULL;
   const char **roots = calloc((size_t)argc + 1, sizeof *roots);
   if (!roots) return cli_out_of_host_memory();
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf(
-          "usage: attn check [--forward-only] [--backend SPEC] [DIR...]\n"
+          "usage: attn check [--forward-only] [--tf32] [--backend SPEC] [DIR...]\n"
           "Runs each golden case (a folder with case.json and .npy files, or a folder of such\n"
           "folders) on the selected backend and prints each output's error beside the bound of\n"
           "the golden README's tolerance rule. A case that cannot be read is named on stderr and\n"
@@ -41,6 +41,9 @@ int cmd_check(int argc, char **argv) {
           "  %s\n"
           "Each forward case runs with num_splits 0, 1 and 3. A case the backend declines\n"
           "(attn_supports) is skipped, with its reason, and counted apart: never as passed.\n"
+          "--tf32 allows TF32 (ATTN_ALLOW_TF32): f32 cases are held to the README's TF32 rule,\n"
+          "and the column tf32 gives what rounding to TF32 alone costs each output (the\n"
+          "reference computed as TF32), which joins the peer figure in the bound.\n"
           "Exit status: 0 no case failed, 1 a case failed or could not run, 2 a wrong option,\n"
           "a missing folder or a case that cannot be read.\n",
           ATTN_DEFAULT_GOLDEN_DIR);
@@ -48,6 +51,8 @@ int cmd_check(int argc, char **argv) {
       return 0;
     } else if (!strcmp(argv[i], "--forward-only")) {
       forward_only = 1;
+    } else if (!strcmp(argv[i], "--tf32")) {
+      tf32 = 1;
     } else if (!strcmp(argv[i], "--backend")) {
       if (i + 1 >= argc || !*argv[i + 1]) {
         free(roots);
@@ -106,11 +111,12 @@ int cmd_check(int argc, char **argv) {
         attn_device_info info;
         attn_context_device_info(ctx, &info);
         printf("backend %s:%d (%s)\n", attn_backend_name(info.backend), info.index, info.name);
-        printf("%-26s %-4s %-6s %12s %12s %8s  %s\n", "case", "type", "out", "max|err|", "bound",
-               "err/peer", "result");
+        printf("%-26s %-4s %-6s %12s %12s %8s%s  %s\n", "case", "type", "out", "max|err|", "bound",
+               "err/peer", tf32 ? "         tf32" : "", "result");
         header = 1;
       }
       cases++;
+      if (tf32) g.params.flags |= ATTN_ALLOW_TF32;
       at_golden_report rep;
       at_golden_run(ctx, &g, forward_only, &rep);
       for (int r = 0; r < rep.n; r++) {
@@ -118,9 +124,10 @@ int cmd_check(int argc, char **argv) {
         char ratio[32] = "-";
         if (isfinite(x->peer) && x->peer > 0)
           snprintf(ratio, sizeof ratio, "%.2f", x->max_err / x->peer);
-        printf("%-26s %-4s %-6s %12.4g %12.4g %8s  %s", r == 0 ? g.name : "",
-               r == 0 ? attn_dtype_name(g.dtype) : "", x->output, x->max_err, x->bound, ratio,
-               x->pass ? "ok" : "FAIL");
+        printf("%-26s %-4s %-6s %12.4g %12.4g %8s", r == 0 ? g.name : "",
+               r == 0 ? attn_dtype_name(g.dtype) : "", x->output, x->max_err, x->bound, ratio);
+        if (tf32) printf(" %12.4g", x->tf32);
+        printf("  %s", x->pass ? "ok" : "FAIL");
         /* The forward runs once per num_splits; a failure says which. */
         if (!x->pass && x->num_splits >= 0) printf(" (num_splits %d)", x->num_splits);
         printf("\n");
@@ -148,7 +155,8 @@ int cmd_check(int argc, char **argv) {
     printf("%d case%s, %d failed", cases, cases == 1 ? "" : "s", failed);
     if (skipped) printf(", %d skipped (declined by the backend)", skipped);
     if (bad) printf(", %d could not be read", bad);
-    printf(" (%s)\n", forward_only ? "forward" : "forward and backward");
+    printf(" (%s%s)\n", forward_only ? "forward" : "forward and backward",
+           tf32 ? ", TF32 allowed" : "");
   }
   for (int i = 0; i < nargs; i++)
     at_golden_list_free(lists[i].dirs, lists[i].n);

@@ -328,10 +328,12 @@ static int run_problem(const run_opts *o, const char *title) {
   printf("  backend   %s:%d (%s)\n", attn_backend_name(info.backend), info.index, info.name);
   printf(
       "  problem   batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %lld, "
-      "%s%s%s%s%s\n",
+      "%s%s%s%s%s%s\n",
       (long long)o->batch, (long long)o->nq, (long long)o->nk, (long long)o->hq, (long long)o->hkv,
-      (long long)o->d, attn_dtype_name(o->dtype), (p.flags & ATTN_CAUSAL) ? ", causal" : "",
-      p.softcap > 0 ? ", softcap" : "", o->alibi ? ", alibi" : "", terms);
+      (long long)o->d, attn_dtype_name(o->dtype),
+      (p.flags & ATTN_ALLOW_TF32) ? " (TF32 allowed)" : "",
+      (p.flags & ATTN_CAUSAL) ? ", causal" : "", p.softcap > 0 ? ", softcap" : "",
+      o->alibi ? ", alibi" : "", terms);
   if (run_has_cache(o)) print_cache(o, &c);
   double mf = tf[repeat / 2];
   printf("  forward   %.3f ms median of %zu, %.1f GFLOP/s, %.1f GB/s\n", mf * 1e3, repeat,

@@ -98,7 +98,9 @@ const char run_help[] =
     "input read and every gradient written once), and the error against the double-precision\n"
     "reference when the problem is small enough (its progress goes to stderr when it takes\n"
     "more than a second), held to the golden README's tolerance rule without a peer figure:\n"
-    "max|err| <= 1e-5 (f32), 1e-2 (f16), 2e-2 (bf16) times max(1, max|ref|); lse 1e-5.\n"
+    "max|err| <= 1e-5 (f32), 1e-2 (f16), 2e-2 (bf16) times max(1, max|ref|); lse 1e-5;\n"
+    "with --tf32, f32 bounds add F (2 for o and lse, 3 for gradients) times the error\n"
+    "rounding to TF32 alone makes (the reference computed as TF32, a second pass).\n"
     "  --backend SPEC      auto, cpu, opencl, cuda[:N] (default: ATTN_BACKEND, else auto)\n"
     "  --batch B           sequences (1)\n"
     "  --seqlen N          query and key length (1024)\n"
@@ -107,6 +109,7 @@ const char run_help[] =
     "  --heads-kv H        key/value heads, dividing H (= heads; fewer for GQA/MQA)\n"
     "  --dim D             head dimension, 1 to 256 (64)\n"
     "  --dtype T           f32, f16 or bf16 (f32)\n"
+    "  --tf32              allow TF32 tensor cores for f32 (ATTN_ALLOW_TF32)\n"
     "  --causal            bottom-right-aligned causal mask\n"
     "  --window L,R        sliding window (-1 = unbounded)\n"
     "  --softcap C         soft-capping of the scores\n"
@@ -202,6 +205,8 @@ int run_parse(int argc, char **argv, run_opts *o, int vit) {
       i++;
     } else if (!strcmp(a, "--causal")) {
       o->params.flags |= ATTN_CAUSAL;
+    } else if (!strcmp(a, "--tf32")) {
+      o->params.flags |= ATTN_ALLOW_TF32;
     } else if (!strcmp(a, "--alibi")) {
       o->alibi = 1;
     } else if (!strcmp(a, "--window")) {

@@ -1,9 +1,10 @@
 /*
  * The check of attn run and attn vit: the outputs against the float64
  * reference of the test kit, held to the golden README's tolerance rule (its
- * form without a peer figure: a random problem has none), with the
- * reference's progress on stderr when it takes more than a second; and, when
- * the call appends to a KV cache, the cache read back.
+ * form without a peer figure: a random problem has none, and with TF32
+ * allowed, F times what rounding to TF32 alone costs joins each bound), with
+ * the reference's progress on stderr when it takes more than a second; and,
+ * when the call appends to a KV cache, the cache read back.
  */
 #define _POSIX_C_SOURCE 200809L /* isatty */
 
@@ -16,6 +17,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* Max |x - ref| over n doubles, infinities equal to themselves: what TF32
+ * rounding alone costs an output (the reference computed as TF32, x). */
+static double diff(const double *x, const double *ref, size_t n) {
+  double e = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = x[i] == ref[i] ? 0 : fabs(x[i] - ref[i]);
+    if (!(d <= e)) e = d;
+  }
+  return e;
+}
 
 /* Max |x - ref| over n elements, and max |ref|. */
 static void compare(const void *x, attn_dtype dt, const double *ref, size_t n, double *err,
@@ -78,8 +90,11 @@ typedef struct verdict {
   char failed[96];
 } verdict;
 
-static double judge(verdict *v, const char *name, double err, double refmax, attn_dtype dt) {
-  double bound = at_golden_bound(name, dt, NAN, refmax);
+/* The bound of one output: the README's without a peer figure, plus F times
+ * TF32's own error tf32 (0 without TF32). */
+static double judge(verdict *v, const char *name, double err, double refmax, attn_dtype dt,
+                    double tf32) {
+  double bound = at_golden_bound(name, dt, NAN, refmax) + (name[0] == 'd' ? 3 : 2) * tf32;
   if (!(err <= bound)) {
     size_t n = strlen(v->failed);
     snprintf(v->failed + n, sizeof v->failed - n, "%s%s", n ? ", " : "", name);
@@ -159,6 +174,9 @@ int run_check_reference(attn_context *ctx, const run_opts *o, const run_cache *c
               hkn = run_host_tensor(&t->k_new), hvn = run_host_tensor(&t->v_new),
               hb = run_host_tensor(&t->bias), hs = run_host_tensor(&t->sinks);
   attn_params ph = *p;
+  /* The exact answer; with TF32 allowed, a second pass computes as TF32. */
+  const int tf32 = (p->flags & ATTN_ALLOW_TF32) && o->dtype == ATTN_F32;
+  ph.flags &= ~ATTN_ALLOW_TF32;
   if (p->seqused_k) ph.seqused_k = &hsu;
   if (p->block_table) ph.block_table = &htb;
   if (p->k_new) ph.k_new = &hkn, ph.v_new = &hvn;
@@ -172,7 +190,7 @@ int run_check_reference(attn_context *ctx, const run_opts *o, const run_cache *c
   int status = 0;
   unsigned char *empty = NULL;
   double *ro = malloc(sizeof(double) * nqe), *rl = malloc(sizeof(double) * nl);
-  double *rdq = NULL, *rdk = NULL, *rdv = NULL, *rdb = NULL, *rds = NULL;
+  double *rdq = NULL, *rdk = NULL, *rdv = NULL, *rdb = NULL, *rds = NULL, *tx = NULL;
   if (o->backward) {
     rdq = malloc(sizeof(double) * nqe);
     rdk = malloc(sizeof(double) * nke);
@@ -180,7 +198,10 @@ int run_check_reference(attn_context *ctx, const run_opts *o, const run_cache *c
     rdb = malloc(sizeof(double) * (nb ? nb : 1));
     rds = malloc(sizeof(double) * nh);
   }
-  if (!ro || !rl || (o->backward && (!rdq || !rdk || !rdv || !rdb || !rds))) {
+  /* The TF32 pass's outputs, in the order of the exact ones. */
+  size_t ntx = nqe + nl + (o->backward ? nqe + 2 * nke + nb + nh : 0);
+  if (tf32) tx = malloc(sizeof(double) * ntx);
+  if (!ro || !rl || (o->backward && (!rdq || !rdk || !rdv || !rdb || !rds)) || (tf32 && !tx)) {
     status = cli_out_of_host_memory();
     goto done;
   }
@@ -191,6 +212,31 @@ int run_check_reference(attn_context *ctx, const run_opts *o, const run_cache *c
   if (!rc && o->backward)
     rc = at_ref_backward_terms(ctx, &ph, &hq_, &hk_, &hv_, &hdo, rdq, rdk, rdv,
                                o->bias ? rdb : NULL, o->sinks ? rds : NULL, progress_show, &pg);
+  /* TF32's own error per output: o, lse, dq, dk, dv, dbias, dsinks. */
+  double te[7] = {0};
+  if (!rc && tf32) {
+    attn_params pt = ph;
+    pt.flags |= ATTN_ALLOW_TF32;
+    double *xo = tx, *xl = xo + nqe, *xdq = xl + nl, *xdk = xdq + nqe, *xdv = xdk + nke,
+           *xdb = xdv + nke, *xds = xdb + nb;
+    pg.pass = "forward as TF32";
+    rc = at_ref_forward_progress(ctx, &pt, &hq_, &hk_, &hv_, xo, xl, progress_show, &pg);
+    pg.pass = "backward as TF32";
+    if (!rc && o->backward)
+      rc = at_ref_backward_terms(ctx, &pt, &hq_, &hk_, &hv_, &hdo, xdq, xdk, xdv,
+                                 o->bias ? xdb : NULL, o->sinks ? xds : NULL, progress_show, &pg);
+    if (!rc) {
+      te[0] = diff(xo, ro, nqe);
+      te[1] = diff(xl, rl, nl);
+      if (o->backward) {
+        te[2] = diff(xdq, rdq, nqe);
+        te[3] = diff(xdk, rdk, nke);
+        te[4] = diff(xdv, rdv, nke);
+        if (o->bias) te[5] = diff(xdb, rdb, nb);
+        if (o->sinks) te[6] = diff(xds, rds, nh);
+      }
+    }
+  }
   progress_end(&pg);
   if (rc) {
     status = cli_fail_ctx(ctx, rc, "reference");
@@ -230,10 +276,13 @@ int run_check_reference(attn_context *ctx, const run_opts *o, const run_cache *c
     if (diff > el) el = diff;
     if (isfinite(rl[i]) && fabs(rl[i]) > ml) ml = fabs(rl[i]);
   }
-  double bo = judge(&v, "o", e, m, o->dtype), bl = judge(&v, "lse", el, ml, o->dtype);
+  double bo = judge(&v, "o", e, m, o->dtype, te[0]), bl = judge(&v, "lse", el, ml, o->dtype, te[1]);
   printf("  error     o max|err| %.3g (max|ref| %.3g, bound %.3g), lse max|err| %.3g (bound %.3g)",
          e, m, bo, el, bl);
   print_verdict(&v, 0);
+  if (tf32)
+    printf("  tf32      rounding to TF32 alone (the reference as TF32): o %.3g, lse %.3g\n", te[0],
+           te[1]);
   if (o->backward) {
     size_t mark = strlen(v.failed);
     double eg[3], mg[3], bg[3];
@@ -243,7 +292,7 @@ int run_check_reference(attn_context *ctx, const run_opts *o, const run_cache *c
     compare(t->dv.host, o->dtype, rdv, nke, &eg[2], &mg[2]);
     static const char *const names[3] = {"dq", "dk", "dv"};
     for (int i = 0; i < 3; i++)
-      bg[i] = judge(&v, names[i], eg[i], mg[i], o->dtype);
+      bg[i] = judge(&v, names[i], eg[i], mg[i], o->dtype, te[2 + i]);
     printf(
         "  error     dq %.3g (max|ref| %.3g, bound %.3g), dk %.3g (%.3g, %.3g), dv %.3g (%.3g, "
         "%.3g)",
@@ -255,12 +304,12 @@ int run_check_reference(attn_context *ctx, const run_opts *o, const run_cache *c
       if (o->bias) {
         compare(t->dbias.host, ATTN_F32, rdb, nb, &e, &m);
         printf(" dbias %.3g (max|ref| %.3g, bound %.3g)%s", e, m,
-               judge(&v, "dbias", e, m, o->dtype), o->sinks ? "," : "");
+               judge(&v, "dbias", e, m, o->dtype, te[5]), o->sinks ? "," : "");
       }
       if (o->sinks) {
         compare(t->dsinks.host, ATTN_F32, rds, nh, &e, &m);
         printf(" dsinks %.3g (max|ref| %.3g, bound %.3g)", e, m,
-               judge(&v, "dsinks", e, m, o->dtype));
+               judge(&v, "dsinks", e, m, o->dtype, te[6]));
       }
       print_verdict(&v, mark);
     }
@@ -290,8 +339,8 @@ int run_check_reference(attn_context *ctx, const run_opts *o, const run_cache *c
     }
   }
   if (v.failed[0]) {
-    cli_complain("%s outside the tolerance (the golden README's rule without a peer figure)",
-                 v.failed);
+    cli_complain("%s outside the tolerance (the golden README's rule without a peer figure%s)",
+                 v.failed, tf32 ? ", TF32's" : "");
     status = EXIT_FAILED;
   }
 done:
@@ -303,5 +352,6 @@ done:
   free(rdv);
   free(rdb);
   free(rds);
+  free(tx);
   return status;
 }
