@@ -5,6 +5,8 @@
  *     a long KV cache, keys split across blocks (FlashDecoding);
  *   - the Hopper forward (wgmma, sm_90a only, f16/bf16; hopper_fwd.cu) for
  *     head dims 64, 96, 128 and 256 without the inference path's terms;
+ *   - the Hopper backward (the same; hopper_bwd.cu) for head dims 64, 96
+ *     and 128, without those terms and not in deterministic mode;
  *   - the tensor-core kernels (mma.sync + ldmatrix, f16/bf16; mma_*.cu) for
  *     the common head dims, and the forward's f32 rows through TF32, for
  *     problems that allow it (ATTN_ALLOW_TF32);
@@ -88,7 +90,8 @@ typedef enum attn__cuda_kernel {
   ATTN__CUDA_GENERAL_FORWARD,
   ATTN__CUDA_GENERAL_BACKWARD,
   ATTN__CUDA_DECODE,
-  ATTN__CUDA_HOPPER_FORWARD
+  ATTN__CUDA_HOPPER_FORWARD,
+  ATTN__CUDA_HOPPER_BACKWARD
 } attn__cuda_kernel;
 
 typedef struct attn__cuda_config attn__cuda_config;
@@ -103,16 +106,18 @@ typedef int (*attn__cuda_launcher)(const attn__cuda_launch *L, const attn__cuda_
 struct attn__cuda_config {
   attn__cuda_kernel kernel;
   attn_dtype dtype;
-  int dim;           /* head dims d with bucket(d) == dim (see attn__cuda_dim_bucket) */
-  int cc;            /* the lowest compute capability its code needs (attn__cuda_device.arch) */
-  int specific;      /* and it needs cc's architecture-specific code (sm_90a) */
-  int tf32;          /* f32 through TF32 tensor cores: only where the problem allows it */
-  int threads;       /* a block */
-  int br, bc;        /* query rows and keys a block (or a step) */
-  size_t smem;       /* dynamic shared memory, its largest kernel */
-  size_t smem_det;   /* backward: and its deterministic pass's, 0 if none */
-  unsigned features; /* the ATTN__USES_* bits (attn_internal.h) its kernels implement */
-  const char *name;  /* family and tiles in words */
+  int dim;              /* head dims d with bucket(d) == dim (see attn__cuda_dim_bucket) */
+  int cc;               /* the lowest compute capability its code needs (attn__cuda_device.arch) */
+  int specific;         /* and it needs cc's architecture-specific code (sm_90a) */
+  int tf32;             /* f32 through TF32 tensor cores: only where the problem allows it */
+  int threads;          /* a block */
+  int br, bc;           /* query rows and keys a block (or a step) */
+  size_t smem;          /* dynamic shared memory, its largest kernel */
+  size_t smem_det;      /* backward: and its deterministic pass's, 0 if none */
+  unsigned features;    /* the ATTN__USES_* bits (attn_internal.h) its kernels implement */
+  int nondeterministic; /* backward: its sums run in no fixed order (fp32 atomics), so it
+                         * never takes a deterministic problem */
+  const char *name;     /* family and tiles in words */
   attn__cuda_launcher launch;
 };
 
@@ -123,6 +128,7 @@ typedef struct attn__cuda_rows {
 
 /* The table, a family's rows each (in plan.c's order). */
 extern const attn__cuda_rows attn__cuda_hopper_forward_rows;
+extern const attn__cuda_rows attn__cuda_hopper_backward_rows;
 extern const attn__cuda_rows attn__cuda_mma_forward_rows;
 extern const attn__cuda_rows attn__cuda_mma_backward_rows;
 extern const attn__cuda_rows attn__cuda_f32_forward_rows;
@@ -135,7 +141,8 @@ extern const attn__cuda_rows attn__cuda_decode_rows_f32;
 /* The head dim a family's kernels are built for: the exact one for the
  * tensor cores, else the next of 32, 64, 96, 128, 192, 256. */
 static inline int attn__cuda_dim_bucket(attn__cuda_kernel k, int64_t d) {
-  if (k == ATTN__CUDA_MMA_FORWARD || k == ATTN__CUDA_MMA_BACKWARD || k == ATTN__CUDA_HOPPER_FORWARD)
+  if (k == ATTN__CUDA_MMA_FORWARD || k == ATTN__CUDA_MMA_BACKWARD ||
+      k == ATTN__CUDA_HOPPER_FORWARD || k == ATTN__CUDA_HOPPER_BACKWARD)
     return (int)d;
   if (k == ATTN__CUDA_DECODE) return d <= 64 ? 64 : d <= 128 ? 128 : 256;
   return d <= 32 ? 32 : d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
@@ -182,7 +189,7 @@ static inline size_t attn__cuda_ws_rows(const attn__problem *pb) {
 static inline size_t attn__cuda_workspace(attn__cuda_kernel k, const attn__problem *pb) {
   const size_t per = attn__cuda_ws_rows(pb);
   const size_t dq = pb->deterministic ? 0 : per * (size_t)pb->head_dim;
-  if (k == ATTN__CUDA_MMA_BACKWARD) return 2 * per + dq;
+  if (k == ATTN__CUDA_MMA_BACKWARD || k == ATTN__CUDA_HOPPER_BACKWARD) return 2 * per + dq;
   if (k == ATTN__CUDA_GENERAL_BACKWARD) return per + dq;
   return 0;
 }

@@ -448,6 +448,7 @@ constexpr attn__cuda_config mma_row(const char *name) {
           .smem_det = 0,
           .features = ATTN__USES_SEQUSED | ATTN__USES_PAGED | ATTN__USES_APPEND | ATTN__USES_BIAS |
                       ATTN__USES_SINKS,
+          .nondeterministic = 0,
           .name = name,
           .launch = launch_mma<T, D>};
 }

@@ -1253,6 +1253,7 @@ constexpr attn__cuda_config general_row(attn__cuda_kernel kernel, int dim, size_
           .smem = smem,
           .smem_det = smem_det,
           .features = features,
+          .nondeterministic = 0,
           .name = name,
           .launch = launch};
 }

@@ -228,6 +228,7 @@ constexpr attn__cuda_config fwd32_row(const char *name) {
           .smem = C::smem,
           .smem_det = 0,
           .features = 0,
+          .nondeterministic = 0,
           .name = name,
           .launch = launch_fwd32<DP, MR, MC, NTY, ALIAS>};
 }

@@ -115,11 +115,8 @@ struct rows64 {
                                                uint32_t k_tile) const {
     const uint64_t dk = wg::desc_k_major(k_tile);
 #pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      const uint32_t qo = ((kk / 4) * Q_ROWS * 128 + (kk % 4) * 32) >> 4;
-      const uint32_t ko = ((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4;
-      mma::ss(s, dq + qo, dk + ko, kk > 0);
-    }
+    for (int kk = 0; kk < KD; ++kk)
+      mma::ss(s, dq + wg::kstep_k_major(Q_ROWS, kk), dk + wg::kstep_k_major(BC, kk), kk > 0);
   }
 
   /* O += P V, V's slot at v_tile: k-step kk reads its rows 16 kk.. (2048
@@ -128,7 +125,7 @@ struct rows64 {
     const uint64_t dv = wg::desc_mn_major(v_tile, BC * 128);
 #pragma unroll
     for (int kk = 0; kk < KB; ++kk)
-      mma::rs(o, pa[kk], dv + ((kk * 16 * 128) >> 4), 1);
+      mma::rs(o, pa[kk], dv + wg::kstep_mn_major(kk), 1);
   }
 
   template <int Q_ROWS>
@@ -576,43 +573,6 @@ constexpr size_t smem_cp() {
   return (size_t)(kBr + 2 * 2 * BC) * padded(D) * 2 + 1024;
 }
 
-/* cuTensorMapEncodeTiled from the driver (the library links the runtime
- * statically and never libcuda), looked up once; NULL where the driver has
- * none. */
-static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void *f = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      f = nullptr;
-    }
-    return (PFN_cuTensorMapEncodeTiled_v12000)f;
-  }();
-  return fn;
-}
-
-/* The tensor map of t, `rows` rows of `heads` heads of `seqs` sequences
- * (varlen: 1, its rows all of them) of D 16-bit elements, in boxes of 64
- * elements x box_rows rows, swizzled as wgmma reads them. A dimension of
- * one has no stride that matters; 16 stands in for any. */
-static bool encode(CUtensorMap *m, const tensor_ref &t, attn_dtype dt, int D, int64_t rows,
-                   int64_t heads, int64_t seqs, int box_rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
-  if (!fn) return false;
-  auto stride = [](int64_t n, int64_t s) { return (cuuint64_t)(n == 1 || s == 0 ? 16 : 2 * s); };
-  const cuuint64_t dim[4] = {(cuuint64_t)D, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)seqs};
-  const cuuint64_t strides[3] = {stride(rows, t.ss), stride(heads, t.sh), stride(seqs, t.sb)};
-  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  return fn(m, dt == ATTN_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-            4, t.ptr, dim, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <typename K>
 static int launch_grid(const attn__cuda_launch *L, K kern, int threads, size_t smem, params *p,
                        dim3 *grid) {
@@ -632,11 +592,14 @@ static int launch_kernel(const attn__cuda_launch *L, params p) {
   const int64_t seqs = pb->varlen ? 1 : pb->batch;
   const int64_t rows_q = pb->varlen ? pb->total_q : pb->seqlen_q;
   const int64_t rows_k = pb->varlen ? pb->total_k : pb->seqlen_k;
+  auto encode = [&](CUtensorMap *m, const tensor_ref &t, int64_t rows, int64_t heads, int box) {
+    return wg::encode_rows(m, t.ptr, pb->dtype == ATTN_BF16, D, rows, heads, seqs, t.ss, t.sh, t.sb,
+                           box);
+  };
   dim3 grid;
   int st;
-  if (encode(&tq, p.q, pb->dtype, D, rows_q, pb->heads_q, seqs, kBr) &&
-      encode(&tk, p.k, pb->dtype, D, rows_k, pb->heads_kv, seqs, BC) &&
-      encode(&tv, p.v, pb->dtype, D, rows_k, pb->heads_kv, seqs, BC)) {
+  if (encode(&tq, p.q, rows_q, pb->heads_q, kBr) && encode(&tk, p.k, rows_k, pb->heads_kv, BC) &&
+      encode(&tv, p.v, rows_k, pb->heads_kv, BC)) {
     auto kern = fwd_ws_kernel<T, D, BC, STAGES, SCORED>;
     constexpr size_t smem = smem_ws<D, BC, STAGES>();
     if ((st = launch_grid(L, kern, kThreadsWs, smem, &p, &grid)) != ATTN_OK) return st;
@@ -674,6 +637,7 @@ constexpr attn__cuda_config fwd_row(const char *name) {
                                                               : smem_cp<D, BC>(),
           .smem_det = 0,
           .features = 0,
+          .nondeterministic = 0,
           .name = name,
           .launch = launch_fwd<T, D, BC, STAGES>};
 }

@@ -19,86 +19,11 @@
  *             strides, times the softmax scale.
  * The softmax scale multiplies dK and dQ once at the end.
  */
-#include "mma_common.cuh"
+#include "bwd_common.cuh"
 
 #include <math.h>
 
 namespace attn_mma {
-
-/* Row index over the batch (the workspace's) -> (sequence, row within it) as
- * the tensors' strides see it: varlen tensors have sb = 0 and take the global
- * row directly. */
-__device__ __forceinline__ void split_row(const params &p, int64_t grow, int *b, int64_t *first) {
-  if (p.cu_q) {
-    *b = 0;
-    *first = grow;
-  } else {
-    *b = (int)(grow / p.seqlen_q);
-    *first = grow % p.seqlen_q;
-  }
-}
-
-/* The row a warp of the per-row kernels (prep, dq_convert) takes, eight
- * warps a block: w over heads and rows (the workspace's order), and its
- * head, sequence and row there. 0 for a warp past the last row. */
-struct warp_row {
-  int64_t w, first;
-  int h, b;
-};
-
-__device__ __forceinline__ bool warp_row_of(const params &p, warp_row *r) {
-  r->w = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-  if (r->w >= p.rows * p.heads_q) return false;
-  r->h = (int)(r->w / p.rows);
-  split_row(p, r->w % p.rows, &r->b, &r->first);
-  return true;
-}
-
-template <typename T, int D>
-__global__ void __launch_bounds__(256) prep_kernel(const params p) {
-  const int lane = threadIdx.x & 31;
-  warp_row r;
-  if (!warp_row_of(p, &r)) return;
-  const int64_t w = r.w, first = r.first;
-  const int h = r.h, b = r.b;
-  const T *o = row_ptr<T>(p.o, b, first, h);
-  const T *d = row_ptr<T>(p.dout, b, first, h);
-  float acc = 0.f;
-  for (int c = 2 * lane; c < D; c += 64) {
-    float2 x = elem<T>::unpack(*(const uint32_t *)(o + c));
-    float2 y = elem<T>::unpack(*(const uint32_t *)(d + c));
-    acc += x.x * y.x + x.y * y.y;
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1)
-    acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) {
-    /* hi alone of a (hi, lo) lse: P is rounded to 16 bits for the
-     * products, far above what lo corrects (common.cuh). */
-    const float lse = *row_ptr<float>(p.lse, b, first, h);
-    p.dsum[w] = acc;
-    p.lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-  }
-}
-
-template <typename T, int D>
-__global__ void __launch_bounds__(256) dq_convert_kernel(const params p) {
-  const int lane = threadIdx.x & 31;
-  warp_row r;
-  if (!warp_row_of(p, &r)) return;
-  T *dq = row_ptr<T>(p.dq, r.b, r.first, r.h);
-  const float *acc = p.dq_acc + r.w * D;
-  for (int c = 2 * lane; c < D; c += 64) {
-    float2 x = *(const float2 *)(acc + c);
-    *(uint32_t *)(dq + c) = elem<T>::pack(x.x * p.scale, x.y * p.scale);
-  }
-}
-
-/* Workspace index of query row i of sequence b, head h. */
-__device__ __forceinline__ int64_t ws_row(const params &p, const seq &sq, int b, int h, int i) {
-  const int64_t grow = p.cu_q ? sq.q0 + i : (int64_t)b * p.seqlen_q + i;
-  return (int64_t)h * p.rows + grow;
-}
 
 /* acc = A B^T for one warp: A is 16 rows at the per-lane address a, B is
  * NS * 8 rows at b (row stride LD elements), both KD columns long. */
@@ -603,16 +528,11 @@ static int backward_shape(const params &p, const attn__cuda_launch *L) {
   if (rc == ATTN_OK && !p.dq_atomic) rc = set_smem((const void *)kq, smem_q);
   if (rc != ATTN_OK) return rc;
 
-  const int64_t warps = p.rows * p.heads_q;
-  const unsigned row_blocks = (unsigned)((warps + 7) / 8);
-  if (p.dq_atomic &&
-      cudaMemsetAsync(p.dq_acc, 0, (size_t)warps * D * sizeof(float), L->stream) != cudaSuccess)
-    return ATTN_EDEVICE;
-  prep_kernel<T, D><<<row_blocks, 256, 0, L->stream>>>(p);
+  if ((rc = bwd_prep<T, D>(p, L->stream)) != ATTN_OK) return rc;
   dim3 gkv((unsigned)((p.seqlen_k + KBC - 1) / KBC), (unsigned)p.heads_kv, (unsigned)p.batch);
   kv<<<gkv, KNW * 32, smem_kv, L->stream>>>(p);
   if (p.dq_atomic) {
-    dq_convert_kernel<T, D><<<row_blocks, 256, 0, L->stream>>>(p);
+    if ((rc = bwd_dq_convert<T, D>(p, L->stream)) != ATTN_OK) return rc;
   } else {
     dim3 gq((unsigned)((p.seqlen_q + QBR - 1) / QBR), (unsigned)p.heads_q, (unsigned)p.batch);
     kq<<<gq, QNW * 32, smem_q, L->stream>>>(p);
@@ -672,12 +592,7 @@ static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
   const attn__problem *pb = L->pb;
   params p;
   make_params(L, 1, &p);
-  /* attn__cuda_workspace's layout. */
-  const size_t per = attn__cuda_ws_rows(pb);
-  p.dsum = (float *)L->workspace;
-  p.lse2 = (float *)((char *)L->workspace + per);
-  p.dq_atomic = !pb->deterministic;
-  p.dq_acc = p.dq_atomic ? (float *)((char *)L->workspace + 2 * per) : NULL;
+  bwd_workspace(L, &p);
   if (p.dbias) {
     const int64_t nb = p.dbias_sb ? pb->batch : 1, nh = p.dbias_sh ? pb->heads_q : 1;
     const int64_t nr = p.dbias_ss ? pb->seqlen_q : 1, n = nb * nh * nr * pb->seqlen_k;
@@ -709,6 +624,7 @@ constexpr attn__cuda_config bwd_row(const char *name) {
           .smem = C::smem_kv,
           .smem_det = C::smem_q,
           .features = ATTN__USES_BIAS | ATTN__USES_SINKS | ATTN__USES_DBIAS | ATTN__USES_DSINKS,
+          .nondeterministic = 0,
           .name = name,
           .launch = launch_bwd<T, D, KBR>};
 }

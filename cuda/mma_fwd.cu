@@ -572,6 +572,7 @@ constexpr attn__cuda_config fwd_row(const char *name) {
           .smem_det = 0,
           .features = ATTN__USES_SEQUSED | ATTN__USES_PAGED | ATTN__USES_APPEND | ATTN__USES_BIAS |
                       ATTN__USES_SINKS,
+          .nondeterministic = 0,
           .name = name,
           .launch = launch_fwd<T, D, MT, NW, BC, STAGES, QR, MINB>};
 }

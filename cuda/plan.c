@@ -3,10 +3,10 @@
  * first row of the tuning table that covers the problem on the device
  * (attn__cuda_workspace then sizes its scratch). The rows are the families'
  * (attn_cuda.h), walked decoding first (the few query rows it covers run
- * there, keys split across the device), then the Hopper forward (where the
- * device runs sm_90a code), then tensor cores (f32 through TF32 when the
- * problem allows it), then the f32 wide kernel, then the general kernels,
- * which cover every problem.
+ * there, keys split across the device), then the Hopper forward and
+ * backward (where the device runs sm_90a code), then tensor cores (f32
+ * through TF32 when the problem allows it), then the f32 wide kernel, then
+ * the general kernels, which cover every problem.
  */
 #include "attn_cuda.h"
 
@@ -16,6 +16,7 @@
 static int family_covers(attn__cuda_kernel k, const attn__problem *pb) {
   switch (k) {
     case ATTN__CUDA_HOPPER_FORWARD:
+    case ATTN__CUDA_HOPPER_BACKWARD:
     case ATTN__CUDA_MMA_FORWARD:
     case ATTN__CUDA_MMA_BACKWARD: {
       /* The kernels index rows in int. */
@@ -24,7 +25,7 @@ static int family_covers(attn__cuda_kernel k, const attn__problem *pb) {
         return 0;
       int ok = attn__cuda_aligned16(&pb->q) && attn__cuda_aligned16(&pb->k) &&
                attn__cuda_aligned16(&pb->v) && attn__cuda_aligned16(&pb->o);
-      if (k == ATTN__CUDA_MMA_BACKWARD)
+      if (k == ATTN__CUDA_MMA_BACKWARD || k == ATTN__CUDA_HOPPER_BACKWARD)
         ok = ok && attn__cuda_aligned16(&pb->dout) && attn__cuda_aligned16(&pb->dq) &&
              attn__cuda_aligned16(&pb->dk) && attn__cuda_aligned16(&pb->dv) && pb->lse.native;
       /* A bias of q's dtype or f32 loads as 16-byte chunks of contiguous
@@ -71,15 +72,16 @@ static const attn__cuda_config *first_row(const attn__cuda_rows *t, const attn__
                                           const attn__problem *pb, int backward) {
   for (int i = 0; i < t->n; i++) {
     const attn__cuda_config *c = &t->row[i];
-    const int bwd =
-        c->kernel == ATTN__CUDA_MMA_BACKWARD || c->kernel == ATTN__CUDA_GENERAL_BACKWARD;
+    const int bwd = c->kernel == ATTN__CUDA_MMA_BACKWARD ||
+                    c->kernel == ATTN__CUDA_HOPPER_BACKWARD ||
+                    c->kernel == ATTN__CUDA_GENERAL_BACKWARD;
     size_t smem = c->smem;
     if (pb->deterministic && c->smem_det > smem) smem = c->smem_det;
     smem += bias_smem(c, pb);
     if (bwd == backward && c->dtype == pb->dtype && (!c->tf32 || pb->allow_tf32) &&
         c->dim == attn__cuda_dim_bucket(c->kernel, pb->head_dim) && code_runs(c, dev) &&
         smem <= dev->smem_optin && (attn__problem_uses(pb) & ~c->features) == 0 &&
-        family_covers(c->kernel, pb))
+        !(pb->deterministic && c->nondeterministic) && family_covers(c->kernel, pb))
       return c;
   }
   return NULL;
@@ -88,9 +90,11 @@ static const attn__cuda_config *first_row(const attn__cuda_rows *t, const attn__
 const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,
                                          int backward, char *why, size_t why_len) {
   static const attn__cuda_rows *const table[] = {
-      &attn__cuda_decode_rows,      &attn__cuda_decode_rows_f32,   &attn__cuda_hopper_forward_rows,
-      &attn__cuda_mma_forward_rows, &attn__cuda_mma_backward_rows, &attn__cuda_f32_forward_rows,
-      &attn__cuda_general_rows_f32, &attn__cuda_general_rows_f16,  &attn__cuda_general_rows_bf16,
+      &attn__cuda_decode_rows,         &attn__cuda_decode_rows_f32,
+      &attn__cuda_hopper_forward_rows, &attn__cuda_hopper_backward_rows,
+      &attn__cuda_mma_forward_rows,    &attn__cuda_mma_backward_rows,
+      &attn__cuda_f32_forward_rows,    &attn__cuda_general_rows_f32,
+      &attn__cuda_general_rows_f16,    &attn__cuda_general_rows_bf16,
   };
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
     const attn__cuda_config *c = first_row(table[i], dev, pb, backward);

@@ -1,11 +1,13 @@
 /*
- * PTX wrappers of the Hopper forward (hopper_fwd.cu): the warpgroup matrix
- * multiply (wgmma, sm_90a only) with its shared-memory matrix descriptors,
- * the bulk tensor copy (TMA) with the mbarriers it completes on, the
- * register reallocation between warpgroups (setmaxnreg, sm_90a), and the
- * proxy fence that hands shared memory written by threads to the tensor
- * cores. Only code compiled for sm_90a may call them (the kernels guard their
- * body with __CUDA_ARCH_FEAT_SM90_ALL); elsewhere they are never instantiated.
+ * PTX wrappers of the Hopper kernels (hopper_fwd.cu, hopper_bwd.cu): the
+ * warpgroup matrix multiply (wgmma, sm_90a only) with its shared-memory
+ * matrix descriptors, the bulk tensor copy (TMA) with the mbarriers it
+ * completes on, the register reallocation between warpgroups (setmaxnreg,
+ * sm_90a), and the proxy fence that hands shared memory written by threads
+ * to the tensor cores; and, for the host, the tensor maps the copies read.
+ * Only code compiled for sm_90a may call the device ones (the kernels guard
+ * their body with __CUDA_ARCH_FEAT_SM90_ALL); elsewhere they are never
+ * instantiated.
  *
  * wgmma.mma_async m64nNk16 with f32 accumulators, PTX ISA "Asynchronous
  * Warpgroup Level Matrix Multiply-Accumulate": a warpgroup (4 warps, the
@@ -18,7 +20,8 @@
  *                   a0 = (16 w + g, 2t..2t+1),  a1 = (16 w + g + 8, 2t..),
  *                   a2 = (16 w + g, 8+2t..),    a3 = (16 w + g + 8, 8+2t..)
  * so an accumulator's n8 tiles 2 kk and 2 kk + 1, packed to 16 bits, are the
- * A fragment of k-step kk of the next product (P in P V), as with mma.sync.
+ * A fragment of k-step kk of the next product (P in P V; the backward's P^T
+ * in P^T dO, whose accumulator S^T has the keys as rows), as with mma.sync.
  *
  * Shared-memory operands use the 128-byte swizzle, which the bulk tensor
  * copy writes too (CU_TENSOR_MAP_SWIZZLE_128B, a box 64 elements wide): a
@@ -31,6 +34,9 @@
 #ifndef ATTN_WGMMA_CUH
 #define ATTN_WGMMA_CUH
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 namespace attn_wgmma {
@@ -53,11 +59,11 @@ __device__ __forceinline__ uint32_t swizzled(int rows, int r, int c) {
  * set to 1 by convention. k-step kk of a head dim starts (kk / 4) column
  * blocks and (kk % 4) * 32 bytes in.
  *
- * MN-major (the N dimension contiguous: V, [keys][d], as B of P V with the
- * transpose flag): the leading offset is the distance between column blocks
- * of 64 N elements (rows * 128 bytes), the stride offset the distance between
- * groups of 8 k rows (1024 bytes); k-step kk starts 16 kk rows (2048 kk
- * bytes) in.
+ * MN-major (the M or N dimension contiguous: V, [keys][d], as B of P V with
+ * the transpose flag; the backward's dS^T, [keys][queries], as A of dQ = dS
+ * K): the leading offset is the distance between column blocks of 64 M or N
+ * elements (rows * 128 bytes), the stride offset the distance between groups
+ * of 8 k rows (1024 bytes); k-step kk starts 16 kk rows (2048 kk bytes) in.
  */
 constexpr uint64_t kSwizzle128 = (uint64_t)1 << 62;
 
@@ -69,6 +75,16 @@ __device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
 __device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr, uint32_t block_bytes) {
   return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(block_bytes >> 4) << 16 |
          (uint64_t)(1024 >> 4) << 32 | kSwizzle128;
+}
+
+/* What k-step kk (16 elements of the reduction) adds to a descriptor: K-major
+ * in a tile of `rows` rows (kk / 4 column blocks, then 32 bytes a step), and
+ * MN-major (16 rows of 128 bytes a step). */
+__host__ __device__ constexpr uint64_t kstep_k_major(int rows, int kk) {
+  return (uint64_t)(((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4);
+}
+__host__ __device__ constexpr uint64_t kstep_mn_major(int kk) {
+  return (uint64_t)((kk * 16 * 128) >> 4);
 }
 
 /* wgmma.fence: registers written by ordinary instructions (accumulators,
@@ -111,10 +127,32 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+/* Stores a warpgroup's 64 x (16 KS) tile held as wgmma A fragments (the top:
+ * k-step kk is columns 16 kk .. 16 kk + 15) into rows row0 .. row0 + 63 of
+ * the swizzled tile at `tile` of `rows` rows, as 16-bit elements: one
+ * stmatrix of four 8 x 8 matrices a k-step, a0 .. a3 in the order of the A
+ * fragment, each lane giving one matrix row's address (lanes 8 m .. 8 m + 7
+ * the rows of matrix m). The 128-byte swizzle puts a matrix's 8 rows in 8
+ * different bank groups. The caller fences (fence_proxy_async) before the
+ * barrier that hands the tile to wgmma. */
+template <int KS>
+__device__ __forceinline__ void stash(uint32_t tile, int rows, int row0,
+                                      const uint32_t (&a)[KS][4]) {
+  const int lane = threadIdx.x & 31, m = lane >> 3;
+  const int r = row0 + ((threadIdx.x >> 5) & 3) * 16 + (lane & 7) + (m & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk)
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                     tile + swizzled(rows, r, 2 * kk + (m >> 1))),
+                 "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
+                 : "memory");
+}
+
 /*
  * The instructions, N/2 accumulators each: operands %0 .. %(N/2 - 1), then
  * A (a descriptor, or four registers), the B descriptor and scale-d (0: D =
- * A B, 1: D += A B). SS: both operands K-major; RS: B MN-major (transposed).
+ * A B, 1: D += A B). ss: both operands K-major; ss_mn: both MN-major
+ * (transposed); rs: B MN-major.
  */
 #define ATTN_WG_10(x)                                                                              \
   "%" #x "0, %" #x "1, %" #x "2, %" #x "3, %" #x "4, %" #x "5, %" #x "6, %" #x "7, %" #x "8, %" #x \
@@ -133,11 +171,11 @@ __device__ __forceinline__ void fence_proxy_async() {
   ATTN_WG_F4(i), ATTN_WG_F4(i + 1), ATTN_WG_F4(i + 2), ATTN_WG_F4(i + 3), ATTN_WG_F4(i + 4), \
       ATTN_WG_F4(i + 5), ATTN_WG_F4(i + 6), ATTN_WG_F4(i + 7)
 
-#define ATTN_WG_SS(N, TY, ACC, A, B, S)                                                 \
+#define ATTN_WG_SS(N, TY, ACC, A, B, S, TR)                                             \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" #S                                               \
   ", 0;\n"                                                                              \
   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " ACC ", %" #A ", %" #B \
-  ", p, 1, 1, 0, 0;\n}\n"
+  ", p, 1, 1, " TR ", " TR ";\n}\n"
 #define ATTN_WG_RS(N, TY, ACC, A0, A1, A2, A3, B, S)                                       \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" #S                                                  \
   ", 0;\n"                                                                                 \
@@ -148,39 +186,51 @@ __device__ __forceinline__ void fence_proxy_async() {
 template <bool BF16>
 struct mma;
 
-#define ATTN_WG_DEFINE(BF16, TY)                                                         \
-  template <>                                                                            \
-  struct mma<BF16> {                                                                     \
-    static __device__ __forceinline__ void ss(float (&d)[8][4], uint64_t a, uint64_t b,  \
-                                              int scale_d) {                             \
-      asm volatile(ATTN_WG_SS(64, TY, ATTN_WG_ACC32, 32, 33, 34)                         \
-                   : ATTN_WG_F32(0)                                                      \
-                   : "l"(a), "l"(b), "r"(scale_d));                                      \
-    }                                                                                    \
-    static __device__ __forceinline__ void ss(float (&d)[16][4], uint64_t a, uint64_t b, \
-                                              int scale_d) {                             \
-      asm volatile(ATTN_WG_SS(128, TY, ATTN_WG_ACC64, 64, 65, 66)                        \
-                   : ATTN_WG_F32(0), ATTN_WG_F32(8)                                      \
-                   : "l"(a), "l"(b), "r"(scale_d));                                      \
-    }                                                                                    \
-    static __device__ __forceinline__ void rs(float (&d)[8][4], const uint32_t (&a)[4],  \
-                                              uint64_t b, int scale_d) {                 \
-      asm volatile(ATTN_WG_RS(64, TY, ATTN_WG_ACC32, 32, 33, 34, 35, 36, 37)             \
-                   : ATTN_WG_F32(0)                                                      \
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));  \
-    }                                                                                    \
-    static __device__ __forceinline__ void rs(float (&d)[16][4], const uint32_t (&a)[4], \
-                                              uint64_t b, int scale_d) {                 \
-      asm volatile(ATTN_WG_RS(128, TY, ATTN_WG_ACC64, 64, 65, 66, 67, 68, 69)            \
-                   : ATTN_WG_F32(0), ATTN_WG_F32(8)                                      \
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));  \
-    }                                                                                    \
-    static __device__ __forceinline__ void rs(float (&d)[32][4], const uint32_t (&a)[4], \
-                                              uint64_t b, int scale_d) {                 \
-      asm volatile(ATTN_WG_RS(256, TY, ATTN_WG_ACC128, 128, 129, 130, 131, 132, 133)     \
-                   : ATTN_WG_F32(0), ATTN_WG_F32(8), ATTN_WG_F32(16), ATTN_WG_F32(24)    \
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));  \
-    }                                                                                    \
+#define ATTN_WG_DEFINE(BF16, TY)                                                            \
+  template <>                                                                               \
+  struct mma<BF16> {                                                                        \
+    static __device__ __forceinline__ void ss(float (&d)[8][4], uint64_t a, uint64_t b,     \
+                                              int scale_d) {                                \
+      asm volatile(ATTN_WG_SS(64, TY, ATTN_WG_ACC32, 32, 33, 34, "0")                       \
+                   : ATTN_WG_F32(0)                                                         \
+                   : "l"(a), "l"(b), "r"(scale_d));                                         \
+    }                                                                                       \
+    static __device__ __forceinline__ void ss(float (&d)[16][4], uint64_t a, uint64_t b,    \
+                                              int scale_d) {                                \
+      asm volatile(ATTN_WG_SS(128, TY, ATTN_WG_ACC64, 64, 65, 66, "0")                      \
+                   : ATTN_WG_F32(0), ATTN_WG_F32(8)                                         \
+                   : "l"(a), "l"(b), "r"(scale_d));                                         \
+    }                                                                                       \
+    static __device__ __forceinline__ void ss_mn(float (&d)[8][4], uint64_t a, uint64_t b,  \
+                                                 int scale_d) {                             \
+      asm volatile(ATTN_WG_SS(64, TY, ATTN_WG_ACC32, 32, 33, 34, "1")                       \
+                   : ATTN_WG_F32(0)                                                         \
+                   : "l"(a), "l"(b), "r"(scale_d));                                         \
+    }                                                                                       \
+    static __device__ __forceinline__ void ss_mn(float (&d)[16][4], uint64_t a, uint64_t b, \
+                                                 int scale_d) {                             \
+      asm volatile(ATTN_WG_SS(128, TY, ATTN_WG_ACC64, 64, 65, 66, "1")                      \
+                   : ATTN_WG_F32(0), ATTN_WG_F32(8)                                         \
+                   : "l"(a), "l"(b), "r"(scale_d));                                         \
+    }                                                                                       \
+    static __device__ __forceinline__ void rs(float (&d)[8][4], const uint32_t (&a)[4],     \
+                                              uint64_t b, int scale_d) {                    \
+      asm volatile(ATTN_WG_RS(64, TY, ATTN_WG_ACC32, 32, 33, 34, 35, 36, 37)                \
+                   : ATTN_WG_F32(0)                                                         \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));     \
+    }                                                                                       \
+    static __device__ __forceinline__ void rs(float (&d)[16][4], const uint32_t (&a)[4],    \
+                                              uint64_t b, int scale_d) {                    \
+      asm volatile(ATTN_WG_RS(128, TY, ATTN_WG_ACC64, 64, 65, 66, 67, 68, 69)               \
+                   : ATTN_WG_F32(0), ATTN_WG_F32(8)                                         \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));     \
+    }                                                                                       \
+    static __device__ __forceinline__ void rs(float (&d)[32][4], const uint32_t (&a)[4],    \
+                                              uint64_t b, int scale_d) {                    \
+      asm volatile(ATTN_WG_RS(256, TY, ATTN_WG_ACC128, 128, 129, 130, 131, 132, 133)        \
+                   : ATTN_WG_F32(0), ATTN_WG_F32(8), ATTN_WG_F32(16), ATTN_WG_F32(24)       \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));     \
+    }                                                                                       \
   };
 
 ATTN_WG_DEFINE(false, "f16")
@@ -272,6 +322,48 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 }
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/* ---------------------------------------------------------------------- */
+/* Tensor maps (host)                                                       */
+/* ---------------------------------------------------------------------- */
+
+/* cuTensorMapEncodeTiled from the driver (the library links the runtime
+ * statically and never libcuda), looked up once; NULL where the driver has
+ * none. */
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void *f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return (PFN_cuTensorMapEncodeTiled_v12000)f;
+  }();
+  return fn;
+}
+
+/* The tensor map of `rows` rows of `heads` heads of `seqs` sequences (varlen:
+ * 1, its rows all of them) of d 16-bit elements at ptr, strides ss, sh, sb in
+ * elements, in boxes of 64 elements x box_rows rows, swizzled as wgmma reads
+ * them; elements outside the tensor arrive as zeros. A dimension of one has
+ * no stride that matters; 16 bytes stand in for any. */
+inline bool encode_rows(CUtensorMap *m, void *ptr, bool bf16, int d, int64_t rows, int64_t heads,
+                        int64_t seqs, int64_t ss, int64_t sh, int64_t sb, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
+  if (!fn) return false;
+  auto stride = [](int64_t n, int64_t s) { return (cuuint64_t)(n == 1 || s == 0 ? 16 : 2 * s); };
+  const cuuint64_t dim[4] = {(cuuint64_t)d, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)seqs};
+  const cuuint64_t strides[3] = {stride(rows, ss), stride(heads, sh), stride(seqs, sb)};
+  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  return fn(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, ptr,
+            dim, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 }  // namespace attn_wgmma

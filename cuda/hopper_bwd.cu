@@ -1,0 +1,563 @@
+/*
+ * Hopper backward pass (FlashAttention-2's backward steps on sm_90a's
+ * warpgroup MMA, in FlashAttention-3's warp-specialized form), the dK/dV
+ * pass of mma_bwd.cu's four launches; prep (D = rowsum(dO * O), lse2) and the
+ * dq conversion are bwd_common.cuh's, on the same workspace.
+ *
+ * One thread block per (block of Bc = 128 keys, kv head, sequence): K and V
+ * stay in shared memory, and the block loops over the query heads of the GQA
+ * group and the query blocks of Br rows (64, or 128 at d = 64) that see
+ * these keys. A producer
+ * warp streams Q and dO through two slots with the bulk tensor copy (TMA,
+ * the 128-byte swizzle that wgmma reads; wgmma.cuh), with their lse2 and D
+ * rows, each slot handed over on mbarriers and handed back by the consumers.
+ * Two consumer warpgroups own 64 keys each, with dK and dV in fp32
+ * registers; per query block each computes, on the tensor cores,
+ *   S^T  = K Q^T  and  dP^T = V dO^T   (both operands in shared memory),
+ * then P^T = exp2(score - lse2) and dS^T = P^T (dP^T - D) (times the softcap
+ * derivative) on the accumulators, with common.cuh's rules, and
+ *   dV += P^T dO  and  dK += dS^T Q    (P^T, dS^T as A from registers: the
+ *                                       accumulator of S^T is the A fragment
+ *                                       of a product over the queries),
+ *   dQ  = dS K                         (dS^T through shared memory, read as
+ *                                       an MN-major A),
+ * the last added into the workspace's fp32 dq accumulator with atomics.
+ * Each warpgroup's dQ product is 64 query rows by 64 columns: at d = 128 (and
+ * 96, padded; Br = 64) half of the columns over all 128 keys, at d = 64 with
+ * Br = 128 half of the rows over all keys, so that both warpgroups' dS^T must
+ * be in shared memory first; at d = 64 with Br = 64 (under softcap, whose
+ * tanh values take the registers of the larger tile) every column over the
+ * warpgroup's own 64 keys, the two halves meeting in the atomics.
+ *
+ * The softmax scale multiplies dK at the end and dQ in the conversion. dQ's
+ * atomics make the sum's order vary run to run: the plan gives deterministic
+ * problems to mma_bwd.cu. This family covers the problems of its kernels
+ * without the inference path's terms (bias, sinks and their gradients).
+ */
+#include "bwd_common.cuh"
+#include "wgmma.cuh"
+
+#include <math.h>
+
+namespace attn_hopper_bwd {
+
+using namespace attn_mma;
+namespace wg = attn_wgmma;
+
+constexpr int kBc = 128;   /* keys a block, 64 a consumer warpgroup (wgmma's M) */
+constexpr int kStages = 2; /* Q/dO slots */
+constexpr int kThreads = 384;
+
+/* Shared-memory tiles hold whole 64-element column blocks (the swizzle's
+ * row): d = 96 takes two, the last half zeros from the tensor map. */
+__host__ __device__ constexpr int padded(int d) {
+  return (d + 63) / 64 * 64;
+}
+
+/* Shared memory for Br query rows a step, bytes from the 1024-aligned base
+ * (every tile starts on a swizzle atom): K, V, the Q and dO slots, two dS^T
+ * slots ([Bc][Br], Br / 64 column blocks; two, so that a warpgroup writes
+ * the next one while the other may still read this one), the slots' lse2
+ * and D rows, and the mbarriers: K/V landed; slot s's Q (with lse2) landed,
+ * its dO (with D) landed, and the consumers are done with it. */
+template <int D, int BR>
+struct tiles {
+  static constexpr int DP = padded(D);
+  static constexpr uint32_t kKV = kBc * DP * 2, kQ = BR * DP * 2, kDS = kBc * BR * 2;
+  static constexpr uint32_t K = 0, V = kKV, Q = 2 * kKV, dO = Q + kStages * kQ;
+  static constexpr uint32_t dS = dO + kStages * kQ;
+  static constexpr uint32_t L = dS + 2 * kDS, Dsum = L + kStages * BR * 4;
+  static constexpr uint32_t bar_kv = Dsum + kStages * BR * 4, full_q = bar_kv + 8,
+                            full_do = full_q + 8 * kStages, empty = full_do + 8 * kStages;
+  static constexpr size_t smem = empty + 8 * kStages + 1024; /* and the alignment */
+};
+
+__device__ __forceinline__ void sts32(uint32_t a, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
+}
+
+/* Rows r0 .. rows - 1 of a swizzled tile to zeros, by the 256 consumer
+ * threads: the varlen rows past a sequence's end, which the tensor map
+ * brings from the next sequence, so that the zeros of P and dS there meet no
+ * inf or NaN. The swizzle permutes chunks within a row, so the whole row is
+ * the same set of chunks. */
+template <int DP>
+__device__ __forceinline__ void zero_rows(uint32_t tile, int rows, int r0, int ctid) {
+  constexpr int kChunks = DP / 8;
+  for (int i = ctid; i < (rows - r0) * kChunks; i += 256)
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(
+                     tile + wg::swizzled(rows, r0 + i / kChunks, i % kChunks)),
+                 "r"(0)
+                 : "memory");
+}
+
+/* The block's work: its keys and the query blocks that see any of them,
+ * item it being query head hk * group + it / nmb, query block mb_min + it %
+ * nmb. */
+struct block_work {
+  int n0, hk, b;
+  seq sq;
+  int mb_min, nmb, items;
+};
+
+template <int BR>
+__device__ __forceinline__ block_work work_of(const params &p) {
+  block_work w;
+  w.n0 = blockIdx.x * kBc;
+  w.hk = blockIdx.y;
+  w.b = blockIdx.z;
+  w.sq = seq_of(p, w.b);
+  w.mb_min = w.nmb = w.items = 0;
+  if (w.n0 < w.sq.nk) {
+    int i_lo, i_hi;
+    query_block_range(w.n0, min(w.n0 + kBc, w.sq.nk), w.sq.nq, w.sq.nk, p.window_left,
+                      p.window_right, &i_lo, &i_hi);
+    w.mb_min = i_lo / BR;
+    w.nmb = i_hi > i_lo ? (i_hi + BR - 1) / BR - w.mb_min : 0;
+    w.items = w.nmb * p.group;
+  }
+  return w;
+}
+
+/* dQ = dS K's split between the two warpgroups, each a product of 64 query
+ * rows by 64 columns (the top). */
+enum dq_split { kSplitColumns, kSplitKeys, kSplitRows };
+
+/* One kernel shape: head dim D (64, 96 or 128; tiles of padded(D) columns),
+ * BR query rows a step (64; 128 at d = 64). SOFTCAP compiles the softcap's
+ * tanh and derivative in; ALiBi is a run-time slope. The maps are the 4-d
+ * views (head dim, rows, heads, sequences) of q, k, v and dout, with a box
+ * of 64 x BR (q, dout) or 64 x Bc (k, v) and the 128-byte swizzle
+ * (launcher). */
+template <typename T, int D, int BR, bool SOFTCAP>
+__global__ void __launch_bounds__(kThreads, 1)
+    bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+               const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+               const params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = tiles<D, BR>;
+  using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
+  constexpr int DP = S::DP;
+  constexpr int NO = DP / 8;  /* n8 tiles of dK, dV */
+  constexpr int NS = BR / 8;  /* n8 tiles of S^T, dP^T (query columns) */
+  constexpr int KB = BR / 16; /* k-steps of dV += P^T dO, dK += dS^T Q */
+  constexpr dq_split kSplit = BR == 128 ? kSplitRows : DP == 64 ? kSplitKeys : kSplitColumns;
+  /* The registers each role keeps (FlashAttention-3's split for two
+   * consumers: 24 x 128 + 240 x 256 fits the SM's 64K). */
+  constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static_assert(D % 16 == 0 && DP <= 128, "k16 steps of S^T; dK and dV fit the registers");
+  static_assert(BR == 64 || (BR == 128 && DP == 64 && !SOFTCAP),
+                "S^T, dP^T, dK and dV (and tanh's values) within the consumers' registers");
+  static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = base + S::K, sV = base + S::V, sQ = base + S::Q, sdO = base + S::dO;
+  const uint32_t sdS = base + S::dS, sL = base + S::L, sD = base + S::Dsum;
+  const uint32_t bar_kv = base + S::bar_kv, full_q = base + S::full_q, full_do = base + S::full_do,
+                 empty = base + S::empty;
+
+  const int tid = threadIdx.x, wgi = tid >> 7;
+  if (blockIdx.x * kBc >= seq_of(p, blockIdx.z).nk) return;
+
+  if (tid == 0) {
+    wg::mbar_init(bar_kv, 1);
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      /* The copy's arrival (with its bytes) and producer warp 1's 32, each
+       * after its lse2 or D stores. */
+      wg::mbar_init(full_q + 8 * st, 33);
+      wg::mbar_init(full_do + 8 * st, 33);
+      wg::mbar_init(empty + 8 * st, 256); /* every consumer thread */
+    }
+    wg::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wgi == 0) {
+    /* Producer: warp 0's lane 0 issues every copy; warp 1's lanes write
+     * BR / 32 rows each of the slot's lse2 and D (+inf and 0 past the
+     * sequence, so that P = 0 there), whose loads do not hold the copies up.
+     * Each role
+     * walks the items in the consumers' order and waits for a slot's
+     * release on its own. */
+    wg::regs_dec<kProducerRegs>();
+    const int warp = tid >> 5, lane = tid & 31;
+    const block_work w = work_of<BR>(p);
+    if (warp == 0 && lane == 0 && w.items > 0) {
+      /* Varlen tensors are one sequence of all the rows (batch coordinate
+       * 0); rows past a tensor's end arrive as zeros. */
+      const int qb = p.cu_q ? 0 : w.b, kb = p.cu_k ? 0 : w.b;
+      const int k_row = (int)w.sq.k0 + w.n0;
+      wg::mbar_expect_tx(bar_kv, 2 * S::kKV);
+#pragma unroll
+      for (int cb = 0; cb < DP / 64; ++cb) {
+        wg::tma_load_4d(sK + cb * kBc * 128, &tk, cb * 64, k_row, w.hk, kb, bar_kv);
+        wg::tma_load_4d(sV + cb * kBc * 128, &tv, cb * 64, k_row, w.hk, kb, bar_kv);
+      }
+      int it = 0;
+      for (int hh = 0; hh < p.group; ++hh) {
+        const int h = w.hk * p.group + hh;
+        for (int mb = 0; mb < w.nmb; ++mb, ++it) {
+          const int st = it % kStages, round = it / kStages;
+          const int q_row = (int)w.sq.q0 + (w.mb_min + mb) * BR;
+          /* The slot's previous item (round - 1) is released. */
+          if (round > 0) wg::mbar_wait(empty + 8 * st, (round - 1) & 1);
+          wg::mbar_expect_tx(full_q + 8 * st, S::kQ);
+#pragma unroll
+          for (int cb = 0; cb < DP / 64; ++cb)
+            wg::tma_load_4d(sQ + st * S::kQ + cb * BR * 128, &tq, cb * 64, q_row, h, qb,
+                            full_q + 8 * st);
+          wg::mbar_expect_tx(full_do + 8 * st, S::kQ);
+#pragma unroll
+          for (int cb = 0; cb < DP / 64; ++cb)
+            wg::tma_load_4d(sdO + st * S::kQ + cb * BR * 128, &tdo, cb * 64, q_row, h, qb,
+                            full_do + 8 * st);
+        }
+      }
+    } else if (warp == 1 && w.items > 0) {
+      int it = 0;
+      for (int hh = 0; hh < p.group; ++hh) {
+        /* The workspace rows of the sequence's row 0 of this head. */
+        const int64_t ws0 = ws_row(p, w.sq, w.b, w.hk * p.group + hh, 0);
+        for (int mb = 0; mb < w.nmb; ++mb, ++it) {
+          const int st = it % kStages, round = it / kStages;
+          const int m0 = (w.mb_min + mb) * BR;
+          if (round > 0) wg::mbar_wait(empty + 8 * st, (round - 1) & 1);
+#pragma unroll
+          for (int r = lane; r < BR; r += 32) {
+            const bool ok = m0 + r < w.sq.nq;
+            sts32(sL + (st * BR + r) * 4, ok ? p.lse2[ws0 + m0 + r] : INFINITY);
+            sts32(sD + (st * BR + r) * 4, ok ? p.dsum[ws0 + m0 + r] : 0.f);
+          }
+          wg::mbar_arrive(full_q + 8 * st);
+          wg::mbar_arrive(full_do + 8 * st);
+        }
+      }
+    }
+  } else {
+    wg::regs_inc<kConsumerRegs>();
+    const block_work w = work_of<BR>(p);
+    const int nq = w.sq.nq, nk = w.sq.nk, n0 = w.n0;
+    const int c = wgi - 1, ctid = tid - 128, lane = tid & 31, warp = (tid >> 5) & 3;
+    const int g = lane >> 2, t = lane & 3;
+    /* The thread's keys: rows j0 and j0 + 8 of S^T. */
+    const int j0 = n0 + c * 64 + warp * 16 + g;
+    float dk[NO][4], dv[NO][4];
+#pragma unroll
+    for (int n = 0; n < NO; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dk[n][e] = dv[n][e] = 0.f;
+
+    if (w.items > 0) {
+      wg::mbar_wait(bar_kv, 0);
+      if (p.cu_k && n0 + kBc > nk) {
+        zero_rows<DP>(sK, kBc, nk - n0, ctid);
+        zero_rows<DP>(sV, kBc, nk - n0, ctid);
+        wg::fence_proxy_async();
+        wg::named_sync(1, 256);
+      }
+      /* A of S^T and dP^T: this warpgroup's 64 rows of K and V. */
+      const uint64_t a_k = wg::desc_k_major(sK + c * 64 * 128);
+      const uint64_t a_v = wg::desc_k_major(sV + c * 64 * 128);
+      /* dQ = dS K for query rows [dq_row0, + 64) of the step and columns
+       * [q_col0, + 64), over keys [k_row0, + KQ): A is the dS^T slot's rows
+       * k_row0.. of column block dq_row0 / 64, B the same rows of K's column
+       * block q_col0 / 64, both MN-major (one 64-element block each). */
+      constexpr int KQ = kSplit == kSplitKeys ? 64 : kBc;
+      const int k_row0 = kSplit == kSplitKeys ? c * 64 : 0;
+      const int q_col0 = kSplit == kSplitColumns ? c * 64 : 0;
+      const int dq_row0 = kSplit == kSplitRows ? c * 64 : 0;
+      const uint64_t b_dq =
+          wg::desc_mn_major(sK + (q_col0 / 64) * kBc * 128 + k_row0 * 128, kBc * 128);
+
+      for (int it = 0; it < w.items; ++it) {
+        const int st = it % kStages;
+        const uint32_t ph = (uint32_t)(it / kStages) & 1;
+        const int h = w.hk * p.group + it / w.nmb, m0 = (w.mb_min + it % w.nmb) * BR;
+        const uint32_t q_slot = sQ + st * S::kQ, do_slot = sdO + st * S::kQ;
+        const uint32_t ds_slot = sdS + (it & 1) * S::kDS;
+
+        wg::mbar_wait(full_q + 8 * st, ph);
+        if (p.cu_q && m0 + BR > nq) {
+          wg::mbar_wait(full_do + 8 * st, ph);
+          zero_rows<DP>(q_slot, BR, nq - m0, ctid);
+          zero_rows<DP>(do_slot, BR, nq - m0, ctid);
+          wg::fence_proxy_async();
+          wg::named_sync(1, 256);
+        }
+
+        /* S^T = K Q^T and dP^T = V dO^T, one commit group each; P^T =
+         * exp2(score - lse2) runs while dP^T's product does. Under softcap,
+         * dS needs tanh's values too, which with tanhf's temporaries do not
+         * fit beside dP^T's accumulators at d = 128: there dP^T's product
+         * follows the P pass, which keeps tanh in th. */
+        float s[NS][4], dp[NS][4], th[SOFTCAP ? NS : 1][4];
+        auto issue_dp = [&] {
+          wg::mbar_wait(full_do + 8 * st, ph);
+          wg::fence();
+          const uint64_t b_do = wg::desc_k_major(do_slot);
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk)
+            mma::ss(dp, a_v + wg::kstep_k_major(kBc, kk), b_do + wg::kstep_k_major(BR, kk), kk > 0);
+          wg::commit();
+        };
+        wg::pin(s);
+        wg::pin(dp);
+        wg::fence();
+        {
+          const uint64_t b_q = wg::desc_k_major(q_slot);
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk)
+            mma::ss(s, a_k + wg::kstep_k_major(kBc, kk), b_q + wg::kstep_k_major(BR, kk), kk > 0);
+        }
+        wg::commit();
+        if constexpr (SOFTCAP) {
+          wg::wait<0>();
+        } else {
+          issue_dp();
+          wg::wait<1>();
+        }
+        wg::pin(s);
+
+        /* The mask only on blocks that straddle a boundary (sequence end,
+         * causal diagonal, window edge); query rows past the sequence have
+         * lse2 = +inf and so P = 0. The thread's columns are queries 8 n + 2 t
+         * (+1), whose lse2 and D pairs it reads from the slot. */
+        const int i_last = min(m0 + BR, nq) - 1;
+        const bool full = n0 + kBc <= nk && n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
+                          n0 + kBc <= key_hi(diag(m0, nq, nk), nk, p.window_right);
+        const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
+        const uint32_t a_l = sL + (st * BR + 2 * t) * 4, a_d = sD + (st * BR + 2 * t) * 4;
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+          const float2 l2 = lds64(a_l + n * 32);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = m0 + n * 8 + 2 * t + (e & 1), j = j0 + (e >> 1) * 8;
+            const int dg = diag(i, nq, nk);
+            float tanh_v;
+            float v = score_log2(s[n][e], p.scale_log2, SOFTCAP, p.softcap_log2, p.softcap_inv,
+                                 slope_log2, dg - j, &tanh_v);
+            if (!full && !(j < nk && key_visible(dg, j, p.window_left, p.window_right)))
+              v = -INFINITY;
+            s[n][e] = ex2(v - ((e & 1) ? l2.y : l2.x));
+            if constexpr (SOFTCAP) th[n][e] = tanh_v;
+          }
+        }
+        if constexpr (SOFTCAP) {
+          wg::pin(s);
+          wg::pin(th);
+          issue_dp();
+        }
+        /* dS^T = P^T (dP^T - D), times the softcap's derivative, in place of
+         * dP^T. */
+        wg::wait<0>();
+        wg::pin(dp);
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+          const float2 dd = lds64(a_d + n * 32);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float ds = s[n][e] * (dp[n][e] - ((e & 1) ? dd.y : dd.x));
+            dp[n][e] = SOFTCAP ? score_grad(ds, th[n][e]) : ds;
+          }
+        }
+
+        /* P^T and dS^T to 16 bits as A fragments (k-step kk: queries 16 kk
+         * .. 16 kk + 15), and dS^T into its slot for dQ. */
+        uint32_t pa[KB][4], da[KB][4];
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk) {
+          pa[kk][0] = elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+          pa[kk][1] = elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+          pa[kk][2] = elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+          pa[kk][3] = elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+          da[kk][0] = elem<T>::pack(dp[2 * kk][0], dp[2 * kk][1]);
+          da[kk][1] = elem<T>::pack(dp[2 * kk][2], dp[2 * kk][3]);
+          da[kk][2] = elem<T>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+          da[kk][3] = elem<T>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+        }
+        wg::stash<KB>(ds_slot, kBc, c * 64, da);
+        wg::fence_proxy_async();
+        /* dQ reads dS^T rows [k_row0, + KQ): both warpgroups' rows, or this
+         * one's. The slot alternates, so this barrier also tells a
+         * warpgroup that the other is done with the slot it writes next. */
+        if (kSplit == kSplitKeys)
+          wg::named_sync(2 + c, 128);
+        else
+          wg::named_sync(1, 256);
+
+        /* dV += P^T dO and dQ = dS K, then dK += dS^T Q: dQ's atomics run
+         * while dK's product does. */
+        float dq[8][4];
+        wg::pin(pa);
+        wg::pin(da);
+        wg::pin(dv);
+        wg::pin(dk);
+        wg::pin(dq);
+        wg::fence();
+        {
+          const uint64_t b_do = wg::desc_mn_major(do_slot, BR * 128);
+#pragma unroll
+          for (int kk = 0; kk < KB; ++kk)
+            mma::rs(dv, pa[kk], b_do + wg::kstep_mn_major(kk), 1);
+          const uint64_t a_ds =
+              wg::desc_mn_major(ds_slot + (dq_row0 / 64) * kBc * 128 + k_row0 * 128, kBc * 128);
+#pragma unroll
+          for (int kk = 0; kk < KQ / 16; ++kk)
+            mma::ss_mn(dq, a_ds + wg::kstep_mn_major(kk), b_dq + wg::kstep_mn_major(kk), kk > 0);
+        }
+        wg::commit();
+        {
+          const uint64_t b_q = wg::desc_mn_major(q_slot, BR * 128);
+#pragma unroll
+          for (int kk = 0; kk < KB; ++kk)
+            mma::rs(dk, da[kk], b_q + wg::kstep_mn_major(kk), 1);
+        }
+        wg::commit();
+        wg::wait<1>();
+        wg::pin(dq);
+        wg::pin(dv);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = m0 + dq_row0 + warp * 16 + g + r * 8;
+          if (i < nq) {
+            float *dst = p.dq_acc + ws_row(p, w.sq, w.b, h, i) * D + q_col0 + 2 * t;
+#pragma unroll
+            for (int n = 0; n < 8; ++n)
+              if (D % 64 == 0 || q_col0 + n * 8 < D)
+                atomicAdd((float2 *)(dst + n * 8), make_float2(dq[n][2 * r], dq[n][2 * r + 1]));
+          }
+        }
+        wg::wait<0>();
+        wg::pin(dk);
+        wg::pin(pa);
+        wg::pin(da);
+        wg::mbar_arrive(empty + 8 * st);
+      }
+    }
+
+    /* dK (times the softmax scale) and dV; keys no query sees get zeros. */
+    T *gdk = row_ptr<T>(p.dk, w.b, w.sq.k0, w.hk);
+    T *gdv = row_ptr<T>(p.dv, w.b, w.sq.k0, w.hk);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int j = j0 + r * 8;
+      if (j < nk) {
+        T *rk = gdk + (int64_t)j * p.dk.ss;
+        T *rv = gdv + (int64_t)j * p.dv.ss;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          *(uint32_t *)(rk + n * 8 + 2 * t) =
+              elem<T>::pack(dk[n][2 * r] * p.scale, dk[n][2 * r + 1] * p.scale);
+          *(uint32_t *)(rv + n * 8 + 2 * t) = elem<T>::pack(dv[n][2 * r], dv[n][2 * r + 1]);
+        }
+      }
+    }
+  }
+#else
+  __trap(); /* the plan runs it only on sm_90a code */
+#endif
+}
+
+/* ---------------------------------------------------------------------- */
+/* Launchers and rows                                                       */
+/* ---------------------------------------------------------------------- */
+
+/* The tensor-core backward's row of the problem's dtype and head dim, run in
+ * this row's place where a tensor map cannot describe an operand (or the
+ * driver has no encoder): the same workspace, every problem of this row. */
+static int fall_back(const attn__cuda_launch *L) {
+  const attn__cuda_rows &t = attn__cuda_mma_backward_rows;
+  for (int i = 0; i < t.n; i++)
+    if (t.row[i].dtype == L->pb->dtype && t.row[i].dim == L->pb->head_dim)
+      return t.row[i].launch(L, &t.row[i]);
+  return ATTN_EINTERNAL;
+}
+
+/* One shape's launches around the prep pass and the dq conversion; false
+ * where a tensor map cannot describe an operand. */
+template <typename T, int D, int BR, bool SOFTCAP>
+static bool run(const attn__cuda_launch *L, const params &p, int *rc) {
+  const attn__problem *pb = L->pb;
+  const int64_t seqs = pb->varlen ? 1 : pb->batch;
+  const int64_t rows_q = pb->varlen ? pb->total_q : pb->seqlen_q;
+  const int64_t rows_k = pb->varlen ? pb->total_k : pb->seqlen_k;
+  auto encode = [&](CUtensorMap *m, const tensor_ref &t, int64_t rows, int64_t heads, int box) {
+    return wg::encode_rows(m, t.ptr, pb->dtype == ATTN_BF16, D, rows, heads, seqs, t.ss, t.sh, t.sb,
+                           box);
+  };
+  CUtensorMap tq, tk, tv, tdo;
+  if (!encode(&tq, p.q, rows_q, pb->heads_q, BR) ||
+      !encode(&tdo, p.dout, rows_q, pb->heads_q, BR) ||
+      !encode(&tk, p.k, rows_k, pb->heads_kv, kBc) || !encode(&tv, p.v, rows_k, pb->heads_kv, kBc))
+    return false;
+  auto kern = bwd_kernel<T, D, BR, SOFTCAP>;
+  constexpr size_t smem = tiles<D, BR>::smem;
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+      cudaSuccess) {
+    *rc = ATTN_EDEVICE;
+    return true;
+  }
+  if ((*rc = bwd_prep<T, D>(p, L->stream)) != ATTN_OK) return true;
+  const dim3 grid((unsigned)((p.seqlen_k + kBc - 1) / kBc), (unsigned)p.heads_kv,
+                  (unsigned)p.batch);
+  kern<<<grid, kThreads, smem, L->stream>>>(tq, tk, tv, tdo, p);
+  *rc = cudaGetLastError() == cudaSuccess ? bwd_dq_convert<T, D>(p, L->stream) : ATTN_EDEVICE;
+  return true;
+}
+
+/* Under softcap, Br = 64 (tanh's values need the registers of the larger
+ * tile). */
+template <typename T, int D, int BR>
+static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
+  params p;
+  make_params(L, 1, &p);
+  bwd_workspace(L, &p);
+  int rc = ATTN_OK;
+  const bool ran = p.dq_atomic && (p.softcap > 0.f ? run<T, D, 64, true>(L, p, &rc)
+                                                   : run<T, D, BR, false>(L, p, &rc));
+  return ran ? rc : fall_back(L);
+}
+
+template <typename T, int D, int BR>
+constexpr attn__cuda_config bwd_row(const char *name) {
+  constexpr size_t smem = tiles<D, BR>::smem, smem_64 = tiles<D, 64>::smem;
+  return {.kernel = ATTN__CUDA_HOPPER_BACKWARD,
+          .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
+          .dim = D,
+          .cc = 90,
+          .specific = 1,
+          .tf32 = 0,
+          .threads = kThreads,
+          .br = BR,
+          .bc = kBc,
+          .smem = smem > smem_64 ? smem : smem_64,
+          .smem_det = 0,
+          .features = 0,
+          .nondeterministic = 1,
+          .name = name,
+          .launch = launch_bwd<T, D, BR>};
+}
+
+/* The rows, <head dim, Br>: FlashAttention-3's tiles for these dims (Bc =
+ * 128 keys; Br = 128 query rows at d = 64, 64 at d = 128, where dK and dV
+ * take 128 of the consumers' 240 registers); d = 96 runs d = 128's tiles
+ * (the padding's columns computed, never stored). Shared memory: 162 KB at
+ * d = 96 and 128, 163 KB at d = 64. */
+constexpr attn__cuda_config bwd_rows[] = {
+    bwd_row<__half, 64, 128>("Hopper backward (wgmma), f16, d = 64, 128 x 128 tiles"),
+    bwd_row<__half, 96, 64>("Hopper backward (wgmma), f16, d = 96, 64 x 128 tiles"),
+    bwd_row<__half, 128, 64>("Hopper backward (wgmma), f16, d = 128, 64 x 128 tiles"),
+    bwd_row<__nv_bfloat16, 64, 128>("Hopper backward (wgmma), bf16, d = 64, 128 x 128 tiles"),
+    bwd_row<__nv_bfloat16, 96, 64>("Hopper backward (wgmma), bf16, d = 96, 64 x 128 tiles"),
+    bwd_row<__nv_bfloat16, 128, 64>("Hopper backward (wgmma), bf16, d = 128, 64 x 128 tiles"),
+};
+
+}  // namespace attn_hopper_bwd
+
+extern "C" const attn__cuda_rows attn__cuda_hopper_backward_rows = {
+    attn_hopper_bwd::bwd_rows,
+    (int)(sizeof attn_hopper_bwd::bwd_rows / sizeof attn_hopper_bwd::bwd_rows[0])};
