@@ -245,6 +245,12 @@ int at_mentions(const char *msg, const char *word) {
   return 0;
 }
 
+int at_child_elsewhere(const char *log, const char *name) {
+  const char *p = strstr(log, "context on device ");
+  p = p ? strchr(p, '(') : NULL;
+  return p && strncmp(p + 1, name, strlen(name)) != 0;
+}
+
 typedef struct saved_env {
   char *name, *value;
   int had;

@@ -96,6 +96,13 @@ void at_env_restore(void);
  * it printed goes to out. Suites dispatch "--child MODE" themselves. */
 int at_child(const char *mode, const char *const *env, char *out, size_t outlen);
 
+/* Whether a child's debug log (ATTN_DEBUG=1) shows its OpenCL context on
+ * another device than the one named `name`: the test then skips. A driver may
+ * keep its device from child processes while the parent holds a context
+ * (NVIDIA's OpenCL does on the H200 machine): "opencl:N" then names another
+ * device in the child, which tests something else. */
+int at_child_elsewhere(const char *log, const char *name);
+
 /* ---------------------------------------------------------------------- */
 /* Random problems                                                          */
 /* ---------------------------------------------------------------------- */

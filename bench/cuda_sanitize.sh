@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The CUDA kernels under compute-sanitizer (memcheck, racecheck, synccheck) on the GPU machine, and the
+# whole test suite there. Run from the repo root, carrying .device (the cmocka packages:
+# ../shared/device/stage.sh):
+#
+#   STEPS="build ctest memcheck" bash bench/cuda_sanitize.sh      # about 6 minutes
+#   STEPS="racecheck synccheck" bash bench/cuda_sanitize.sh       # the build is kept while warm
+#
+# Each problem is one `attn run` call, small enough for the tools' slowdown, chosen to reach one family of
+# rows (ATTN_DEBUG names the row each call ran, logged beside the tool's report): the sm_90a forward and
+# backward (wgmma, TMA), the mma.sync forward with bias and sinks, TF32, decoding over a paged cache.
+# ARCHS=90a-real (the default here) builds the one image that holds every family.
+set -u -o pipefail
+OUT=${OUT:-/tmp/sanitize-out}
+mkdir -p "$OUT"
+STEPS=${STEPS:-build ctest memcheck racecheck synccheck}
+BUILD=${BUILD:-build-san}
+ARCHS=${ARCHS:-90a-real}
+t0=$(date +%s)
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+stamp() { echo "== $1 ($(($(date +%s) - t0)) s)"; }
+
+if [ -d .device/debs ]; then
+  for f in .device/debs/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+fi
+export ATTN_CL_CACHE_DIR=$PWD/$BUILD/cl-cache
+
+if has build; then
+  stamp build
+  cmake -S . -B "$BUILD" -DATTN_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" >"$OUT/configure.log" 2>&1 &&
+    cmake --build "$BUILD" -j"$(nproc)" >"$OUT/build.log" 2>&1 && echo "build: ok" ||
+    { echo "build: FAILED"; grep -m20 error "$OUT/build.log" "$OUT/configure.log"; exit 1; }
+fi
+ATTN=$BUILD/tools/attn
+
+if has ctest; then
+  stamp ctest
+  timeout 280 ctest --test-dir "$BUILD" -j8 --timeout 240 --output-on-failure >"$OUT/ctest.log" 2>&1
+  echo "ctest: rc $?"
+  grep -E "tests passed|FAILED|Failed|\*\*\*|Not Run|Skipped" "$OUT/ctest.log" | head -30
+fi
+
+problems=(
+  "hopper_bwd_bf16_d128_causal|--dtype bf16 --dim 128 --seqlen 300 --heads 4 --heads-kv 2 --causal --backward"
+  "hopper_f16_d64_window|--dtype f16 --dim 64 --seqlen 257 --heads 4 --window 50,20 --softcap 30 --backward"
+  "hopper_bf16_d96_alibi|--dtype bf16 --dim 96 --seqlen 200 --heads 2 --alibi --backward"
+  "hopper_fwd_f16_d256_causal|--dtype f16 --dim 256 --seqlen 300 --heads 2 --causal"
+  "mma_bf16_bias_sinks|--dtype bf16 --dim 64 --seqlen 190 --heads 2 --bias heads --sinks --backward"
+  "tf32_d128_causal|--dtype f32 --tf32 --dim 128 --seqlen 300 --heads 2 --causal"
+  "f32_d64|--dtype f32 --dim 64 --seqlen 150 --heads 2 --backward"
+  "decode_paged_append|--dtype bf16 --dim 128 --seqlen-q 1 --seqlen-k 1000 --heads 8 --heads-kv 2 --batch 2 --cache-extra 100 --page-size 16 --append"
+)
+
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+for tool in memcheck racecheck synccheck; do
+  has $tool || continue
+  stamp $tool
+  for p in "${problems[@]}"; do
+    name=${p%%|*}
+    args=${p#*|}
+    log="$OUT/$tool-$name.log"
+    ATTN_DEBUG=1 timeout 120 "$CS" --tool "$tool" --error-exitcode 3 "$ATTN" run --backend cuda --repeat 1 \
+      --check $args >"$log" 2>&1
+    rc=$?
+    summary=$(grep -o "ERROR SUMMARY: [0-9]* error[s]*\|RACECHECK SUMMARY: [0-9]* hazard[s]*[^\n]*" "$log" | tail -1)
+    ran=$(grep -o "ward: [^,]*" "$log" | sort -u | tr '\n' ';')
+    printf "%-10s %-30s rc %-3s %-28s %s\n" "$tool" "$name" "$rc" "${summary:-no summary}" "$ran"
+  done
+done
+stamp done
