@@ -15,7 +15,6 @@
 #include <attn.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 /* A problem small enough to follow by hand: 2 sequences, 5 query rows over
  * 7 keys, 4 query heads sharing 2 key/value heads (grouped-query attention). */
@@ -23,7 +22,7 @@ enum { B = 2, NQ = 5, NK = 7, HQ = 4, HKV = 2, D = 16 };
 /* Element counts: q, o and their gradients; k, v and theirs; lse. */
 enum { NQS = B * NQ * HQ * D, NKS = B * NK * HKV * D, NL = B * HQ * NQ };
 
-/* Element (b, s, h, c) of a contiguous bshd array of seqlen n and h heads. */
+/* Element (b, s, h, c) of a contiguous bshd array of seqlen n with `heads` heads. */
 static size_t at(int b, int s, int h, int c, int n, int heads) {
   return (((size_t)b * n + s) * heads + h) * D + c;
 }

@@ -26,6 +26,8 @@
 enum { B = 2, HQ = 4, HKV = 2, D = 16, PROMPT = 6, STEPS = 10 };
 enum { PAGE = 4, MAX_PAGES = 8, POOL = 16, CAP = PAGE * MAX_PAGES, ROW = HKV * D };
 
+/* Element (b, s, h, c) of a bshd array of seqlen n and `heads` heads; of the
+ * pages too, as [POOL, PAGE, HKV, D]. */
 static size_t at(int b, int s, int h, int c, int n, int heads) {
   return (((size_t)b * n + s) * heads + h) * D + c;
 }
