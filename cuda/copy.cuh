@@ -13,14 +13,19 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-/* Whether this pass compiles for sm_80 or later (the host pass counts as
- * one). Kernels that need more than the copies (mma.sync on f16/bf16) keep
- * their bodies to such passes; their rows of the plan say cc 80, so older
- * code never runs them. */
+/* Whether this pass compiles for sm_80 or later, or sm_75 (the host pass
+ * counts as both). The tensor-core kernels keep their bodies to sm_75 and
+ * later passes (ldmatrix and f16 mma.sync begin there); mma_common.cuh says
+ * which element types each pass runs, and the rows' cc follow it. */
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define ATTN_CUDA_SM80 1
 #else
 #define ATTN_CUDA_SM80 0
+#endif
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 750
+#define ATTN_CUDA_SM75 1
+#else
+#define ATTN_CUDA_SM75 0
 #endif
 
 namespace attn_copy {
@@ -34,6 +39,34 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool vali
                "l"(src), "r"(valid ? 16 : 0));
 #else
   *(uint4 *)dst = valid ? *(const uint4 *)src : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+
+/* The first `bytes` (0 to 16) of the 16 at src into shared memory at
+ * address dst, zeros after them; through L1 when L1 is true (rows that every
+ * block reads at once), else bypassing it. src must be a valid pointer even
+ * for 0 bytes. */
+template <bool L1>
+__device__ __forceinline__ void cp_async16_n(uint32_t dst, const void *src, int bytes) {
+#if ATTN_CUDA_SM80
+  if (L1)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes));
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes));
+#else
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  if (bytes >= 16) {
+    v = *(const uint4 *)src;
+  } else {
+    unsigned char *b = (unsigned char *)&v;
+    for (int i = 0; i < bytes; ++i)
+      b[i] = ((const unsigned char *)src)[i];
+  }
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
 #endif
 }
 

@@ -40,6 +40,8 @@ using attn_mma::lane_b_kn;
 using attn_mma::lane_b_nk;
 using attn_mma::ldsm_x4;
 using attn_mma::ldsm_x4_t;
+using attn_mma::mma_cc;
+using attn_mma::mma_here;
 using attn_mma::smem_addr;
 
 constexpr int kWarps = 4;
@@ -55,7 +57,11 @@ constexpr size_t mma_smem() {
 
 template <typename T, int D, bool PAGED, bool SCORED>
 __global__ void __launch_bounds__(kWarps * 32) mma_kernel(const dparams P) {
-#if ATTN_CUDA_SM80
+#if ATTN_CUDA_SM75
+  if (!mma_here<T>()) {
+    __trap(); /* the plan runs T only on mma_cc<T>() code */
+    return;
+  }
   constexpr int NT = kWarps * 32;
   constexpr int LD = D + kPad;
   constexpr int KD = D / 16; /* k-steps of Q K^T */
@@ -264,7 +270,7 @@ __global__ void __launch_bounds__(kWarps * 32) mma_kernel(const dparams P) {
   __syncthreads();
   block_end<T, D, kWarps>(P, sAcc, sM, sL, b, sq, hk, r0, rn, split);
 #else
-  __trap(); /* the plan runs it only on sm_80 code */
+  __trap(); /* the plan runs it only on sm_75 code and later */
 #endif
 }
 
@@ -438,7 +444,7 @@ constexpr attn__cuda_config mma_row(const char *name) {
   return {.kernel = ATTN__CUDA_DECODE,
           .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
           .dim = D,
-          .cc = 80,
+          .cc = mma_cc<T>(),
           .specific = 0,
           .tf32 = 0,
           .threads = kWarps * 32,

@@ -72,7 +72,11 @@ __device__ __forceinline__ void warp_xb(float (&acc)[NO][4], const float (&x)[NX
  * riding with Q and dO; the plain kernels keep no registers for it. */
 template <typename T, int D, int BC, int BR, int NW, bool SOFTCAP, int BIAS = 0>
 __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
-#if ATTN_CUDA_SM80
+#if ATTN_CUDA_SM75
+  if (!mma_here<T>()) {
+    __trap(); /* the plan runs T only on mma_cc<T>() code */
+    return;
+  }
   using BT = std::conditional_t<BIAS == 4, float, T>;
   constexpr int NT = NW * 32;
   constexpr int LD = D + kPad;
@@ -319,13 +323,17 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
     }
   }
 #else
-  __trap(); /* the plan runs it only on sm_80 code */
+  __trap(); /* the plan runs it only on sm_75 code and later */
 #endif
 }
 
 template <typename T, int D, int BR, int BC, int NW, bool SOFTCAP, int BIAS = 0>
 __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
-#if ATTN_CUDA_SM80
+#if ATTN_CUDA_SM75
+  if (!mma_here<T>()) {
+    __trap(); /* the plan runs T only on mma_cc<T>() code */
+    return;
+  }
   using BT = std::conditional_t<BIAS == 4, float, T>;
   constexpr int NT = NW * 32;
   constexpr int LD = D + kPad;
@@ -485,7 +493,7 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
     }
   }
 #else
-  __trap(); /* the plan runs it only on sm_80 code */
+  __trap(); /* the plan runs it only on sm_75 code and later */
 #endif
 }
 
@@ -615,7 +623,7 @@ constexpr attn__cuda_config bwd_row(const char *name) {
   return {.kernel = ATTN__CUDA_MMA_BACKWARD,
           .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
           .dim = D,
-          .cc = 80,
+          .cc = mma_cc<T>(),
           .specific = 0,
           .tf32 = 0,
           .threads = C::KNW * 32,

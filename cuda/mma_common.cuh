@@ -122,6 +122,26 @@ void make_params(const attn__cuda_launch *L, int backward, params *p);
 /* Element types                                                            */
 /* ---------------------------------------------------------------------- */
 
+/* The compute capability from which T's mma.sync exists: f16 from sm_75
+ * (Turing's m16n8k8; a m16n8k16 is two of them), bf16 and TF32 from sm_80.
+ * The families' rows take it as their cc, and a kernel's body checks it at
+ * compile time (mma_here), so that each pass compiles the types it runs. */
+template <typename T>
+__host__ __device__ constexpr int mma_cc() {
+  return std::is_same<T, __half>::value ? 75 : 80;
+}
+
+/* Whether this pass has T's mma.sync (the host pass counts as one). A kernel
+ * of another type traps: the plan runs none there. */
+template <typename T>
+__host__ __device__ constexpr bool mma_here() {
+#ifdef __CUDA_ARCH__
+  return __CUDA_ARCH__ >= 10 * mma_cc<T>();
+#else
+  return true;
+#endif
+}
+
 template <typename T>
 struct elem;
 
@@ -137,11 +157,22 @@ struct elem<__half> {
   }
   static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
+#if ATTN_CUDA_SM80
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    /* k 0-7 are a[0], a[1] and b0; k 8-15 are a[2], a[3] and b1. */
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};\n"
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%7,%8}, {%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0), "r"(a[2]), "r"(a[3]), "r"(b1));
+#endif
   }
 };
 
@@ -157,11 +188,15 @@ struct elem<__nv_bfloat16> {
   }
   static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
+#if ATTN_CUDA_SM80
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap(); /* mma_here<__nv_bfloat16>() is false */
+#endif
   }
 };
 
@@ -171,16 +206,25 @@ template <>
 struct elem<float> {
   static __device__ __forceinline__ uint32_t tf32(float x) {
     uint32_t r;
+#if ATTN_CUDA_SM80
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+#else
+    r = __float_as_uint(x);
+    __trap(); /* mma_here<float>() is false */
+#endif
     return r;
   }
   static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
+#if ATTN_CUDA_SM80
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap(); /* mma_here<float>() is false */
+#endif
   }
 };
 
@@ -381,18 +425,16 @@ __device__ __forceinline__ void load_bias_tile(uint32_t s, const BT *g, int64_t 
 #pragma unroll
     for (int i = 0; i < ROWS / kStep; ++i) {
       const bool ok = bytes > 0 && row0 + r0 + i * kStep < nrows;
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                       dst + (uint32_t)(i * kStep * (BC + kPad) * sizeof(BT))),
-                   "l"(ok ? src : g), "r"(ok ? bytes : 0));
+      attn_copy::cp_async16_n<true>(dst + (uint32_t)(i * kStep * (BC + kPad) * sizeof(BT)),
+                                    ok ? src : g, ok ? bytes : 0);
     }
     return;
   }
 #pragma unroll
   for (int i = 0; i < ROWS / kStep; ++i) {
     const bool ok = bytes > 0 && row0 + r0 + i * kStep < nrows;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     dst + (uint32_t)(i * kStep * (BC + kPad) * sizeof(BT))),
-                 "l"(ok ? src + (int64_t)i * kStep * ss : g), "r"(ok ? bytes : 0));
+    attn_copy::cp_async16_n<false>(dst + (uint32_t)(i * kStep * (BC + kPad) * sizeof(BT)),
+                                   ok ? src + (int64_t)i * kStep * ss : g, ok ? bytes : 0);
   }
 }
 

@@ -119,7 +119,11 @@ void make_params(const attn__cuda_launch *L, int backward, params *p) {
 template <typename T, int D, int MT, int NW, int BC, int STAGES, bool Q_IN_REGS, int MINB,
           bool SCORED, int BIAS = 0, bool CACHE = false>
 __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
-#if ATTN_CUDA_SM80
+#if ATTN_CUDA_SM75
+  if (!mma_here<T>()) {
+    __trap(); /* the plan runs T only on mma_cc<T>() code */
+    return;
+  }
   using BT = std::conditional_t<BIAS == 4, float, T>;
   constexpr bool TF32 = std::is_same<T, float>::value;
   constexpr int NT = NW * 32;
@@ -498,7 +502,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
     }
   }
 #else
-  __trap(); /* the plan runs it only on sm_80 code */
+  __trap(); /* the plan runs it only on sm_75 code and later */
 #endif
 }
 
@@ -562,7 +566,7 @@ constexpr attn__cuda_config fwd_row(const char *name) {
                    : std::is_same<T, __half>::value ? ATTN_F16
                                                     : ATTN_BF16,
           .dim = D,
-          .cc = 80,
+          .cc = mma_cc<T>(),
           .specific = 0,
           .tf32 = tf32,
           .threads = NW * 32,

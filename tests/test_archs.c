@@ -1,13 +1,15 @@
 /*
  * Which devices a CUDA build has code for (cuda/archs.c): CMake's
  * architecture lists against compute capabilities. A device the list does
- * not cover is not counted by the CUDA backend, so `auto` moves on; these
+ * not cover is not counted by the CUDA backend, so `auto` moves on. And
+ * which kernels the plan (cuda/plan.c) gives the code a device runs. These
  * cases need no GPU.
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -69,6 +71,68 @@ static void the_library_knows_its_own_list(void **state) {
   assert_true(l[0] != '\0');
 }
 
+/* A 1024 x 1024 problem of 8 heads of 64, its tensors 16-byte aligned in
+ * device memory, planned for a device running code for `arch` with the
+ * shared memory a block of a T4 (64 KB) or an A100 (163 KB); tf32:
+ * ATTN_ALLOW_TF32. */
+static attn__cuda_kernel planned(int arch, attn_dtype dt, int backward, int tf32) {
+  attn__cuda_device dev = {.sm_count = 40,
+                           .cc = arch,
+                           .smem_optin = (arch >= 80 ? 163 : 64) * 1024,
+                           .arch = arch,
+                           .arch_specific = 0};
+  attn__problem pb;
+  memset(&pb, 0, sizeof pb);
+  pb.dtype = dt;
+  pb.batch = 1;
+  pb.heads_q = pb.heads_kv = 8;
+  pb.head_dim = 64;
+  pb.seqlen_q = pb.seqlen_k = pb.total_q = pb.total_k = 1024;
+  pb.scale = 0.125f;
+  pb.window_left = pb.window_right = -1;
+  pb.has_lse = 1;
+  pb.allow_tf32 = tf32;
+  attn__tensor *ts[] = {&pb.q, &pb.k, &pb.v, &pb.o, &pb.dout, &pb.dq, &pb.dk, &pb.dv};
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+    ts[i]->native = (void *)(uintptr_t)4096;
+    ts[i]->dtype = dt;
+    ts[i]->sd = 1;
+    ts[i]->sh = 64;
+    ts[i]->ss = 8 * 64;
+    ts[i]->sb = 1024 * 8 * 64;
+  }
+  pb.lse.native = (void *)(uintptr_t)4096;
+  pb.lse.dtype = ATTN_F32;
+  char why[256];
+  const attn__cuda_config *c = attn__cuda_plan(&dev, &pb, backward, why, sizeof why);
+  if (!c) fail_msg("no row for arch %d: %s", arch, why);
+  return c->kernel;
+}
+
+static attn__cuda_kernel planned_kernel(int arch, attn_dtype dt, int backward) {
+  return planned(arch, dt, backward, 0);
+}
+
+static void f16_takes_the_tensor_cores_from_turing_on(void **state) {
+  (void)state;
+  assert_int_equal(planned_kernel(75, ATTN_F16, 0), ATTN__CUDA_MMA_FORWARD);
+  assert_int_equal(planned_kernel(75, ATTN_F16, 1), ATTN__CUDA_MMA_BACKWARD);
+  /* Volta's and Pascal's code has no mma.sync of this shape. */
+  assert_int_equal(planned_kernel(70, ATTN_F16, 0), ATTN__CUDA_GENERAL_FORWARD);
+  assert_int_equal(planned_kernel(60, ATTN_F16, 1), ATTN__CUDA_GENERAL_BACKWARD);
+}
+
+static void bf16_and_tf32_take_them_from_ampere_on(void **state) {
+  (void)state;
+  assert_int_equal(planned_kernel(75, ATTN_BF16, 0), ATTN__CUDA_GENERAL_FORWARD);
+  assert_int_equal(planned_kernel(75, ATTN_BF16, 1), ATTN__CUDA_GENERAL_BACKWARD);
+  assert_int_equal(planned_kernel(80, ATTN_BF16, 0), ATTN__CUDA_MMA_FORWARD);
+  assert_int_equal(planned_kernel(80, ATTN_BF16, 1), ATTN__CUDA_MMA_BACKWARD);
+  assert_int_not_equal(planned(75, ATTN_F32, 0, 1), ATTN__CUDA_MMA_FORWARD);
+  assert_int_equal(planned(80, ATTN_F32, 0, 1), ATTN__CUDA_MMA_FORWARD);
+  assert_int_not_equal(planned(80, ATTN_F32, 0, 0), ATTN__CUDA_MMA_FORWARD);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(sass_runs_on_later_minors_of_its_major),
@@ -76,6 +140,8 @@ int main(void) {
       cmocka_unit_test(arch_specific_targets_run_only_there),
       cmocka_unit_test(cmake_keywords_are_trusted_and_nonsense_is_not),
       cmocka_unit_test(the_library_knows_its_own_list),
+      cmocka_unit_test(f16_takes_the_tensor_cores_from_turing_on),
+      cmocka_unit_test(bf16_and_tf32_take_them_from_ampere_on),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
