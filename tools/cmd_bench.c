@@ -88,7 +88,7 @@ static const char bench_help[] =
     "  --budget S          seconds of timed calls per row, after the untimed one; at least\n"
     "                      one call is timed (0.5)\n"
     "  --repeat R          timed calls per row at most, 1 to 1000000 (100)\n"
-    "  --format F          text, json (JSON lines, one object per row) or csv (text)\n"
+    "  --format F          text (the default), json (JSON lines, one object per row) or csv\n"
     "  --output FILE       write the rows there (default: stdout)\n"
     "On a terminal, stderr shows the row being timed (\"row 3/24: cuda:0 bf16 d=128 N=4096\n"
     "causal fwd\"), rewritten in place; elsewhere nothing.\n"
@@ -98,8 +98,8 @@ static const char bench_help[] =
     "d, mask, causal, window_left, window_right (-1 unbounded), seqlen_q, seqlen_k, batch,\n"
     "heads, heads_kv, pass (fwd, bwd), reps, median_ms, min_ms, flops (4 * heads * visible\n"
     "query-key pairs * d; bwd 2.5x), tflops, gflops, bytes (the least a call must move, as\n"
-    "attn run counts them), gbps, error (null, or why the row has no times: its numbers are\n"
-    "then null).\n"
+    "attn run counts them), gbps, error (null, or why the row has no times: its reps are\n"
+    "then 0, its times and rates null).\n"
     "Exit status: 0 done, 1 a row failed while running (its error said, the others run),\n"
     "2 a wrong option or value, or a backend that cannot be had.\n";
 
