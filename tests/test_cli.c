@@ -5,18 +5,23 @@
  * huge allocation). And `attn run` shows the reference's progress on stderr
  * when it takes more than a second, and only then; runs each inference
  * option (KV cache, pages, appending, bias, sinks, splits) to its check; exits
- * 1 on a result outside the tolerance; and `attn bandwidth` reports a rate.
+ * 1 on a result outside the tolerance; `attn bandwidth` reports a rate; and
+ * `attn bench` writes a row per problem and pass as JSON lines (every field,
+ * the FLOPs of the mask), CSV (a header) or a table, its progress on a
+ * terminal alone, and a row it cannot run as an error row with exit 1.
  * The program runs in a child process (posix_spawn) with the CPU backend;
  * backend-independent ("common" tests only).
  */
 #define _XOPEN_SOURCE 700 /* mkdtemp, posix_openpt */
 
 #include "golden.h"
+#include "json.h"
 #include "testutil.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -227,6 +232,13 @@ static void absurd_sizes_are_refused_before_allocating(at_backend *b) {
       {{"bandwidth", "--size", "0"}, "--size 0"},
       {{"bandwidth", "--size", "99999999999"}, "--size 99999999999"},
       {{"bandwidth", "--repeat", "0"}, "--repeat 0"},
+      {{"bench", "--seqlens", "0"}, "--seqlens 0"},
+      {{"bench", "--seqlens", "99999999999"}, "99999999999"},
+      {{"bench", "--dims", "257"}, "--dims 257"},
+      {{"bench", "--repeat", "0"}, "--repeat 0"},
+      {{"bench", "--budget", "-1"}, "--budget"},
+      {{"bench", "--heads", "12", "--heads-kv", "5"}, "--heads-kv 5"},
+      {{"bench", "--hidden", "256", "--dims", "64,128", "--heads-kv", "4"}, "head dim 128"},
   };
   check_table(t, sizeof t / sizeof t[0]);
 }
@@ -259,6 +271,18 @@ static void malformed_values_are_refused(at_backend *b) {
       {{"run", "--page-size", "1x"}, "1x"},
       {{"bandwidth", "--size", "1e3"}, "1e3"},
       {{"bandwidth", "--backend", "nonsense"}, "nonsense"},
+      {{"bench", "--seqlens", "12,x"}, "\"x\""},
+      {{"bench", "--seqlens", "64,,128"}, "empty"},
+      {{"bench", "--seqlens", "64,"}, "empty"},
+      {{"bench", "--dtypes", "f32,f64"}, "f64"},
+      {{"bench", "--masks", "none,sideways"}, "sideways"},
+      {{"bench", "--masks", "window:x"}, "window:L"},
+      {{"bench", "--passes", "fwd,sideways"}, "sideways"},
+      {{"bench", "--format", "xml"}, "xml"},
+      {{"bench", "--budget", "nan"}, "nan"},
+      {{"bench", "--backends", "cpu,nonsense"}, "nonsense"},
+      {{"bench", "--backends", ""}, "--backends"},
+      {{"bench", "--output", "/nonexistent/attn-bench/rows.json"}, "/nonexistent/attn-bench"},
   };
   check_table(t, sizeof t / sizeof t[0]);
 }
@@ -273,7 +297,9 @@ static void missing_option_values_are_refused(at_backend *b) {
       {{"vit", "--batch"}, "--batch"},           {{"check", "--backend"}, "--backend"},
       {{"run", "--page-size"}, "--page-size"},   {{"run", "--cache-extra"}, "--cache-extra"},
       {{"run", "--splits"}, "--splits"},         {{"bandwidth", "--size"}, "--size"},
-      {{"bandwidth", "--backend"}, "--backend"},
+      {{"bandwidth", "--backend"}, "--backend"}, {{"bench", "--seqlens"}, "--seqlens"},
+      {{"bench", "--format"}, "--format"},       {{"bench", "--output"}, "--output"},
+      {{"bench", "--budget"}, "--budget"},       {{"bench", "--backends"}, "--backends"},
   };
   check_table(t, sizeof t / sizeof t[0]);
 }
@@ -291,6 +317,8 @@ static void unknown_commands_and_flags_are_refused(at_backend *b) {
       {{"info", "--bogus"}, "--bogus"},
       {{"check", "--bogus"}, "--bogus"},
       {{"bandwidth", "--bogus"}, "--bogus"},
+      {{"bench", "--bogus"}, "--bogus"},
+      {{"bench", "--causal"}, "--causal"},
       {{"vit", "--bias"}, "--bias"},
       {{"vit", "--page-size", "16"}, "--page-size"},
   };
@@ -305,6 +333,7 @@ static void clashing_inference_options_are_refused(at_backend *b) {
       {{"run", "--cache-extra", "0", "--backward"}, "--backward"},
       {{"run", "--append", "--backward"}, "--backward"},
       {{"run", "--append", "--seqlen-q", "5", "--seqlen-k", "4"}, "--append"},
+      {{"bench", "--seqlen-k", "64", "--passes", "bwd"}, "--passes"},
   };
   check_table(t, sizeof t / sizeof t[0]);
 }
@@ -804,6 +833,271 @@ static void bandwidth_reports_a_read_rate(at_backend *b) {
   at_free(r);
 }
 
+/* ---------------------------------------------------------------------- */
+/* attn bench                                                               */
+/* ---------------------------------------------------------------------- */
+
+/* A sweep of 10 rows that takes well under a second: per mask (none,
+ * causal), N = 32 and 48 forward and backward, and a decoding row over 64
+ * keys; batch = 96 / keys, 2 heads of 16. */
+#define BENCH_TINY                                                                                 \
+  "bench", "--seqlens", "32,48", "--dims", "16", "--seqlen-k", "64", "--tokens", "96", "--hidden", \
+      "32", "--budget", "0", "--repeat", "2"
+enum { BENCH_TINY_ROWS = 10 };
+
+/* Every field of a row, in order: the schema --help states. */
+static const char *const bench_keys[] = {
+    "schema",      "tool",          "impl",      "impl_version", "timestamp", "backend", "device",
+    "device_kind", "compute_units", "timer",     "dtype",        "d",         "mask",    "causal",
+    "window_left", "window_right",  "seqlen_q",  "seqlen_k",     "batch",     "heads",   "heads_kv",
+    "pass",        "reps",          "median_ms", "min_ms",       "flops",     "tflops",  "gflops",
+    "bytes",       "gbps",          "error"};
+enum { BENCH_NKEYS = sizeof bench_keys / sizeof bench_keys[0] };
+
+/* Row r of BENCH_TINY, as the sweep orders them. */
+typedef struct bench_expect {
+  const char *mask, *pass;
+  int64_t nq, nk, batch;
+} bench_expect;
+
+static bench_expect bench_tiny_row(int r) {
+  static const struct {
+    int64_t n;
+    const char *pass;
+  } per_mask[5] = {{32, "fwd"}, {32, "bwd"}, {48, "fwd"}, {48, "bwd"}, {64, "fwd"}};
+  bench_expect e;
+  e.mask = r < 5 ? "none" : "causal";
+  e.pass = per_mask[r % 5].pass;
+  e.nk = per_mask[r % 5].n;
+  e.nq = r % 5 == 4 ? 1 : e.nk;
+  e.batch = 96 / e.nk;
+  return e;
+}
+
+/* Query-key pairs a row's mask leaves visible, over its batch: causal is
+ * aligned to the bottom-right corner, so a single query row sees every key. */
+static double bench_pairs(const bench_expect *e) {
+  int causal = !strcmp(e->mask, "causal");
+  double per_seq = 0;
+  for (int64_t i = 0; i < e->nq; i++)
+    per_seq += causal ? (double)(i + e->nk - e->nq + 1) : (double)e->nk;
+  return per_seq * (double)e->batch;
+}
+
+static const at_json *bench_get(const at_json *row, const char *key, at_json_type type, int line) {
+  const at_json *v = at_json_get(row, key);
+  if (!v || v->type != type)
+    fail_msg("row %d: \"%s\" is %s (want JSON type %d)", line, key,
+             v ? "of another type" : "missing", (int)type);
+  return v;
+}
+
+static void bench_str(const at_json *row, const char *key, const char *want, int line) {
+  const at_json *v = bench_get(row, key, AT_JSON_STR, line);
+  if (strcmp(v->str, want) != 0)
+    fail_msg("row %d: %s \"%s\" (want \"%s\")", line, key, v->str, want);
+}
+
+static double bench_num(const at_json *row, const char *key, int line) {
+  return bench_get(row, key, AT_JSON_NUM, line)->num;
+}
+
+static void bench_int(const at_json *row, const char *key, int64_t want, int line) {
+  int64_t got;
+  if (at_json_int(bench_get(row, key, AT_JSON_NUM, line), INT64_MIN, INT64_MAX, &got) ||
+      got != want)
+    fail_msg("row %d: %s %g (want %lld)", line, key, at_json_get(row, key)->num, (long long)want);
+}
+
+static void assert_near(double got, double want, const char *what, int line) {
+  if (!(fabs(got - want) <= 1e-4 * fabs(want)))
+    fail_msg("row %d: %s %g (want %g)", line, what, got, want);
+}
+
+/* One JSON line of BENCH_TINY: every field, of its type, with the values the
+ * sweep and the mask give. */
+static void check_bench_json_row(const char *text, size_t len, int line) {
+  char err[256];
+  at_json *row = at_json_parse(text, len, err, sizeof err);
+  if (!row) fail_msg("row %d is not JSON (%s): %.*s", line, err, (int)len, text);
+  assert_int_equal(row->type, AT_JSON_OBJ);
+  if (row->n != (int)BENCH_NKEYS)
+    fail_msg("row %d has %d fields (want %d)", line, row->n, (int)BENCH_NKEYS);
+  for (int k = 0; k < (int)BENCH_NKEYS; k++)
+    if (strcmp(row->keys[k], bench_keys[k]) != 0)
+      fail_msg("row %d: field %d is \"%s\" (want \"%s\")", line, k, row->keys[k], bench_keys[k]);
+  const bench_expect e = bench_tiny_row(line - 1);
+  bench_int(row, "schema", 1, line);
+  bench_str(row, "tool", "attn bench", line);
+  bench_str(row, "impl", "attn", line);
+  bench_str(row, "backend", "cpu:0", line);
+  bench_str(row, "device_kind", "cpu", line);
+  bench_str(row, "timer", "host", line);
+  bench_str(row, "dtype", "f32", line);
+  bench_str(row, "mask", e.mask, line);
+  bench_str(row, "pass", e.pass, line);
+  const at_json *stamp = bench_get(row, "timestamp", AT_JSON_STR, line);
+  if (strlen(stamp->str) != 20 || stamp->str[19] != 'Z' || stamp->str[10] != 'T')
+    fail_msg("row %d: timestamp \"%s\" is not UTC ISO 8601", line, stamp->str);
+  int causal = !strcmp(e.mask, "causal");
+  if (bench_get(row, "causal", AT_JSON_BOOL, line)->boolean != causal)
+    fail_msg("row %d: causal is wrong", line);
+  bench_int(row, "window_left", -1, line);
+  bench_int(row, "window_right", causal ? 0 : -1, line);
+  bench_int(row, "d", 16, line);
+  bench_int(row, "seqlen_q", e.nq, line);
+  bench_int(row, "seqlen_k", e.nk, line);
+  bench_int(row, "batch", e.batch, line);
+  bench_int(row, "heads", 2, line);
+  bench_int(row, "heads_kv", 2, line);
+  bench_get(row, "error", AT_JSON_NULL, line);
+  double reps = bench_num(row, "reps", line), ms = bench_num(row, "median_ms", line),
+         lo = bench_num(row, "min_ms", line);
+  if (reps < 1 || reps > 2 || !(ms > 0) || !(lo > 0) || lo > ms)
+    fail_msg("row %d: reps %g, median_ms %g, min_ms %g", line, reps, ms, lo);
+  double flops = 4.0 * 2 * bench_pairs(&e) * 16 * (!strcmp(e.pass, "bwd") ? 2.5 : 1);
+  assert_near(bench_num(row, "flops", line), flops, "flops", line);
+  assert_near(bench_num(row, "gflops", line), flops / ms * 1e-6, "gflops", line);
+  assert_near(bench_num(row, "tflops", line), flops / ms * 1e-9, "tflops", line);
+  double bytes = bench_num(row, "bytes", line);
+  if (!(bytes > 0)) fail_msg("row %d: bytes %g", line, bytes);
+  assert_near(bench_num(row, "gbps", line), bytes / ms * 1e-6, "gbps", line);
+  at_json_free(row);
+}
+
+static void bench_writes_a_json_line_per_problem_and_pass(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN(r, QUICK_S, 0, BENCH_TINY, "--format", "json");
+  if (r->status != 0 || r->err[0])
+    fail_msg("status %d (want 0), stderr (want nothing):\n%s", r->status, r->err);
+  int line = 0;
+  for (const char *p = r->out; *p; line++) {
+    const char *end = strchr(p, '\n');
+    if (!end) fail_msg("the last row has no newline: %s", p);
+    check_bench_json_row(p, (size_t)(end - p), line + 1);
+    p = end + 1;
+  }
+  assert_int_equal(line, BENCH_TINY_ROWS);
+  at_free(r);
+}
+
+/* The fields of one CSV line (RFC 4180: quoted fields, doubled quotes). */
+static int csv_fields(const char *line, size_t len) {
+  int n = 1, quoted = 0;
+  for (size_t i = 0; i < len; i++) {
+    if (line[i] == '"')
+      quoted = !quoted;
+    else if (line[i] == ',' && !quoted)
+      n++;
+  }
+  return n;
+}
+
+static void bench_writes_csv_with_a_header_to_its_output_file(at_backend *b) {
+  (void)b;
+  char dir[64], path[128];
+  snprintf(dir, sizeof dir, "/tmp/attn-bench-XXXXXX");
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/rows.csv", dir);
+  outcome *r = at_malloc(sizeof *r);
+  RUN(r, QUICK_S, 0, BENCH_TINY, "--format", "csv", "--output", path);
+  if (r->status != 0 || r->err[0] || r->out[0])
+    fail_msg("status %d (want 0), stdout \"%s\", stderr \"%s\" (want nothing on either)", r->status,
+             r->out, r->err);
+  size_t len;
+  char *csv = (char *)at_read_file(path, &len);
+  assert_non_null(csv);
+  char header[1024] = "";
+  for (int k = 0; k < (int)BENCH_NKEYS; k++) {
+    size_t h = strlen(header);
+    snprintf(header + h, sizeof header - h, "%s%s", k ? "," : "", bench_keys[k]);
+  }
+  int lines = 0;
+  for (size_t at = 0; at < len; lines++) {
+    const char *p = csv + at, *end = memchr(p, '\n', len - at);
+    if (!end) fail_msg("line %d has no newline", lines + 1);
+    size_t l = (size_t)(end - p);
+    if (lines == 0 && (l != strlen(header) || strncmp(p, header, l) != 0))
+      fail_msg("the header is \"%.*s\" (want \"%s\")", (int)l, p, header);
+    if (csv_fields(p, l) != (int)BENCH_NKEYS)
+      fail_msg("line %d has %d fields (want %d): %.*s", lines + 1, csv_fields(p, l),
+               (int)BENCH_NKEYS, (int)l, p);
+    /* A row's pass, and an empty error field. */
+    if (lines > 0) {
+      bench_expect e = bench_tiny_row(lines - 1);
+      char pass[16];
+      snprintf(pass, sizeof pass, ",%s,", e.pass);
+      if (!strstr(p, pass) || l == 0 || p[l - 1] != ',')
+        fail_msg("line %d is not a %s row without error: %.*s", lines + 1, e.pass, (int)l, p);
+    }
+    at = (size_t)(end - csv) + 1;
+  }
+  assert_int_equal(lines, 1 + BENCH_TINY_ROWS);
+  at_free(csv);
+  at_free(r);
+  remove_tree(dir);
+}
+
+static void bench_prints_a_table_by_default(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN(r, QUICK_S, 0, BENCH_TINY);
+  assert_int_equal(r->status, 0);
+  const char *head = strstr(r->out, "\nbackend ");
+  if (!head || !strstr(head, " median_ms ") || !strstr(head, " GFLOP/s ") || r->err[0])
+    fail_msg("no table header, or stderr:\n%s\n%s", r->out, r->err);
+  /* The header, then a line per row. */
+  int rows = count_char(strchr(head + 1, '\n') + 1, '\n');
+  assert_int_equal(rows, BENCH_TINY_ROWS);
+  assert_non_null(strstr(r->out, "\ncpu:0     f32     16  causal"));
+  at_free(r);
+}
+
+static void bench_progress_on_a_terminal_rewrites_one_line(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN(r, QUICK_S, 1, BENCH_TINY, "--format", "json");
+  assert_int_equal(r->status, 0);
+  assert_int_equal(count_char(r->out, '\n'), BENCH_TINY_ROWS);
+  const char *last = strrchr(r->err, '\r');
+  if (!strstr(r->err, "\rattn bench: row 1/10: cpu:0 f32 d=16 N=32 none fwd") ||
+      !strstr(r->err, "\rattn bench: row 5/10: cpu:0 f32 d=16 Nq=1 Nk=64 none fwd") ||
+      !strstr(r->err, "\rattn bench: row 10/10: ") || strchr(r->err, '\n') || !last ||
+      strcmp(last, "\r\033[K") != 0)
+    fail_msg("stderr on a terminal is not one rewritten line, cleared at the end:\n%s", r->err);
+  at_free(r);
+}
+
+/* A row whose tensors cannot fit is written with its error and no times;
+ * the rows after it still run, and the status is 1. */
+static void bench_writes_a_row_it_cannot_run_as_an_error(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN(r, QUICK_S, 0, "bench", "--seqlens", "3000000,16", "--batch", "100000", "--dims", "8",
+      "--heads", "1", "--masks", "none", "--passes", "fwd", "--format", "json", "--budget", "0",
+      "--repeat", "1");
+  if (r->status != 1 || count_char(r->out, '\n') != 2 || count_char(r->err, '\n') != 1 ||
+      !strstr(r->err,
+              "attn bench: row 1 (cpu:0 f32 d=8 N=3000000 none fwd): the tensors would need"))
+    fail_msg("status %d (want 1), stdout:\n%s\nstderr:\n%s", r->status, r->out, r->err);
+  const char *second = strchr(r->out, '\n') + 1;
+  char err[256];
+  at_json *bad = at_json_parse(r->out, (size_t)(second - r->out - 1), err, sizeof err),
+          *good = at_json_parse(second, strlen(second) - 1, err, sizeof err);
+  assert_non_null(bad);
+  assert_non_null(good);
+  const at_json *e = at_json_get(bad, "error");
+  assert_true(e && e->type == AT_JSON_STR && strstr(e->str, "would need"));
+  assert_int_equal(at_json_get(bad, "median_ms")->type, AT_JSON_NULL);
+  assert_int_equal(at_json_get(bad, "gflops")->type, AT_JSON_NULL);
+  assert_int_equal(at_json_get(good, "error")->type, AT_JSON_NULL);
+  assert_int_equal(at_json_get(good, "median_ms")->type, AT_JSON_NUM);
+  at_json_free(bad);
+  at_json_free(good);
+  at_free(r);
+}
+
 int main(int argc, char **argv) {
   const at_test common[] = {
       AT_TEST(absurd_sizes_are_refused_before_allocating),
@@ -830,6 +1124,11 @@ int main(int argc, char **argv) {
       AT_TEST(check_with_tf32_prints_its_rounding_column),
       AT_TEST(a_result_outside_the_tolerance_exits_1),
       AT_TEST(bandwidth_reports_a_read_rate),
+      AT_TEST(bench_writes_a_json_line_per_problem_and_pass),
+      AT_TEST(bench_writes_csv_with_a_header_to_its_output_file),
+      AT_TEST(bench_prints_a_table_by_default),
+      AT_TEST(bench_progress_on_a_terminal_rewrites_one_line),
+      AT_TEST(bench_writes_a_row_it_cannot_run_as_an_error),
   };
   return at_main(argc, argv, "cli", NULL, 0, common, sizeof common / sizeof common[0]);
 }

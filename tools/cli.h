@@ -45,6 +45,7 @@ const char *cli_human_bytes(double bytes, char *buf, size_t len);
 /* The commands: argv[0] is the command's name; each returns the exit status. */
 int cmd_info(int argc, char **argv);      /* cmd_info.c */
 int cmd_run(int argc, char **argv);       /* cmd_run.c */
+int cmd_bench(int argc, char **argv);     /* cmd_bench.c */
 int cmd_vit(int argc, char **argv);       /* cmd_run.c */
 int cmd_check(int argc, char **argv);     /* cmd_check.c */
 int cmd_bandwidth(int argc, char **argv); /* cmd_bandwidth.c */

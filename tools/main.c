@@ -38,6 +38,8 @@ static int usage_main(FILE *f) {
           "commands:\n"
           "  info       backends and devices present, and what ATTN_BACKEND selects\n"
           "  run        a random attention problem on the selected backend: time, rates, error\n"
+          "  bench      a sweep of problems over backends, dtypes, head dims, masks, lengths and\n"
+          "             passes, timed as run times one: a table, JSON lines or CSV\n"
           "  vit        ViT-B/16 self-attention of a 224x224 image (197 tokens, 12 heads of 64)\n"
           "  check      run golden case folders and compare with the tolerance rule\n"
           "  bandwidth  the device's memory read rate, the ceiling of attn run's GB/s\n"
@@ -109,7 +111,7 @@ const char *cli_human_bytes(double bytes, char *buf, size_t len) {
 int main(int argc, char **argv) {
   if (argc < 2)
     return cli_complain(
-        "give a command: info, run, vit, check, bandwidth or tune (see attn --help)");
+        "give a command: info, run, bench, vit, check, bandwidth or tune (see attn --help)");
   const char *cmd = argv[1];
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help"))
     return usage_main(stdout);
@@ -117,18 +119,19 @@ int main(int argc, char **argv) {
   static const struct {
     const char *name, *prog;
     int (*fn)(int, char **);
-  } cmds[] = {{"info", "attn info", cmd_info},
-              {"run", "attn run", cmd_run},
-              {"vit", "attn vit", cmd_vit},
-              {"check", "attn check", cmd_check},
-              {"bandwidth", "attn bandwidth", cmd_bandwidth},
-              {"tune", "attn tune", cmd_tune}};
+  } cmds[] = {
+      {"info", "attn info", cmd_info},    {"run", "attn run", cmd_run},
+      {"bench", "attn bench", cmd_bench}, {"vit", "attn vit", cmd_vit},
+      {"check", "attn check", cmd_check}, {"bandwidth", "attn bandwidth", cmd_bandwidth},
+      {"tune", "attn tune", cmd_tune},
+  };
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(cmd, cmds[i].name)) {
       cli_prog = cmds[i].prog;
       return cmds[i].fn(argc - 1, argv + 1);
     }
   return cli_complain(
-      "unknown command \"%s\" (commands: info, run, vit, check, bandwidth, tune; see attn --help)",
+      "unknown command \"%s\" (commands: info, run, bench, vit, check, bandwidth, tune; see attn "
+      "--help)",
       cmd);
 }

@@ -1,7 +1,8 @@
 /*
- * What attn run and attn vit share between their files: the problem as the
- * options give it, its KV cache, the tensors of a run, the work a call must
- * do, and the reference check. Private to tools/.
+ * What attn run, attn vit and attn bench share between their files: the
+ * problem as the options give it, its KV cache, the tensors of a run, how a
+ * call is timed, the work a call must do, the progress line, and the
+ * reference check. Private to tools/.
  */
 #ifndef ATTN_TOOLS_RUN_H
 #define ATTN_TOOLS_RUN_H
@@ -91,13 +92,69 @@ typedef struct run_tensors {
   device_tensor dout, dq, dk, dv, dbias, dsinks;
 } run_tensors;
 
+/* Elements of each tensor, in double so that no product can overflow. */
+typedef struct run_sizes {
+  double eq, ek, el; /* q-shaped, k-shaped (the cache), lse */
+  double tensors;    /* bytes of every tensor the run uses (one copy) */
+  double reference;  /* bytes of the reference's double outputs and the cache's read-back */
+} run_sizes;
+
+/* run_tensors.c */
+run_sizes run_sizes_of(const run_opts *o);
+/* Whether the tensors fit in the memory there is: with info NULL (before a
+ * context exists) one host copy of them; with the context's device, also its
+ * buffers (host memory on a CPU device, device memory on a GPU) and, with
+ * check, the reference's arrays. Returns 0, or -1 with a sentence in why
+ * ("the tensors would need 4.3 GB, more than the 2.1 GB of memory
+ * available"). */
+int run_fits(const run_opts *o, const attn_device_info *info, int check, char *why, size_t len);
+/* Every tensor the options ask for, inputs random from o->seed, outputs NaN
+ * (so that an element a call never writes fails the check). On failure
+ * the status, and the tensors made so far are still freed by
+ * run_tensors_free. */
+int run_tensors_make(attn_context *ctx, const run_opts *o, const run_cache *c, run_tensors *t);
+void run_tensors_free(run_tensors *t);
 /* The same tensor over its host copy (for the reference). */
 attn_tensor run_host_tensor(const device_tensor *t);
 
+/* ---------------------------------------------------------------------- */
+/* Timing (run_timing.c)                                                    */
+/* ---------------------------------------------------------------------- */
+
 /* Seconds on a monotonic clock, and n times sorted ascending (their
- * median is then t[n / 2]). cmd_run.c */
+ * median is then t[n / 2]). */
 double run_now_s(void);
 void run_sort_times(double *t, size_t n);
+
+/* A call to time; returns an attn status. */
+typedef int (*run_call)(void *arg);
+/* One untimed call, then calls each timed on the host clock (synchronous:
+ * on a device the work is done when a call returns) until max of them, or,
+ * after the first, until budget_s seconds have passed since the untimed
+ * one ended. t (max entries) receives the times sorted ascending, *n their
+ * count. Returns the first failing call's status. */
+int run_time_calls(run_call fn, void *arg, size_t max, double budget_s, double *t, size_t *n);
+
+/* ---------------------------------------------------------------------- */
+/* Progress on stderr (run_progress.c)                                      */
+/* ---------------------------------------------------------------------- */
+
+typedef struct run_progress {
+  double t0; /* when it started (run_now_s) */
+  int tty;   /* stderr is a terminal */
+  int shown; /* a line is on the terminal */
+} run_progress;
+
+void run_progress_start(run_progress *pg);
+/* "<cli_prog>: <message>": on a terminal over the line before, in place;
+ * elsewhere as a line of its own. */
+void run_progress_show(run_progress *pg, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* On a terminal, the line cleared, so that output after it starts clean. */
+void run_progress_clear(run_progress *pg);
 
 /* ---------------------------------------------------------------------- */
 /* Work of a call (run_work.c)                                              */

@@ -6,8 +6,6 @@
  * the reference's progress on stderr when it takes more than a second; and,
  * when the call appends to a KV cache, the cache read back.
  */
-#define _POSIX_C_SOURCE 200809L /* isatty */
-
 #include "golden.h"
 #include "ref.h"
 #include "run.h"
@@ -16,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* Max |x - ref| over n doubles, infinities equal to themselves: what TF32
  * rounding alone costs an output (the reference computed as TF32, x). */
@@ -46,16 +43,14 @@ static void compare(const void *x, attn_dtype dt, const double *ref, size_t n, d
  * large problem: after a second, say how far it has come. On a terminal one
  * line is rewritten in place; in a log a line every few seconds. */
 typedef struct progress {
-  double t0, next;
-  int tty, shown;
+  run_progress line;
+  double next;
   const char *pass; /* "forward", "backward" */
 } progress;
 
 static void progress_start(progress *pg) {
-  pg->t0 = run_now_s();
-  pg->next = pg->t0 + 1.0;
-  pg->tty = isatty(STDERR_FILENO);
-  pg->shown = 0;
+  run_progress_start(&pg->line);
+  pg->next = pg->line.t0 + 1.0;
   pg->pass = "forward";
 }
 
@@ -64,25 +59,24 @@ static void progress_show(void *user, int64_t done, int64_t total) {
   double t = run_now_s();
   if (t < pg->next) return;
   int pct = (int)(100.0 * (double)done / (double)(total > 0 ? total : 1));
-  if (pg->tty) {
-    fprintf(stderr, "\r%s: reference %s: %3d%% (%lld/%lld rows)", cli_prog, pg->pass, pct,
-            (long long)done, (long long)total);
+  if (pg->line.tty) {
+    run_progress_show(&pg->line, "reference %s: %3d%% (%lld/%lld rows)", pg->pass, pct,
+                      (long long)done, (long long)total);
     pg->next = t + 0.2;
   } else {
-    fprintf(stderr, "%s: reference %s: %d%% (%lld/%lld rows, %.0f s)\n", cli_prog, pg->pass, pct,
-            (long long)done, (long long)total, t - pg->t0);
+    run_progress_show(&pg->line, "reference %s: %d%% (%lld/%lld rows, %.0f s)", pg->pass, pct,
+                      (long long)done, (long long)total, t - pg->line.t0);
     pg->next = t + 5.0;
   }
-  fflush(stderr);
-  pg->shown = 1;
 }
 
 static void progress_end(progress *pg) {
-  if (!pg->shown) return;
-  if (pg->tty)
-    fputs("\r\033[K", stderr); /* the results follow on stdout; leave no stale line */
+  if (!pg->line.shown) return;
+  /* On a terminal the results follow on stdout: no stale line is left. */
+  if (pg->line.tty)
+    run_progress_clear(&pg->line);
   else
-    fprintf(stderr, "%s: reference done in %.1f s\n", cli_prog, run_now_s() - pg->t0);
+    run_progress_show(&pg->line, "reference done in %.1f s", run_now_s() - pg->line.t0);
 }
 
 /* One output's error and its bound; failed names the outputs over theirs. */
