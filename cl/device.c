@@ -15,7 +15,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <threads.h>
+#include <pthread.h>
 
 /* ---------------------------------------------------------------------- */
 /* Devices                                                                  */
@@ -26,7 +26,7 @@
 static attn__cl_device g_devs[MAX_DEVICES];
 static int g_ndev;
 static char g_why[512];
-static once_flag g_probe_once = ONCE_FLAG_INIT;
+static pthread_once_t g_probe_once = PTHREAD_ONCE_INIT;
 
 static void probe(void) {
   const char *why = "";
@@ -95,13 +95,13 @@ static void probe(void) {
 }
 
 static int ocl_device_count(char *why, size_t why_len) {
-  call_once(&g_probe_once, probe);
+  pthread_once(&g_probe_once, probe);
   if (why && why_len) snprintf(why, why_len, "%s", g_ndev ? "" : g_why);
   return g_ndev;
 }
 
 static int ocl_device_info(int index, attn_device_info *out) {
-  call_once(&g_probe_once, probe);
+  pthread_once(&g_probe_once, probe);
   if (index < 0 || index >= g_ndev) return ATTN_EUNAVAILABLE;
   *out = g_devs[index].info;
   return ATTN_OK;
@@ -142,7 +142,7 @@ static void cl_close(attn_context *ctx) {
 }
 
 static int cl_open(attn_context *ctx, int index) {
-  call_once(&g_probe_once, probe);
+  pthread_once(&g_probe_once, probe);
   if (index < 0 || index >= g_ndev)
     return attn__error(ctx, ATTN_EUNAVAILABLE, "OpenCL device %d does not exist (%d present)",
                        index, g_ndev);

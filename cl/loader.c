@@ -11,12 +11,12 @@
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <threads.h>
+#include <pthread.h>
 
 static attn__cl_api g_api;
 static const attn__cl_api *g_loaded;
 static char g_why[512];
-static once_flag g_once = ONCE_FLAG_INIT;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void load_once(void) {
   if (attn__settings_process()->cl_library_too_long) {
@@ -24,10 +24,16 @@ static void load_once(void) {
              sizeof attn__settings_process()->cl_library - 1);
     return;
   }
-  const char *names[3] = {attn__settings_process()->cl_library, "libOpenCL.so.1", "libOpenCL.so"};
+  /* The ICD loader's names; macOS has its OpenCL as a system framework. */
+  const char *names[] = {attn__settings_process()->cl_library,
+#ifdef __APPLE__
+                         "/System/Library/Frameworks/OpenCL.framework/OpenCL",
+#endif
+                         "libOpenCL.so.1", "libOpenCL.so"};
+  const int n = (int)(sizeof names / sizeof names[0]);
   void *lib = NULL;
   int first = names[0] && names[0][0] ? 0 : 1;
-  for (int i = first; i < 3 && !lib; ++i) {
+  for (int i = first; i < n && !lib; ++i) {
     lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     if (first == 0) break; /* an explicit library is the only one tried */
   }
@@ -53,7 +59,7 @@ static void load_once(void) {
 }
 
 const attn__cl_api *attn__cl_load(const char **why) {
-  call_once(&g_once, load_once);
+  pthread_once(&g_once, load_once);
   if (why) *why = g_loaded ? "" : g_why;
   return g_loaded;
 }

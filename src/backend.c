@@ -6,7 +6,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <threads.h>
+#include <pthread.h>
 
 /* Preference order for "auto"; the CPU is last and always present. */
 static const attn__backend *const registry[] = {
@@ -43,12 +43,7 @@ int attn_backend_compiled(attn_backend backend) {
  * that threads asking at the same time read finished text. */
 static int device_counts[4], probed[4];
 static char unavailable_why[4][512];
-static mtx_t probe_lock;
-static once_flag probe_lock_once = ONCE_FLAG_INIT;
-
-static void init_probe_lock(void) {
-  mtx_init(&probe_lock, mtx_plain);
-}
+static pthread_mutex_t probe_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void probe_kind(attn_backend kind) {
   const attn__backend *b = attn__backend_find(kind);
@@ -67,14 +62,13 @@ static void probe_kind(attn_backend kind) {
 
 int attn_device_count(attn_backend backend) {
   if ((unsigned)backend >= 4) return 0;
-  call_once(&probe_lock_once, init_probe_lock);
-  mtx_lock(&probe_lock);
+  pthread_mutex_lock(&probe_lock);
   if (!probed[backend]) {
     probe_kind(backend);
     probed[backend] = 1;
   }
   const int n = device_counts[backend];
-  mtx_unlock(&probe_lock);
+  pthread_mutex_unlock(&probe_lock);
   return n;
 }
 

@@ -8,7 +8,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <threads.h>
+#include <pthread.h>
 
 static const char *var(const char *name) {
   return getenv(name);
@@ -68,13 +68,13 @@ void attn__settings_free(attn__settings *s) {
 }
 
 static attn__settings process_settings;
-static once_flag process_once = ONCE_FLAG_INIT;
+static pthread_once_t process_once = PTHREAD_ONCE_INIT;
 
 static void read_process_settings(void) {
   attn__settings_read(&process_settings);
 }
 
 const attn__settings *attn__settings_process(void) {
-  call_once(&process_once, read_process_settings);
+  pthread_once(&process_once, read_process_settings);
   return &process_settings;
 }
