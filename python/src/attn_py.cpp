@@ -59,7 +59,7 @@ nb::dict device_dict(const attn_device_info &d) {
  * takes one call per context at a time (ATTN_EBUSY otherwise); the count of
  * calls inside keeps close() from freeing the context under one of them. */
 class Context {
-public:
+ public:
   explicit Context(std::optional<std::string> spec) {
     attn_context *c = nullptr;
     int rc;
@@ -74,7 +74,9 @@ public:
     }
     ctx_ = c;
   }
-  ~Context() { attn_context_free(ctx_); }
+  ~Context() {
+    attn_context_free(ctx_);
+  }
   Context(const Context &) = delete;
   Context &operator=(const Context &) = delete;
 
@@ -107,14 +109,15 @@ public:
   static void check(attn_context *ctx, int rc) {
     if (rc == ATTN_OK) return;
     if (rc == ATTN_EBUSY)
-      fail(rc, "the context is in use by a call from another thread; give each thread a "
-               "context of its own");
+      fail(rc,
+           "the context is in use by a call from another thread; give each thread a "
+           "context of its own");
     fail(rc, attn_errmsg(ctx));
   }
 
   std::optional<uintptr_t> stream;
 
-private:
+ private:
   attn_context *ctx_ = nullptr;
   std::mutex mu_;
   int users_ = 0;
@@ -122,15 +125,21 @@ private:
 
 /* Holds a context for one call (see Context::enter). */
 class Use {
-public:
+ public:
   explicit Use(Context &c) : c_(c), ctx_(c.enter()) {}
-  ~Use() { c_.leave(); }
+  ~Use() {
+    c_.leave();
+  }
   Use(const Use &) = delete;
   Use &operator=(const Use &) = delete;
-  attn_context *get() const { return ctx_; }
-  void check(int rc) const { Context::check(ctx_, rc); }
+  attn_context *get() const {
+    return ctx_;
+  }
+  void check(int rc) const {
+    Context::check(ctx_, rc);
+  }
 
-private:
+ private:
   Context &c_;
   attn_context *ctx_;
 };
@@ -151,7 +160,7 @@ std::string dtype_label(const nb::dlpack::dtype &dt) {
  * described as attn_tensors, which live (with the arrays and any device
  * buffer wrapping them) until the call is over. */
 class Call {
-public:
+ public:
   explicit Call(Context &c) : use_(c) {}
   ~Call() {
     for (attn_buffer *b : wraps_)
@@ -160,8 +169,12 @@ public:
   Call(const Call &) = delete;
   Call &operator=(const Call &) = delete;
 
-  attn_context *ctx() const { return use_.get(); }
-  void check(int rc) const { use_.check(rc); }
+  attn_context *ctx() const {
+    return use_.get();
+  }
+  void check(int rc) const {
+    use_.check(rc);
+  }
 
   /* An array the call reads (output false) or writes; NULL for None. */
   const attn_tensor *tensor(nb::handle obj, const char *name, bool output) {
@@ -191,7 +204,7 @@ public:
     return describe(a, const_cast<void *>(static_cast<const void *>(a.data())), name, bf16);
   }
 
-private:
+ private:
   [[noreturn]] static void not_an_array(nb::handle obj, const char *name) {
     std::string type = Py_TYPE(obj.ptr())->tp_name;
     throw nb::type_error((std::string(name) +
@@ -253,8 +266,8 @@ private:
       t.data = first;
       return;
     }
-    bool cuda = device_type == nb::device::cuda::value ||
-                device_type == nb::device::cuda_managed::value;
+    bool cuda =
+        device_type == nb::device::cuda::value || device_type == nb::device::cuda_managed::value;
     int device = attn_context_device(ctx);
     if (!cuda || backend != ATTN_BACKEND_CUDA || device_id != device)
       fail(ATTN_EBUFFER, std::string(name) + ": the array is in the memory of " +
@@ -439,8 +452,8 @@ nb::tuple supports(Context &c, nb::handle q, nb::handle k, nb::handle v, bool ba
 void merge(Context &c, const std::vector<nb::handle> &o_parts,
            const std::vector<nb::handle> &lse_parts, nb::handle o, nb::handle lse) {
   if (o_parts.size() != lse_parts.size())
-    fail(ATTN_ESHAPE, "lse_parts: " + std::to_string(lse_parts.size()) + " parts, but o_parts has " +
-                          std::to_string(o_parts.size()));
+    fail(ATTN_ESHAPE, "lse_parts: " + std::to_string(lse_parts.size()) +
+                          " parts, but o_parts has " + std::to_string(o_parts.size()));
   Call call(c);
   std::vector<attn_tensor> to_parts, tl_parts;
   for (size_t i = 0; i < o_parts.size(); i++) {
@@ -498,10 +511,14 @@ attn_dtype dtype_from_name(const std::string &name) {
   fail(ATTN_EDTYPE, "dtype: '" + name + "' is not one of f32, f16, bf16");
 }
 
-} // namespace
+}  // namespace
 
 NB_MODULE(_attn, m) {
   m.doc() = "attn's C API over DLPack arrays (use the attn package, not this module)";
+  /* Contexts that live to the interpreter's exit (the per-thread defaults,
+   * one an autograd graph or a traceback still holds) are not leaks; the
+   * operating system takes their memory back. */
+  nb::set_leak_warnings(false);
 
   nb::register_exception_translator([](const std::exception_ptr &p, void *) {
     try {
