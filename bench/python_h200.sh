@@ -37,24 +37,29 @@ rm -rf "$VENV"
 "$PYTHON" - "$VENV" <<'EOF'
 import os, site, subprocess, sys
 if sys.prefix != sys.base_prefix:
-    target = subprocess.check_output(
-        [os.path.join(sys.argv[1], "bin", "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        text=True).strip()
+    python = os.path.join(sys.argv[1], "bin", "python")
+    ask = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    target = subprocess.check_output([python, "-c", ask], text=True).strip()
     with open(os.path.join(target, "_parent_venv.pth"), "w") as f:
         f.write("\n".join(site.getsitepackages()) + "\n")
 EOF
-"$VENV/bin/python" -c 'import numpy; print("numpy", numpy.__version__)'
-"$VENV/bin/python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' ||
+py=$VENV/bin/python
+$py -c 'import numpy; print("numpy", numpy.__version__)'
+$py -c 'import torch; print("torch", torch.__version__, torch.cuda.is_available())' ||
   echo "torch is not visible: the attn.torch tests will skip"
 
 # --no-deps: NumPy, the one dependency, is the machine's own (above); the
 # build's needs come from $WHEELS into pip's isolated build environment.
 t0=$(date +%s)
+log=$OUT/python_install.log
 # shellcheck disable=SC2086
-"$VENV/bin/pip" install -v --no-index --find-links "$WHEELS" --no-deps \
-  -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" ${PIP_ARGS:-} . >"$OUT/python_install.log" 2>&1 ||
-  { tail -40 "$OUT/python_install.log"; echo "pip install failed: $OUT/python_install.log"; exit 1; }
+if ! $py -m pip install -v --no-index --find-links "$WHEELS" --no-deps \
+    -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" ${PIP_ARGS:-} . >"$log" 2>&1; then
+  tail -40 "$log"
+  echo "pip install failed: $log"
+  exit 1
+fi
 echo "pip install: $(( $(date +%s) - t0 )) s"
-grep -E "Found CUDA|The CUDA compiler|OpenCL" "$OUT/python_install.log" | head -5 || true
-"$VENV/bin/python" -c 'import attn, json; print(json.dumps(attn.info(), indent=1))' | tee "$OUT/python_info.json"
-"$VENV/bin/python" -m pytest python/tests -q -rs "$@" 2>&1 | tee "$OUT/python_pytest.log"
+grep -E "The CUDA compiler|OpenCL" "$log" | head -5 || true
+$py -c 'import attn, json; print(json.dumps(attn.info(), indent=1))' | tee "$OUT/python_info.json"
+$py -m pytest python/tests -q -rs "$@" 2>&1 | tee "$OUT/python_pytest.log"

@@ -71,7 +71,7 @@ class Context:
 
     @property
     def backend(self):
-        """"cpu", "opencl" or "cuda"."""
+        """ "cpu", "opencl" or "cuda"."""
         return self._native.backend
 
     @property
@@ -81,7 +81,7 @@ class Context:
 
     @property
     def spec(self):
-        """"backend:N", the specification that names this device."""
+        """ "backend:N", the specification that names this device."""
         return "%s:%d" % (self.backend, self.device)
 
     @property
@@ -190,6 +190,16 @@ def _input(x):
     return x
 
 
+def _array(x, name):
+    """A required array argument, as _input gives it."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(
+            "%s: expected an array (NumPy, PyTorch, CuPy, JAX: anything with __dlpack__ "
+            "or the buffer protocol), got %s" % (name, type(x).__name__)
+        )
+    return _input(x)
+
+
 def _host_array(x, dtype):
     """Lists and tuples (offsets, lengths, slopes, sinks) as NumPy arrays."""
     if isinstance(x, (list, tuple)):
@@ -206,14 +216,24 @@ def _empty(like, shape, dtype=None):
         import torch
 
         return like.new_empty(shape, dtype=like.dtype if dtype is None else torch.float32)
+    if type(like).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.empty(shape, dtype=like.dtype if dtype is None else cupy.float32)
+    if _device_of(like)[0] in (_DL_CPU, _DL_CUDA_HOST):
+        # NumPy for host memory of any other framework: it is writable, which
+        # a JAX array is not.
+        return np.empty(shape, dtype=np.dtype(like.dtype) if dtype is None else np.float32)
     namespace = getattr(like, "__array_namespace__", None)
     if namespace is not None:
         xp = namespace()
-        return xp.empty(shape, dtype=like.dtype if dtype is None else xp.float32, device=like.device)
-    if _device_of(like)[0] in (_DL_CPU, _DL_CUDA_HOST):
-        return np.empty(shape, dtype=np.asarray(like).dtype if dtype is None else np.float32)
+        return xp.empty(
+            shape, dtype=like.dtype if dtype is None else xp.float32, device=like.device
+        )
     raise TypeError(
-        "cannot allocate an output beside a %s; pass the output arrays (out=, ...)" % type(like).__name__
+        "cannot allocate an output beside a %s; pass the output arrays (out=, ...)"
+        % type(like).__name__
     )
 
 
@@ -240,7 +260,9 @@ def _window(window):
     return (-1 if left is None else int(left)), (-1 if right is None else int(right))
 
 
-def _score_terms(causal, window, softcap, alibi_slopes, scale, cu_seqlens_q, cu_seqlens_k, bias, sinks):
+def _score_terms(
+    causal, window, softcap, alibi_slopes, scale, cu_seqlens_q, cu_seqlens_k, bias, sinks
+):
     """The keywords forward and backward share, as the binding takes them."""
     left, right = _window(window)
     return dict(
@@ -319,13 +341,15 @@ def forward(
     ("cpu", "cuda:0"), or None for the default of q's memory (see
     default_context). out, lse_out: arrays to write o and lse into.
     """
+    q, k, v = _array(q, "q"), _array(k, "k"), _array(v, "v")
     ctx = _context_for(context, q)
-    q, k, v = _input(q), _input(k), _input(v)
     if out is None:
         out = _empty(q, tuple(q.shape))
     if return_lse and lse_out is None:
         lse_out = _empty(q, _lse_shape(q, lse_hilo), "float32")
-    terms = _score_terms(causal, window, softcap, alibi_slopes, scale, cu_seqlens_q, cu_seqlens_k, bias, sinks)
+    terms = _score_terms(
+        causal, window, softcap, alibi_slopes, scale, cu_seqlens_q, cu_seqlens_k, bias, sinks
+    )
     _attn.forward(
         ctx._native,
         q,
@@ -382,12 +406,12 @@ def backward(
     d(loss)/d(sinks) after it. deterministic: bit-identical gradients from run
     to run. dq, dk, dv: arrays to write into.
     """
+    names = ("do", "q", "k", "v", "o", "lse")
+    do, q, k, v, o, lse = (_array(x, n) for x, n in zip((do, q, k, v, o, lse), names))
     ctx = _context_for(context, q)
-    do, q, k, v, o, lse = (_input(x) for x in (do, q, k, v, o, lse))
     dq = _empty(q, tuple(q.shape)) if dq is None else dq
     dk = _empty(q, tuple(k.shape)) if dk is None else dk
     dv = _empty(q, tuple(v.shape)) if dv is None else dv
-    extra = []
     if dbias is True:
         if bias is None:
             raise Error(Status.ENULL, "dbias: asked for, but bias is None")
@@ -397,7 +421,9 @@ def backward(
             raise Error(Status.ENULL, "dsinks: asked for, but sinks is None")
         dsinks = _empty(q, (len(sinks),), "float32")
     extra = [x for x in (dbias, dsinks) if x is not None and x is not False]
-    terms = _score_terms(causal, window, softcap, alibi_slopes, scale, cu_seqlens_q, cu_seqlens_k, bias, sinks)
+    terms = _score_terms(
+        causal, window, softcap, alibi_slopes, scale, cu_seqlens_q, cu_seqlens_k, bias, sinks
+    )
     _attn.backward(
         ctx._native,
         q,
@@ -444,12 +470,14 @@ def supports(
     when backward=True): True or False, decided as the call itself decides.
     An invalid problem raises attn.Error as the call would."""
     ctx = _context_for(context, q)
-    terms = _score_terms(causal, window, softcap, alibi_slopes, scale, cu_seqlens_q, cu_seqlens_k, bias, sinks)
+    terms = _score_terms(
+        causal, window, softcap, alibi_slopes, scale, cu_seqlens_q, cu_seqlens_k, bias, sinks
+    )
     status, message = _attn.supports(
         ctx._native,
-        _input(q),
-        _input(k),
-        _input(v),
+        _array(q, "q"),
+        _array(k, "k"),
+        _array(v, "v"),
         bool(backward),
         seqused_k=_host_array(seqused_k, np.int32),
         k_new=_input(k_new),
@@ -470,8 +498,8 @@ def merge(o_parts, lse_parts, *, context=None, out=None, lse_out=None, return_ls
     (forward() with lse, plain form) into the result over all of them:
     lse = log(sum_s exp(lse_s)), o = sum_s exp(lse_s - lse) o_s. Returns
     (o, lse), or o alone with return_lse=False."""
-    o_parts = [_input(x) for x in o_parts]
-    lse_parts = [_input(x) for x in lse_parts]
+    o_parts = [_array(x, "o_parts[%d]" % i) for i, x in enumerate(o_parts)]
+    lse_parts = [_array(x, "lse_parts[%d]" % i) for i, x in enumerate(lse_parts)]
     if not o_parts:
         raise Error(Status.ESIZE, "o_parts is empty; merge takes 1 to 256 parts")
     ctx = _context_for(context, o_parts[0])

@@ -152,7 +152,9 @@ def attention(
     if layout not in ("bhsd", "bshd"):
         raise ValueError("layout must be 'bhsd' or 'bshd', got %r" % (layout,))
     if is_causal and attn_mask is not None:
-        raise ValueError("give attn_mask or is_causal, not both (as for scaled_dot_product_attention)")
+        raise ValueError(
+            "give attn_mask or is_causal, not both (as for scaled_dot_product_attention)"
+        )
     if is_causal and window is not None:
         raise ValueError(
             "is_causal (top-left, SDPA's) and window (bottom-right, attn's) do not combine; "

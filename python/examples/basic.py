@@ -10,7 +10,9 @@ q, k, v = (rng.standard_normal((2, 256, 8, 64), dtype=np.float32) for _ in range
 
 o, lse = attn.forward(q, k, v, causal=True)
 dq, dk, dv = attn.backward(np.ones_like(o), q, k, v, o, lse, causal=True)
-print("%s: o %s, lse %s, |dq| %.3f" % (attn.default_context(), o.shape, lse.shape, np.abs(dq).max()))
+print(
+    "%s: o %s, lse %s, |dq| %.3f" % (attn.default_context(), o.shape, lse.shape, np.abs(dq).max())
+)
 
 try:
     attn.forward(q, k[..., :32], v)

@@ -153,8 +153,19 @@ def reference(
             bb = bb[:, :nq, :nk] if bias.shape[2] > 1 else bb[:, :, :nk]
             bb = np.broadcast_to(bb, (hq, nq, nk))
         dob = None if do is None else (do[qs] if varlen else do[b])
-        r = _sequence(qb, kb, vb, dob, scale=scale, causal=causal, window=window, softcap=softcap,
-                      slopes=slopes, bias=bb, sinks=sinks)
+        r = _sequence(
+            qb,
+            kb,
+            vb,
+            dob,
+            scale=scale,
+            causal=causal,
+            window=window,
+            softcap=softcap,
+            slopes=slopes,
+            bias=bb,
+            sinks=sinks,
+        )
         if varlen:
             o[qs] = r["o"]
             lse[:, qs] = r["lse"]

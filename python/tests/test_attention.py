@@ -195,8 +195,9 @@ def test_sinks_and_their_gradient(ctx, rng):
     o, lse = attn.forward(q, k, v, sinks=sinks, causal=True, context=ctx)
     assert_close(o, ref["o"], name="o")
     assert_close(lse, ref["lse"], name="lse")
-    dq, dk, dv, dsinks = attn.backward(do, q, k, v, o, lse, sinks=sinks, dsinks=True, causal=True,
-                                       context=ctx)
+    dq, dk, dv, dsinks = attn.backward(
+        do, q, k, v, o, lse, sinks=sinks, dsinks=True, causal=True, context=ctx
+    )
     for name, got in (("dq", dq), ("dk", dk), ("dv", dv), ("dsinks", dsinks)):
         assert_close(got, ref[name], name=name)
 
@@ -206,8 +207,9 @@ def test_bias_and_sinks_gradients_together(ctx, rng):
     bias, sinks = randn(rng, (1, 4, 24, 24)), np.array([1, 0, -1, 2], np.float32)
     ref = reference(q, k, v, do, bias=bias, sinks=sinks)
     o, lse = attn.forward(q, k, v, bias=bias, sinks=sinks, context=ctx)
-    grads = attn.backward(do, q, k, v, o, lse, bias=bias, sinks=sinks, dbias=True, dsinks=True,
-                          context=ctx)
+    grads = attn.backward(
+        do, q, k, v, o, lse, bias=bias, sinks=sinks, dbias=True, dsinks=True, context=ctx
+    )
     assert len(grads) == 5
     assert_close(grads[3], ref["dbias"], name="dbias")
     assert_close(grads[4], ref["dsinks"], name="dsinks")
@@ -315,4 +317,3 @@ def test_context_by_name(rng):
     o, _ = attn.forward(q, k, v, context="cpu")
     assert_close(o, reference(q, k, v)["o"])
     assert attn.default_context("cpu").backend == "cpu"
-

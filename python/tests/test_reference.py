@@ -26,7 +26,9 @@ def load(folder, name, dtype):
     return (a.astype(np.uint32) << 16).view(np.float32)  # bf16 bits
 
 
-@pytest.mark.skipif(not NAMES, reason="the golden cases (tests/golden/cases) are not beside the tests")
+@pytest.mark.skipif(
+    not NAMES, reason="the golden cases (tests/golden/cases) are not beside the tests"
+)
 @pytest.mark.parametrize("name", NAMES)
 def test_reference_agrees_with_golden_case(name):
     folder = os.path.join(CASES, name)
@@ -36,11 +38,22 @@ def test_reference_agrees_with_golden_case(name):
     inputs = {n: load(folder, n, dt) for n in ("q", "k", "v", "do", "k_new", "v_new")}
     bias = load(folder, "bias", case.get("bias_dtype", dt))
     r = reference(
-        inputs["q"], inputs["k"], inputs["v"], inputs["do"],
-        scale=case["scale"], causal=case["causal"], window=tuple(case["window"]),
-        softcap=case["softcap"], alibi_slopes=case["alibi_slopes"], bias=bias,
-        sinks=case.get("sinks"), cu_seqlens_q=case["cu_seqlens_q"], cu_seqlens_k=case["cu_seqlens_k"],
-        seqused_k=case.get("seqused_k"), k_new=inputs["k_new"], v_new=inputs["v_new"],
+        inputs["q"],
+        inputs["k"],
+        inputs["v"],
+        inputs["do"],
+        scale=case["scale"],
+        causal=case["causal"],
+        window=tuple(case["window"]),
+        softcap=case["softcap"],
+        alibi_slopes=case["alibi_slopes"],
+        bias=bias,
+        sinks=case.get("sinks"),
+        cu_seqlens_q=case["cu_seqlens_q"],
+        cu_seqlens_k=case["cu_seqlens_k"],
+        seqused_k=case.get("seqused_k"),
+        k_new=inputs["k_new"],
+        v_new=inputs["v_new"],
         block_table=case.get("block_table"),
     )
     for out in ("o", "lse", "dq", "dk", "dv", "dbias", "dsinks", "k_out", "v_out"):

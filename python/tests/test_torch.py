@@ -19,7 +19,9 @@ needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device for both to
 
 def tensors(shapes, dtype=torch.float32, device="cpu", seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=g).to(device=device, dtype=dtype).requires_grad_() for s in shapes]
+    return [
+        torch.randn(s, generator=g).to(device=device, dtype=dtype).requires_grad_() for s in shapes
+    ]
 
 
 def grads_of(fn, inputs, weight):
@@ -44,8 +46,10 @@ def assert_close(actual, expect, tol, name=""):
 
 
 def check(fn_attn, fn_ref, inputs, tol=2e-5):
-    weight = torch.randn(fn_ref(*[x.detach().double() for x in inputs]).shape,
-                         generator=torch.Generator().manual_seed(1))
+    weight = torch.randn(
+        fn_ref(*[x.detach().double() for x in inputs]).shape,
+        generator=torch.Generator().manual_seed(1),
+    )
     weight = weight.to(inputs[0].device)
     o, g = grads_of(fn_attn, inputs, weight.to(inputs[0].dtype))
     o_ref, g_ref = expected(fn_ref, inputs, weight)
@@ -78,14 +82,18 @@ def test_matches_sdpa_with_gradients():
 @pytest.mark.parametrize("nq,nk", [(24, 24), (32, 20), (12, 30)])
 def test_is_causal_is_sdpas_top_left(nq, nk):
     inputs = tensors([(2, 2, nq, 32), (2, 2, nk, 32), (2, 2, nk, 32)])
-    check(lambda q, k, v: attention(q, k, v, is_causal=True),
-          lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), inputs)
+    check(
+        lambda q, k, v: attention(q, k, v, is_causal=True),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        inputs,
+    )
 
 
 def test_grouped_query_attention():
     inputs = tensors([(2, 8, 16, 32), (2, 2, 16, 32), (2, 2, 16, 32)])
-    check(lambda q, k, v: attention(q, k, v, enable_gqa=True),
-          lambda q, k, v: naive(q, k, v), inputs)
+    check(
+        lambda q, k, v: attention(q, k, v, enable_gqa=True), lambda q, k, v: naive(q, k, v), inputs
+    )
     with pytest.raises(ValueError, match="enable_gqa"):
         attention(*inputs)
 
@@ -94,34 +102,49 @@ def test_boolean_mask():
     inputs = tensors([(2, 2, 16, 32)] * 3)
     mask = torch.rand(16, 16, generator=torch.Generator().manual_seed(3)) > 0.3
     mask[:, 0] = True  # every row sees a key (SDPA gives NaN for one that does not)
-    check(lambda q, k, v: attention(q, k, v, attn_mask=mask),
-          lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), inputs)
+    check(
+        lambda q, k, v: attention(q, k, v, attn_mask=mask),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        inputs,
+    )
 
 
 def test_float_mask_gets_its_gradient():
     inputs = tensors([(2, 2, 16, 32)] * 3 + [(1, 2, 16, 16)])
-    check(lambda q, k, v, m: attention(q, k, v, attn_mask=m),
-          lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), inputs)
+    check(
+        lambda q, k, v, m: attention(q, k, v, attn_mask=m),
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        inputs,
+    )
 
 
 def test_sinks_get_their_gradient():
     inputs = tensors([(2, 4, 16, 32)] * 3 + [(4,)])
-    check(lambda q, k, v, s: attention(q, k, v, sinks=s),
-          lambda q, k, v, s: naive(q, k, v, sinks=s), inputs)
+    check(
+        lambda q, k, v, s: attention(q, k, v, sinks=s),
+        lambda q, k, v, s: naive(q, k, v, sinks=s),
+        inputs,
+    )
 
 
 def test_scale_and_unbatched_inputs():
     inputs = tensors([(4, 16, 32)] * 3)
-    check(lambda q, k, v: attention(q, k, v, scale=0.3),
-          lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.3), inputs)
+    check(
+        lambda q, k, v: attention(q, k, v, scale=0.3),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.3),
+        inputs,
+    )
 
 
 def test_bshd_layout():
     inputs = tensors([(2, 16, 4, 32)] * 3)
-    check(lambda q, k, v: attention(q, k, v, layout="bshd", is_causal=True),
-          lambda q, k, v: F.scaled_dot_product_attention(
-              q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2),
-          inputs)
+    check(
+        lambda q, k, v: attention(q, k, v, layout="bshd", is_causal=True),
+        lambda q, k, v: F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        ).transpose(1, 2),
+        inputs,
+    )
 
 
 def test_window_softcap_and_alibi_against_the_reference():
@@ -141,18 +164,26 @@ def test_gradcheck_through_float32():
     # attn has no float64: gradcheck holds its gradients to finite
     # differences of its float32 results, with tolerances to match.
     def fn(q, k, v, m, s):
-        return attention(q.float(), k.float(), v.float(), attn_mask=m.float(), sinks=s.float()).double()
+        return attention(
+            q.float(), k.float(), v.float(), attn_mask=m.float(), sinks=s.float()
+        ).double()
 
     g = torch.Generator().manual_seed(7)
-    inputs = [torch.randn(s, generator=g, dtype=torch.float64).requires_grad_()
-              for s in [(1, 2, 5, 8), (1, 2, 6, 8), (1, 2, 6, 8), (1, 2, 5, 6), (2,)]]
+    inputs = [
+        torch.randn(s, generator=g, dtype=torch.float64).requires_grad_()
+        for s in [(1, 2, 5, 8), (1, 2, 6, 8), (1, 2, 6, 8), (1, 2, 5, 6), (2,)]
+    ]
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-2, atol=5e-4, rtol=2e-3)
 
 
 def test_bf16_on_the_cpu():
     inputs = tensors([(1, 2, 32, 64)] * 3, dtype=torch.bfloat16)
-    check(lambda q, k, v: attention(q, k, v, is_causal=True),
-          lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), inputs, tol=3e-2)
+    check(
+        lambda q, k, v: attention(q, k, v, is_causal=True),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        inputs,
+        tol=3e-2,
+    )
 
 
 def test_a_training_step_matches_sdpa():
@@ -208,12 +239,16 @@ def test_cuda_bf16_against_sdpa(causal):
     inputs = tensors([(2, 8, 256, 64)] * 3, dtype=torch.bfloat16, device="cuda")
     weight = torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.bfloat16)
     o, g = grads_of(lambda q, k, v: attention(q, k, v, is_causal=causal), inputs, weight)
-    o_bf, g_bf = grads_of(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                          inputs, weight)
-    o_ref, g_ref = expected(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                            inputs, weight)
+    o_bf, g_bf = grads_of(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), inputs, weight
+    )
+    o_ref, g_ref = expected(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), inputs, weight
+    )
     # attn's bf16 error is held to a small multiple of SDPA's own bf16 error.
-    for name, a, b, e in [("o", o, o_bf, o_ref)] + [("grad", x, y, z) for x, y, z in zip(g, g_bf, g_ref)]:
+    for name, a, b, e in [("o", o, o_bf, o_ref)] + [
+        ("grad", x, y, z) for x, y, z in zip(g, g_bf, g_ref)
+    ]:
         err = (a.double() - e).abs().max().item()
         peer = (b.double() - e).abs().max().item()
         assert err <= 4 * peer + 1e-3, "%s: attn's error %.3g, SDPA's %.3g" % (name, err, peer)
@@ -221,7 +256,9 @@ def test_cuda_bf16_against_sdpa(causal):
 
 @needs_cuda
 def test_cuda_runs_on_the_current_stream():
-    q, k, v = (x.detach() for x in tensors([(4, 8, 512, 64)] * 3, dtype=torch.float16, device="cuda"))
+    q, k, v = (
+        x.detach() for x in tensors([(4, 8, 512, 64)] * 3, dtype=torch.float16, device="cuda")
+    )
     expect = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
