@@ -198,3 +198,30 @@ def test_threads_with_contexts_of_their_own(rng):
     assert not errors
     for r in results:
         np.testing.assert_array_equal(r, expected)
+
+
+def test_one_context_in_two_threads_is_busy_not_blocked(rng):
+    shared = attn.Context("cpu")
+    big = [randn(rng, (4, 1024, 8, 64)) for _ in range(3)]
+    small = randn(rng, (1, 4, 1, 8))
+    errors, done = [], threading.Event()
+
+    def long_call():
+        try:
+            for _ in range(3):
+                attn.forward(*big, context=shared)
+        except attn.Error as e:
+            errors.append(e)
+        done.set()
+
+    worker = threading.Thread(target=long_call)
+    worker.start()
+    while not done.is_set():
+        try:
+            attn.forward(small, small, small, context=shared)
+        except attn.Error as e:
+            errors.append(e)
+    worker.join()
+    assert errors, "no call found the context busy"
+    for e in errors:
+        assert e.status == attn.Status.EBUSY and "another thread" in e.message
