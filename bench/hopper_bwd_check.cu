@@ -62,6 +62,35 @@ __host__ __device__ dq_part dq_part_of(int D, int BR, int c) {
   return {0, c * 64, 0, 128};                /* columns */
 }
 
+/* S^T = K Q^T, the kernel's first product: warpgroup c's 64 rows of the
+ * 128-row K tile by the BR rows of the Q tile, both K-major. */
+template <typename T, int D, int BR>
+__device__ __forceinline__ void scores_t(float (&s)[BR / 8][4], uint32_t sK, uint32_t sQ, int c) {
+  using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
+  constexpr int kBc = 128;
+  const uint64_t a_k = wg::desc_k_major(sK + c * 64 * 128), b_q = wg::desc_k_major(sQ);
+  wg::pin(s);
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    mma::ss(s, a_k + wg::kstep_k_major(kBc, kk), b_q + wg::kstep_k_major(BR, kk), kk > 0);
+  wg::commit();
+  wg::wait<0>();
+  wg::pin(s);
+}
+
+/* S^T's accumulators as the A fragments, as the kernel packs P^T and dS^T. */
+template <typename T, int KB>
+__device__ __forceinline__ void pack_a(uint32_t (&pa)[KB][4], const float (&s)[2 * KB][4]) {
+#pragma unroll
+  for (int kk = 0; kk < KB; ++kk) {
+    pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
 /* hopper_bwd.cu's consumer steps for one key block and one query block:
  * k[128][D], q[BR][D], o (dO)[BR][D] in, st[128][BR] = S^T, dv[128][D] =
  * S^T dO, ds[128][BR] = the stashed tile read back, dq[2][64][64] = each
@@ -87,15 +116,7 @@ __global__ void __launch_bounds__(256)
 
   /* S^T = K Q^T */
   float s[NS][4];
-  const uint64_t a_k = wg::desc_k_major(sK + c * 64 * 128), b_q = wg::desc_k_major(sQ);
-  wg::pin(s);
-  wg::fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    mma::ss(s, a_k + wg::kstep_k_major(kBc, kk), b_q + wg::kstep_k_major(BR, kk), kk > 0);
-  wg::commit();
-  wg::wait<0>();
-  wg::pin(s);
+  scores_t<T, D, BR>(s, sK, sQ, c);
   const int row = c * 64 + warp * 16 + g;
 #pragma unroll
   for (int n = 0; n < NS; ++n)
@@ -103,15 +124,8 @@ __global__ void __launch_bounds__(256)
     for (int e = 0; e < 4; ++e)
       st[(row + 8 * (e >> 1)) * BR + 8 * n + 2 * t + (e & 1)] = s[n][e];
 
-  /* The A fragments, as the kernel packs P^T and dS^T. */
   uint32_t pa[KB][4];
-#pragma unroll
-  for (int kk = 0; kk < KB; ++kk) {
-    pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-    pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-    pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  }
+  pack_a<T>(pa, s);
 
   /* dV = P^T dO */
   float acc[NO][4];
@@ -284,7 +298,6 @@ __device__ void ss_mn32(float (&d)[4][4], uint64_t a, uint64_t b, int scale_d) {
  * d = 64 K tile; S^T from k and q as in k_chain. */
 template <typename T>
 __global__ void __launch_bounds__(256) k_dq32(const T *k, const T *q, float *dq) {
-  using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
   constexpr int D = 64, kBc = 128, kBr = 64, KB = kBr / 16;
   extern __shared__ __align__(1024) unsigned char sm[];
   const uint32_t sK = (smem_u32(sm) + 1023u) & ~1023u, sQ = sK + kBc * D * 2;
@@ -298,23 +311,9 @@ __global__ void __launch_bounds__(256) k_dq32(const T *k, const T *q, float *dq)
   const int tid = threadIdx.x, c = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   float s[8][4];
-  const uint64_t a_k = wg::desc_k_major(sK + c * 64 * 128), b_q = wg::desc_k_major(sQ);
-  wg::pin(s);
-  wg::fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    mma::ss(s, a_k + wg::kstep_k_major(kBc, kk), b_q + wg::kstep_k_major(kBr, kk), kk > 0);
-  wg::commit();
-  wg::wait<0>();
-  wg::pin(s);
+  scores_t<T, D, kBr>(s, sK, sQ, c);
   uint32_t pa[KB][4];
-#pragma unroll
-  for (int kk = 0; kk < KB; ++kk) {
-    pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-    pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-    pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  }
+  pack_a<T>(pa, s);
   wg::stash<KB>(sdS, kBc, c * 64, pa);
   wg::fence_proxy_async();
   wg::named_sync(1, 256);
