@@ -348,6 +348,48 @@ int at_child(const char *mode, const char *const *env, char *out, size_t outlen)
   return -1;
 }
 
+int at_child_forward(attn_context *ctx, int n, int h, int d, uint32_t seed) {
+  const size_t count = (size_t)n * h * d;
+  float *q = malloc(4 * count * sizeof *q);
+  double *ref = malloc(count * sizeof *ref);
+  if (!q || !ref) {
+    printf("out of memory for a forward of %zu elements\n", count);
+    free(q);
+    free(ref);
+    return 1;
+  }
+  float *k = q + count, *v = k + count, *o = v + count;
+  uint32_t s = seed;
+  for (size_t i = 0; i < count; i++) {
+    s = s * 1664525u + 1013904223u;
+    q[i] = (float)(s >> 8) / 16777216.0f - 0.5f;
+    k[i] = (float)((s * 7u) >> 8) / 16777216.0f - 0.5f;
+    v[i] = (float)((s * 13u) >> 8) / 16777216.0f - 0.5f;
+  }
+  attn_params p;
+  attn_params_init(&p);
+  attn_tensor tq = attn_tensor_bshd(q, ATTN_F32, 1, n, h, d);
+  attn_tensor tk = attn_tensor_bshd(k, ATTN_F32, 1, n, h, d);
+  attn_tensor tv = attn_tensor_bshd(v, ATTN_F32, 1, n, h, d);
+  attn_tensor to = attn_tensor_bshd(o, ATTN_F32, 1, n, h, d);
+  int bad = 0, rc = attn_forward(ctx, &p, &tq, &tk, &tv, &to, NULL);
+  if (rc) {
+    printf("attn_forward: %s: %s\n", attn_status_name(rc), attn_errmsg(ctx));
+    bad = 1;
+  } else if ((rc = at_ref_forward(ctx, &p, &tq, &tk, &tv, ref, NULL))) {
+    printf("reference: %s: %s\n", attn_status_name(rc), attn_errmsg(ctx));
+    bad = 1;
+  }
+  for (size_t i = 0; i < count && !bad; i++)
+    if (!(fabs(o[i] - ref[i]) <= 1e-5)) {
+      printf("o[%zu] = %.9g, want %.9g\n", i, o[i], ref[i]);
+      bad = 1;
+    }
+  free(q);
+  free(ref);
+  return bad;
+}
+
 /* ---------------------------------------------------------------------- */
 /* Problems                                                                 */
 /* ---------------------------------------------------------------------- */
