@@ -7,6 +7,7 @@
 #include "testutil.h"
 
 #include "file.h"
+#include "golden.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -781,16 +782,6 @@ static attn_params exact_params(const at_prob *P) {
   return p;
 }
 
-/* Max |a - b| over n, infinities equal to themselves. */
-static double max_diff(const double *a, const double *b, int64_t n) {
-  double e = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double d = a[i] == b[i] ? 0 : fabs(a[i] - b[i]);
-    if (!(d <= e)) e = d;
-  }
-  return e;
-}
-
 static int refused(at_backend *b, int rc, const at_prob *P, const char *call) {
   if (rc != ATTN_EUNSUPPORTED) return 0;
   char label[256];
@@ -833,8 +824,8 @@ static int forward_and_check(at_backend *b, at_prob *P) {
     if (rc != ATTN_OK)
       fail_msg("%s: the TF32 reference failed: %s: %s", label, attn_status_name(rc),
                attn_errmsg(b->ctx));
-    tf32_o = 2 * max_diff(xo, ro, no);
-    tf32_l = 2 * max_diff(xl, rl, nl);
+    tf32_o = 2 * at_golden_tf32_cost(xo, ro, no);
+    tf32_l = 2 * at_golden_tf32_cost(xl, rl, nl);
     at_free(xo);
     at_free(xl);
   }
@@ -940,9 +931,9 @@ int at_check_backward(at_backend *b, const at_shape *s) {
     if (rc != ATTN_OK)
       fail_msg("%s: the TF32 reference backward failed: %s: %s", label, attn_status_name(rc),
                attn_errmsg(b->ctx));
-    tf32_g[0] = 3 * max_diff(x, rdq, nq);
-    tf32_g[1] = 3 * max_diff(x + nq, rdk, nk);
-    tf32_g[2] = 3 * max_diff(x + nq + nk, rdv, nk);
+    tf32_g[0] = 3 * at_golden_tf32_cost(x, rdq, nq);
+    tf32_g[1] = 3 * at_golden_tf32_cost(x + nq, rdk, nk);
+    tf32_g[2] = 3 * at_golden_tf32_cost(x + nq + nk, rdv, nk);
     at_free(x);
   }
   /* Rows that see no key pass no gradient: dq exactly 0. */
