@@ -351,7 +351,7 @@ int at_child(const char *mode, const char *const *env, char *out, size_t outlen)
 
 int at_child_forward(attn_context *ctx, int n, int h, int d, uint32_t seed) {
   const size_t count = (size_t)n * h * d;
-  float *q = malloc(4 * count * sizeof *q);
+  float *q = calloc(4 * count, sizeof *q); /* o unwritten reads as 0 */
   double *ref = malloc(count * sizeof *ref);
   if (!q || !ref) {
     printf("out of memory for a forward of %zu elements\n", count);
