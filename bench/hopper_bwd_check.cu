@@ -25,8 +25,8 @@
  * Part 2 runs attn_backward (cuda backend) against the test kit's float64
  * reference (at_ref_backward) on varlen with GQA, a NaN in the next
  * sequence's V rows, strided layouts (bhsd, fused qkv), windows, softcap,
- * ALiBi, rows that see no key, d = 96 (tiles of 128 columns, half padding). Each problem runs twice: as asked (the Hopper
- * rows at d = 64 and 128) and deterministic (which the plan gives the
+ * ALiBi, rows that see no key, d = 96 (tiles of 128 columns, half padding). Each problem runs
+ * twice: as asked (the Hopper rows at d = 64 and 128) and deterministic (which the plan gives the
  * tensor-core backward): the second is the peer figure of the golden rule,
  * err <= 3 peer + 1e-6 max|ref| (testkit's at_golden_bound). ATTN_DEBUG=1
  * shows the row each call ran.
@@ -37,117 +37,11 @@
  *   $(pkg-config --libs openblas) -Xcompiler -fopenmp -ldl
  * Exit status: 0 when every check passed.
  */
-#include "attn.h"
-#include "golden.h"
-#include "ref.h"
-#include "wgmma.cuh"
-
-#include <cuda.h>
-#include <cudaTypedefs.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include <type_traits>
-#include <vector>
-
-namespace wg = attn_wgmma;
-
-static int failures = 0;
-
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      printf("CUDA error: %s (%s:%d: %s)\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); \
-      exit(2);                                                                                 \
-    }                                                                                          \
-  } while (0)
-
-static __host__ __device__ float h2f(__half x) {
-  return __half2float(x);
-}
-static __host__ __device__ float h2f(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <typename T>
-static T f2h(float x);
-template <>
-__half f2h<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__nv_bfloat16 f2h<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static int rand_int(int lo, int hi) { /* [lo, hi] */
-  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-  return lo + (int)((rng >> 33) % (uint64_t)(hi - lo + 1));
-}
-static float rand_unit() { /* [-1, 1) */
-  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-  return (float)((rng >> 40) / (double)(1 << 24)) * 2.f - 1.f;
-}
-
-template <typename T>
-static T *to_device(const std::vector<T> &h) {
-  T *d;
-  CK(cudaMalloc(&d, h.size() * sizeof(T)));
-  CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-
-/* One compared output: bad elements (not exactly equal), the largest |err|. */
-struct tally {
-  long bad = 0, n = 0;
-  double err = 0;
-  void add(const char *what, int r, int c, double got, double want) {
-    n++;
-    const double e = fabs(got - want);
-    if (e == 0) return;
-    if (bad < 4) printf("       %s[%d][%d] = %g, want %g\n", what, r, c, got, want);
-    bad++;
-    err = e > err || isnan(e) ? e : err;
-  }
-};
-
-static void report(const char *what, const tally &t) {
-  const bool ok = t.bad == 0;
-  if (!ok) failures++;
-  printf("  %-4s %-48s %s (%ld of %ld wrong, max |err| %g)\n", ok ? "ok" : "FAIL", what,
-         ok ? "exact" : "MISMATCH", t.bad, t.n, t.err);
-}
+#include "hopper_check.cuh"
 
 /* ---------------------------------------------------------------------- */
 /* Part 1: the building blocks                                             */
 /* ---------------------------------------------------------------------- */
-
-__device__ uint32_t smem_u32(const void *p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* Element (r, c) of a swizzled tile of `rows` rows at its place (wgmma.cuh). */
-template <typename T>
-__device__ void put(uint32_t tile, int rows, int r, int c, T v) {
-  const unsigned short u = *reinterpret_cast<unsigned short *>(&v);
-  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(tile + wg::swizzled(rows, r, c / 8) + (c % 8) * 2),
-               "h"(u)
-               : "memory");
-}
-template <typename T>
-__device__ T get(uint32_t tile, int rows, int r, int c) {
-  unsigned short u;
-  asm volatile("ld.shared.u16 %0, [%1];\n"
-               : "=h"(u)
-               : "r"(tile + wg::swizzled(rows, r, c / 8) + (c % 8) * 2)
-               : "memory");
-  return *reinterpret_cast<T *>(&u);
-}
 
 template <typename T>
 __device__ uint32_t pack2(float lo, float hi) {
@@ -168,13 +62,42 @@ __host__ __device__ dq_part dq_part_of(int D, int BR, int c) {
   return {0, c * 64, 0, 128};                /* columns */
 }
 
+/* S^T = K Q^T, the kernel's first product: warpgroup c's 64 rows of the
+ * 128-row K tile by the BR rows of the Q tile, both K-major. */
+template <typename T, int D, int BR>
+__device__ __forceinline__ void scores_t(float (&s)[BR / 8][4], uint32_t sK, uint32_t sQ, int c) {
+  using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
+  constexpr int kBc = 128;
+  const uint64_t a_k = wg::desc_k_major(sK + c * 64 * 128), b_q = wg::desc_k_major(sQ);
+  wg::pin(s);
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    mma::ss(s, a_k + wg::kstep_k_major(kBc, kk), b_q + wg::kstep_k_major(BR, kk), kk > 0);
+  wg::commit();
+  wg::wait<0>();
+  wg::pin(s);
+}
+
+/* S^T's accumulators as the A fragments, as the kernel packs P^T and dS^T. */
+template <typename T, int KB>
+__device__ __forceinline__ void pack_a(uint32_t (&pa)[KB][4], const float (&s)[2 * KB][4]) {
+#pragma unroll
+  for (int kk = 0; kk < KB; ++kk) {
+    pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
 /* hopper_bwd.cu's consumer steps for one key block and one query block:
  * k[128][D], q[BR][D], o (dO)[BR][D] in, st[128][BR] = S^T, dv[128][D] =
  * S^T dO, ds[128][BR] = the stashed tile read back, dq[2][64][64] = each
  * warpgroup's dQ product (dq_part_of). */
 template <typename T, int D, int BR>
-__global__ void __launch_bounds__(256) k_chain(const T *k, const T *q, const T *o, float *st,
-                                               float *dv, float *ds, float *dq) {
+__global__ void __launch_bounds__(256)
+    k_chain(const T *k, const T *q, const T *o, float *st, float *dv, float *ds, float *dq) {
   using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
   constexpr int kBc = 128, NO = D / 8, NS = BR / 8, KB = BR / 16;
   extern __shared__ __align__(1024) unsigned char sm[];
@@ -193,15 +116,7 @@ __global__ void __launch_bounds__(256) k_chain(const T *k, const T *q, const T *
 
   /* S^T = K Q^T */
   float s[NS][4];
-  const uint64_t a_k = wg::desc_k_major(sK + c * 64 * 128), b_q = wg::desc_k_major(sQ);
-  wg::pin(s);
-  wg::fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    mma::ss(s, a_k + wg::kstep_k_major(kBc, kk), b_q + wg::kstep_k_major(BR, kk), kk > 0);
-  wg::commit();
-  wg::wait<0>();
-  wg::pin(s);
+  scores_t<T, D, BR>(s, sK, sQ, c);
   const int row = c * 64 + warp * 16 + g;
 #pragma unroll
   for (int n = 0; n < NS; ++n)
@@ -209,15 +124,8 @@ __global__ void __launch_bounds__(256) k_chain(const T *k, const T *q, const T *
     for (int e = 0; e < 4; ++e)
       st[(row + 8 * (e >> 1)) * BR + 8 * n + 2 * t + (e & 1)] = s[n][e];
 
-  /* The A fragments, as the kernel packs P^T and dS^T. */
   uint32_t pa[KB][4];
-#pragma unroll
-  for (int kk = 0; kk < KB; ++kk) {
-    pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-    pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-    pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  }
+  pack_a<T>(pa, s);
 
   /* dV = P^T dO */
   float acc[NO][4];
@@ -277,9 +185,12 @@ static void test_chain(const char *tag) {
   std::vector<T> k(kBc * D), q(BR * D), o(BR * D);
   /* {-1, 0, 1}: S^T within +-128, exact in 16 bits; the products' sums
    * within 2^14, exact in f32. */
-  for (auto &x : k) x = f2h<T>((float)rand_int(-1, 1));
-  for (auto &x : q) x = f2h<T>((float)rand_int(-1, 1));
-  for (auto &x : o) x = f2h<T>((float)rand_int(-1, 1));
+  for (auto &x : k)
+    x = f2h<T>((float)rand_int(-1, 1));
+  for (auto &x : q)
+    x = f2h<T>((float)rand_int(-1, 1));
+  for (auto &x : o)
+    x = f2h<T>((float)rand_int(-1, 1));
   T *dk = to_device(k), *dq_in = to_device(q), *d_o = to_device(o);
   float *dst, *ddv, *dds, *ddq;
   CK(cudaMalloc(&dst, kBc * BR * 4));
@@ -305,25 +216,29 @@ static void test_chain(const char *tag) {
   for (int j = 0; j < kBc; j++)
     for (int i = 0; i < BR; i++) {
       double a = 0;
-      for (int x = 0; x < D; x++) a += (double)h2f(k[j * D + x]) * h2f(q[i * D + x]);
+      for (int x = 0; x < D; x++)
+        a += (double)h2f(k[j * D + x]) * h2f(q[i * D + x]);
       ref[j * BR + i] = a;
     }
   char name[96];
   tally t1, t2, t3, t4;
   for (int j = 0; j < kBc; j++)
-    for (int i = 0; i < BR; i++) t1.add("st", j, i, st[j * BR + i], ref[j * BR + i]);
+    for (int i = 0; i < BR; i++)
+      t1.add("st", j, i, st[j * BR + i], ref[j * BR + i]);
   snprintf(name, sizeof name, "st    %s S^T = K Q^T (K-major A and B)", tag);
   report(name, t1);
   for (int j = 0; j < kBc; j++)
     for (int x = 0; x < D; x++) {
       double a = 0;
-      for (int i = 0; i < BR; i++) a += ref[j * BR + i] * h2f(o[i * D + x]);
+      for (int i = 0; i < BR; i++)
+        a += ref[j * BR + i] * h2f(o[i * D + x]);
       t2.add("dv", j, x, dv[j * D + x], a);
     }
   snprintf(name, sizeof name, "dv    %s P^T dO (A from S^T's registers)", tag);
   report(name, t2);
   for (int j = 0; j < kBc; j++)
-    for (int i = 0; i < BR; i++) t3.add("ds", j, i, ds[j * BR + i], ref[j * BR + i]);
+    for (int i = 0; i < BR; i++)
+      t3.add("ds", j, i, ds[j * BR + i], ref[j * BR + i]);
   snprintf(name, sizeof name, "stash %s stmatrix into the dS^T tile", tag);
   report(name, t3);
   for (int c = 0; c < 2; c++) {
@@ -337,7 +252,9 @@ static void test_chain(const char *tag) {
       }
   }
   snprintf(name, sizeof name, "dq    %s dS K (both MN-major, %s split)", tag,
-           BR == 128 ? "rows" : D == 64 ? "keys" : "columns");
+           BR == 128 ? "rows"
+           : D == 64 ? "keys"
+                     : "columns");
   report(name, t4);
   CK(cudaFree(dk));
   CK(cudaFree(dq_in));
@@ -354,10 +271,9 @@ static void test_chain(const char *tag) {
  * swizzle row (K's columns 32 ..). m64n32k16 with both operands MN-major. */
 template <bool BF16>
 __device__ void ss_mn32(float (&d)[4][4], uint64_t a, uint64_t b, int scale_d) {
-#define ATTN_ACC16                                                                            \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
-#define ATTN_OUT16                                                                            \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),  \
+#define ATTN_ACC16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define ATTN_OUT16                                                                              \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),     \
       "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
       "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
   if (BF16)
@@ -382,7 +298,6 @@ __device__ void ss_mn32(float (&d)[4][4], uint64_t a, uint64_t b, int scale_d) {
  * d = 64 K tile; S^T from k and q as in k_chain. */
 template <typename T>
 __global__ void __launch_bounds__(256) k_dq32(const T *k, const T *q, float *dq) {
-  using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
   constexpr int D = 64, kBc = 128, kBr = 64, KB = kBr / 16;
   extern __shared__ __align__(1024) unsigned char sm[];
   const uint32_t sK = (smem_u32(sm) + 1023u) & ~1023u, sQ = sK + kBc * D * 2;
@@ -396,23 +311,9 @@ __global__ void __launch_bounds__(256) k_dq32(const T *k, const T *q, float *dq)
   const int tid = threadIdx.x, c = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   float s[8][4];
-  const uint64_t a_k = wg::desc_k_major(sK + c * 64 * 128), b_q = wg::desc_k_major(sQ);
-  wg::pin(s);
-  wg::fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    mma::ss(s, a_k + wg::kstep_k_major(kBc, kk), b_q + wg::kstep_k_major(kBr, kk), kk > 0);
-  wg::commit();
-  wg::wait<0>();
-  wg::pin(s);
+  scores_t<T, D, kBr>(s, sK, sQ, c);
   uint32_t pa[KB][4];
-#pragma unroll
-  for (int kk = 0; kk < KB; ++kk) {
-    pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-    pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-    pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  }
+  pack_a<T>(pa, s);
   wg::stash<KB>(sdS, kBc, c * 64, pa);
   wg::fence_proxy_async();
   wg::named_sync(1, 256);
@@ -439,8 +340,10 @@ template <typename T>
 static void test_dq32(const char *name) {
   constexpr int D = 64, kBc = 128, kBr = 64;
   std::vector<T> k(kBc * D), q(kBr * D);
-  for (auto &x : k) x = f2h<T>((float)rand_int(-1, 1));
-  for (auto &x : q) x = f2h<T>((float)rand_int(-1, 1));
+  for (auto &x : k)
+    x = f2h<T>((float)rand_int(-1, 1));
+  for (auto &x : q)
+    x = f2h<T>((float)rand_int(-1, 1));
   T *dk = to_device(k), *dq_in = to_device(q);
   float *ddq;
   CK(cudaMalloc(&ddq, 2 * kBr * 32 * 4));
@@ -459,7 +362,8 @@ static void test_dq32(const char *name) {
         double a = 0;
         for (int j = 0; j < kBc; j++) {
           double st = 0;
-          for (int y = 0; y < D; y++) st += (double)h2f(k[j * D + y]) * h2f(q[i * D + y]);
+          for (int y = 0; y < D; y++)
+            st += (double)h2f(k[j * D + y]) * h2f(q[i * D + y]);
           a += st * h2f(k[j * D + 32 * c + x]);
         }
         tl.add(c ? "dq1" : "dq0", i, x, dq[(c * kBr + i) * 32 + x], a);
@@ -472,50 +376,23 @@ static void test_dq32(const char *name) {
   CK(cudaFree(ddq));
 }
 
-template <typename T>
-__global__ void k_tma(const __grid_constant__ CUtensorMap map, int D, int c1, int c2, int c3,
-                      int box_rows, T *out) {
-  extern __shared__ __align__(1024) unsigned char sm[];
-  const uint32_t tile = (smem_u32(sm) + 1023u) & ~1023u;
-  const uint32_t bar = tile + box_rows * D * 2;
-  if (threadIdx.x == 0) {
-    wg::mbar_init(bar, 1);
-    wg::mbar_init_fence();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    wg::mbar_expect_tx(bar, box_rows * D * 2);
-    for (int cb = 0; cb < D / 64; ++cb)
-      wg::tma_load_4d(tile + cb * box_rows * 128, &map, cb * 64, c1, c2, c3, bar);
-  }
-  wg::mbar_wait(bar, 0);
-  for (int i = threadIdx.x; i < box_rows * D; i += blockDim.x)
-    out[i] = get<T>(tile, box_rows, i / D, i % D);
-}
-
 /* x[B][H][N][D] (bhsd), the box of 64 rows at (row, head, batch) through
  * encode_rows, as the launcher encodes q and dout. */
 template <typename T>
 static void test_tma(const char *name, int B, int N, int H, int D, int row, int head, int batch) {
   const int box_rows = 64;
   std::vector<T> x((size_t)B * H * N * D);
-  for (size_t i = 0; i < x.size(); i++) x[i] = f2h<T>((float)(int)(i % 251) - 125.f);
-  T *dx = to_device(x), *dout;
-  CK(cudaMalloc(&dout, (size_t)box_rows * D * sizeof(T)));
+  for (size_t i = 0; i < x.size(); i++)
+    x[i] = f2h<T>((float)(int)(i % 251) - 125.f);
+  T *dx = to_device(x);
   CUtensorMap map;
   if (!wg::encode_rows(&map, dx, std::is_same<T, __nv_bfloat16>::value, D, N, H, B, D,
                        (int64_t)N * D, (int64_t)H * N * D, box_rows)) {
-    printf("  FAIL %-48s encode_rows failed\n", name);
+    printf("  FAIL %-*s encode_rows failed\n", CHECK_NAME_WIDTH, name);
     failures++;
     return;
   }
-  const size_t smem = (size_t)box_rows * D * 2 + 1024 + 64;
-  CK(cudaFuncSetAttribute(k_tma<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  k_tma<T><<<1, 128, smem>>>(map, D, row, head, batch, box_rows, dout);
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-  std::vector<T> out((size_t)box_rows * D);
-  CK(cudaMemcpy(out.data(), dout, out.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  const std::vector<T> out = read_box<T>(map, D, row, head, batch, box_rows);
   tally tl;
   for (int i = 0; i < box_rows; i++)
     for (int c = 0; c < D; c++) {
@@ -525,181 +402,42 @@ static void test_tma(const char *name, int B, int N, int H, int D, int row, int 
     }
   report(name, tl);
   CK(cudaFree(dx));
-  CK(cudaFree(dout));
 }
 
 /* ---------------------------------------------------------------------- */
 /* Part 2: the library against the reference                                */
 /* ---------------------------------------------------------------------- */
 
-struct problem {
-  const char *name;
-  attn_dtype dt;
-  int d, hq, hkv;
-  bool causal;
-  long wl, wr;
-  float softcap;
-  bool alibi;
-  std::vector<int> lq, lk; /* varlen: the sequences' lengths */
-  int batch, nq, nk;       /* bshd */
-  int layout;              /* bshd: 0 contiguous, 1 bhsd, 2 q/k/v slices of one fused tensor */
-  int nan_v_seq;           /* varlen: this sequence's v rows are NaN (-1: none) */
-};
-
-/* A bshd tensor over data (any strides, in elements). */
-static attn_tensor strided(void *data, attn_dtype dt, int B, int N, int H, int D, int64_t sb,
-                           int64_t ss, int64_t sh) {
-  attn_tensor t = attn_tensor_bshd(data, dt, B, N, H, D);
-  t.stride[0] = sb;
-  t.stride[1] = ss;
-  t.stride[2] = sh;
-  t.stride[3] = 1;
-  return t;
-}
-
-/* max |got - want| over the reference's finite elements, and max |want|;
- * a NaN where the reference has none (or the reverse) counts in nan_bad. */
-struct cmp {
-  double err = 0, maxref = 0;
-  long nan_bad = 0, nans = 0;
-};
-static cmp compare(const std::vector<uint16_t> &got, attn_dtype dt, const std::vector<double> &want) {
-  cmp r;
-  for (size_t i = 0; i < want.size(); i++) {
-    const double g = attn__load(got.data(), dt, (int64_t)i), w = want[i];
-    if (isnan(w) || isnan(g)) {
-      r.nans += isnan(w);
-      r.nan_bad += isnan(w) != isnan(g);
-      continue;
-    }
-    r.err = fmax(r.err, fabs(g - w));
-    r.maxref = fmax(r.maxref, fabs(w));
-  }
-  return r;
-}
-
 static void run_problem(attn_context *ctx, const problem &pr) {
-  const bool varlen = !pr.lq.empty();
-  const int B = varlen ? (int)pr.lq.size() : pr.batch, D = pr.d;
-  std::vector<int32_t> cq(B + 1, 0), ck(B + 1, 0);
-  if (varlen)
-    for (int b = 0; b < B; b++) {
-      cq[b + 1] = cq[b] + pr.lq[b];
-      ck[b + 1] = ck[b] + pr.lk[b];
-    }
-  const int64_t rows_q = varlen ? cq[B] : (int64_t)B * pr.nq;
-  const int64_t rows_k = varlen ? ck[B] : (int64_t)B * pr.nk;
-  const int64_t nq_all = rows_q * pr.hq * D, nk_all = rows_k * pr.hkv * D;
-  std::vector<uint16_t> fused, qh, kh, vh, doh;
-  auto fill = [&](std::vector<uint16_t> &a, size_t n) {
-    a.resize(n);
-    for (auto &x : a) {
-      const float f = rand_unit();
-      if (pr.dt == ATTN_F16) {
-        __half h = __float2half_rn(f);
-        memcpy(&x, &h, 2);
-      } else {
-        __nv_bfloat16 h = __float2bfloat16_rn(f);
-        memcpy(&x, &h, 2);
-      }
-    }
-  };
-  attn_tensor q, k, v;
-  if (varlen) {
-    fill(qh, nq_all);
-    fill(kh, nk_all);
-    fill(vh, nk_all);
-    if (pr.nan_v_seq >= 0)
-      for (int64_t i = (int64_t)ck[pr.nan_v_seq] * pr.hkv * D;
-           i < (int64_t)ck[pr.nan_v_seq + 1] * pr.hkv * D; i++)
-        vh[i] = pr.dt == ATTN_F16 ? 0x7e00 : 0x7fc0;
-    q = attn_tensor_varlen(qh.data(), pr.dt, rows_q, pr.hq, D);
-    k = attn_tensor_varlen(kh.data(), pr.dt, rows_k, pr.hkv, D);
-    v = attn_tensor_varlen(vh.data(), pr.dt, rows_k, pr.hkv, D);
-  } else if (pr.layout == 1) { /* bhsd */
-    fill(qh, nq_all);
-    fill(kh, nk_all);
-    fill(vh, nk_all);
-    q = strided(qh.data(), pr.dt, B, pr.nq, pr.hq, D, (int64_t)pr.hq * pr.nq * D, D,
-                (int64_t)pr.nq * D);
-    k = strided(kh.data(), pr.dt, B, pr.nk, pr.hkv, D, (int64_t)pr.hkv * pr.nk * D, D,
-                (int64_t)pr.nk * D);
-    v = strided(vh.data(), pr.dt, B, pr.nk, pr.hkv, D, (int64_t)pr.hkv * pr.nk * D, D,
-                (int64_t)pr.nk * D);
-  } else if (pr.layout == 2) { /* fused qkv [B][N][3][H][D], hq = hkv, nq = nk */
-    fill(fused, (size_t)B * pr.nq * 3 * pr.hq * D);
-    const int64_t ss = 3LL * pr.hq * D, sb = (int64_t)pr.nq * ss;
-    q = strided(fused.data(), pr.dt, B, pr.nq, pr.hq, D, sb, ss, D);
-    k = strided(fused.data() + (size_t)pr.hq * D, pr.dt, B, pr.nk, pr.hkv, D, sb, ss, D);
-    v = strided(fused.data() + (size_t)2 * pr.hq * D, pr.dt, B, pr.nk, pr.hkv, D, sb, ss, D);
-  } else {
-    fill(qh, nq_all);
-    fill(kh, nk_all);
-    fill(vh, nk_all);
-    q = attn_tensor_bshd(qh.data(), pr.dt, B, pr.nq, pr.hq, D);
-    k = attn_tensor_bshd(kh.data(), pr.dt, B, pr.nk, pr.hkv, D);
-    v = attn_tensor_bshd(vh.data(), pr.dt, B, pr.nk, pr.hkv, D);
-  }
-  fill(doh, nq_all);
-  auto like_q = [&](void *data) {
-    return varlen ? attn_tensor_varlen(data, pr.dt, rows_q, pr.hq, D)
-                  : attn_tensor_bshd(data, pr.dt, B, pr.nq, pr.hq, D);
-  };
-  auto like_k = [&](void *data) {
-    return varlen ? attn_tensor_varlen(data, pr.dt, rows_k, pr.hkv, D)
-                  : attn_tensor_bshd(data, pr.dt, B, pr.nk, pr.hkv, D);
-  };
-  std::vector<uint16_t> oh((size_t)nq_all, 0xffff);
-  const int64_t nl = varlen ? (int64_t)pr.hq * rows_q : (int64_t)B * pr.hq * pr.nq;
-  std::vector<float> lseh((size_t)nl, NAN);
-  const attn_tensor o = like_q(oh.data()), dout = like_q(doh.data());
-  const attn_tensor lse = varlen ? attn_tensor_lse(lseh.data(), 0, pr.hq, rows_q)
-                                 : attn_tensor_lse(lseh.data(), B, pr.hq, pr.nq);
-  std::vector<float> slopes(pr.hq);
-  for (int h = 0; h < pr.hq; h++) slopes[h] = powf(2.f, -8.f * (h + 1) / pr.hq);
-  attn_params p;
-  attn_params_init(&p);
-  p.flags = pr.causal ? ATTN_CAUSAL : 0;
-  p.window_left = pr.wl;
-  p.window_right = pr.wr;
-  p.softcap = pr.softcap;
-  if (pr.alibi) {
-    p.alibi_slopes = slopes.data();
-    p.alibi_count = pr.hq;
-  }
-  if (varlen) {
-    p.cu_seqlens_q = cq.data();
-    p.cu_seqlens_k = ck.data();
-    p.batch = B;
-  }
-  int rc = attn_forward(ctx, &p, &q, &k, &v, &o, &lse);
-  if (rc) {
-    printf("  FAIL %-48s attn_forward: %s: %s\n", pr.name, attn_status_name(rc), attn_errmsg(ctx));
-    failures++;
-    return;
-  }
+  inputs in(pr);
+  std::vector<uint16_t> doh;
+  fill(doh, in.nq_all, pr.dt);
+  const attn_tensor dout = in.like_q(doh.data());
+  if (!forward(ctx, in)) return;
   /* NaN (0xffff) where a kernel leaves an element unwritten. */
   std::vector<uint16_t> g[2][3];
   for (int run = 0; run < 2; run++) {
-    g[run][0].assign((size_t)nq_all, 0xffff);
-    g[run][1].assign((size_t)nk_all, 0xffff);
-    g[run][2].assign((size_t)nk_all, 0xffff);
-    const attn_tensor dq = like_q(g[run][0].data()), dk = like_k(g[run][1].data()),
-                      dv = like_k(g[run][2].data());
-    attn_params pb = p;
+    g[run][0].assign((size_t)in.nq_all, 0xffff);
+    g[run][1].assign((size_t)in.nk_all, 0xffff);
+    g[run][2].assign((size_t)in.nk_all, 0xffff);
+    const attn_tensor dq = in.like_q(g[run][0].data()), dk = in.like_k(g[run][1].data()),
+                      dv = in.like_k(g[run][2].data());
+    attn_params pb = in.p;
     if (run == 1) pb.flags |= ATTN_DETERMINISTIC;
-    rc = attn_backward(ctx, &pb, &q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv);
+    const int rc =
+        attn_backward(ctx, &pb, &in.q, &in.k, &in.v, &in.o, &in.lse, &dout, &dq, &dk, &dv);
     if (rc) {
-      printf("  FAIL %-48s attn_backward%s: %s: %s\n", pr.name, run ? " (deterministic)" : "",
-             attn_status_name(rc), attn_errmsg(ctx));
+      printf("  FAIL %-*s attn_backward%s: %s: %s\n", CHECK_NAME_WIDTH, pr.name,
+             run ? " (deterministic)" : "", attn_status_name(rc), attn_errmsg(ctx));
       failures++;
       return;
     }
   }
-  std::vector<double> rq((size_t)nq_all), rk((size_t)nk_all), rv((size_t)nk_all);
-  rc = at_ref_backward(ctx, &p, &q, &k, &v, &dout, rq.data(), rk.data(), rv.data());
+  std::vector<double> rq((size_t)in.nq_all), rk((size_t)in.nk_all), rv((size_t)in.nk_all);
+  const int rc =
+      at_ref_backward(ctx, &in.p, &in.q, &in.k, &in.v, &dout, rq.data(), rk.data(), rv.data());
   if (rc) {
-    printf("  FAIL %-48s reference: %s\n", pr.name, attn_errmsg(ctx));
+    printf("  FAIL %-*s reference: %s\n", CHECK_NAME_WIDTH, pr.name, attn_errmsg(ctx));
     failures++;
     return;
   }
@@ -714,22 +452,15 @@ static void run_problem(attn_context *ctx, const problem &pr) {
     const bool good = a.err <= bound && a.nan_bad == 0;
     ok = ok && good;
     len += snprintf(line + len, sizeof line - len, "%s %s %.3g (peer %.3g)%s%s", x ? "," : "",
-                    names[x], a.err, b.err, good ? "" : " BAD",
-                    a.nan_bad ? " NaN mismatch" : "");
+                    names[x], a.err, b.err, good ? "" : " BAD", a.nan_bad ? " NaN mismatch" : "");
     if (a.nans && x == 0) len += snprintf(line + len, sizeof line - len, " [%ld NaN]", a.nans);
   }
   if (!ok) failures++;
-  printf("  %-4s %-48s%s\n", ok ? "ok" : "FAIL", pr.name, line);
+  printf("  %-4s %-*s%s\n", ok ? "ok" : "FAIL", CHECK_NAME_WIDTH, pr.name, line);
 }
 
 int main() {
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  printf("device: %s, compute capability %d.%d\n", prop.name, prop.major, prop.minor);
-  if (prop.major != 9) {
-    printf("not a Hopper GPU: part 1 needs sm_90a\n");
-    return 2;
-  }
+  if (!on_hopper()) return 2;
 
   printf("part 1: the backward's wgmma pieces (one block of 128 keys x Br query rows)\n");
   test_chain<__half, 128, 64>("f16  d=128 Br=64 ");
@@ -745,12 +476,9 @@ int main() {
   const int part1 = failures;
 
   printf("part 2: attn_backward (cuda) against the float64 reference; peer: deterministic\n");
-  attn_context *ctx = nullptr;
-  int rc = attn_context_create("cuda", &ctx);
-  if (rc) {
-    printf("  FAIL cannot open the cuda backend: %s\n", attn_status_name(rc));
-    return 1;
-  }
+  attn_context *ctx = open_cuda();
+  if (!ctx) return 1;
+  /* clang-format off */
   std::vector<problem> ps = {
       {"varlen f16 d=128 causal GQA 4/2", ATTN_F16, 128, 4, 2, true, -1, -1, 0, false,
        {1, 130, 257, 0, 300}, {1, 130, 257, 0, 300}, 0, 0, 0, 0, -1},
@@ -783,10 +511,10 @@ int main() {
       {"varlen bf16 d=96 causal GQA 6/2", ATTN_BF16, 96, 6, 2, true, -1, -1, 0, false,
        {250, 3, 129}, {250, 3, 129}, 0, 0, 0, 0, -1},
   };
-  for (const problem &pr : ps) run_problem(ctx, pr);
+  /* clang-format on */
+  for (const problem &pr : ps)
+    run_problem(ctx, pr);
   attn_context_free(ctx);
 
-  printf("hopper_bwd_check: part 1 %s, part 2 %s\n", part1 ? "FAILED" : "ok",
-         failures > part1 ? "FAILED" : "ok");
-  return failures ? 1 : 0;
+  return finish("hopper_bwd_check", part1);
 }

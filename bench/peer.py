@@ -45,6 +45,8 @@ import statistics
 import sys
 import time
 
+import rows as R
+
 DTYPES = ("f32", "f16", "bf16")
 SIZES = {"f32": 4, "f16": 2, "bf16": 2}
 KEYS = ("schema", "tool", "impl", "impl_version", "timestamp", "backend", "device", "device_kind",
@@ -164,24 +166,17 @@ def like(path):
     fields = ("device_kind", "dtype", "d", "mask", "causal", "window_left", "window_right", "seqlen_q",
               "seqlen_k", "batch", "heads", "heads_kv", "pass", "flops", "bytes")
     seen, out = set(), []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except ValueError as e:
-                raise SystemExit("peer.py: %s line %d is not JSON: %s" % (path, n, e))
-            if r.get("impl") != "attn":
-                continue
-            missing = [k for k in fields if k not in r]
-            if missing:
-                raise SystemExit("peer.py: %s line %d lacks %s" % (path, n, ", ".join(missing)))
-            p = {k: r[k] for k in fields}
-            key = tuple(p[k] for k in fields[:13])
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
+    for n, r in R.lines(path, "peer.py: "):
+        if r.get("impl") != "attn":
+            continue
+        missing = [k for k in fields if k not in r]
+        if missing:
+            raise SystemExit("peer.py: %s line %d lacks %s" % (path, n, ", ".join(missing)))
+        p = {k: r[k] for k in fields}
+        key = tuple(p[k] for k in fields[:13])
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
     return out
 
 

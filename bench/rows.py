@@ -6,22 +6,30 @@ import re
 SCHEMA = 1
 
 
+def lines(path, prog=""):
+    """(line number, value) of each line of a JSON lines file that is not
+    blank; a line that is not JSON ends the program, saying where (after prog,
+    the program's name where it prefixes its messages)."""
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError as e:
+                raise SystemExit("%s%s line %d is not JSON: %s" % (prog, path, n, e))
+            yield n, r
+
+
 def read(paths):
     """Every row of the files, in order; a row of the same implementation and
     problem as an earlier one replaces it (a later run of the same sweep)."""
     rows = {}
     for path in paths:
-        with open(path) as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    r = json.loads(line)
-                except ValueError as e:
-                    raise SystemExit("%s line %d is not JSON: %s" % (path, n, e))
-                if not isinstance(r, dict) or r.get("schema") != SCHEMA:
-                    raise SystemExit("%s line %d is not a row of schema %d" % (path, n, SCHEMA))
-                rows[(label(r), problem(r))] = r
+        for n, r in lines(path):
+            if not isinstance(r, dict) or r.get("schema") != SCHEMA:
+                raise SystemExit("%s line %d is not a row of schema %d" % (path, n, SCHEMA))
+            rows[(label(r), problem(r))] = r
     return list(rows.values())
 
 

@@ -30,6 +30,15 @@ double at_golden_bound(const char *out, attn_dtype dt, double peer, double maxre
   return (dt == ATTN_F32 ? 1e-5 : dt == ATTN_F16 ? 1e-2 : 2e-2) * scale;
 }
 
+double at_golden_tf32_cost(const double *tf32, const double *exact, int64_t n) {
+  double e = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double d = tf32[i] == exact[i] ? 0 : fabs(tf32[i] - exact[i]);
+    if (!(d <= e)) e = d;
+  }
+  return e;
+}
+
 /* Compares x (n elements of dtype dt) with ref. empty, when given, marks the
  * elements that belong to a row with no visible key: those must be exactly
  * zero (o, dq) and a -inf reference must be matched exactly (lse). */

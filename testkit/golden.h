@@ -99,6 +99,10 @@ typedef struct at_golden_report {
    relative bound: 1e-5 (f32), 1e-2 (f16), 2e-2 (bf16) times max(1, maxref). */
 double at_golden_bound(const char *out, attn_dtype dt, double peer, double maxref);
 
+/* What rounding to TF32 alone costs an output, for the README's TF32 rule: max |tf32 - exact| over
+   n elements of the reference computed as TF32 and exactly (infinities equal to themselves). */
+double at_golden_tf32_cost(const double *tf32, const double *exact, int64_t n);
+
 /* The num_splits values every forward case runs with: the backend's choice (0), none (1), and a
    forced split (3); each run is held to the same rule, and the backward takes the first run's o
    and lse. */

@@ -5,9 +5,10 @@
 
 table.py needs nothing beyond Python: it always runs. A peer twice as slow
 as attn, made from attn's own rows, must give a ratio of 2.00 in every cell;
-a row with an error shows "err". plot.py runs where matplotlib is installed
-and peer.py where PyTorch is; each says when it is skipped. Exit status 0
-when every part that ran passed, 1 otherwise.
+a row with an error shows "err". peer.py's reading of attn's rows always
+runs too. plot.py runs where matplotlib is installed and peer.py's timing
+where PyTorch is; each says when it is skipped. Exit status 0 when every
+part that ran passed, 1 otherwise.
 """
 import json
 import os
@@ -108,6 +109,29 @@ def main():
               "each figure is a PNG file")
     else:
         print("skipped: plot.py (matplotlib is not installed)")
+
+    # peer.py --like's reading of the rows needs no PyTorch: a problem per attn row, each once.
+    sys.path.insert(0, BENCH)
+    import peer
+    twice = os.path.join(tmp, "twice.jsonl")
+    with open(twice, "w") as f:
+        f.write(open(attn_rows).read() + "\n" + open(peer_rows).read() + open(attn_rows).read())
+    got = peer.like(twice)
+    check(len(got) == len(rows) and
+          all((g["seqlen_q"], g["seqlen_k"], g["mask"], g["pass"], g["flops"], g["bytes"]) ==
+              (a["seqlen_q"], a["seqlen_k"], a["mask"], a["pass"], a["flops"], a["bytes"])
+              for g, a in zip(got, rows)),
+          "peer.py --like reads each attn problem once, with its FLOPs, from a file that repeats them")
+    not_json = os.path.join(tmp, "not_json.jsonl")
+    with open(not_json, "w") as f:
+        f.write(json.dumps(rows[0]) + "\n{\n")
+    try:
+        peer.like(not_json)
+        said = "nothing"
+    except SystemExit as e:
+        said = str(e)
+    check(said.startswith("peer.py: %s line 2 is not JSON" % not_json),
+          "peer.py --like names the file and line that is not JSON: %s" % said)
 
     try:
         import torch  # noqa: F401

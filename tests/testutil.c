@@ -7,6 +7,7 @@
 #include "testutil.h"
 
 #include "file.h"
+#include "golden.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -346,6 +347,48 @@ int at_child(const char *mode, const char *const *env, char *out, size_t outlen)
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return -1;
+}
+
+int at_child_forward(attn_context *ctx, int n, int h, int d, uint32_t seed) {
+  const size_t count = (size_t)n * h * d;
+  float *q = calloc(4 * count, sizeof *q); /* o unwritten reads as 0 */
+  double *ref = malloc(count * sizeof *ref);
+  if (!q || !ref) {
+    printf("out of memory for a forward of %zu elements\n", count);
+    free(q);
+    free(ref);
+    return 1;
+  }
+  float *k = q + count, *v = k + count, *o = v + count;
+  uint32_t s = seed;
+  for (size_t i = 0; i < count; i++) {
+    s = s * 1664525u + 1013904223u;
+    q[i] = (float)(s >> 8) / 16777216.0f - 0.5f;
+    k[i] = (float)((s * 7u) >> 8) / 16777216.0f - 0.5f;
+    v[i] = (float)((s * 13u) >> 8) / 16777216.0f - 0.5f;
+  }
+  attn_params p;
+  attn_params_init(&p);
+  attn_tensor tq = attn_tensor_bshd(q, ATTN_F32, 1, n, h, d);
+  attn_tensor tk = attn_tensor_bshd(k, ATTN_F32, 1, n, h, d);
+  attn_tensor tv = attn_tensor_bshd(v, ATTN_F32, 1, n, h, d);
+  attn_tensor to = attn_tensor_bshd(o, ATTN_F32, 1, n, h, d);
+  int bad = 0, rc = attn_forward(ctx, &p, &tq, &tk, &tv, &to, NULL);
+  if (rc) {
+    printf("attn_forward: %s: %s\n", attn_status_name(rc), attn_errmsg(ctx));
+    bad = 1;
+  } else if ((rc = at_ref_forward(ctx, &p, &tq, &tk, &tv, ref, NULL))) {
+    printf("reference: %s: %s\n", attn_status_name(rc), attn_errmsg(ctx));
+    bad = 1;
+  }
+  for (size_t i = 0; i < count && !bad; i++)
+    if (!(fabs(o[i] - ref[i]) <= 1e-5)) {
+      printf("o[%zu] = %.9g, want %.9g\n", i, o[i], ref[i]);
+      bad = 1;
+    }
+  free(q);
+  free(ref);
+  return bad;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -739,16 +782,6 @@ static attn_params exact_params(const at_prob *P) {
   return p;
 }
 
-/* Max |a - b| over n, infinities equal to themselves. */
-static double max_diff(const double *a, const double *b, int64_t n) {
-  double e = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double d = a[i] == b[i] ? 0 : fabs(a[i] - b[i]);
-    if (!(d <= e)) e = d;
-  }
-  return e;
-}
-
 static int refused(at_backend *b, int rc, const at_prob *P, const char *call) {
   if (rc != ATTN_EUNSUPPORTED) return 0;
   char label[256];
@@ -791,8 +824,8 @@ static int forward_and_check(at_backend *b, at_prob *P) {
     if (rc != ATTN_OK)
       fail_msg("%s: the TF32 reference failed: %s: %s", label, attn_status_name(rc),
                attn_errmsg(b->ctx));
-    tf32_o = 2 * max_diff(xo, ro, no);
-    tf32_l = 2 * max_diff(xl, rl, nl);
+    tf32_o = 2 * at_golden_tf32_cost(xo, ro, no);
+    tf32_l = 2 * at_golden_tf32_cost(xl, rl, nl);
     at_free(xo);
     at_free(xl);
   }
@@ -898,9 +931,9 @@ int at_check_backward(at_backend *b, const at_shape *s) {
     if (rc != ATTN_OK)
       fail_msg("%s: the TF32 reference backward failed: %s: %s", label, attn_status_name(rc),
                attn_errmsg(b->ctx));
-    tf32_g[0] = 3 * max_diff(x, rdq, nq);
-    tf32_g[1] = 3 * max_diff(x + nq, rdk, nk);
-    tf32_g[2] = 3 * max_diff(x + nq + nk, rdv, nk);
+    tf32_g[0] = 3 * at_golden_tf32_cost(x, rdq, nq);
+    tf32_g[1] = 3 * at_golden_tf32_cost(x + nq, rdk, nk);
+    tf32_g[2] = 3 * at_golden_tf32_cost(x + nq + nk, rdv, nk);
     at_free(x);
   }
   /* Rows that see no key pass no gradient: dq exactly 0. */

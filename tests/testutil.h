@@ -96,6 +96,12 @@ void at_env_restore(void);
  * it printed goes to out. Suites dispatch "--child MODE" themselves. */
 int at_child(const char *mode, const char *const *env, char *out, size_t outlen);
 
+/* What a child (above) may run: a forward of f32 q, k and v [1, n, h, d],
+ * random from seed, on ctx against the double reference. 0 when every
+ * element of o is within 1e-5 of it; 1 after a line on stdout saying what
+ * went wrong. */
+int at_child_forward(attn_context *ctx, int n, int h, int d, uint32_t seed);
+
 /* Whether a child's debug log (ATTN_DEBUG=1) shows its OpenCL context on
  * another device than the one named `name`: the test then skips. A driver may
  * keep its device from child processes while the parent holds a context
@@ -176,8 +182,8 @@ int64_t at_count(const attn_tensor *t);
 /* Runs forward on b and checks o and lse against the double reference:
  * tolerance per dtype (with ATTN_ALLOW_TF32 on f32, plus F times what
  * rounding to TF32 alone costs: the golden README's TF32 rule), rows with no
- * key exactly zero / -inf, no NaN, padding untouched. Returns 1 when it ran, 0 when the backend refused the problem
- * with ATTN_EUNSUPPORTED (with a reason, which is checked). */
+ * key exactly zero / -inf, no NaN, padding untouched. Returns 1 when it ran, 0 when the backend
+ * refused the problem with ATTN_EUNSUPPORTED (with a reason, which is checked). */
 int at_check_forward(at_backend *b, const at_shape *s);
 /* The same for forward then backward, checking dq, dk, dv. */
 int at_check_backward(at_backend *b, const at_shape *s);

@@ -563,25 +563,6 @@ static void write_row(FILE *f, bench_format fmt, const bench_row *r, int first) 
 /* Running                                                                  */
 /* ---------------------------------------------------------------------- */
 
-typedef struct bench_call {
-  attn_context *ctx;
-  const attn_params *p;
-  run_tensors *t;
-} bench_call;
-
-static int call_forward(void *arg) {
-  bench_call *c = arg;
-  run_tensors *t = c->t;
-  return attn_forward(c->ctx, c->p, &t->q.t, &t->k.t, &t->v.t, &t->o.t, &t->lse.t);
-}
-
-static int call_backward(void *arg) {
-  bench_call *c = arg;
-  run_tensors *t = c->t;
-  return attn_backward(c->ctx, c->p, &t->q.t, &t->k.t, &t->v.t, &t->o.t, &t->lse.t, &t->dout.t,
-                       &t->dq.t, &t->dk.t, &t->dv.t);
-}
-
 typedef struct bench_state {
   const bench_opts *o;
   FILE *out;
@@ -673,12 +654,12 @@ static void run_one(bench_state *s, const bench_problem *p, int fwd, int bwd) {
         call_error(p, rc, "cannot allocate the tensors", error, sizeof error);
     }
   }
-  bench_call call = {p->dev->ctx, &o.params, &t};
+  run_pass call = {p->dev->ctx, &o.params, &t};
   size_t n = 0;
   if (fwd) {
     show_row(s, p, "fwd");
     if (!error[0]) {
-      int rc = run_time_calls(call_forward, &call, (size_t)bo->repeat, bo->budget_s, s->times, &n);
+      int rc = run_time_calls(run_forward, &call, (size_t)bo->repeat, bo->budget_s, s->times, &n);
       if (rc) call_error(p, rc, "forward failed", error, sizeof error);
     }
     emit(s, p, "fwd", n, flops_f, bytes_f, error[0] ? error : NULL);
@@ -688,11 +669,11 @@ static void run_one(bench_state *s, const bench_problem *p, int fwd, int bwd) {
     n = 0;
     /* The backward reads the forward's o and lse. */
     if (!error[0] && !fwd) {
-      int rc = call_forward(&call);
+      int rc = run_forward(&call);
       if (rc) call_error(p, rc, "forward failed", error, sizeof error);
     }
     if (!error[0]) {
-      int rc = run_time_calls(call_backward, &call, (size_t)bo->repeat, bo->budget_s, s->times, &n);
+      int rc = run_time_calls(run_backward, &call, (size_t)bo->repeat, bo->budget_s, s->times, &n);
       if (rc) call_error(p, rc, "backward failed", error, sizeof error);
     }
     emit(s, p, "bwd", n, 2.5 * flops_f, bytes_b, error[0] ? error : NULL);

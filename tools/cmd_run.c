@@ -17,26 +17,6 @@ static int too_big(const run_opts *o, const char *why) {
   return cli_complain("%s: %s", o->sizes[0] ? o->sizes : "the problem", why);
 }
 
-/* A call of the forward or the backward pass, for run_time_calls. */
-typedef struct call {
-  attn_context *ctx;
-  const attn_params *p;
-  run_tensors *t;
-} call;
-
-static int call_forward(void *arg) {
-  call *c = arg;
-  run_tensors *t = c->t;
-  return attn_forward(c->ctx, c->p, &t->q.t, &t->k.t, &t->v.t, &t->o.t, &t->lse.t);
-}
-
-static int call_backward(void *arg) {
-  call *c = arg;
-  run_tensors *t = c->t;
-  return attn_backward(c->ctx, c->p, &t->q.t, &t->k.t, &t->v.t, &t->o.t, &t->lse.t, &t->dout.t,
-                       &t->dq.t, &t->dk.t, &t->dv.t);
-}
-
 /* ---------------------------------------------------------------------- */
 /* Running                                                                  */
 /* ---------------------------------------------------------------------- */
@@ -149,9 +129,9 @@ static int run_problem(const run_opts *o, const char *title) {
 
   /* Appending writes the same rows to the same places each time. */
   size_t nf = 0, nb = 0;
-  call cf = {ctx, &p, &t}, cb = {ctx, &pb, &t};
-  rc = run_time_calls(call_forward, &cf, repeat, INFINITY, tf, &nf);
-  if (!rc && o->backward) rc = run_time_calls(call_backward, &cb, repeat, INFINITY, tb, &nb);
+  run_pass cf = {ctx, &p, &t}, cb = {ctx, &pb, &t};
+  rc = run_time_calls(run_forward, &cf, repeat, INFINITY, tf, &nf);
+  if (!rc && o->backward) rc = run_time_calls(run_backward, &cb, repeat, INFINITY, tb, &nb);
   if (rc) {
     status = cli_fail_ctx(ctx, rc, o->backward ? "attention failed" : "forward failed");
     goto done;

@@ -134,6 +134,15 @@ typedef int (*run_call)(void *arg);
  * one ended. t (max entries) receives the times sorted ascending, *n their
  * count. Returns the first failing call's status. */
 int run_time_calls(run_call fn, void *arg, size_t max, double budget_s, double *t, size_t *n);
+/* The passes attn run and attn bench time: attn_forward and attn_backward on
+ * a run_pass's tensors, as run_calls (arg: the run_pass). */
+typedef struct run_pass {
+  attn_context *ctx;
+  const attn_params *p;
+  run_tensors *t;
+} run_pass;
+int run_forward(void *arg);
+int run_backward(void *arg);
 
 /* ---------------------------------------------------------------------- */
 /* Progress on stderr (run_progress.c)                                      */

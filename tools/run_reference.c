@@ -15,17 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Max |x - ref| over n doubles, infinities equal to themselves: what TF32
- * rounding alone costs an output (the reference computed as TF32, x). */
-static double diff(const double *x, const double *ref, size_t n) {
-  double e = 0;
-  for (size_t i = 0; i < n; i++) {
-    double d = x[i] == ref[i] ? 0 : fabs(x[i] - ref[i]);
-    if (!(d <= e)) e = d;
-  }
-  return e;
-}
-
 /* Max |x - ref| over n elements, and max |ref|. */
 static void compare(const void *x, attn_dtype dt, const double *ref, size_t n, double *err,
                     double *refmax) {
@@ -220,14 +209,14 @@ int run_check_reference(attn_context *ctx, const run_opts *o, const run_cache *c
       rc = at_ref_backward_terms(ctx, &pt, &hq_, &hk_, &hv_, &hdo, xdq, xdk, xdv,
                                  o->bias ? xdb : NULL, o->sinks ? xds : NULL, progress_show, &pg);
     if (!rc) {
-      te[0] = diff(xo, ro, nqe);
-      te[1] = diff(xl, rl, nl);
+      te[0] = at_golden_tf32_cost(xo, ro, nqe);
+      te[1] = at_golden_tf32_cost(xl, rl, nl);
       if (o->backward) {
-        te[2] = diff(xdq, rdq, nqe);
-        te[3] = diff(xdk, rdk, nke);
-        te[4] = diff(xdv, rdv, nke);
-        if (o->bias) te[5] = diff(xdb, rdb, nb);
-        if (o->sinks) te[6] = diff(xds, rds, nh);
+        te[2] = at_golden_tf32_cost(xdq, rdq, nqe);
+        te[3] = at_golden_tf32_cost(xdk, rdk, nke);
+        te[4] = at_golden_tf32_cost(xdv, rdv, nke);
+        if (o->bias) te[5] = at_golden_tf32_cost(xdb, rdb, nb);
+        if (o->sinks) te[6] = at_golden_tf32_cost(xds, rds, nh);
       }
     }
   }

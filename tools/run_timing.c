@@ -40,3 +40,16 @@ int run_time_calls(run_call fn, void *arg, size_t max, double budget_s, double *
   run_sort_times(t, *n);
   return rc;
 }
+
+int run_forward(void *arg) {
+  const run_pass *c = arg;
+  run_tensors *t = c->t;
+  return attn_forward(c->ctx, c->p, &t->q.t, &t->k.t, &t->v.t, &t->o.t, &t->lse.t);
+}
+
+int run_backward(void *arg) {
+  const run_pass *c = arg;
+  run_tensors *t = c->t;
+  return attn_backward(c->ctx, c->p, &t->q.t, &t->k.t, &t->v.t, &t->o.t, &t->lse.t, &t->dout.t,
+                       &t->dq.t, &t->dk.t, &t->dv.t);
+}
