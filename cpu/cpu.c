@@ -85,16 +85,73 @@ int attn__cpu_threads(void) {
   return n;
 }
 
+/* The tiles, per dtype and head dimension: the first row that fits. With
+ * d = 64 and Br = Bc = 64 the working set of the forward inner loop (Q^T,
+ * K, V, S^T and the O accumulator: 5 x 16 KiB) sits in the 1-2 MiB L2 of
+ * current x86 cores with room to spare, and each tile product is at most
+ * m*n*k = 64*64*64, the largest OpenBLAS still runs on the calling thread
+ * (see attn__cpu_gemm); bigger products are cut into such pieces. Measured
+ * on the 2-core AMD EPYC (Zen 4) build host, one thread, f32, B=1 H=12
+ * N=1024, d = 64 and 128, every (Br, Bc) in {32, 64, 128}^2: 64 x 64 came
+ * first or within noise of first in all four columns (78/82 GFLOP/s
+ * forward, 83/88 backward; the others 71-82 and 74-84), and it keeps units
+ * small enough to spread short sequences (ViT's 197 tokens) over the
+ * threads. f16 and bf16 tiles are converted to f32 when loaded, so their
+ * products are the f32 ones. The rows are split by head dimension so that
+ * attn_tune (cpu_tune.c) can keep other tiles for each on another machine.
+ *
+ * Key splitting: 4 work items per thread let dynamic scheduling even out
+ * tiles of unequal length; a part of at least 4 key blocks (256 keys) makes
+ * its merge (one row of d per part) cost under 1 % of the part. At most 64
+ * MiB of parts: only an explicit num_splits on a large problem gets near
+ * it, and splitting such a problem gains nothing on a CPU. */
+#define CPU_ROW(dt, hd, r, c)                                                   \
+  {                                                                             \
+    .dtype = (dt), .max_head_dim = (hd), .br = (r), .bc = (c), .split_fill = 4, \
+    .split_min_blocks = 4, .few_rows = 4, .split_workspace = (size_t)64 << 20   \
+  }
+static const attn__cpu_config cpu_configs[ATTN__CPU_ROWS] = {
+    CPU_ROW(ATTN_F32, 64, 64, 64),  CPU_ROW(ATTN_F32, 128, 64, 64),
+    CPU_ROW(ATTN_F32, 256, 64, 64), CPU_ROW(ATTN_F16, 64, 64, 64),
+    CPU_ROW(ATTN_F16, 128, 64, 64), CPU_ROW(ATTN_F16, 256, 64, 64),
+    CPU_ROW(ATTN_BF16, 64, 64, 64), CPU_ROW(ATTN_BF16, 128, 64, 64),
+    CPU_ROW(ATTN_BF16, 256, 64, 64)};
+#undef CPU_ROW
+
+void attn__cpu_row_tiles(attn__cpu_config *row, int br, int bc) {
+  row->br = br;
+  row->bc = bc;
+  snprintf(row->forward_name, sizeof row->forward_name, "cpu blockwise forward, Br %d Bc %d", br,
+           bc);
+  snprintf(row->backward_name, sizeof row->backward_name, "cpu blockwise backward, Br %d Bc %d", br,
+           bc);
+}
+
+attn__cpu_config *attn__cpu_row(attn_context *ctx, attn_dtype dtype, int64_t head_dim) {
+  attn__cpu_impl *im = ctx->impl;
+  for (int i = 0; i < ATTN__CPU_ROWS; i++)
+    if (im->rows[i].dtype == dtype && head_dim <= im->rows[i].max_head_dim) return &im->rows[i];
+  return &im->rows[0];
+}
+
 static int cpu_open(attn_context *ctx, int index) {
-  /* Nothing per context: the passes allocate their tiles per call. The
-   * OpenMP team starts now, where a failure to create its threads can be
-   * survived (see attn__cpu_threads). */
-  ctx->impl = NULL;
+  /* Per context only the tile table: the passes allocate their tiles per
+   * call. The OpenMP team starts now, where a failure to create its threads
+   * can be survived (see attn__cpu_threads), and before the tuned rows,
+   * which are kept per thread count. */
+  attn__cpu_impl *im = malloc(sizeof *im);
+  if (!im) return attn__error(ctx, ATTN_ENOMEM, "cpu: cannot allocate the context's tile table");
+  memcpy(im->rows, cpu_configs, sizeof cpu_configs);
+  for (int i = 0; i < ATTN__CPU_ROWS; i++)
+    attn__cpu_row_tiles(&im->rows[i], im->rows[i].br, im->rows[i].bc);
+  ctx->impl = im;
   attn__cpu_threads();
+  attn__cpu_tuned_rows(ctx);
   return ATTN_OK;
 }
 
 static void cpu_close(attn_context *ctx) {
+  free(ctx->impl);
   ctx->impl = NULL;
 }
 
@@ -154,36 +211,6 @@ static int cpu_selftest(attn_context *ctx) {
   return ATTN_OK;
 }
 
-/* The tiles, per dtype and head dimension: the first row that fits. Every
- * row is Br = Bc = 64 today. With d = 64 the working set of the forward
- * inner loop (Q^T, K, V, S^T and the O accumulator: 5 x 16 KiB) sits in the
- * 1-2 MiB L2 of current x86 cores with room to spare, and each tile product
- * is at most m*n*k = 64*64*64, the largest OpenBLAS still runs on the
- * calling thread (see attn__cpu_gemm); bigger head dimensions are cut into
- * 64-wide pieces. Measured on the 2-core AMD EPYC (Zen 4) build host, one
- * thread, f32, B=1 H=12 N=1024, d = 64 and 128, every (Br, Bc) in {32, 64,
- * 128}^2: 64 x 64 came first or within noise of first in all four columns
- * (78/82 GFLOP/s forward, 83/88 backward; the others 71-82 and 74-84), and
- * it keeps units small enough to spread short sequences (ViT's 197 tokens)
- * over the threads. f16 and bf16 tiles are converted to f32 when loaded, so
- * their products are the f32 ones.
- *
- * Key splitting: 4 work items per thread let dynamic scheduling even out
- * tiles of unequal length; a part of at least 4 key blocks (256 keys) makes
- * its merge (one row of d per part) cost under 1 % of the part. At most 64
- * MiB of parts: only an explicit num_splits on a large problem gets near
- * it, and splitting such a problem gains nothing on a CPU. */
-#define CPU_ROW(dt)                                                                        \
-  {                                                                                        \
-    .dtype = (dt), .max_head_dim = ATTN_MAX_HEAD_DIM, .br = 64, .bc = 64, .split_fill = 4, \
-    .split_min_blocks = 4, .few_rows = 4, .split_workspace = (size_t)64 << 20,             \
-    .forward_name = "cpu blockwise forward, Br 64 Bc 64",                                  \
-    .backward_name = "cpu blockwise backward, Br 64 Bc 64"                                 \
-  }
-static const attn__cpu_config cpu_configs[] = {CPU_ROW(ATTN_F32), CPU_ROW(ATTN_F16),
-                                               CPU_ROW(ATTN_BF16)};
-#undef CPU_ROW
-
 attn__cpu_schedule attn__cpu_schedule_forward(const attn__problem *pb, const attn__cpu_config *cfg,
                                               int nthreads) {
   attn__cpu_schedule sc = {.heads = 1, .rows = cfg->br, .splits = 1, .tiles = 0};
@@ -230,18 +257,11 @@ attn__cpu_schedule attn__cpu_schedule_forward(const attn__problem *pb, const att
   return sc;
 }
 
-static const attn__cpu_config *cpu_config(const attn__problem *pb) {
-  for (size_t i = 0; i < sizeof cpu_configs / sizeof cpu_configs[0]; i++)
-    if (cpu_configs[i].dtype == pb->dtype && pb->head_dim <= cpu_configs[i].max_head_dim)
-      return &cpu_configs[i];
-  return &cpu_configs[0];
-}
-
 static int cpu_plan(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out) {
   /* The CPU is the backend of last resort: every valid problem, any dtype,
    * stride, window, softcap, ALiBi, GQA or varlen layout, KV cache, bias or
    * sinks, so some row always fits. */
-  const attn__cpu_config *cfg = cpu_config(pb);
+  const attn__cpu_config *cfg = attn__cpu_row(ctx, pb->dtype, pb->head_dim);
   const int nthreads = attn__cpu_threads();
   memset(out, 0, sizeof *out);
   out->backward = backward;
@@ -292,4 +312,7 @@ const attn__backend attn__backend_cpu = {
     .backward = cpu_backward,
     .append = attn__cpu_append,
     .merge = attn__cpu_merge,
+    .tune_count = attn__cpu_tune_count,
+    .tune_use = attn__cpu_tune_use,
+    .tune_keep = attn__cpu_tune_keep,
 };

@@ -33,7 +33,7 @@ typedef struct attn__cpu_config {
    * few rows (attn__cpu_qk_few), in the forward and the backward alike. */
   int few_rows;
   size_t split_workspace;
-  const char *forward_name, *backward_name; /* for attn__plan.name */
+  char forward_name[64], backward_name[64]; /* for attn__plan.name */
 } attn__cpu_config;
 
 /* How the forward cuts a problem into work items: tiles of `heads` query
@@ -49,9 +49,9 @@ typedef struct attn__cpu_schedule {
   int64_t tiles; /* tiles over all sequences and heads */
 } attn__cpu_schedule;
 
-/* The largest Br or Bc of the table: small per-row arrays of the tile
- * functions live on the stack with this size. */
-#define ATTN__CPU_TILE_MAX 64
+/* The largest Br or Bc of the table and of attn_tune's variations: small
+ * per-row arrays of the tile functions live on the stack with this size. */
+#define ATTN__CPU_TILE_MAX 128
 
 /* Aligned host memory for tiles and buffers (64 bytes: one cache line, one
  * AVX-512 register). NULL on failure; free with attn__cpu_free. */
@@ -201,6 +201,25 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__c
 size_t attn__cpu_forward_workspace(const attn__problem *pb, const attn__cpu_config *cfg,
                                    const attn__cpu_schedule *sc, int nthreads);
 size_t attn__cpu_backward_scratch(const attn__problem *pb, const attn__cpu_config *cfg);
+
+/* The context's tile table (cpu.c): the built-in rows, or the tiles attn_tune
+ * measured fastest on this machine (cpu_tune.c). Rows run from the f32
+ * ones to the bf16 ones, each dtype's by growing head dimension. */
+#define ATTN__CPU_ROWS 9
+typedef struct attn__cpu_impl {
+  attn__cpu_config rows[ATTN__CPU_ROWS];
+} attn__cpu_impl;
+/* The row for (dtype, head_dim) of ctx's table. */
+attn__cpu_config *attn__cpu_row(attn_context *ctx, attn_dtype dtype, int64_t head_dim);
+/* Sets a row's tiles and the names the plan reports. */
+void attn__cpu_row_tiles(attn__cpu_config *row, int br, int bc);
+
+/* attn_tune (cpu_tune.c): the tile variations, and the tuned rows read at
+ * context creation from the file attn__cpu_tune_keep writes. */
+int attn__cpu_tune_count(attn_context *ctx, attn_dtype dtype, int64_t head_dim);
+int attn__cpu_tune_use(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int i);
+int attn__cpu_tune_keep(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int i);
+void attn__cpu_tuned_rows(attn_context *ctx);
 
 /* The cache append (cpu_cache.c) and attn_merge (cpu_merge.c). */
 int attn__cpu_append(attn_context *ctx, const attn__problem *pb);
