@@ -118,13 +118,63 @@ static const attn__cpu_config cpu_configs[ATTN__CPU_ROWS] = {
     CPU_ROW(ATTN_BF16, 256, 64, 64)};
 #undef CPU_ROW
 
-void attn__cpu_row_tiles(attn__cpu_config *row, int br, int bc) {
+static const char *cpu_products_name(int products) {
+  return products == ATTN__CPU_PRODUCTS_BF16     ? ", bf16 products (vdpbf16ps)"
+         : products == ATTN__CPU_PRODUCTS_SBGEMM ? ", bf16 products (OpenBLAS sbgemm)"
+                                                 : "";
+}
+
+void attn__cpu_row_set(attn__cpu_config *row, int br, int bc, int products) {
   row->br = br;
   row->bc = bc;
-  snprintf(row->forward_name, sizeof row->forward_name, "cpu blockwise forward, Br %d Bc %d", br,
-           bc);
+  row->products = products;
+  snprintf(row->forward_name, sizeof row->forward_name, "cpu blockwise forward, Br %d Bc %d%s", br,
+           bc, cpu_products_name(products));
   snprintf(row->backward_name, sizeof row->backward_name, "cpu blockwise backward, Br %d Bc %d", br,
            bc);
+}
+
+/* The products of a bf16 forward, the one rule: the CPU's bf16 instruction
+ * through the library's own kernel where the CPU has it (no packing of
+ * whole operands and no call through OpenBLAS's interface per tile, at the
+ * 64 x 64 x 64 products of a tile); else OpenBLAS's sbgemm where the
+ * library has it and the CPU has bf16 dot products (AMX-BF16 without
+ * AVX512_BF16 is no CPU made so far, so in practice a build whose compiler
+ * lacks the instruction); else f32 products. sbgemm is never chosen
+ * without the hardware: OpenBLAS's generic bf16 kernel then runs far below
+ * sgemm. attn_tune measures the others this machine has (cpu_tune.c). */
+static int cpu_products_rule(const attn__cpu_impl *im) {
+  if (im->bf16_kernel) return ATTN__CPU_PRODUCTS_BF16;
+  if (attn__cpu_sbgemm_built() && attn__cpu_bf16_hardware()) return ATTN__CPU_PRODUCTS_SBGEMM;
+  return ATTN__CPU_PRODUCTS_F32;
+}
+
+unsigned attn__cpu_products_usable(attn_context *ctx) {
+  const attn__cpu_impl *im = ctx->impl;
+  unsigned u = 1u << ATTN__CPU_PRODUCTS_F32;
+  if (im->bf16_kernel) u |= 1u << ATTN__CPU_PRODUCTS_BF16;
+  if (attn__cpu_sbgemm_built() && attn__cpu_bf16_hardware()) u |= 1u << ATTN__CPU_PRODUCTS_SBGEMM;
+  return u;
+}
+
+int attn__cpu_products_force(attn_context *ctx, int products, attn__cpu_bf16_kernel *kernel) {
+  attn__cpu_impl *im = ctx->impl;
+  if (products == ATTN__CPU_PRODUCTS_BF16) {
+    im->bf16_kernel = kernel ? kernel : attn__cpu_bf16_kernel_native();
+    if (!im->bf16_kernel)
+      return attn__error(ctx, ATTN_EUNSUPPORTED,
+                         "products: this CPU has no AVX512_BF16, or the build no code for it");
+  } else if (products == ATTN__CPU_PRODUCTS_SBGEMM) {
+    if (!attn__cpu_sbgemm_built())
+      return attn__error(ctx, ATTN_EUNSUPPORTED,
+                         "products: the library was built with an OpenBLAS without cblas_sbgemm");
+  } else if (products != ATTN__CPU_PRODUCTS_F32) {
+    return attn__error(ctx, ATTN_EINVAL, "products: %d is none of the CPU's", products);
+  }
+  for (int i = 0; i < ATTN__CPU_ROWS; i++)
+    if (im->rows[i].dtype == ATTN_BF16)
+      attn__cpu_row_set(&im->rows[i], im->rows[i].br, im->rows[i].bc, products);
+  return ATTN_OK;
 }
 
 attn__cpu_config *attn__cpu_row(attn_context *ctx, attn_dtype dtype, int64_t head_dim) {
@@ -142,8 +192,11 @@ static int cpu_open(attn_context *ctx, int index) {
   attn__cpu_impl *im = malloc(sizeof *im);
   if (!im) return attn__error(ctx, ATTN_ENOMEM, "cpu: cannot allocate the context's tile table");
   memcpy(im->rows, cpu_configs, sizeof cpu_configs);
+  im->bf16_kernel = attn__cpu_bf16_kernel_native();
+  const int products = cpu_products_rule(im);
   for (int i = 0; i < ATTN__CPU_ROWS; i++)
-    attn__cpu_row_tiles(&im->rows[i], im->rows[i].br, im->rows[i].bc);
+    attn__cpu_row_set(&im->rows[i], im->rows[i].br, im->rows[i].bc,
+                      im->rows[i].dtype == ATTN_BF16 ? products : ATTN__CPU_PRODUCTS_F32);
   ctx->impl = im;
   attn__cpu_threads();
   attn__cpu_tuned_rows(ctx);
@@ -214,6 +267,9 @@ static int cpu_selftest(attn_context *ctx) {
 attn__cpu_schedule attn__cpu_schedule_forward(const attn__problem *pb, const attn__cpu_config *cfg,
                                               int nthreads) {
   attn__cpu_schedule sc = {.heads = 1, .rows = cfg->br, .splits = 1, .tiles = 0};
+  /* bf16 products take pairs of the head dimension. */
+  sc.products =
+      pb->dtype == ATTN_BF16 && pb->head_dim % 2 == 0 ? cfg->products : ATTN__CPU_PRODUCTS_F32;
   const int64_t group = pb->heads_q / pb->heads_kv;
   /* GQA packing when a head's rows leave the tile part empty (decoding):
    * one block of rows per sequence, and as many heads of the group beside

@@ -42,6 +42,13 @@ typedef struct cpu_fwd_tiles {
   float *lse;   /* Br */
   float *lo;    /* Br: what rounding lse to float dropped (the (hi, lo) form) */
   float *w;     /* splits: the parts' weights of a row */
+  /* bf16 products (cpu_bf16.c): */
+  uint16_t *qb; /* Br x d: Q's rows in bf16 */
+  uint32_t *qp; /* d/2 x Br: Q^T in pairs (the CPU's instruction) */
+  uint16_t *kb; /* Bc x d: K, when gathered */
+  uint16_t *vb; /* Bc x d: V, idem */
+  uint32_t *vp; /* Bc/2 (rounded up) x d: V in pairs (the CPU's instruction) */
+  uint16_t *pb; /* Br x (Bc rounded up to even): P in bf16 */
 } cpu_fwd_tiles;
 
 /* What the work items share. A tile's rows: tile row x * nr + r is row i0
@@ -49,19 +56,27 @@ typedef struct cpu_fwd_tiles {
 typedef struct cpu_fwd_work {
   const attn__problem *pb;
   attn__cpu_schedule sc;
-  int few_rows;         /* the config's: see attn__cpu_qk_few */
-  int64_t chunks;       /* tiles' head groups per kv head, or over all heads
-                         * when a tile spans kv heads (sc.heads > group) */
-  const int64_t *units; /* attn__cpu_units over (kv head, chunk) and rows */
-  float *part_o;        /* splits: [tile][part][Br][d], each part's normalized O */
-  float *part_lse;      /* splits: [tile][part][Br] */
+  int few_rows;                  /* the config's: see attn__cpu_qk_few */
+  int64_t chunks;                /* tiles' head groups per kv head, or over all heads
+                                  * when a tile spans kv heads (sc.heads > group) */
+  const int64_t *units;          /* attn__cpu_units over (kv head, chunk) and rows */
+  float *part_o;                 /* splits: [tile][part][Br][d], each part's normalized O */
+  float *part_lse;               /* splits: [tile][part][Br] */
+  attn__cpu_bf16_kernel *kernel; /* ATTN__CPU_PRODUCTS_BF16's */
 } cpu_fwd_work;
 
 static size_t cpu_fwd_thread_floats(const attn__problem *pb, const attn__cpu_config *cfg,
                                     const attn__cpu_schedule *sc) {
   const size_t d = (size_t)pb->head_dim, br = (size_t)cfg->br, bc = (size_t)cfg->bc;
-  const size_t floats = br * d * 2 + bc * d * 2 + br * bc + 5 * br + (size_t)sc->splits;
-  return (floats + 15) / 16 * 16;
+  size_t floats = br * d * 2 + bc * d * 2 + br * bc + 5 * br + (size_t)sc->splits;
+  floats = (floats + 15) / 16 * 16;
+  if (sc->products != ATTN__CPU_PRODUCTS_F32) {
+    /* qb, qp, kb, vb, vp, pb, each rounded up to a cache line. */
+    const size_t halves =
+        br * d + br * d + bc * d + bc * d + (bc + 1) / 2 * d * 2 + br * (bc + 1) / 2 * 2 + 6 * 32;
+    floats += (halves / 2 + 15) / 16 * 16;
+  }
+  return floats;
 }
 
 static size_t cpu_fwd_part_floats(const attn__problem *pb, const attn__cpu_config *cfg,
@@ -77,7 +92,15 @@ size_t attn__cpu_forward_workspace(const attn__problem *pb, const attn__cpu_conf
          sizeof(float);
 }
 
-static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d, const attn__cpu_config *cfg) {
+/* n 16-bit elements from *p, which moves past them to the next cache line. */
+static void *cpu_fwd_take(char **p, size_t n) {
+  void *r = *p;
+  *p += (n * 2 + 63) / 64 * 64;
+  return r;
+}
+
+static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d, const attn__cpu_config *cfg,
+                                   const attn__cpu_schedule *sc) {
   const size_t br = (size_t)cfg->br, bc = (size_t)cfg->bc;
   cpu_fwd_tiles t;
   t.br = cfg->br;
@@ -93,6 +116,19 @@ static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d, const attn__cpu_confi
   t.lse = t.alpha + br;
   t.lo = t.lse + br;
   t.w = t.lo + br;
+  t.qb = NULL;
+  t.qp = t.vp = NULL;
+  t.kb = t.vb = t.pb = NULL;
+  if (sc->products != ATTN__CPU_PRODUCTS_F32) {
+    const size_t floats = br * d * 2 + bc * d * 2 + br * bc + 5 * br + (size_t)sc->splits;
+    char *p = (char *)(base + (floats + 15) / 16 * 16);
+    t.qb = cpu_fwd_take(&p, br * d);
+    t.qp = cpu_fwd_take(&p, br * d);
+    t.kb = cpu_fwd_take(&p, bc * d);
+    t.vb = cpu_fwd_take(&p, bc * d);
+    t.vp = cpu_fwd_take(&p, (bc + 1) / 2 * d * 2);
+    t.pb = cpu_fwd_take(&p, br * (bc + 1) / 2 * 2);
+  }
   return t;
 }
 
@@ -166,6 +202,45 @@ static void cpu_fwd_part(const cpu_fwd_work *w, const cpu_fwd_tile *x, int bc, i
   *kb1 = first + n * (s + 1) / parts;
 }
 
+/* S^T = scale K Q^T of one key block in bf16 products: per head, as the
+ * f32 path (and of the same shape). */
+static void cpu_fwd_qk_bf16(const cpu_fwd_work *w, const cpu_fwd_tiles *t, const cpu_fwd_tile *x,
+                            int products, int64_t j0, int bc) {
+  const attn__problem *pb = w->pb;
+  const int d = (int)pb->head_dim, ld = t->br, nr = x->nr;
+  int ldk;
+  const uint16_t *k = attn__cpu_view_keys_bf16(pb, &pb->k, x->b, j0, bc, x->hk, t->kb, &ldk);
+  for (int hx = 0; hx < x->nh; hx++) {
+    if (products == ATTN__CPU_PRODUCTS_BF16)
+      w->kernel(bc, nr, d / 2, pb->scale, k, ldk, t->qp + hx * nr, ld, 0.0f, t->st + hx * nr, ld);
+#if defined(ATTN_HAVE_SBGEMM)
+    else
+      attn__cpu_sbgemm(1, bc, nr, d, pb->scale, k, ldk, t->qb + (size_t)hx * nr * d, d, 0.0f,
+                       t->st + hx * nr, ld);
+#endif
+  }
+}
+
+/* O += P V of one key block in bf16 products: P rounded to bf16 (see
+ * cpu_bf16.c), zero-padded to an even count of keys. */
+static void cpu_fwd_pv_bf16(const cpu_fwd_work *w, const cpu_fwd_tiles *t, const cpu_fwd_tile *x,
+                            int products, int64_t j0, int bc) {
+  const attn__problem *pb = w->pb;
+  const int d = (int)pb->head_dim, br = x->nh * x->nr, bcp = (bc + 1) / 2 * 2;
+  int ldv;
+  const uint16_t *v = attn__cpu_view_keys_bf16(pb, &pb->v, x->b, j0, bc, x->hk, t->vb, &ldv);
+  attn__cpu_bf16_round_t(t->st, bc, br, t->br, t->pb, bcp);
+  if (products == ATTN__CPU_PRODUCTS_BF16) {
+    attn__cpu_bf16_pairs(v, ldv, bc, d, t->vp);
+    w->kernel(br, d, bcp / 2, 1.0f, t->pb, bcp, t->vp, d, 1.0f, t->o, d);
+  }
+#if defined(ATTN_HAVE_SBGEMM)
+  else {
+    attn__cpu_sbgemm(0, br, d, bc, 1.0f, t->pb, bcp, v, ldv, 1.0f, t->o, d);
+  }
+#endif
+}
+
 /* Work item (tile u, part s). */
 static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t u, int s) {
   const attn__problem *pb = w->pb;
@@ -176,13 +251,21 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
   int64_t kb0, kb1;
   cpu_fwd_part(w, &x, Bc, s, nq, nk, &kb0, &kb1);
 
-  /* Few rows: Q as rows (d apart) for attn__cpu_qk_few, else Q^T. */
+  /* Few rows: Q as rows (d apart) for attn__cpu_qk_few; bf16 products: Q's
+   * rows in bf16, and in pairs for the CPU's instruction; else Q^T. */
   const int few = nr <= w->few_rows;
+  const int products = few ? ATTN__CPU_PRODUCTS_F32 : w->sc.products;
   for (int hx = 0; hx < x.nh; hx++)
-    if (few)
+    if (few) {
       attn__cpu_load(pb, &pb->q, x.b, rq, nr, x.h0 + hx, t->qt + (size_t)hx * nr * d, d);
-    else
+    } else if (products != ATTN__CPU_PRODUCTS_F32) {
+      uint16_t *qb = t->qb + (size_t)hx * nr * d;
+      attn__cpu_load_bf16(pb, &pb->q, 0, x.b, rq, nr, x.h0 + hx, qb, d);
+      if (products == ATTN__CPU_PRODUCTS_BF16)
+        attn__cpu_bf16_pairs_t(qb, d, nr, d, t->qp + hx * nr, ld);
+    } else {
       attn__cpu_load_t(pb, &pb->q, x.b, rq, nr, x.h0 + hx, t->qt + hx * nr, ld);
+    }
   memset(t->o, 0, (size_t)br * d * sizeof(float));
   for (int r = 0; r < br; r++) {
     t->m[r] = -INFINITY;
@@ -196,6 +279,8 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
     const float *k = NULL, *v = NULL;
     if (few) {
       attn__cpu_qk_few(pb, &pb->k, &pb->v, x.b, j0, bc, x.h0, x.nh, nr, t->qt, d, t->st, ld);
+    } else if (products != ATTN__CPU_PRODUCTS_F32) {
+      cpu_fwd_qk_bf16(w, t, &x, products, j0, bc);
     } else {
       k = attn__cpu_view_keys(pb, &pb->k, x.b, j0, bc, x.hk, t->k, &ldk);
       v = attn__cpu_view_keys(pb, &pb->v, x.b, j0, bc, x.hk, t->v, &ldv);
@@ -219,6 +304,8 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
     }
     if (few)
       attn__cpu_pv_few(pb, &pb->v, x.b, j0, bc, x.h0, x.nh, nr, t->st, ld, t->o);
+    else if (products != ATTN__CPU_PRODUCTS_F32)
+      cpu_fwd_pv_bf16(w, t, &x, products, j0, bc);
     else
       attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->st, ld, v, ldv, 1.0f, t->o, d);
   }
@@ -300,6 +387,7 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
   w.pb = pb;
   w.sc = *sc;
   w.few_rows = cfg->few_rows;
+  w.kernel = ((const attn__cpu_impl *)ctx->impl)->bf16_kernel;
   w.chunks = sc->heads > group ? (pb->heads_q + sc->heads - 1) / sc->heads
                                : (group + sc->heads - 1) / sc->heads;
   int64_t *units =
@@ -326,7 +414,7 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
 #pragma omp parallel num_threads(nthreads)
   {
     const cpu_fwd_tiles t =
-        cpu_fwd_carve(scratch + (size_t)omp_get_thread_num() * per_thread, pb->head_dim, cfg);
+        cpu_fwd_carve(scratch + (size_t)omp_get_thread_num() * per_thread, pb->head_dim, cfg, sc);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; it++)
       cpu_fwd_item(&w, &t, it / sc->splits, (int)(it % sc->splits));

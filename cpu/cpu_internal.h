@@ -18,6 +18,15 @@
  * table in cpu.c (attn__plan.config). */
 enum attn__cpu_kernel { ATTN__CPU_BLOCKWISE_FORWARD, ATTN__CPU_BLOCKWISE_BACKWARD };
 
+/* The products of a forward of bf16 inputs (a config row's `products`;
+ * which a CPU gets is cpu.c's rule, attn_tune may measure the others).
+ * f16 and f32 always take the first. */
+enum attn__cpu_products {
+  ATTN__CPU_PRODUCTS_F32,   /* tiles converted to f32, OpenBLAS sgemm */
+  ATTN__CPU_PRODUCTS_BF16,  /* bf16 tiles, the CPU's bf16 instruction */
+  ATTN__CPU_PRODUCTS_SBGEMM /* bf16 tiles, OpenBLAS cblas_sbgemm */
+};
+
 typedef struct attn__cpu_config {
   attn_dtype dtype;
   int max_head_dim; /* the row serves head dimensions up to this one */
@@ -33,7 +42,8 @@ typedef struct attn__cpu_config {
    * few rows (attn__cpu_qk_few), in the forward and the backward alike. */
   int few_rows;
   size_t split_workspace;
-  char forward_name[64], backward_name[64]; /* for attn__plan.name */
+  int products;                             /* enum attn__cpu_products */
+  char forward_name[96], backward_name[96]; /* for attn__plan.name */
 } attn__cpu_config;
 
 /* How the forward cuts a problem into work items: tiles of `heads` query
@@ -46,6 +56,7 @@ typedef struct attn__cpu_schedule {
   int heads;     /* 1: no packing */
   int rows;      /* heads * rows <= Br */
   int splits;    /* 1: no splitting */
+  int products;  /* the row's, where the problem can take them (bf16, even d) */
   int64_t tiles; /* tiles over all sequences and heads */
 } attn__cpu_schedule;
 
@@ -206,13 +217,60 @@ size_t attn__cpu_backward_scratch(const attn__problem *pb, const attn__cpu_confi
  * measured fastest on this machine (cpu_tune.c). Rows run from the f32
  * ones to the bf16 ones, each dtype's by growing head dimension. */
 #define ATTN__CPU_ROWS 9
+/* C = alpha A B + beta C (beta 0 or 1), C f32 m x n (row stride ldc), A
+ * bf16 m x 2 kp (row stride lda, even), and B kp x n pairs: element (p, j)
+ * holds B's (2p, j) in its low 16 bits and (2p + 1, j) in its high ones
+ * (row stride ldb). An odd inner dimension is padded with a zero. */
+typedef void attn__cpu_bf16_kernel(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
+                                   const uint32_t *b, int ldb, float beta, float *c, int ldc);
 typedef struct attn__cpu_impl {
   attn__cpu_config rows[ATTN__CPU_ROWS];
+  /* ATTN__CPU_PRODUCTS_BF16's kernel: the CPU's (attn__cpu_bf16_kernel_native), or
+   * the one attn__cpu_products_force put in its place; NULL for none. */
+  attn__cpu_bf16_kernel *bf16_kernel;
 } attn__cpu_impl;
 /* The row for (dtype, head_dim) of ctx's table. */
 attn__cpu_config *attn__cpu_row(attn_context *ctx, attn_dtype dtype, int64_t head_dim);
-/* Sets a row's tiles and the names the plan reports. */
-void attn__cpu_row_tiles(attn__cpu_config *row, int br, int bc);
+/* Sets a row's tiles and products, and the names the plan reports. */
+void attn__cpu_row_set(attn__cpu_config *row, int br, int bc, int products);
+
+/* Makes ctx's bf16 rows take `products`, through `kernel` for
+ * ATTN__CPU_PRODUCTS_BF16 (NULL: the CPU's own): the tests run a path this
+ * CPU would not be given, and attn_tune measures the ones it has.
+ * ATTN_EUNSUPPORTED, with a sentence, for products this build or CPU
+ * cannot run. */
+int attn__cpu_products_force(attn_context *ctx, int products, attn__cpu_bf16_kernel *kernel);
+/* The products ctx's CPU and build can run, as bits (1 << products). */
+unsigned attn__cpu_products_usable(attn_context *ctx);
+
+/* bf16 tiles (cpu_bf16.c). load/view: as attn__cpu_load and
+ * attn__cpu_view_keys, for bf16 tensors, without conversion (keys: j0
+ * sequence-local, through attn__key_row). */
+void attn__cpu_load_bf16(const attn__problem *pb, const attn__tensor *t, int keys, int64_t b,
+                         int64_t row, int64_t nr, int64_t h, uint16_t *dst, int64_t ld);
+const uint16_t *attn__cpu_view_keys_bf16(const attn__problem *pb, const attn__tensor *t, int64_t b,
+                                         int64_t j0, int64_t nr, int64_t h, uint16_t *scratch,
+                                         int *ld);
+/* B operands in pairs (attn__cpu_bf16_kernel): of Q^T from nr rows of q
+ * (d even), qp[p * ldp + r] = (q[r][2p], q[r][2p + 1]); of V from `rows`
+ * rows of v, vp[p * d + c] = (v[2p][c], v[2p + 1][c]), zero past the last
+ * row. */
+void attn__cpu_bf16_pairs_t(const uint16_t *q, int64_t ldq, int nr, int d, uint32_t *qp, int ldp);
+void attn__cpu_bf16_pairs(const uint16_t *v, int64_t ldv, int rows, int d, uint32_t *vp);
+/* P from P^T (bc keys down, br queries across, row stride ld), rounded to
+ * bf16: p[r * ldp + a], zero for a in [bc, ldp). */
+void attn__cpu_bf16_round_t(const float *pt, int bc, int br, int ld, uint16_t *p, int ldp);
+/* The kernel of the CPU's bf16 instruction, NULL where it has none or the
+ * build has no code for it; whether the CPU has bf16 dot products at all
+ * (AVX512_BF16 or AMX-BF16), which OpenBLAS's sbgemm needs to pay; whether
+ * the library was linked with an OpenBLAS that has cblas_sbgemm. */
+attn__cpu_bf16_kernel *attn__cpu_bf16_kernel_native(void);
+int attn__cpu_bf16_hardware(void);
+int attn__cpu_sbgemm_built(void);
+/* cblas_sbgemm(RowMajor, NoTrans, tb ? Trans : NoTrans, ...) on the calling
+ * thread (as attn__cpu_gemm); only where ATTN_HAVE_SBGEMM is defined. */
+void attn__cpu_sbgemm(int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+                      const uint16_t *b, int ldb, float beta, float *c, int ldc);
 
 /* attn_tune (cpu_tune.c): the tile variations, and the tuned rows read at
  * context creation from the file attn__cpu_tune_keep writes. */

@@ -1,6 +1,7 @@
 /*
- * attn_tune on the CPU: which tiles (Br, Bc) are measured, and where the
- * fastest is kept.
+ * attn_tune on the CPU: which tiles (Br, Bc) are measured, with which
+ * products for bf16 (each this CPU and build can run: cpu.c's rule picks
+ * one of them untuned), and where the fastest is kept.
  *
  * src/tune.c times a forward and a backward of each variation on this
  * machine and keeps the fastest. A kept variation goes to a text file
@@ -9,9 +10,9 @@
  * thread count and OpenBLAS's kernel set: the best tiles depend on the
  * caches each thread has and on the sgemm kernels, so another machine, or
  * the same one run with another thread count, starts from the table again.
- * One line per dtype and head-dimension row: "dtype max_head_dim br bc". A
- * line is taken only when its tiles are one of the variations, so a
- * damaged or foreign file can ask for nothing else.
+ * One line per dtype and head-dimension row: "dtype max_head_dim br bc
+ * products". A line is taken only when it is one of the variations this
+ * machine has, so a damaged or foreign file can ask for nothing else.
  */
 #define _POSIX_C_SOURCE 200809L /* mkdir, getpid */
 
@@ -31,15 +32,38 @@ static const struct {
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
+/* The products a row of dtype may take here, in enum order: f32 alone
+ * but for bf16. */
+static int cpu_products_of(attn_context *ctx, attn_dtype dtype, int *out) {
+  const unsigned usable = dtype == ATTN_BF16 ? attn__cpu_products_usable(ctx) : 1u;
+  int n = 0;
+  for (int p = 0; p < 3; p++)
+    if (usable >> p & 1u) out[n++] = p;
+  return n;
+}
+
 int attn__cpu_tune_count(attn_context *ctx, attn_dtype dtype, int64_t head_dim) {
-  return COUNT(cpu_variations);
+  int products[3];
+  return COUNT(cpu_variations) * cpu_products_of(ctx, dtype, products);
+}
+
+/* Variation i: tiles i % (tiles), products i / (tiles). */
+static void cpu_variation(attn_context *ctx, attn_dtype dtype, int i, int *br, int *bc,
+                          int *products) {
+  int list[3];
+  cpu_products_of(ctx, dtype, list);
+  *br = cpu_variations[i % COUNT(cpu_variations)].br;
+  *bc = cpu_variations[i % COUNT(cpu_variations)].bc;
+  *products = list[i / COUNT(cpu_variations)];
 }
 
 int attn__cpu_tune_use(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int i) {
-  if (i < 0 || i >= COUNT(cpu_variations))
+  if (i < 0 || i >= attn__cpu_tune_count(ctx, dtype, head_dim))
     return attn__error(ctx, ATTN_EUNSUPPORTED, "variation %d is not one of the CPU's", i);
   attn__cpu_config *row = attn__cpu_row(ctx, dtype, head_dim);
-  attn__cpu_row_tiles(row, cpu_variations[i].br, cpu_variations[i].bc);
+  int br, bc, products;
+  cpu_variation(ctx, dtype, i, &br, &bc, &products);
+  attn__cpu_row_set(row, br, bc, products);
   attn__debug("tune: configuration %d: %s", i, row->forward_name);
   return ATTN_OK;
 }
@@ -70,12 +94,17 @@ static int cpu_tuned_path(attn_context *ctx, char *path, size_t n) {
 }
 
 static int cpu_parse(const char *s, int *v) {
-  return sscanf(s, "%d %d %d %d", &v[0], &v[1], &v[2], &v[3]) == 4;
+  return sscanf(s, "%d %d %d %d %d", &v[0], &v[1], &v[2], &v[3], &v[4]) == 5;
 }
 
-static int cpu_stored_variation(const int *v) {
-  for (int i = 0; i < COUNT(cpu_variations); i++)
-    if (cpu_variations[i].br == v[2] && cpu_variations[i].bc == v[3]) return i;
+/* The variation of a row of dtype that a line holds, or -1. */
+static int cpu_stored_variation(attn_context *ctx, attn_dtype dtype, const int *v) {
+  const int n = attn__cpu_tune_count(ctx, dtype, 0);
+  for (int i = 0; i < n; i++) {
+    int br, bc, products;
+    cpu_variation(ctx, dtype, i, &br, &bc, &products);
+    if (br == v[2] && bc == v[3] && products == v[4]) return i;
+  }
   return -1;
 }
 
@@ -85,14 +114,17 @@ void attn__cpu_tuned_rows(attn_context *ctx) {
   if (!cpu_tuned_path(ctx, path, sizeof path)) return;
   FILE *f = fopen(path, "r");
   if (!f) return;
-  int v[4];
+  int v[5];
   while (fgets(line, sizeof line, f)) {
-    int i;
-    if (!cpu_parse(line, v) || (i = cpu_stored_variation(v)) < 0) continue;
+    if (!cpu_parse(line, v)) continue;
     for (int r = 0; r < ATTN__CPU_ROWS; r++) {
       attn__cpu_config *row = &im->rows[r];
-      if ((int)row->dtype != v[0] || row->max_head_dim != v[1]) continue;
-      attn__cpu_row_tiles(row, cpu_variations[i].br, cpu_variations[i].bc);
+      int i, br, bc, products;
+      if ((int)row->dtype != v[0] || row->max_head_dim != v[1] ||
+          (i = cpu_stored_variation(ctx, row->dtype, v)) < 0)
+        continue;
+      cpu_variation(ctx, row->dtype, i, &br, &bc, &products);
+      attn__cpu_row_set(row, br, bc, products);
       attn__debug("cpu: tiles for %s, head dim %d, from %s: Br %d Bc %d",
                   attn_dtype_name(row->dtype), row->max_head_dim, path, row->br, row->bc);
     }
@@ -130,11 +162,11 @@ int attn__cpu_tune_keep(attn_context *ctx, attn_dtype dtype, int64_t head_dim, i
   if (!out) return attn__error(ctx, ATTN_EIO, "cannot write the tuned tiles to %s", tmp);
   FILE *in = fopen(path, "r");
   while (in && fgets(line, sizeof line, in)) {
-    int u[4];
+    int u[5];
     if (cpu_parse(line, u) && !(u[0] == (int)dtype && u[1] == row->max_head_dim)) fputs(line, out);
   }
   if (in) fclose(in);
-  fprintf(out, "%d %d %d %d\n", (int)dtype, row->max_head_dim, row->br, row->bc);
+  fprintf(out, "%d %d %d %d %d\n", (int)dtype, row->max_head_dim, row->br, row->bc, row->products);
   const int bad = ferror(out);
   if (fclose(out) != 0 || bad || rename(tmp, path) != 0) {
     remove(tmp);

@@ -148,7 +148,7 @@ static void tuning_keeps_a_variation_that_later_processes_run(at_backend *b) {
   remove_dir(dir);
 }
 
-/* The CPU's tiles: one line "dtype max_head_dim br bc" for the row of
+/* The CPU's tiles: one line "dtype max_head_dim br bc products" for the row of
  * head dims up to 64 that serves D, read back by a later process on the
  * same machine and thread count. */
 static void cpu_tuning_keeps_tiles_that_later_processes_run(at_backend *b) {
@@ -169,15 +169,16 @@ static void cpu_tuning_keeps_tiles_that_later_processes_run(at_backend *b) {
   if (!path[0]) fail_msg("attn_tune stored nothing in %s", dir);
   FILE *f = fopen(path, "r");
   assert_non_null(f);
-  int v[4], lines = 0;
+  int v[5], lines = 0;
   while (fgets(line, sizeof line, f)) {
     lines++;
-    assert_int_equal(sscanf(line, "%d %d %d %d", &v[0], &v[1], &v[2], &v[3]), 4);
+    assert_int_equal(sscanf(line, "%d %d %d %d %d", &v[0], &v[1], &v[2], &v[3], &v[4]), 5);
   }
   fclose(f);
   assert_int_equal(lines, 1);
   assert_int_equal(v[0], ATTN_F32);
   assert_int_equal(v[1], 64);
+  assert_int_equal(v[4], 0); /* f32 products: the only ones of f32 */
 
   static char log[1 << 16];
   run_child("cpu", dir, log, sizeof log);
@@ -190,7 +191,7 @@ static void cpu_tuning_keeps_tiles_that_later_processes_run(at_backend *b) {
    * the table's row runs, and computes right. */
   f = fopen(path, "w");
   assert_non_null(f);
-  fprintf(f, "garbage\n%d 64 48 12\n\n%d\n", ATTN_F32, ATTN_F32);
+  fprintf(f, "garbage\n%d 64 48 12 0\n%d 64 64 64 1\n\n%d\n", ATTN_F32, ATTN_F32, ATTN_F32);
   fclose(f);
   run_child("cpu", dir, log, sizeof log);
   if (at_mentions(log, "tiles for f32")) fail_msg("the child loaded a foreign line:\n%s", log);

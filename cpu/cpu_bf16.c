@@ -1,0 +1,159 @@
+/*
+ * The forward's tiles for bf16 products (a config row's products other
+ * than ATTN__CPU_PRODUCTS_F32; cpu.c says which a CPU gets): bf16 rows
+ * gathered or used in place, the layouts the CPU's bf16 instruction reads
+ * (cpu_bf16_avx512.c), P rounded to bf16 before P V, and the products
+ * through that instruction or through OpenBLAS's sbgemm.
+ *
+ * What the rounding of P costs: P V then sums bf16 probabilities, as the
+ * GPU kernels and PyTorch's bf16 attention do, which is what the golden
+ * cases' bf16 peer figures measure; l_i, the row's sum, stays the f32 sum
+ * of the unrounded P. Q K^T loses nothing: a product of two bf16 values is
+ * exact in f32, so the scores differ from the f32 path's by the order of
+ * their sums alone.
+ */
+#include "cpu_internal.h"
+
+#include <cblas.h>
+#include <limits.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
+static inline char *cpu_bf16_row(const attn__problem *pb, const attn__tensor *t, int keys,
+                                 int64_t b, int64_t row, int64_t h) {
+  const int64_t idx = (keys ? attn__key_row(pb, t, b, row) : b * t->sb + row * t->ss) + h * t->sh;
+  return (char *)t->native + t->offset + (ptrdiff_t)idx * (ptrdiff_t)sizeof(uint16_t);
+}
+
+void attn__cpu_load_bf16(const attn__problem *pb, const attn__tensor *t, int keys, int64_t b,
+                         int64_t row, int64_t nr, int64_t h, uint16_t *dst, int64_t ld) {
+  const int64_t d = pb->head_dim, sd = t->sd;
+  for (int64_t r = 0; r < nr; r++) {
+    const uint16_t *x = (const uint16_t *)cpu_bf16_row(pb, t, keys, b, row + r, h);
+    uint16_t *out = dst + r * ld;
+    if (sd == 1)
+      memcpy(out, x, (size_t)d * sizeof *out);
+    else
+      for (int64_t c = 0; c < d; c++)
+        out[c] = x[c * sd];
+  }
+}
+
+const uint16_t *attn__cpu_view_keys_bf16(const attn__problem *pb, const attn__tensor *t, int64_t b,
+                                         int64_t j0, int64_t nr, int64_t h, uint16_t *scratch,
+                                         int *ld) {
+  const int64_t d = pb->head_dim, ps = pb->page_size;
+  const int one_page = !ps || j0 / ps == (j0 + nr - 1) / ps;
+  /* In place where the rows are ss apart, and ss keeps each row's pairs
+   * 4-byte aligned as the pairs' loads read them (even). */
+  if (t->sd == 1 && one_page && (nr == 1 || (t->ss >= d && t->ss <= INT_MAX && t->ss % 2 == 0))) {
+    *ld = nr == 1 ? (int)d : (int)t->ss;
+    return (const uint16_t *)cpu_bf16_row(pb, t, 1, b, j0, h);
+  }
+  attn__cpu_load_bf16(pb, t, 1, b, j0, nr, h, scratch, d);
+  *ld = (int)d;
+  return scratch;
+}
+
+void attn__cpu_bf16_pairs_t(const uint16_t *q, int64_t ldq, int nr, int d, uint32_t *qp, int ldp) {
+  for (int r = 0; r < nr; r++) {
+    const uint16_t *x = q + (size_t)r * ldq;
+    for (int p = 0; p < d / 2; p++)
+      qp[(size_t)p * ldp + r] = (uint32_t)x[2 * p] | (uint32_t)x[2 * p + 1] << 16;
+  }
+}
+
+void attn__cpu_bf16_pairs(const uint16_t *v, int64_t ldv, int rows, int d, uint32_t *vp) {
+  for (int p = 0; 2 * p < rows; p++) {
+    const uint16_t *lo = v + (size_t)(2 * p) * ldv;
+    uint32_t *out = vp + (size_t)p * d;
+    if (2 * p + 1 < rows) {
+      const uint16_t *hi = lo + ldv;
+      for (int c = 0; c < d; c++)
+        out[c] = (uint32_t)lo[c] | (uint32_t)hi[c] << 16;
+    } else {
+      for (int c = 0; c < d; c++)
+        out[c] = lo[c];
+    }
+  }
+}
+
+void attn__cpu_bf16_round_t(const float *pt, int bc, int br, int ld, uint16_t *p, int ldp) {
+  for (int r = 0; r < br; r++) {
+    uint16_t *out = p + (size_t)r * ldp;
+    for (int a = 0; a < bc; a++)
+      out[a] = attn__f32_to_bf16(pt[(size_t)a * ld + r]);
+    for (int a = bc; a < ldp; a++)
+      out[a] = 0;
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Which products this CPU has                                              */
+/* ---------------------------------------------------------------------- */
+
+#if defined(ATTN_CPU_HAVE_AVX512BF16)
+void attn__cpu_bf16_gemm_avx512(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
+                                const uint32_t *b, int ldb, float beta, float *c, int ldc);
+#endif
+
+attn__cpu_bf16_kernel *attn__cpu_bf16_kernel_native(void) {
+#if defined(ATTN_CPU_HAVE_AVX512BF16)
+  /* avx512f: the OS saves the AVX-512 state (the compiler's check reads
+   * XCR0 too). */
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16"))
+    return attn__cpu_bf16_gemm_avx512;
+#endif
+  return NULL;
+}
+
+int attn__cpu_bf16_hardware(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  unsigned a, b, c, d;
+  /* AMX-BF16: CPUID leaf 7, EDX bit 22. */
+  const int amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1u);
+  return amx || (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"));
+#else
+  return 0;
+#endif
+}
+
+int attn__cpu_sbgemm_built(void) {
+#if defined(ATTN_HAVE_SBGEMM)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+#if defined(ATTN_HAVE_SBGEMM)
+/* As attn__cpu_gemm (cpu_tile.c), the product cut into pieces OpenBLAS runs
+ * on the calling thread (m*n*k at most 262144): the same threshold rules
+ * its sbgemm and its sgemm. */
+void attn__cpu_sbgemm(int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+                      const uint16_t *b, int ldb, float beta, float *c, int ldc) {
+  if (m <= 0 || n <= 0 || k <= 0) return;
+  if ((int64_t)m * n * k <= 262144) {
+    cblas_sbgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
+                 lda, b, ldb, beta, c, ldc);
+  } else if (n >= k && n >= m) {
+    const int n1 = n / 2 / 16 * 16 ? n / 2 / 16 * 16 : n / 2;
+    attn__cpu_sbgemm(tb, m, n1, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    attn__cpu_sbgemm(tb, m, n - n1, k, alpha, a, lda, tb ? b + (size_t)n1 * ldb : b + n1, ldb, beta,
+                     c + n1, ldc);
+  } else if (k >= m) {
+    const int k1 = k / 2 / 16 * 16 ? k / 2 / 16 * 16 : k / 2;
+    attn__cpu_sbgemm(tb, m, n, k1, alpha, a, lda, b, ldb, beta, c, ldc);
+    attn__cpu_sbgemm(tb, m, n, k - k1, alpha, a + k1, lda, tb ? b + k1 : b + (size_t)k1 * ldb, ldb,
+                     1.0f, c, ldc);
+  } else {
+    const int m1 = m / 2 / 16 * 16 ? m / 2 / 16 * 16 : m / 2;
+    attn__cpu_sbgemm(tb, m1, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    attn__cpu_sbgemm(tb, m - m1, n, k, alpha, a + (size_t)m1 * lda, lda, b, ldb, beta,
+                     c + (size_t)m1 * ldc, ldc);
+  }
+}
+#endif
