@@ -193,6 +193,8 @@ static int cpu_open(attn_context *ctx, int index) {
   if (!im) return attn__error(ctx, ATTN_ENOMEM, "cpu: cannot allocate the context's tile table");
   memcpy(im->rows, cpu_configs, sizeof cpu_configs);
   im->bf16_kernel = attn__cpu_bf16_kernel_native();
+  im->ws = NULL;
+  im->ws_bytes = 0;
   const int products = cpu_products_rule(im);
   for (int i = 0; i < ATTN__CPU_ROWS; i++)
     attn__cpu_row_set(&im->rows[i], im->rows[i].br, im->rows[i].bc,
@@ -203,7 +205,20 @@ static int cpu_open(attn_context *ctx, int index) {
   return ATTN_OK;
 }
 
+void *attn__cpu_workspace(attn_context *ctx, size_t bytes) {
+  attn__cpu_impl *im = ctx->impl;
+  if (bytes > im->ws_bytes) {
+    /* Freed before the larger one is taken: never both at once. */
+    attn__cpu_free(im->ws);
+    im->ws = attn__cpu_alloc(bytes);
+    im->ws_bytes = im->ws ? bytes : 0;
+  }
+  return im->ws;
+}
+
 static void cpu_close(attn_context *ctx) {
+  attn__cpu_impl *im = ctx->impl;
+  if (im) attn__cpu_free(im->ws);
   free(ctx->impl);
   ctx->impl = NULL;
 }

@@ -396,10 +396,9 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
   const int nthreads = attn__cpu_threads();
   const size_t per_thread = cpu_fwd_thread_floats(pb, cfg, sc);
   const size_t parts = cpu_fwd_part_floats(pb, cfg, sc);
-  float *scratch = attn__cpu_alloc(attn__cpu_forward_workspace(pb, cfg, sc, nthreads));
+  float *scratch = attn__cpu_workspace(ctx, attn__cpu_forward_workspace(pb, cfg, sc, nthreads));
   if (!units || !scratch) {
     free(units);
-    attn__cpu_free(scratch);
     return attn__error(ctx, ATTN_ENOMEM,
                        "cpu forward: cannot allocate %d threads' tiles and %zu bytes of parts",
                        nthreads, parts * sizeof(float));
@@ -427,6 +426,5 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
   }
 
   free(units);
-  attn__cpu_free(scratch);
   return ATTN_OK;
 }

@@ -228,7 +228,14 @@ typedef struct attn__cpu_impl {
   /* ATTN__CPU_PRODUCTS_BF16's kernel: the CPU's (attn__cpu_bf16_kernel_native), or
    * the one attn__cpu_products_force put in its place; NULL for none. */
   attn__cpu_bf16_kernel *bf16_kernel;
+  /* The passes' scratch, kept from call to call (attn__cpu_workspace). */
+  void *ws;
+  size_t ws_bytes;
 } attn__cpu_impl;
+/* At least `bytes` of 64-byte aligned scratch for one call on ctx (calls on
+ * a context never overlap), kept for the next call and freed with the
+ * context; NULL when memory runs out. */
+void *attn__cpu_workspace(attn_context *ctx, size_t bytes);
 /* The row for (dtype, head_dim) of ctx's table. */
 attn__cpu_config *attn__cpu_row(attn_context *ctx, attn_dtype dtype, int64_t head_dim);
 /* Sets a row's tiles and products, and the names the plan reports. */
