@@ -47,7 +47,6 @@ typedef struct cpu_fwd_tiles {
   uint32_t *qp; /* d/2 x Br: Q^T in pairs (the CPU's instruction) */
   uint16_t *kb; /* Bc x d: K, when gathered */
   uint16_t *vb; /* Bc x d: V, idem */
-  uint32_t *vp; /* Bc/2 (rounded up) x d: V in pairs (the CPU's instruction) */
   uint16_t *pb; /* Br x (Bc rounded up to even): P in bf16 */
 } cpu_fwd_tiles;
 
@@ -63,6 +62,9 @@ typedef struct cpu_fwd_work {
   float *part_o;                 /* splits: [tile][part][Br][d], each part's normalized O */
   float *part_lse;               /* splits: [tile][part][Br] */
   attn__cpu_bf16_kernel *kernel; /* ATTN__CPU_PRODUCTS_BF16's */
+  uint32_t *vp;                  /* its V in pairs, or NULL (cpu_fwd_prepacks) */
+  int64_t kblocks;               /* key blocks of the capacity */
+  size_t slot;                   /* pairs of one key block */
 } cpu_fwd_work;
 
 static size_t cpu_fwd_thread_floats(const attn__problem *pb, const attn__cpu_config *cfg,
@@ -71,9 +73,8 @@ static size_t cpu_fwd_thread_floats(const attn__problem *pb, const attn__cpu_con
   size_t floats = br * d * 2 + bc * d * 2 + br * bc + 5 * br + (size_t)sc->splits;
   floats = (floats + 15) / 16 * 16;
   if (sc->products != ATTN__CPU_PRODUCTS_F32) {
-    /* qb, qp, kb, vb, vp, pb, each rounded up to a cache line. */
-    const size_t halves =
-        br * d + br * d + bc * d + bc * d + (bc + 1) / 2 * d * 2 + br * (bc + 1) / 2 * 2 + 6 * 32;
+    /* qb, qp, kb, vb, pb, each rounded up to a cache line. */
+    const size_t halves = br * d * 2 + bc * d * 2 + br * (bc + 1) / 2 * 2 + 5 * 32;
     floats += (halves / 2 + 15) / 16 * 16;
   }
   return floats;
@@ -85,10 +86,29 @@ static size_t cpu_fwd_part_floats(const attn__problem *pb, const attn__cpu_confi
   return (size_t)sc->tiles * (size_t)sc->splits * (size_t)cfg->br * (size_t)(pb->head_dim + 1);
 }
 
+/* The CPU's bf16 instruction reads V in pairs of rows (attn__cpu_bf16_pairs):
+ * every key block of every sequence and kv head is put in pairs once per
+ * call, before the tiles, rather than once per tile that reads it (4 times
+ * a block at ViT's 197 rows, 64 at N = 4096). Slot (b, kb, hk) of
+ * (Bc + 1) / 2 x d pairs; the capacity's blocks, as the plan sees shapes
+ * only. */
+static int cpu_fwd_prepacks(const attn__cpu_config *cfg, const attn__cpu_schedule *sc) {
+  return sc->products == ATTN__CPU_PRODUCTS_BF16 && sc->rows > cfg->few_rows;
+}
+static size_t cpu_fwd_slot_pairs(const attn__problem *pb, const attn__cpu_config *cfg) {
+  return (size_t)(cfg->bc + 1) / 2 * (size_t)pb->head_dim;
+}
+static size_t cpu_fwd_vp_floats(const attn__problem *pb, const attn__cpu_config *cfg,
+                                const attn__cpu_schedule *sc) {
+  if (!cpu_fwd_prepacks(cfg, sc)) return 0;
+  const size_t kblocks = (size_t)((pb->seqlen_k + cfg->bc - 1) / cfg->bc);
+  return (size_t)pb->batch * kblocks * (size_t)pb->heads_kv * cpu_fwd_slot_pairs(pb, cfg);
+}
+
 size_t attn__cpu_forward_workspace(const attn__problem *pb, const attn__cpu_config *cfg,
                                    const attn__cpu_schedule *sc, int nthreads) {
-  return ((size_t)nthreads * cpu_fwd_thread_floats(pb, cfg, sc) +
-          cpu_fwd_part_floats(pb, cfg, sc)) *
+  return ((size_t)nthreads * cpu_fwd_thread_floats(pb, cfg, sc) + cpu_fwd_part_floats(pb, cfg, sc) +
+          cpu_fwd_vp_floats(pb, cfg, sc)) *
          sizeof(float);
 }
 
@@ -117,7 +137,7 @@ static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d, const attn__cpu_confi
   t.lo = t.lse + br;
   t.w = t.lo + br;
   t.qb = NULL;
-  t.qp = t.vp = NULL;
+  t.qp = NULL;
   t.kb = t.vb = t.pb = NULL;
   if (sc->products != ATTN__CPU_PRODUCTS_F32) {
     const size_t floats = br * d * 2 + bc * d * 2 + br * bc + 5 * br + (size_t)sc->splits;
@@ -126,7 +146,6 @@ static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d, const attn__cpu_confi
     t.qp = cpu_fwd_take(&p, br * d);
     t.kb = cpu_fwd_take(&p, bc * d);
     t.vb = cpu_fwd_take(&p, bc * d);
-    t.vp = cpu_fwd_take(&p, (bc + 1) / 2 * d * 2);
     t.pb = cpu_fwd_take(&p, br * (bc + 1) / 2 * 2);
   }
   return t;
@@ -227,15 +246,16 @@ static void cpu_fwd_pv_bf16(const cpu_fwd_work *w, const cpu_fwd_tiles *t, const
                             int products, int64_t j0, int bc) {
   const attn__problem *pb = w->pb;
   const int d = (int)pb->head_dim, br = x->nh * x->nr, bcp = (bc + 1) / 2 * 2;
-  int ldv;
-  const uint16_t *v = attn__cpu_view_keys_bf16(pb, &pb->v, x->b, j0, bc, x->hk, t->vb, &ldv);
   attn__cpu_bf16_round_t(t->st, bc, br, t->br, t->pb, bcp);
   if (products == ATTN__CPU_PRODUCTS_BF16) {
-    attn__cpu_bf16_pairs(v, ldv, bc, d, t->vp);
-    w->kernel(br, d, bcp / 2, 1.0f, t->pb, bcp, t->vp, d, 1.0f, t->o, d);
+    const uint32_t *vp =
+        w->vp + (size_t)((x->b * w->kblocks + j0 / t->bc) * pb->heads_kv + x->hk) * w->slot;
+    w->kernel(br, d, bcp / 2, 1.0f, t->pb, bcp, vp, d, 1.0f, t->o, d);
   }
 #if defined(ATTN_HAVE_SBGEMM)
   else {
+    int ldv;
+    const uint16_t *v = attn__cpu_view_keys_bf16(pb, &pb->v, x->b, j0, bc, x->hk, t->vb, &ldv);
     attn__cpu_sbgemm(0, br, d, bc, 1.0f, t->pb, bcp, v, ldv, 1.0f, t->o, d);
   }
 #endif
@@ -406,6 +426,9 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
   w.part_o = scratch + (size_t)nthreads * per_thread;
   w.part_lse =
       w.part_o + (size_t)sc->tiles * (size_t)sc->splits * (size_t)cfg->br * (size_t)pb->head_dim;
+  w.vp = cpu_fwd_prepacks(cfg, sc) ? (uint32_t *)(w.part_o + parts) : NULL;
+  w.kblocks = (pb->seqlen_k + cfg->bc - 1) / cfg->bc;
+  w.slot = cpu_fwd_slot_pairs(pb, cfg);
   const int64_t tiles = units[pb->batch], items = tiles * sc->splits;
   attn__debug("cpu forward: %lld tiles of %d head(s) x %d rows, keys in %d part(s), on %d threads",
               (long long)tiles, sc->heads, sc->rows, sc->splits, nthreads);
@@ -414,6 +437,20 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
   {
     const cpu_fwd_tiles t =
         cpu_fwd_carve(scratch + (size_t)omp_get_thread_num() * per_thread, pb->head_dim, cfg, sc);
+    if (w.vp) {
+      /* V in pairs, before any tile reads it (the loop's barrier). */
+      const int64_t hkv = pb->heads_kv, slots = pb->batch * w.kblocks * hkv;
+#pragma omp for schedule(dynamic, 8)
+      for (int64_t x = 0; x < slots; x++) {
+        const int64_t b = x / (w.kblocks * hkv), kb = x / hkv % w.kblocks, hk = x % hkv;
+        const int64_t nk = attn__seq_k(pb, b), j0 = kb * cfg->bc;
+        if (j0 >= nk) continue;
+        const int bc = (int)(nk - j0 < cfg->bc ? nk - j0 : cfg->bc);
+        int ldv;
+        const uint16_t *v = attn__cpu_view_keys_bf16(pb, &pb->v, b, j0, bc, hk, t.vb, &ldv);
+        attn__cpu_bf16_pairs(v, ldv, bc, (int)pb->head_dim, w.vp + (size_t)x * w.slot);
+      }
+    }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; it++)
       cpu_fwd_item(&w, &t, it / sc->splits, (int)(it % sc->splits));
