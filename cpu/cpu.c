@@ -118,26 +118,28 @@ static const attn__cpu_config cpu_configs[ATTN__CPU_ROWS] = {
     CPU_ROW(ATTN_BF16, 256, 64, 64)};
 #undef CPU_ROW
 
-static const char *cpu_products_name(int products) {
-  return products == ATTN__CPU_PRODUCTS_BF16     ? ", bf16 products (vdpbf16ps)"
-         : products == ATTN__CPU_PRODUCTS_SBGEMM ? ", bf16 products (OpenBLAS sbgemm)"
-                                                 : "";
-}
-
-void attn__cpu_row_set(attn__cpu_config *row, int br, int bc, int products) {
+void attn__cpu_row_set(attn_context *ctx, attn__cpu_config *row, int br, int bc, int products) {
+  const attn__cpu_impl *im = ctx->impl;
+  char what[48] = "";
+  if (products == ATTN__CPU_PRODUCTS_BF16)
+    snprintf(what, sizeof what, ", bf16 products (%s)",
+             attn__cpu_bf16_kernel_name(im->bf16_kernel));
+  else if (products == ATTN__CPU_PRODUCTS_SBGEMM)
+    snprintf(what, sizeof what, ", bf16 products (OpenBLAS sbgemm)");
   row->br = br;
   row->bc = bc;
   row->products = products;
   snprintf(row->forward_name, sizeof row->forward_name, "cpu blockwise forward, Br %d Bc %d%s", br,
-           bc, cpu_products_name(products));
+           bc, what);
   snprintf(row->backward_name, sizeof row->backward_name, "cpu blockwise backward, Br %d Bc %d", br,
            bc);
 }
 
-/* The products of a bf16 forward, the one rule: the CPU's bf16 instruction
- * through the library's own kernel where the CPU has it (no packing of
- * whole operands and no call through OpenBLAS's interface per tile, at the
- * 64 x 64 x 64 products of a tile); else OpenBLAS's sbgemm where the
+/* The products of a bf16 forward, the one rule: the CPU's bf16 instructions
+ * through the library's own kernels where the CPU has them (AMX's tiles, or
+ * AVX512_BF16's vdpbf16ps: attn__cpu_bf16_kernel_native; no packing of whole
+ * operands and no call through OpenBLAS's interface per tile, at the 64 x 64
+ * x 64 products of a tile); else OpenBLAS's sbgemm where the
  * library has it and the CPU has bf16 dot products (AMX-BF16 without
  * AVX512_BF16 is no CPU made so far, so in practice a build whose compiler
  * lacks the instruction); else f32 products. sbgemm is never chosen
@@ -173,7 +175,7 @@ int attn__cpu_products_force(attn_context *ctx, int products, attn__cpu_bf16_ker
   }
   for (int i = 0; i < ATTN__CPU_ROWS; i++)
     if (im->rows[i].dtype == ATTN_BF16)
-      attn__cpu_row_set(&im->rows[i], im->rows[i].br, im->rows[i].bc, products);
+      attn__cpu_row_set(ctx, &im->rows[i], im->rows[i].br, im->rows[i].bc, products);
   return ATTN_OK;
 }
 
@@ -195,11 +197,11 @@ static int cpu_open(attn_context *ctx, int index) {
   im->bf16_kernel = attn__cpu_bf16_kernel_native();
   im->ws = NULL;
   im->ws_bytes = 0;
+  ctx->impl = im;
   const int products = cpu_products_rule(im);
   for (int i = 0; i < ATTN__CPU_ROWS; i++)
-    attn__cpu_row_set(&im->rows[i], im->rows[i].br, im->rows[i].bc,
+    attn__cpu_row_set(ctx, &im->rows[i], im->rows[i].br, im->rows[i].bc,
                       im->rows[i].dtype == ATTN_BF16 ? products : ATTN__CPU_PRODUCTS_F32);
-  ctx->impl = im;
   attn__cpu_threads();
   attn__cpu_tuned_rows(ctx);
   return ATTN_OK;

@@ -12,13 +12,20 @@
  * exact in f32, so the scores differ from the f32 path's by the order of
  * their sums alone.
  */
+#define _DEFAULT_SOURCE /* syscall */
+
 #include "cpu_internal.h"
 
 #include <cblas.h>
 #include <limits.h>
+#include <threads.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
+#endif
+#if defined(ATTN_CPU_HAVE_AMX) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 static inline char *cpu_bf16_row(const attn__problem *pb, const attn__tensor *t, int keys,
@@ -98,16 +105,55 @@ void attn__cpu_bf16_round_t(const float *pt, int bc, int br, int ld, uint16_t *p
 void attn__cpu_bf16_gemm_avx512(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
                                 const uint32_t *b, int ldb, float beta, float *c, int ldc);
 #endif
+#if defined(ATTN_CPU_HAVE_AMX)
+void attn__cpu_bf16_gemm_amx(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
+                             const uint32_t *b, int ldb, float beta, float *c, int ldc);
+#endif
+
+/* CPUID leaf 7 (subleaf 0) EDX bit 22 AMX-BF16, bit 24 AMX-TILE; XCR0 bits 17
+ * and 18 the tile state the OS enables; and Linux's permission for this
+ * process to use that state (arch_prctl ARCH_REQ_XCOMP_PERM for
+ * XFEATURE_XTILEDATA, since Linux 5.16): without it the first tile
+ * instruction faults. Asked once per process. */
+static int cpu_amx_ready;
+static once_flag cpu_amx_once = ONCE_FLAG_INIT;
+static void cpu_amx_probe(void) {
+#if defined(ATTN_CPU_HAVE_AMX) && defined(__linux__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 22 & 1u) || !(d >> 24 & 1u)) return;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1u)) return; /* OSXSAVE */
+  unsigned lo, hi;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & 0x60000u) != 0x60000u) return;
+  if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) return;
+  cpu_amx_ready = 1;
+#endif
+}
 
 attn__cpu_bf16_kernel *attn__cpu_bf16_kernel_native(void) {
 #if defined(ATTN_CPU_HAVE_AVX512BF16)
   /* avx512f: the OS saves the AVX-512 state (the compiler's check reads
-   * XCR0 too). */
+   * XCR0 too). AMX takes the tiles, and this kernel the rest. */
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16"))
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16")) {
+    call_once(&cpu_amx_once, cpu_amx_probe);
+#if defined(ATTN_CPU_HAVE_AMX)
+    if (cpu_amx_ready) return attn__cpu_bf16_gemm_amx;
+#endif
     return attn__cpu_bf16_gemm_avx512;
+  }
 #endif
   return NULL;
+}
+
+const char *attn__cpu_bf16_kernel_name(attn__cpu_bf16_kernel *k) {
+#if defined(ATTN_CPU_HAVE_AMX)
+  if (k == attn__cpu_bf16_gemm_amx) return "AMX";
+#endif
+#if defined(ATTN_CPU_HAVE_AVX512BF16)
+  if (k == attn__cpu_bf16_gemm_avx512) return "vdpbf16ps";
+#endif
+  return k ? "a test's kernel" : "none";
 }
 
 int attn__cpu_bf16_hardware(void) {

@@ -239,7 +239,7 @@ void *attn__cpu_workspace(attn_context *ctx, size_t bytes);
 /* The row for (dtype, head_dim) of ctx's table. */
 attn__cpu_config *attn__cpu_row(attn_context *ctx, attn_dtype dtype, int64_t head_dim);
 /* Sets a row's tiles and products, and the names the plan reports. */
-void attn__cpu_row_set(attn__cpu_config *row, int br, int bc, int products);
+void attn__cpu_row_set(attn_context *ctx, attn__cpu_config *row, int br, int bc, int products);
 
 /* Makes ctx's bf16 rows take `products`, through `kernel` for
  * ATTN__CPU_PRODUCTS_BF16 (NULL: the CPU's own): the tests run a path this
@@ -267,11 +267,14 @@ void attn__cpu_bf16_pairs(const uint16_t *v, int64_t ldv, int rows, int d, uint3
 /* P from P^T (bc keys down, br queries across, row stride ld), rounded to
  * bf16: p[r * ldp + a], zero for a in [bc, ldp). */
 void attn__cpu_bf16_round_t(const float *pt, int bc, int br, int ld, uint16_t *p, int ldp);
-/* The kernel of the CPU's bf16 instruction, NULL where it has none or the
- * build has no code for it; whether the CPU has bf16 dot products at all
+/* The kernel of the CPU's bf16 instructions (AMX's tiles where the CPU has
+ * them and Linux lets the process use them, else AVX512_BF16), NULL where
+ * it has none or the build has no code for it; whether the CPU has bf16 dot products at all
  * (AVX512_BF16 or AMX-BF16), which OpenBLAS's sbgemm needs to pay; whether
  * the library was linked with an OpenBLAS that has cblas_sbgemm. */
 attn__cpu_bf16_kernel *attn__cpu_bf16_kernel_native(void);
+/* "AMX", "vdpbf16ps": for the plan's name. */
+const char *attn__cpu_bf16_kernel_name(attn__cpu_bf16_kernel *k);
 int attn__cpu_bf16_hardware(void);
 int attn__cpu_sbgemm_built(void);
 /* cblas_sbgemm(RowMajor, NoTrans, tb ? Trans : NoTrans, ...) on the calling

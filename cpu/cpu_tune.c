@@ -63,7 +63,7 @@ int attn__cpu_tune_use(attn_context *ctx, attn_dtype dtype, int64_t head_dim, in
   attn__cpu_config *row = attn__cpu_row(ctx, dtype, head_dim);
   int br, bc, products;
   cpu_variation(ctx, dtype, i, &br, &bc, &products);
-  attn__cpu_row_set(row, br, bc, products);
+  attn__cpu_row_set(ctx, row, br, bc, products);
   attn__debug("tune: configuration %d: %s", i, row->forward_name);
   return ATTN_OK;
 }
@@ -124,7 +124,7 @@ void attn__cpu_tuned_rows(attn_context *ctx) {
           (i = cpu_stored_variation(ctx, row->dtype, v)) < 0)
         continue;
       cpu_variation(ctx, row->dtype, i, &br, &bc, &products);
-      attn__cpu_row_set(row, br, bc, products);
+      attn__cpu_row_set(ctx, row, br, bc, products);
       attn__debug("cpu: tiles for %s, head dim %d, from %s: Br %d Bc %d",
                   attn_dtype_name(row->dtype), row->max_head_dim, path, row->br, row->bc);
     }

@@ -2,10 +2,12 @@
  * The CPU backend's bf16 products (cpu/cpu_bf16.c): each path a CPU may be
  * given, forced through the backend's internal hook whatever this CPU
  * would get, holds the golden cases and random problems to their
- * tolerance. The AVX512_BF16 kernel (cpu/cpu_bf16_avx512.c) runs here
- * twice: natively where the CPU has the instruction, and everywhere built
- * on SIMDe's portable intrinsics (the same source, linked into this test),
- * so that its indexing, tails and packing are checked on any machine.
+ * tolerance. The AVX512_BF16 and AMX kernels (cpu/cpu_bf16_avx512.c,
+ * cpu/cpu_bf16_amx.c) run here twice: natively where the CPU has the
+ * instructions (the AMX one when the library picks it), and everywhere
+ * built on portable definitions of the intrinsics (SIMDe's; AMX's tile
+ * operations in amx_emulation.h), the same sources linked into this test,
+ * so that their indexing, tails and packing are checked on any machine.
  * OpenBLAS's sbgemm runs where the library was linked with it.
  */
 #include "cpu_internal.h"
@@ -21,9 +23,20 @@
 #if defined(AT_HAVE_SIMDE)
 void at_bf16_kernel_simde(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
                           const uint32_t *b, int ldb, float beta, float *c, int ldc);
+void at_amx_kernel_emulated(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
+                            const uint32_t *b, int ldb, float beta, float *c, int ldc);
+
+/* The emulated tiles (amx_emulation.h), and what the hardware would fault on. */
+#include "amx_emulation.h"
+_Thread_local at_amx_tiles at_amx;
+void at_amx_fault(const char *what) {
+  fprintf(stderr, "AMX emulation: %s\n", what);
+  abort();
+}
 #endif
 
-/* The SIMDe kernel, counting its calls: a forced path must be the one that ran. */
+/* The portable kernels, counting their calls: a forced path must be the
+ * one that ran. */
 static atomic_long simde_calls;
 static void counted_simde(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
                           const uint32_t *b, int ldb, float beta, float *c, int ldc) {
@@ -35,21 +48,32 @@ static void counted_simde(int m, int n, int kp, float alpha, const uint16_t *a, 
   (void)c, (void)ldc;
 #endif
 }
+static void counted_amx(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
+                        const uint32_t *b, int ldb, float beta, float *c, int ldc) {
+#if defined(AT_HAVE_SIMDE)
+  atomic_fetch_add(&simde_calls, 1);
+  at_amx_kernel_emulated(m, n, kp, alpha, a, lda, b, ldb, beta, c, ldc);
+#else
+  (void)m, (void)n, (void)kp, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta;
+  (void)c, (void)ldc;
+#endif
+}
 
-enum { PATH_SIMDE, PATH_NATIVE, PATH_SBGEMM };
-static const int paths[] = {PATH_SIMDE, PATH_NATIVE, PATH_SBGEMM};
+enum { PATH_SIMDE, PATH_AMX_EMULATED, PATH_NATIVE, PATH_SBGEMM };
+static const int paths[] = {PATH_SIMDE, PATH_AMX_EMULATED, PATH_NATIVE, PATH_SBGEMM};
 
 /* A CPU context whose bf16 rows take `path`, or a skip saying why it cannot. */
 static attn_context *forced(int path) {
   attn_context *ctx = NULL;
   assert_int_equal(attn_context_create("cpu", &ctx), ATTN_OK);
   int rc = ATTN_OK;
-  if (path == PATH_SIMDE) {
+  if (path == PATH_SIMDE || path == PATH_AMX_EMULATED) {
 #if !defined(AT_HAVE_SIMDE)
     attn_context_free(ctx);
     at_skip("SIMDe's headers were not found when the tests were built (libsimde-dev)");
 #endif
-    rc = attn__cpu_products_force(ctx, ATTN__CPU_PRODUCTS_BF16, counted_simde);
+    rc = attn__cpu_products_force(ctx, ATTN__CPU_PRODUCTS_BF16,
+                                  path == PATH_SIMDE ? counted_simde : counted_amx);
   } else {
     rc = attn__cpu_products_force(
         ctx, path == PATH_NATIVE ? ATTN__CPU_PRODUCTS_BF16 : ATTN__CPU_PRODUCTS_SBGEMM, NULL);
@@ -76,25 +100,32 @@ static void bf16_kernel_sums_pairs_of_products(at_backend *b) {
 #if !defined(AT_HAVE_SIMDE)
   at_skip("SIMDe's headers were not found when the tests were built (libsimde-dev)");
 #else
-  attn__cpu_bf16_kernel *kernels[2] = {at_bf16_kernel_simde, attn__cpu_bf16_kernel_native()};
-  static const int ms[] = {1, 3, 4, 7, 8, 9, 13, 64}, ns[] = {1, 5, 16, 17, 32, 33, 64, 70};
-  static const int kps[] = {1, 3, 32};
-  enum { MAXM = 64, MAXN = 70, MAXK = 64, LD = 72 };
-  uint16_t *a = at_malloc(MAXM * LD * sizeof *a);
-  uint32_t *bp = at_malloc(MAXK / 2 * LD * sizeof *bp);
+  /* The native kernel is AMX's where the library picks it, else AVX512_BF16's. */
+  attn__cpu_bf16_kernel *kernels[3] = {at_bf16_kernel_simde, at_amx_kernel_emulated,
+                                       attn__cpu_bf16_kernel_native()};
+  static const int ms[] = {1, 3, 4, 7, 8, 9, 13, 16, 33, 48, 64};
+  static const int ns[] = {1, 5, 16, 17, 32, 33, 48, 64, 70};
+  static const int kps[] = {1, 3, 16, 32, 40};
+  /* A's rows hold 2 x 40 bf16, B has 40 pair rows; B and C rows 72 wide. */
+  enum { MAXM = 64, MAXKP = 40, LDA = 96, LD = 72 };
+  uint16_t *a = at_malloc(MAXM * LDA * sizeof *a);
+  uint32_t *bp = at_malloc(MAXKP * LD * sizeof *bp);
   float *c = at_malloc(MAXM * LD * sizeof *c), *c0 = at_malloc(MAXM * LD * sizeof *c0);
   uint32_t s = 12345;
-  for (int x = 0; x < MAXM * LD; x++) {
+  for (int x = 0; x < MAXM * LDA; x++) {
     s = s * 1664525u + 1013904223u;
     a[x] = bf16_of((double)(s >> 8) / 8388608.0 - 1.0);
-    c0[x] = (float)((double)((s * 7u) >> 8) / 16777216.0);
   }
-  for (int x = 0; x < MAXK / 2 * LD; x++) {
+  for (int x = 0; x < MAXM * LD; x++) {
+    s = s * 1664525u + 1013904223u;
+    c0[x] = (float)((double)(s >> 8) / 16777216.0);
+  }
+  for (int x = 0; x < MAXKP * LD; x++) {
     s = s * 1664525u + 1013904223u;
     bp[x] = (uint32_t)bf16_of((double)(s >> 8) / 8388608.0 - 1.0) |
             (uint32_t)bf16_of((double)((s * 13u) >> 8) / 8388608.0 - 1.0) << 16;
   }
-  for (int kx = 0; kx < 2 && kernels[kx]; kx++)
+  for (int kx = 0; kx < 3 && kernels[kx]; kx++)
     for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
       for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
         for (size_t ki = 0; ki < sizeof kps / sizeof *kps; ki++)
@@ -103,7 +134,7 @@ static void bf16_kernel_sums_pairs_of_products(at_backend *b) {
             const float alpha = 0.125f;
             for (int x = 0; x < MAXM * LD; x++)
               c[x] = beta ? c0[x] : NAN;
-            kernels[kx](m, n, kp, alpha, a, LD, bp, LD, (float)beta, c, LD);
+            kernels[kx](m, n, kp, alpha, a, LDA, bp, LD, (float)beta, c, LD);
             for (int i = 0; i < MAXM; i++)
               for (int j = 0; j < LD; j++) {
                 const float got = c[i * LD + j];
@@ -117,9 +148,9 @@ static void bf16_kernel_sums_pairs_of_products(at_backend *b) {
                 double want = 0, mag = 0;
                 for (int p = 0; p < kp; p++) {
                   const uint32_t pair = bp[p * LD + j];
-                  const double t0 = (double)attn__bf16_to_f32(a[i * LD + 2 * p]) *
+                  const double t0 = (double)attn__bf16_to_f32(a[i * LDA + 2 * p]) *
                                     attn__bf16_to_f32((uint16_t)(pair & 0xffff));
-                  const double t1 = (double)attn__bf16_to_f32(a[i * LD + 2 * p + 1]) *
+                  const double t1 = (double)attn__bf16_to_f32(a[i * LDA + 2 * p + 1]) *
                                     attn__bf16_to_f32((uint16_t)(pair >> 16));
                   want += t0 + t1;
                   mag += fabs(t0) + fabs(t1);
@@ -176,7 +207,7 @@ static void golden_bf16_cases_hold_through_each_path(at_backend *b) {
   at_golden_list_free(dirs, n);
   attn_context_free(ctx);
   assert_true(ran >= 4);
-  if (path == PATH_SIMDE) assert_true(atomic_load(&simde_calls) > 0);
+  if (path == PATH_SIMDE || path == PATH_AMX_EMULATED) assert_true(atomic_load(&simde_calls) > 0);
 }
 
 /* Random bf16 problems whose tiles have every tail: 197 rows (a partial
@@ -221,7 +252,7 @@ static void random_bf16_problems_hold_through_each_path(at_backend *b) {
   for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
     assert_true(at_check_backward(&mine, &shapes[i]));
   attn_context_free(mine.ctx);
-  if (path == PATH_SIMDE) assert_true(atomic_load(&simde_calls) > 0);
+  if (path == PATH_SIMDE || path == PATH_AMX_EMULATED) assert_true(atomic_load(&simde_calls) > 0);
 }
 
 /* f16 and f32 keep their f32 products whatever the bf16 rows take, and so
@@ -267,11 +298,11 @@ static void common_forcing(at_backend *b) {
 }
 
 int main(int argc, char **argv) {
-  static const char *names[] = {"simde", "native", "sbgemm"};
-  static char tn[6][96];
-  at_test tests[7];
+  static const char *names[] = {"simde", "amx_emulated", "native", "sbgemm"};
+  static char tn[8][96];
+  at_test tests[9];
   size_t nt = 0;
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 4; i++) {
     snprintf(tn[2 * i], sizeof tn[0], "golden_bf16_cases_hold_through_%s_products", names[i]);
     tests[nt++] = (at_test){tn[2 * i], golden_bf16_cases_hold_through_each_path, &paths[i]};
     snprintf(tn[2 * i + 1], sizeof tn[0], "random_bf16_problems_hold_through_%s_products",
