@@ -118,7 +118,13 @@ static const attn__cpu_config cpu_configs[ATTN__CPU_ROWS] = {
     CPU_ROW(ATTN_BF16, 256, 64, 64)};
 #undef CPU_ROW
 
-void attn__cpu_row_set(attn_context *ctx, attn__cpu_config *row, int br, int bc, int products) {
+attn__cpu_sgemm_fn *attn__cpu_row_gemm(const attn__cpu_config *cfg) {
+  attn__cpu_sgemm_fn *own = cfg->fma ? attn__cpu_sgemm_native() : NULL;
+  return own ? own : attn__cpu_gemm;
+}
+
+void attn__cpu_row_set(attn_context *ctx, attn__cpu_config *row, int br, int bc, int products,
+                       int fma) {
   const attn__cpu_impl *im = ctx->impl;
   char what[48] = "";
   if (products == ATTN__CPU_PRODUCTS_BF16)
@@ -129,11 +135,18 @@ void attn__cpu_row_set(attn_context *ctx, attn__cpu_config *row, int br, int bc,
   row->br = br;
   row->bc = bc;
   row->products = products;
+  row->fma = fma && attn__cpu_sgemm_native();
+  const char *f32 = row->fma ? ", f32 products (FMA kernels)" : ", f32 products (OpenBLAS)";
   snprintf(row->forward_name, sizeof row->forward_name, "cpu blockwise forward, Br %d Bc %d%s", br,
-           bc, what);
-  snprintf(row->backward_name, sizeof row->backward_name, "cpu blockwise backward, Br %d Bc %d", br,
-           bc);
+           bc, products == ATTN__CPU_PRODUCTS_F32 ? f32 : what);
+  snprintf(row->backward_name, sizeof row->backward_name, "cpu blockwise backward, Br %d Bc %d%s",
+           br, bc, f32);
 }
+
+/* f32 products through the library's FMA kernels where the CPU has them
+ * (cpu_gemm.c; measured on the build host, see bench/NOTES.md), else
+ * OpenBLAS; attn_tune measures both. */
+#define CPU_FMA_RULE 1
 
 /* The products of a bf16 forward, the one rule: the CPU's bf16 instructions
  * through the library's own kernels where the CPU has them (AMX's tiles, or
@@ -175,7 +188,8 @@ int attn__cpu_products_force(attn_context *ctx, int products, attn__cpu_bf16_ker
   }
   for (int i = 0; i < ATTN__CPU_ROWS; i++)
     if (im->rows[i].dtype == ATTN_BF16)
-      attn__cpu_row_set(ctx, &im->rows[i], im->rows[i].br, im->rows[i].bc, products);
+      attn__cpu_row_set(ctx, &im->rows[i], im->rows[i].br, im->rows[i].bc, products,
+                        im->rows[i].fma);
   return ATTN_OK;
 }
 
@@ -201,7 +215,8 @@ static int cpu_open(attn_context *ctx, int index) {
   const int products = cpu_products_rule(im);
   for (int i = 0; i < ATTN__CPU_ROWS; i++)
     attn__cpu_row_set(ctx, &im->rows[i], im->rows[i].br, im->rows[i].bc,
-                      im->rows[i].dtype == ATTN_BF16 ? products : ATTN__CPU_PRODUCTS_F32);
+                      im->rows[i].dtype == ATTN_BF16 ? products : ATTN__CPU_PRODUCTS_F32,
+                      CPU_FMA_RULE);
   attn__cpu_threads();
   attn__cpu_tuned_rows(ctx);
   return ATTN_OK;
@@ -287,6 +302,7 @@ attn__cpu_schedule attn__cpu_schedule_forward(const attn__problem *pb, const att
   /* bf16 products take pairs of the head dimension. */
   sc.products =
       pb->dtype == ATTN_BF16 && pb->head_dim % 2 == 0 ? cfg->products : ATTN__CPU_PRODUCTS_F32;
+  sc.gemm = attn__cpu_row_gemm(cfg);
   const int64_t group = pb->heads_q / pb->heads_kv;
   /* GQA packing when a head's rows leave the tile part empty (decoding):
    * one block of rows per sequence, and as many heads of the group beside

@@ -156,7 +156,8 @@ typedef struct cpu_bwd_shared {
   /* Whether a unit is a whole sequence and kv head (cpu_bwd_head): when
    * there are enough of them to fill the threads. */
   int by_head;
-  int few_rows; /* the config's: see attn__cpu_qk_few */
+  attn__cpu_sgemm_fn *gemm; /* the f32 products (attn__cpu_row_gemm) */
+  int few_rows;             /* the config's: see attn__cpu_qk_few */
 } cpu_bwd_shared;
 
 static int64_t cpu_qrow(const attn__problem *pb, int64_t b) {
@@ -325,15 +326,15 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
       if (br <= sh->few_rows)
         attn__cpu_qk_few(pb, &pb->k, NULL, b, j0, bc, h, 1, br, q, ldq, t->s, ld);
       else
-        attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk,
-                       cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0), ld, 0.0f, t->s, ld);
+        sh->gemm(0, 0, bc, br, d, pb->scale, k, ldk, cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0), ld,
+                 0.0f, t->s, ld);
       attn__cpu_scores(pb, b, h, i0, br, j0, bc, nq, nk, t->s, ld, capped ? t->th : NULL);
       attn__cpu_exp_cols(t->s, bc, br, ld, t->lse, t->lo);
       /* dV += P^T dO */
-      attn__cpu_gemm(0, 0, bc, d, br, 1.0f, t->s, ld, dout, lddo, 1.0f, t->dv, d);
+      sh->gemm(0, 0, bc, d, br, 1.0f, t->s, ld, dout, lddo, 1.0f, t->dv, d);
       /* dP^T = V dO^T, dS^T = P^T (dP^T - D) */
-      attn__cpu_gemm(0, 0, bc, br, d, 1.0f, v, ldv, cpu_bwd_block_t(pb, sh, sh->doutt, b, h, i0),
-                     ld, 0.0f, t->dp, ld);
+      sh->gemm(0, 0, bc, br, d, 1.0f, v, ldv, cpu_bwd_block_t(pb, sh, sh->doutt, b, h, i0), ld,
+               0.0f, t->dp, ld);
       if (pb->has_dbias) {
         /* dbias takes dS itself; dK and dQ take it through softcap's
          * derivative. */
@@ -352,7 +353,7 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
         attn__cpu_dsoftmax_cols(t->s, t->dp, capped ? t->th : NULL, pb->softcap, bc, br, ld, t->dd);
       }
       /* dK += dS^T Q */
-      attn__cpu_gemm(0, 0, bc, d, br, 1.0f, t->dp, ld, q, ldq, 1.0f, t->dk, d);
+      sh->gemm(0, 0, bc, d, br, 1.0f, t->dp, ld, q, ldq, 1.0f, t->dk, d);
       /* dQ += dS K, after the previous key block that sees these rows:
        * kb - 1 or none, as the key blocks a query block sees are
        * consecutive (the rows that see any key are consecutive, and each
@@ -362,7 +363,7 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
       cpu_bwd_wait(turn, (int)prev);
       int ldacc;
       float *acc = cpu_bwd_acc(pb, sh, b, h, i0, &ldacc);
-      attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->dp, ld, k, ldk, 1.0f, acc, ldacc);
+      sh->gemm(1, 0, br, d, bc, 1.0f, t->dp, ld, k, ldk, 1.0f, acc, ldacc);
       atomic_store_explicit(turn, (int)kb, memory_order_release);
     }
   }
@@ -488,6 +489,7 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__c
   sh.br = cfg->br;
   sh.bc = cfg->bc;
   sh.few_rows = cfg->few_rows;
+  sh.gemm = attn__cpu_row_gemm(cfg);
   sh.total_q = cpu_qrow(pb, pb->batch);
   int64_t *qunits = attn__cpu_units(pb, 0, pb->heads_q, br);
   int64_t *kunits = attn__cpu_units(pb, 1, pb->heads_kv, bc);

@@ -309,8 +309,8 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
        * attn__cpu_qk_few), and the backward's P = exp(S - lse) needs the
        * forward's S to the bit. */
       for (int hx = 0; hx < x.nh; hx++)
-        attn__cpu_gemm(0, 0, bc, nr, d, pb->scale, k, ldk, t->qt + hx * nr, ld, 0.0f,
-                       t->st + hx * nr, ld);
+        w->sc.gemm(0, 0, bc, nr, d, pb->scale, k, ldk, t->qt + hx * nr, ld, 0.0f, t->st + hx * nr,
+                   ld);
     }
     for (int hx = 0; hx < x.nh; hx++)
       attn__cpu_scores(pb, x.b, x.h0 + hx, x.i0, nr, j0, bc, nq, nk, t->st + hx * nr, ld, NULL);
@@ -327,7 +327,7 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
     else if (products != ATTN__CPU_PRODUCTS_F32)
       cpu_fwd_pv_bf16(w, t, &x, products, j0, bc);
     else
-      attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->st, ld, v, ldv, 1.0f, t->o, d);
+      w->sc.gemm(1, 0, br, d, bc, 1.0f, t->st, ld, v, ldv, 1.0f, t->o, d);
   }
 
   if (w->sc.splits > 1) {

@@ -42,7 +42,10 @@ typedef struct attn__cpu_config {
    * few rows (attn__cpu_qk_few), in the forward and the backward alike. */
   int few_rows;
   size_t split_workspace;
-  int products;                             /* enum attn__cpu_products */
+  int products; /* enum attn__cpu_products */
+  /* f32 products: 1 the library's FMA kernels (attn__cpu_sgemm_native), 0
+   * OpenBLAS. */
+  int fma;
   char forward_name[96], backward_name[96]; /* for attn__plan.name */
 } attn__cpu_config;
 
@@ -58,6 +61,9 @@ typedef struct attn__cpu_schedule {
   int splits;    /* 1: no splitting */
   int products;  /* the row's, where the problem can take them (bf16, even d) */
   int64_t tiles; /* tiles over all sequences and heads */
+  /* The f32 products (attn__cpu_row_gemm). */
+  void (*gemm)(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+               const float *b, int ldb, float beta, float *c, int ldc);
 } attn__cpu_schedule;
 
 /* The largest Br or Bc of the table and of attn_tune's variations: small
@@ -74,6 +80,15 @@ void attn__cpu_free(void *p);
  * transposed. */
 void attn__cpu_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
                     const float *b, int ldb, float beta, float *c, int ldc);
+
+/* The same through the library's own FMA kernels (cpu_gemm.c), never with
+ * tb = 1: the function for this CPU, or NULL where it has no FMA units the
+ * build has code for. A config's `fma` picks between the two
+ * (attn__cpu_row_gemm). */
+typedef void attn__cpu_sgemm_fn(int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                                int lda, const float *b, int ldb, float beta, float *c, int ldc);
+attn__cpu_sgemm_fn *attn__cpu_sgemm_native(void);
+attn__cpu_sgemm_fn *attn__cpu_row_gemm(const attn__cpu_config *cfg);
 
 /* Rows [row, row + nr) of head h of sequence b of tensor t into dst (row
  * length ld >= d, f32). row counts from the tensor's first row, so it
@@ -239,7 +254,8 @@ void *attn__cpu_workspace(attn_context *ctx, size_t bytes);
 /* The row for (dtype, head_dim) of ctx's table. */
 attn__cpu_config *attn__cpu_row(attn_context *ctx, attn_dtype dtype, int64_t head_dim);
 /* Sets a row's tiles and products, and the names the plan reports. */
-void attn__cpu_row_set(attn_context *ctx, attn__cpu_config *row, int br, int bc, int products);
+void attn__cpu_row_set(attn_context *ctx, attn__cpu_config *row, int br, int bc, int products,
+                       int fma);
 
 /* Makes ctx's bf16 rows take `products`, through `kernel` for
  * ATTN__CPU_PRODUCTS_BF16 (NULL: the CPU's own): the tests run a path this

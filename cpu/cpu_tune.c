@@ -11,7 +11,7 @@
  * caches each thread has and on the sgemm kernels, so another machine, or
  * the same one run with another thread count, starts from the table again.
  * One line per dtype and head-dimension row: "dtype max_head_dim br bc
- * products". A line is taken only when it is one of the variations this
+ * products fma". A line is taken only when it is one of the variations this
  * machine has, so a damaged or foreign file can ask for nothing else.
  */
 #define _POSIX_C_SOURCE 200809L /* mkdir, getpid */
@@ -42,28 +42,35 @@ static int cpu_products_of(attn_context *ctx, attn_dtype dtype, int *out) {
   return n;
 }
 
-int attn__cpu_tune_count(attn_context *ctx, attn_dtype dtype, int64_t head_dim) {
-  int products[3];
-  return COUNT(cpu_variations) * cpu_products_of(ctx, dtype, products);
+/* The f32 products: OpenBLAS, and the FMA kernels where the CPU has them. */
+static int cpu_fmas(void) {
+  return attn__cpu_sgemm_native() ? 2 : 1;
 }
 
-/* Variation i: tiles i % (tiles), products i / (tiles). */
+int attn__cpu_tune_count(attn_context *ctx, attn_dtype dtype, int64_t head_dim) {
+  int products[3];
+  return COUNT(cpu_variations) * cpu_fmas() * cpu_products_of(ctx, dtype, products);
+}
+
+/* Variation i: the tiles, then the f32 products, then the bf16 ones. */
 static void cpu_variation(attn_context *ctx, attn_dtype dtype, int i, int *br, int *bc,
-                          int *products) {
+                          int *products, int *fma) {
   int list[3];
   cpu_products_of(ctx, dtype, list);
   *br = cpu_variations[i % COUNT(cpu_variations)].br;
   *bc = cpu_variations[i % COUNT(cpu_variations)].bc;
-  *products = list[i / COUNT(cpu_variations)];
+  i /= COUNT(cpu_variations);
+  *fma = i % cpu_fmas();
+  *products = list[i / cpu_fmas()];
 }
 
 int attn__cpu_tune_use(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int i) {
   if (i < 0 || i >= attn__cpu_tune_count(ctx, dtype, head_dim))
     return attn__error(ctx, ATTN_EUNSUPPORTED, "variation %d is not one of the CPU's", i);
   attn__cpu_config *row = attn__cpu_row(ctx, dtype, head_dim);
-  int br, bc, products;
-  cpu_variation(ctx, dtype, i, &br, &bc, &products);
-  attn__cpu_row_set(ctx, row, br, bc, products);
+  int br, bc, products, fma;
+  cpu_variation(ctx, dtype, i, &br, &bc, &products, &fma);
+  attn__cpu_row_set(ctx, row, br, bc, products, fma);
   attn__debug("tune: configuration %d: %s", i, row->forward_name);
   return ATTN_OK;
 }
@@ -94,16 +101,16 @@ static int cpu_tuned_path(attn_context *ctx, char *path, size_t n) {
 }
 
 static int cpu_parse(const char *s, int *v) {
-  return sscanf(s, "%d %d %d %d %d", &v[0], &v[1], &v[2], &v[3], &v[4]) == 5;
+  return sscanf(s, "%d %d %d %d %d %d", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) == 6;
 }
 
 /* The variation of a row of dtype that a line holds, or -1. */
 static int cpu_stored_variation(attn_context *ctx, attn_dtype dtype, const int *v) {
   const int n = attn__cpu_tune_count(ctx, dtype, 0);
   for (int i = 0; i < n; i++) {
-    int br, bc, products;
-    cpu_variation(ctx, dtype, i, &br, &bc, &products);
-    if (br == v[2] && bc == v[3] && products == v[4]) return i;
+    int br, bc, products, fma;
+    cpu_variation(ctx, dtype, i, &br, &bc, &products, &fma);
+    if (br == v[2] && bc == v[3] && products == v[4] && fma == v[5]) return i;
   }
   return -1;
 }
@@ -114,17 +121,17 @@ void attn__cpu_tuned_rows(attn_context *ctx) {
   if (!cpu_tuned_path(ctx, path, sizeof path)) return;
   FILE *f = fopen(path, "r");
   if (!f) return;
-  int v[5];
+  int v[6];
   while (fgets(line, sizeof line, f)) {
     if (!cpu_parse(line, v)) continue;
     for (int r = 0; r < ATTN__CPU_ROWS; r++) {
       attn__cpu_config *row = &im->rows[r];
-      int i, br, bc, products;
+      int i, br, bc, products, fma;
       if ((int)row->dtype != v[0] || row->max_head_dim != v[1] ||
           (i = cpu_stored_variation(ctx, row->dtype, v)) < 0)
         continue;
-      cpu_variation(ctx, row->dtype, i, &br, &bc, &products);
-      attn__cpu_row_set(ctx, row, br, bc, products);
+      cpu_variation(ctx, row->dtype, i, &br, &bc, &products, &fma);
+      attn__cpu_row_set(ctx, row, br, bc, products, fma);
       attn__debug("cpu: tiles for %s, head dim %d, from %s: Br %d Bc %d",
                   attn_dtype_name(row->dtype), row->max_head_dim, path, row->br, row->bc);
     }
@@ -162,11 +169,12 @@ int attn__cpu_tune_keep(attn_context *ctx, attn_dtype dtype, int64_t head_dim, i
   if (!out) return attn__error(ctx, ATTN_EIO, "cannot write the tuned tiles to %s", tmp);
   FILE *in = fopen(path, "r");
   while (in && fgets(line, sizeof line, in)) {
-    int u[5];
+    int u[6];
     if (cpu_parse(line, u) && !(u[0] == (int)dtype && u[1] == row->max_head_dim)) fputs(line, out);
   }
   if (in) fclose(in);
-  fprintf(out, "%d %d %d %d %d\n", (int)dtype, row->max_head_dim, row->br, row->bc, row->products);
+  fprintf(out, "%d %d %d %d %d %d\n", (int)dtype, row->max_head_dim, row->br, row->bc,
+          row->products, row->fma);
   const int bad = ferror(out);
   if (fclose(out) != 0 || bad || rename(tmp, path) != 0) {
     remove(tmp);

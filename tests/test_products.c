@@ -26,6 +26,9 @@ void at_bf16_kernel_simde(int m, int n, int kp, float alpha, const uint16_t *a, 
 void at_amx_kernel_emulated(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
                             const uint32_t *b, int ldb, float beta, float *c, int ldc);
 
+void at_sgemm512_simde(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                       const float *b, int ldb, float beta, float *c, int ldc);
+
 /* The emulated tiles (amx_emulation.h), and what the hardware would fault on. */
 #include "amx_emulation.h"
 _Thread_local at_amx_tiles at_amx;
@@ -170,6 +173,68 @@ static void bf16_kernel_sums_pairs_of_products(at_backend *b) {
 #endif
 }
 
+/* The f32 FMA kernels (cpu/cpu_gemm.c: this CPU's, and the AVX-512 one on
+ * SIMDe) against double sums, A as stored and transposed, every tail. */
+static void f32_kernels_sum_products(at_backend *b) {
+  (void)b;
+  attn__cpu_sgemm_fn *kernels[2] = {attn__cpu_sgemm_native(), NULL};
+#if defined(AT_HAVE_SIMDE)
+  kernels[1] = at_sgemm512_simde;
+#endif
+  if (!kernels[0] && !kernels[1]) at_skip("no FMA kernel on this CPU, and no SIMDe");
+  static const int ms[] = {1, 2, 3, 5, 6, 7, 8, 9, 13, 64}, ns[] = {1, 7, 8, 9, 16, 17, 33, 64, 70};
+  static const int ks[] = {1, 5, 64};
+  enum { LD = 72 };
+  float *a = at_malloc(LD * LD * sizeof *a), *bm = at_malloc(LD * LD * sizeof *bm);
+  float *c = at_malloc(LD * LD * sizeof *c), *c0 = at_malloc(LD * LD * sizeof *c0);
+  uint32_t s = 777;
+  for (int x = 0; x < LD * LD; x++) {
+    s = s * 1664525u + 1013904223u;
+    a[x] = (float)((double)(s >> 8) / 8388608.0 - 1.0);
+    bm[x] = (float)((double)((s * 13u) >> 8) / 8388608.0 - 1.0);
+    c0[x] = (float)((double)((s * 7u) >> 8) / 16777216.0);
+  }
+  for (int kx = 0; kx < 2; kx++) {
+    if (!kernels[kx]) continue;
+    for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
+      for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+        for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
+          for (int ta = 0; ta < 2; ta++)
+            for (int beta = 0; beta < 2; beta++) {
+              const int m = ms[mi], n = ns[ni], k = ks[ki];
+              const float alpha = 0.25f;
+              for (int x = 0; x < LD * LD; x++)
+                c[x] = beta ? c0[x] : NAN;
+              kernels[kx](ta, 0, m, n, k, alpha, a, LD, bm, LD, (float)beta, c, LD);
+              for (int i = 0; i < LD; i++)
+                for (int j = 0; j < LD; j++) {
+                  const float got = c[i * LD + j];
+                  if (i >= m || j >= n) {
+                    if (!(beta ? got == c0[i * LD + j] : isnan(got)))
+                      fail_msg("kernel %d: m %d n %d k %d ta %d: C[%d][%d] outside was written", kx,
+                               m, n, k, ta, i, j);
+                    continue;
+                  }
+                  double want = 0, mag = 0;
+                  for (int p = 0; p < k; p++) {
+                    const double t = (double)(ta ? a[p * LD + i] : a[i * LD + p]) * bm[p * LD + j];
+                    want += t;
+                    mag += fabs(t);
+                  }
+                  want = alpha * want + (beta ? c0[i * LD + j] : 0.0);
+                  const double tol = (k + 4) * 0x1p-24 * (alpha * mag + fabs(want));
+                  if (!(fabs(got - want) <= tol))
+                    fail_msg("kernel %d: m %d n %d k %d ta %d beta %d: C[%d][%d] = %.9g, want %.9g",
+                             kx, m, n, k, ta, beta, i, j, got, want);
+                }
+            }
+  }
+  at_free(a);
+  at_free(bm);
+  at_free(c);
+  at_free(c0);
+}
+
 /* Every bf16 golden case, forward and backward, on a context forced to the
  * path; the count of kernel calls shows the SIMDe path ran. */
 static void golden_bf16_cases_hold_through_each_path(at_backend *b) {
@@ -312,6 +377,7 @@ int main(int argc, char **argv) {
   tests[nt++] = (at_test){"other_dtypes_keep_f32_products", other_dtypes_keep_f32_products, NULL};
   const at_test common[] = {
       {"bf16_kernel_sums_pairs_of_products", bf16_kernel_sums_pairs_of_products, NULL},
+      {"f32_kernels_sum_products", f32_kernels_sum_products, NULL},
       {"forcing_a_missing_path_says_why", common_forcing, NULL}};
-  return at_main(argc, argv, "products", tests, nt, common, 2);
+  return at_main(argc, argv, "products", tests, nt, common, 3);
 }

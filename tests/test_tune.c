@@ -94,7 +94,7 @@ static void run_child(const char *spec, const char *dir, char *log, size_t n) {
 static void tuning_keeps_a_variation_that_later_processes_run(at_backend *b) {
   if (b->kind != ATTN_BACKEND_OPENCL)
     at_skip("the OpenCL backend's tiles (the %s backend's: below)", b->name);
-  char dir[64] = "/tmp/attn-test-tune-XXXXXX", spec[32], path[512], line[256], want[64];
+  char dir[64] = "/tmp/attn-test-tune-XXXXXX", spec[32], path[512], line[256], want[128];
   assert_non_null(mkdtemp(dir));
   snprintf(spec, sizeof spec, "opencl:%d", attn_context_device(b->ctx));
   at_env_set("ATTN_CL_CACHE_DIR", dir);
@@ -148,13 +148,13 @@ static void tuning_keeps_a_variation_that_later_processes_run(at_backend *b) {
   remove_dir(dir);
 }
 
-/* The CPU's tiles: one line "dtype max_head_dim br bc products" for the row of
+/* The CPU's tiles: one line "dtype max_head_dim br bc products fma" for the row of
  * head dims up to 64 that serves D, read back by a later process on the
  * same machine and thread count. */
 static void cpu_tuning_keeps_tiles_that_later_processes_run(at_backend *b) {
   if (b->kind != ATTN_BACKEND_CPU)
     at_skip("the CPU backend's tiles (the %s backend's: above)", b->name);
-  char dir[64] = "/tmp/attn-test-tune-XXXXXX", path[512], line[256], want[64];
+  char dir[64] = "/tmp/attn-test-tune-XXXXXX", path[512], line[256], want[128];
   assert_non_null(mkdtemp(dir));
   at_env_set("ATTN_CL_CACHE_DIR", dir);
   at_env_set("ATTN_CL_CACHE", NULL);
@@ -169,10 +169,11 @@ static void cpu_tuning_keeps_tiles_that_later_processes_run(at_backend *b) {
   if (!path[0]) fail_msg("attn_tune stored nothing in %s", dir);
   FILE *f = fopen(path, "r");
   assert_non_null(f);
-  int v[5], lines = 0;
+  int v[6], lines = 0;
   while (fgets(line, sizeof line, f)) {
     lines++;
-    assert_int_equal(sscanf(line, "%d %d %d %d %d", &v[0], &v[1], &v[2], &v[3], &v[4]), 5);
+    assert_int_equal(sscanf(line, "%d %d %d %d %d %d", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]),
+                     6);
   }
   fclose(f);
   assert_int_equal(lines, 1);
@@ -184,14 +185,15 @@ static void cpu_tuning_keeps_tiles_that_later_processes_run(at_backend *b) {
   run_child("cpu", dir, log, sizeof log);
   if (!at_mentions(log, "tiles for f32, head dim 64, from"))
     fail_msg("the child did not load %s:\n%s", path, log);
-  snprintf(want, sizeof want, "cpu blockwise forward, Br %d Bc %d", v[2], v[3]);
+  snprintf(want, sizeof want, "cpu blockwise forward, Br %d Bc %d, f32 products (%s)", v[2], v[3],
+           v[5] ? "FMA kernels" : "OpenBLAS");
   if (!strstr(log, want)) fail_msg("the child did not run %s:\n%s", want, log);
 
   /* Tiles that are no variation, and lines that do not parse, are ignored:
    * the table's row runs, and computes right. */
   f = fopen(path, "w");
   assert_non_null(f);
-  fprintf(f, "garbage\n%d 64 48 12 0\n%d 64 64 64 1\n\n%d\n", ATTN_F32, ATTN_F32, ATTN_F32);
+  fprintf(f, "garbage\n%d 64 48 12 0 0\n%d 64 64 64 1 0\n\n%d\n", ATTN_F32, ATTN_F32, ATTN_F32);
   fclose(f);
   run_child("cpu", dir, log, sizeof log);
   if (at_mentions(log, "tiles for f32")) fail_msg("the child loaded a foreign line:\n%s", log);
