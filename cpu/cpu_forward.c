@@ -63,6 +63,7 @@ typedef struct cpu_fwd_work {
   float *part_lse;               /* splits: [tile][part][Br] */
   attn__cpu_bf16_kernel *kernel; /* ATTN__CPU_PRODUCTS_BF16's */
   uint32_t *vp;                  /* its V in pairs, or NULL (cpu_fwd_prepacks) */
+  float *kf, *vf;                /* K and V in f32, or NULL (cpu_fwd_kvf_floats) */
   int64_t kblocks;               /* key blocks of the capacity */
   size_t slot;                   /* pairs of one key block */
 } cpu_fwd_work;
@@ -105,10 +106,30 @@ static size_t cpu_fwd_vp_floats(const attn__problem *pb, const attn__cpu_config 
   return (size_t)pb->batch * kblocks * (size_t)pb->heads_kv * cpu_fwd_slot_pairs(pb, cfg);
 }
 
+/* f16 and bf16 inputs with f32 products are converted to f32 tiles, every
+ * key block once per tile that reads it: once per block of query rows (16
+ * times a block at N = 1024, which took 13 % of a bf16 forward on the build
+ * host, perf). Converted once per call instead, K then V, in slots laid
+ * out as the pairs above (Bc x d floats each), when tiles would convert a
+ * block more than once and the copy stays under CPU_FWD_CONVERT_MAX: a
+ * long context converts per tile rather than double its memory. */
+#define CPU_FWD_CONVERT_MAX ((size_t)256 << 20)
+static size_t cpu_fwd_kvf_floats(const attn__problem *pb, const attn__cpu_config *cfg,
+                                 const attn__cpu_schedule *sc) {
+  if (sc->products != ATTN__CPU_PRODUCTS_F32 || pb->dtype == ATTN_F32 || sc->rows <= cfg->few_rows)
+    return 0;
+  const int64_t group = pb->heads_q / pb->heads_kv;
+  if (pb->seqlen_q <= sc->rows && group <= sc->heads) return 0; /* each block read once */
+  const size_t kblocks = (size_t)((pb->seqlen_k + cfg->bc - 1) / cfg->bc);
+  const size_t floats = 2 * (size_t)pb->batch * kblocks * (size_t)pb->heads_kv * (size_t)cfg->bc *
+                        (size_t)pb->head_dim;
+  return floats * sizeof(float) <= CPU_FWD_CONVERT_MAX ? floats : 0;
+}
+
 size_t attn__cpu_forward_workspace(const attn__problem *pb, const attn__cpu_config *cfg,
                                    const attn__cpu_schedule *sc, int nthreads) {
   return ((size_t)nthreads * cpu_fwd_thread_floats(pb, cfg, sc) + cpu_fwd_part_floats(pb, cfg, sc) +
-          cpu_fwd_vp_floats(pb, cfg, sc)) *
+          cpu_fwd_vp_floats(pb, cfg, sc) + cpu_fwd_kvf_floats(pb, cfg, sc)) *
          sizeof(float);
 }
 
@@ -302,8 +323,15 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
     } else if (products != ATTN__CPU_PRODUCTS_F32) {
       cpu_fwd_qk_bf16(w, t, &x, products, j0, bc);
     } else {
-      k = attn__cpu_view_keys(pb, &pb->k, x.b, j0, bc, x.hk, t->k, &ldk);
-      v = attn__cpu_view_keys(pb, &pb->v, x.b, j0, bc, x.hk, t->v, &ldv);
+      if (w->kf) {
+        const size_t at = (size_t)((x.b * w->kblocks + kb) * pb->heads_kv + x.hk) * Bc * d;
+        k = w->kf + at;
+        v = w->vf + at;
+        ldk = ldv = d;
+      } else {
+        k = attn__cpu_view_keys(pb, &pb->k, x.b, j0, bc, x.hk, t->k, &ldk);
+        v = attn__cpu_view_keys(pb, &pb->v, x.b, j0, bc, x.hk, t->v, &ldv);
+      }
       /* One product per head, of the backward's shape: OpenBLAS rounds an
        * element of a product differently for different widths n (see
        * attn__cpu_qk_few), and the backward's P = exp(S - lse) needs the
@@ -429,6 +457,9 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
   w.vp = cpu_fwd_prepacks(cfg, sc) ? (uint32_t *)(w.part_o + parts) : NULL;
   w.kblocks = (pb->seqlen_k + cfg->bc - 1) / cfg->bc;
   w.slot = cpu_fwd_slot_pairs(pb, cfg);
+  const size_t kvf = cpu_fwd_kvf_floats(pb, cfg, sc);
+  w.kf = kvf ? w.part_o + parts + cpu_fwd_vp_floats(pb, cfg, sc) : NULL;
+  w.vf = kvf ? w.kf + kvf / 2 : NULL;
   const int64_t tiles = units[pb->batch], items = tiles * sc->splits;
   attn__debug("cpu forward: %lld tiles of %d head(s) x %d rows, keys in %d part(s), on %d threads",
               (long long)tiles, sc->heads, sc->rows, sc->splits, nthreads);
@@ -449,6 +480,20 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
         int ldv;
         const uint16_t *v = attn__cpu_view_keys_bf16(pb, &pb->v, b, j0, bc, hk, t.vb, &ldv);
         attn__cpu_bf16_pairs(v, ldv, bc, (int)pb->head_dim, w.vp + (size_t)x * w.slot);
+      }
+    }
+    if (w.kf) {
+      /* K and V in f32, before any tile reads them. */
+      const int64_t hkv = pb->heads_kv, slots = pb->batch * w.kblocks * hkv;
+      const size_t floats = (size_t)cfg->bc * (size_t)pb->head_dim;
+#pragma omp for schedule(dynamic, 8)
+      for (int64_t x = 0; x < slots; x++) {
+        const int64_t b = x / (w.kblocks * hkv), kb = x / hkv % w.kblocks, hk = x % hkv;
+        const int64_t nk = attn__seq_k(pb, b), j0 = kb * cfg->bc;
+        if (j0 >= nk) continue;
+        const int64_t bc = nk - j0 < cfg->bc ? nk - j0 : cfg->bc;
+        attn__cpu_load_keys(pb, &pb->k, b, j0, bc, hk, w.kf + (size_t)x * floats, pb->head_dim);
+        attn__cpu_load_keys(pb, &pb->v, b, j0, bc, hk, w.vf + (size_t)x * floats, pb->head_dim);
       }
     }
 #pragma omp for schedule(dynamic, 1)
