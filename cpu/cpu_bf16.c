@@ -186,17 +186,20 @@ void attn__cpu_sbgemm(int tb, int m, int n, int k, float alpha, const uint16_t *
     cblas_sbgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
                  lda, b, ldb, beta, c, ldc);
   } else if (n >= k && n >= m) {
-    const int n1 = n / 2 / 16 * 16 ? n / 2 / 16 * 16 : n / 2;
+    int n1 = n / 2 / 16 * 16; /* pieces a multiple of 16 */
+    if (n1 == 0) n1 = n / 2;
     attn__cpu_sbgemm(tb, m, n1, k, alpha, a, lda, b, ldb, beta, c, ldc);
     attn__cpu_sbgemm(tb, m, n - n1, k, alpha, a, lda, tb ? b + (size_t)n1 * ldb : b + n1, ldb, beta,
                      c + n1, ldc);
   } else if (k >= m) {
-    const int k1 = k / 2 / 16 * 16 ? k / 2 / 16 * 16 : k / 2;
+    int k1 = k / 2 / 16 * 16; /* pieces a multiple of 16 */
+    if (k1 == 0) k1 = k / 2;
     attn__cpu_sbgemm(tb, m, n, k1, alpha, a, lda, b, ldb, beta, c, ldc);
     attn__cpu_sbgemm(tb, m, n, k - k1, alpha, a + k1, lda, tb ? b + k1 : b + (size_t)k1 * ldb, ldb,
                      1.0f, c, ldc);
   } else {
-    const int m1 = m / 2 / 16 * 16 ? m / 2 / 16 * 16 : m / 2;
+    int m1 = m / 2 / 16 * 16; /* pieces a multiple of 16 */
+    if (m1 == 0) m1 = m / 2;
     attn__cpu_sbgemm(tb, m1, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     attn__cpu_sbgemm(tb, m - m1, n, k, alpha, a + (size_t)m1 * lda, lda, b, ldb, beta,
                      c + (size_t)m1 * ldc, ldc);
