@@ -19,7 +19,7 @@ and top-left in torch's is_causal, the same mask for Nq = Nk. FLOPs: forward
 4 B H (visible pairs) d, backward 2.5x that, for both.
 
   python3 bench/cpu_bench.py scaling --attn build/tools/attn [--threads 1,2] [--quick]
-  python3 bench/cpu_bench.py targets --attn build-cpu/tools/attn [--json F]
+    python3 bench/cpu_bench.py targets --attn build-cpu/tools/attn [--json F] [--small]
 """
 import argparse
 import json
@@ -179,11 +179,16 @@ def scaling(args, log):
 
 def targets(args, log):
     t = int(args.threads) if args.threads else (os.cpu_count() or 1)
+    rows = [VIT, N4K, N4KC, N2K128]
+    if args.small:
+        # The same shapes cut to what 2 cores run in minutes: batch 16, N / 2.
+        rows = [dict(VIT, name="ViT-B/16 b16", batch=16),
+                dict(N4K, name="N2048 H12 d64", n=2048),
+                dict(N4KC, name="N2048 H12 d64 causal", n=2048),
+                dict(N2K128, name="N1024 H16 d128", n=1024)]
     # (row, dtype, backward, the target ratio of each pass)
-    plan = [(VIT, "f32", True, (1.3, 1.2)), (N4K, "f32", True, (1.3, 1.2)),
-            (N4KC, "f32", True, (1.3, 1.2)), (N2K128, "f32", True, (1.3, 1.2)),
-            (VIT, "bf16", False, (1.0, None)), (N4K, "bf16", False, (1.0, None)),
-            (N4KC, "bf16", False, (1.0, None)), (N2K128, "bf16", False, (1.0, None))]
+    plan = [(r, "f32", True, (1.3, 1.2)) for r in rows] + \
+           [(r, "bf16", False, (1.0, None)) for r in rows]
     results = []
     note = None
     for row, dtype, backward, goal in plan:
@@ -217,6 +222,7 @@ def main():
     ap.add_argument("--threads", help="scaling: a comma list; targets: one count (default nproc)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="scaling: smaller problems")
+    ap.add_argument("--small", action="store_true", help="targets: the rows cut for 2 cores")
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--log", default="/tmp/cpu_bench.log")
     # torch-child
