@@ -72,28 +72,52 @@ void attn__cpu_bf16_pairs_t(const uint16_t *q, int64_t ldq, int nr, int d, uint3
   }
 }
 
-void attn__cpu_bf16_pairs(const uint16_t *v, int64_t ldv, int rows, int d, uint32_t *vp) {
+/* Round to nearest even, NaN kept NaN, without a branch (the loops below
+ * vectorize): attn__f32_to_bf16's result. */
+static inline uint32_t cpu_bf16_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? q : r;
+}
+
+static ATTN__CPU_SIMD_CLONES void cpu_bf16_round_clones(const float *pt, int rows, int cols, int ld,
+                                                        uint16_t *out, int ldo) {
+  for (int a = 0; a < rows; a++)
+    for (int r = 0; r < cols; r++)
+      out[(size_t)a * ldo + r] = (uint16_t)cpu_bf16_bits(pt[(size_t)a * ld + r]);
+}
+
+void attn__cpu_bf16_round(const float *pt, int rows, int cols, int ld, uint16_t *out, int ldo) {
+  cpu_bf16_round_clones(pt, rows, cols, ld, out, ldo);
+}
+
+static ATTN__CPU_SIMD_CLONES void cpu_bf16_pairs_f32_clones(const float *pt, int rows, int cols,
+                                                            int ld, uint32_t *out, int ldo) {
   for (int p = 0; 2 * p < rows; p++) {
-    const uint16_t *lo = v + (size_t)(2 * p) * ldv;
-    uint32_t *out = vp + (size_t)p * d;
-    if (2 * p + 1 < rows) {
-      const uint16_t *hi = lo + ldv;
-      for (int c = 0; c < d; c++)
-        out[c] = (uint32_t)lo[c] | (uint32_t)hi[c] << 16;
-    } else {
-      for (int c = 0; c < d; c++)
-        out[c] = lo[c];
-    }
+    const float *lo = pt + (size_t)(2 * p) * ld, *hi = lo + ld;
+    uint32_t *o = out + (size_t)p * ldo;
+    if (2 * p + 1 < rows)
+      for (int r = 0; r < cols; r++)
+        o[r] = cpu_bf16_bits(lo[r]) | cpu_bf16_bits(hi[r]) << 16;
+    else
+      for (int r = 0; r < cols; r++)
+        o[r] = cpu_bf16_bits(lo[r]);
   }
 }
 
-void attn__cpu_bf16_round_t(const float *pt, int bc, int br, int ld, uint16_t *p, int ldp) {
-  for (int r = 0; r < br; r++) {
-    uint16_t *out = p + (size_t)r * ldp;
-    for (int a = 0; a < bc; a++)
-      out[a] = attn__f32_to_bf16(pt[(size_t)a * ld + r]);
-    for (int a = bc; a < ldp; a++)
-      out[a] = 0;
+void attn__cpu_bf16_pairs_f32(const float *pt, int rows, int cols, int ld, uint32_t *out, int ldo) {
+  cpu_bf16_pairs_f32_clones(pt, rows, cols, ld, out, ldo);
+}
+
+void attn__cpu_bf16_transpose(const uint16_t *v, int64_t ldv, int rows, int d, uint16_t *vt,
+                              int ldt) {
+  for (int c = 0; c < d; c++) {
+    uint16_t *o = vt + (size_t)c * ldt;
+    for (int a = 0; a < rows; a++)
+      o[a] = v[(size_t)a * ldv + c];
+    for (int a = rows; a < ldt; a++)
+      o[a] = 0;
   }
 }
 
@@ -179,30 +203,30 @@ int attn__cpu_sbgemm_built(void) {
 /* As attn__cpu_gemm (cpu_tile.c), the product cut into pieces OpenBLAS runs
  * on the calling thread (m*n*k at most 262144): the same threshold rules
  * its sbgemm and its sgemm. */
-void attn__cpu_sbgemm(int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+void attn__cpu_sbgemm(int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
                       const uint16_t *b, int ldb, float beta, float *c, int ldc) {
   if (m <= 0 || n <= 0 || k <= 0) return;
   if ((int64_t)m * n * k <= 262144) {
-    cblas_sbgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
-                 lda, b, ldb, beta, c, ldc);
+    cblas_sbgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+                 n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else if (n >= k && n >= m) {
     int n1 = n / 2 / 16 * 16; /* pieces a multiple of 16 */
     if (n1 == 0) n1 = n / 2;
-    attn__cpu_sbgemm(tb, m, n1, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    attn__cpu_sbgemm(tb, m, n - n1, k, alpha, a, lda, tb ? b + (size_t)n1 * ldb : b + n1, ldb, beta,
-                     c + n1, ldc);
+    attn__cpu_sbgemm(ta, tb, m, n1, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    attn__cpu_sbgemm(ta, tb, m, n - n1, k, alpha, a, lda, tb ? b + (size_t)n1 * ldb : b + n1, ldb,
+                     beta, c + n1, ldc);
   } else if (k >= m) {
     int k1 = k / 2 / 16 * 16; /* pieces a multiple of 16 */
     if (k1 == 0) k1 = k / 2;
-    attn__cpu_sbgemm(tb, m, n, k1, alpha, a, lda, b, ldb, beta, c, ldc);
-    attn__cpu_sbgemm(tb, m, n, k - k1, alpha, a + k1, lda, tb ? b + k1 : b + (size_t)k1 * ldb, ldb,
-                     1.0f, c, ldc);
+    attn__cpu_sbgemm(ta, tb, m, n, k1, alpha, a, lda, b, ldb, beta, c, ldc);
+    attn__cpu_sbgemm(ta, tb, m, n, k - k1, alpha, ta ? a + (size_t)k1 * lda : a + k1, lda,
+                     tb ? b + k1 : b + (size_t)k1 * ldb, ldb, 1.0f, c, ldc);
   } else {
     int m1 = m / 2 / 16 * 16; /* pieces a multiple of 16 */
     if (m1 == 0) m1 = m / 2;
-    attn__cpu_sbgemm(tb, m1, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    attn__cpu_sbgemm(tb, m - m1, n, k, alpha, a + (size_t)m1 * lda, lda, b, ldb, beta,
-                     c + (size_t)m1 * ldc, ldc);
+    attn__cpu_sbgemm(ta, tb, m1, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    attn__cpu_sbgemm(ta, tb, m - m1, n, k, alpha, ta ? a + m1 : a + (size_t)m1 * lda, lda, b, ldb,
+                     beta, c + (size_t)m1 * ldc, ldc);
   }
 }
 #endif

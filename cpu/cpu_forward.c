@@ -47,7 +47,10 @@ typedef struct cpu_fwd_tiles {
   uint32_t *qp; /* d/2 x Br: Q^T in pairs (the CPU's instruction) */
   uint16_t *kb; /* Bc x d: K, when gathered */
   uint16_t *vb; /* Bc x d: V, idem */
-  uint16_t *pb; /* Br x (Bc rounded up to even): P in bf16 */
+  /* P^T in bf16: (Bc + 1) x Br, rounded as it is (sbgemm) or in pairs of
+   * rows (the CPU's instructions), row stride Br either way */
+  void *pb;
+  float *ot; /* d x Br: O^T, the bf16 products' accumulator */
 } cpu_fwd_tiles;
 
 /* What the work items share. A tile's rows: tile row x * nr + r is row i0
@@ -62,10 +65,10 @@ typedef struct cpu_fwd_work {
   float *part_o;                 /* splits: [tile][part][Br][d], each part's normalized O */
   float *part_lse;               /* splits: [tile][part][Br] */
   attn__cpu_bf16_kernel *kernel; /* ATTN__CPU_PRODUCTS_BF16's */
-  uint32_t *vp;                  /* its V in pairs, or NULL (cpu_fwd_prepacks) */
+  uint16_t *vt;                  /* its V^T, or NULL (cpu_fwd_prepacks) */
   float *kf, *vf;                /* K and V in f32, or NULL (cpu_fwd_kvf_floats) */
   int64_t kblocks;               /* key blocks of the capacity */
-  size_t slot;                   /* pairs of one key block */
+  size_t slot;                   /* bf16 elements of one key block's V^T */
 } cpu_fwd_work;
 
 static size_t cpu_fwd_thread_floats(const attn__problem *pb, const attn__cpu_config *cfg,
@@ -74,8 +77,8 @@ static size_t cpu_fwd_thread_floats(const attn__problem *pb, const attn__cpu_con
   size_t floats = br * d * 2 + bc * d * 2 + br * bc + 5 * br + (size_t)sc->splits;
   floats = (floats + 15) / 16 * 16;
   if (sc->products != ATTN__CPU_PRODUCTS_F32) {
-    /* qb, qp, kb, vb, pb, each rounded up to a cache line. */
-    const size_t halves = br * d * 2 + bc * d * 2 + br * (bc + 1) / 2 * 2 + 5 * 32;
+    /* qb, qp, kb, vb, pb, ot, each rounded up to a cache line. */
+    const size_t halves = br * d * 2 + bc * d * 2 + br * (bc + 2) + br * d * 2 + 6 * 32;
     floats += (halves / 2 + 15) / 16 * 16;
   }
   return floats;
@@ -87,12 +90,13 @@ static size_t cpu_fwd_part_floats(const attn__problem *pb, const attn__cpu_confi
   return (size_t)sc->tiles * (size_t)sc->splits * (size_t)cfg->br * (size_t)(pb->head_dim + 1);
 }
 
-/* The CPU's bf16 instruction reads V in pairs of rows (attn__cpu_bf16_pairs):
- * every key block of every sequence and kv head is put in pairs once per
- * call, before the tiles, rather than once per tile that reads it (4 times
- * a block at ViT's 197 rows, 64 at N = 4096). Slot (b, kb, hk) of
- * (Bc + 1) / 2 x d pairs; the capacity's blocks, as the plan sees shapes
- * only. */
+/* The CPU's bf16 instructions take O^T += V^T P^T (see
+ * attn__cpu_bf16_pairs_f32), V^T in rows of keys: every key block of every
+ * sequence and kv head is transposed once per call, before the tiles,
+ * rather than once per tile that reads it (4 times a block at ViT's 197
+ * rows, 64 at N = 4096). Slot (b, kb, hk) of d x Bcp bf16, Bcp = Bc rounded
+ * up to even (in pairs: as many u32 as (Bc + 1) / 2 x d); the capacity's
+ * blocks, as the plan sees shapes only. */
 static int cpu_fwd_prepacks(const attn__cpu_config *cfg, const attn__cpu_schedule *sc) {
   return sc->products == ATTN__CPU_PRODUCTS_BF16 && sc->rows > cfg->few_rows;
 }
@@ -159,7 +163,9 @@ static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d, const attn__cpu_confi
   t.w = t.lo + br;
   t.qb = NULL;
   t.qp = NULL;
-  t.kb = t.vb = t.pb = NULL;
+  t.kb = t.vb = NULL;
+  t.pb = NULL;
+  t.ot = NULL;
   if (sc->products != ATTN__CPU_PRODUCTS_F32) {
     const size_t floats = br * d * 2 + bc * d * 2 + br * bc + 5 * br + (size_t)sc->splits;
     char *p = (char *)(base + (floats + 15) / 16 * 16);
@@ -167,7 +173,8 @@ static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d, const attn__cpu_confi
     t.qp = cpu_fwd_take(&p, br * d);
     t.kb = cpu_fwd_take(&p, bc * d);
     t.vb = cpu_fwd_take(&p, bc * d);
-    t.pb = cpu_fwd_take(&p, br * (bc + 1) / 2 * 2);
+    t.pb = cpu_fwd_take(&p, br * (bc + 2));
+    t.ot = cpu_fwd_take(&p, br * d * 2);
   }
   return t;
 }
@@ -255,29 +262,31 @@ static void cpu_fwd_qk_bf16(const cpu_fwd_work *w, const cpu_fwd_tiles *t, const
       w->kernel(bc, nr, d / 2, pb->scale, k, ldk, t->qp + hx * nr, ld, 0.0f, t->st + hx * nr, ld);
 #if defined(ATTN_HAVE_SBGEMM)
     else
-      attn__cpu_sbgemm(1, bc, nr, d, pb->scale, k, ldk, t->qb + (size_t)hx * nr * d, d, 0.0f,
+      attn__cpu_sbgemm(0, 1, bc, nr, d, pb->scale, k, ldk, t->qb + (size_t)hx * nr * d, d, 0.0f,
                        t->st + hx * nr, ld);
 #endif
   }
 }
 
-/* O += P V of one key block in bf16 products: P rounded to bf16 (see
+/* O^T += V^T P^T of one key block in bf16 products: P rounded to bf16 (see
  * cpu_bf16.c), zero-padded to an even count of keys. */
 static void cpu_fwd_pv_bf16(const cpu_fwd_work *w, const cpu_fwd_tiles *t, const cpu_fwd_tile *x,
                             int products, int64_t j0, int bc) {
   const attn__problem *pb = w->pb;
-  const int d = (int)pb->head_dim, br = x->nh * x->nr, bcp = (bc + 1) / 2 * 2;
-  attn__cpu_bf16_round_t(t->st, bc, br, t->br, t->pb, bcp);
+  const int d = (int)pb->head_dim, br = x->nh * x->nr, Br = t->br;
   if (products == ATTN__CPU_PRODUCTS_BF16) {
-    const uint32_t *vp =
-        w->vp + (size_t)((x->b * w->kblocks + j0 / t->bc) * pb->heads_kv + x->hk) * w->slot;
-    w->kernel(br, d, bcp / 2, 1.0f, t->pb, bcp, vp, d, 1.0f, t->o, d);
+    const int bcp = (bc + 1) / 2 * 2, ldt = (t->bc + 1) / 2 * 2;
+    const uint16_t *vt =
+        w->vt + (size_t)((x->b * w->kblocks + j0 / t->bc) * pb->heads_kv + x->hk) * w->slot;
+    attn__cpu_bf16_pairs_f32(t->st, bc, br, Br, t->pb, Br);
+    w->kernel(d, br, bcp / 2, 1.0f, vt, ldt, t->pb, Br, 1.0f, t->ot, Br);
   }
 #if defined(ATTN_HAVE_SBGEMM)
   else {
     int ldv;
     const uint16_t *v = attn__cpu_view_keys_bf16(pb, &pb->v, x->b, j0, bc, x->hk, t->vb, &ldv);
-    attn__cpu_sbgemm(0, br, d, bc, 1.0f, t->pb, bcp, v, ldv, 1.0f, t->o, d);
+    attn__cpu_bf16_round(t->st, bc, br, Br, t->pb, Br);
+    attn__cpu_sbgemm(1, 0, d, br, bc, 1.0f, v, ldv, t->pb, Br, 1.0f, t->ot, Br);
   }
 #endif
 }
@@ -307,7 +316,11 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
     } else {
       attn__cpu_load_t(pb, &pb->q, x.b, rq, nr, x.h0 + hx, t->qt + hx * nr, ld);
     }
-  memset(t->o, 0, (size_t)br * d * sizeof(float));
+  float *ot = few || products == ATTN__CPU_PRODUCTS_F32 ? NULL : t->ot;
+  if (ot)
+    memset(ot, 0, (size_t)ld * d * sizeof(float));
+  else
+    memset(t->o, 0, (size_t)br * d * sizeof(float));
   for (int r = 0; r < br; r++) {
     t->m[r] = -INFINITY;
     t->l[r] = 0.0f;
@@ -343,13 +356,18 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
     for (int hx = 0; hx < x.nh; hx++)
       attn__cpu_scores(pb, x.b, x.h0 + hx, x.i0, nr, j0, bc, nq, nk, t->st + hx * nr, ld, NULL);
     attn__cpu_softmax_cols(t->st, bc, br, ld, t->m, t->l, t->alpha);
-    for (int r = 0; r < br; r++) {
-      if (t->alpha[r] == 1.0f) continue;
-      float *orow = t->o + (size_t)r * d;
-      const float alpha = t->alpha[r];
-      for (int c = 0; c < d; c++)
-        orow[c] *= alpha;
-    }
+    if (ot)
+      for (int c = 0; c < d; c++) /* O^T: each row of d takes every row's alpha */
+        for (int r = 0; r < br; r++)
+          ot[(size_t)c * ld + r] *= t->alpha[r];
+    else
+      for (int r = 0; r < br; r++) {
+        if (t->alpha[r] == 1.0f) continue;
+        float *orow = t->o + (size_t)r * d;
+        const float alpha = t->alpha[r];
+        for (int c = 0; c < d; c++)
+          orow[c] *= alpha;
+      }
     if (few)
       attn__cpu_pv_few(pb, &pb->v, x.b, j0, bc, x.h0, x.nh, nr, t->st, ld, t->o);
     else if (products != ATTN__CPU_PRODUCTS_F32)
@@ -357,6 +375,11 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
     else
       w->sc.gemm(1, 0, br, d, bc, 1.0f, t->st, ld, v, ldv, 1.0f, t->o, d);
   }
+
+  if (ot)
+    for (int r = 0; r < br; r++)
+      for (int c = 0; c < d; c++)
+        t->o[(size_t)r * d + c] = ot[(size_t)c * ld + r];
 
   if (w->sc.splits > 1) {
     /* The part's normalized O and lse; -inf (and O = 0) where the row saw
@@ -454,9 +477,9 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
   w.part_o = scratch + (size_t)nthreads * per_thread;
   w.part_lse =
       w.part_o + (size_t)sc->tiles * (size_t)sc->splits * (size_t)cfg->br * (size_t)pb->head_dim;
-  w.vp = cpu_fwd_prepacks(cfg, sc) ? (uint32_t *)(w.part_o + parts) : NULL;
+  w.vt = cpu_fwd_prepacks(cfg, sc) ? (uint16_t *)(w.part_o + parts) : NULL;
   w.kblocks = (pb->seqlen_k + cfg->bc - 1) / cfg->bc;
-  w.slot = cpu_fwd_slot_pairs(pb, cfg);
+  w.slot = 2 * cpu_fwd_slot_pairs(pb, cfg);
   const size_t kvf = cpu_fwd_kvf_floats(pb, cfg, sc);
   w.kf = kvf ? w.part_o + parts + cpu_fwd_vp_floats(pb, cfg, sc) : NULL;
   w.vf = kvf ? w.kf + kvf / 2 : NULL;
@@ -468,8 +491,8 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
   {
     const cpu_fwd_tiles t =
         cpu_fwd_carve(scratch + (size_t)omp_get_thread_num() * per_thread, pb->head_dim, cfg, sc);
-    if (w.vp) {
-      /* V in pairs, before any tile reads it (the loop's barrier). */
+    if (w.vt) {
+      /* V^T, before any tile reads it (the loop's barrier). */
       const int64_t hkv = pb->heads_kv, slots = pb->batch * w.kblocks * hkv;
 #pragma omp for schedule(dynamic, 8)
       for (int64_t x = 0; x < slots; x++) {
@@ -479,7 +502,8 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
         const int bc = (int)(nk - j0 < cfg->bc ? nk - j0 : cfg->bc);
         int ldv;
         const uint16_t *v = attn__cpu_view_keys_bf16(pb, &pb->v, b, j0, bc, hk, t.vb, &ldv);
-        attn__cpu_bf16_pairs(v, ldv, bc, (int)pb->head_dim, w.vp + (size_t)x * w.slot);
+        attn__cpu_bf16_transpose(v, ldv, bc, (int)pb->head_dim, w.vt + (size_t)x * w.slot,
+                                 (cfg->bc + 1) / 2 * 2);
       }
     }
     if (w.kf) {

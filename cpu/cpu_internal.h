@@ -14,6 +14,27 @@
 
 #include "rules.h"
 
+/* The elementwise loops over a tile are built for AVX-512, AVX2 and the
+ * baseline, picked at load time (target_clones: see cpu_tile.c). */
+/* ThreadSanitizer instruments the ifunc's resolver, which the loader runs
+ * before TSan's runtime is up (a crash at load): a TSan build takes the
+ * baseline. */
+#if defined(__SANITIZE_THREAD__)
+#define ATTN__CPU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define ATTN__CPU_TSAN 1
+#endif
+#endif
+#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute) && !defined(ATTN__CPU_TSAN)
+#if __has_attribute(target_clones)
+#define ATTN__CPU_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef ATTN__CPU_SIMD_CLONES
+#define ATTN__CPU_SIMD_CLONES
+#endif
+
 /* The kernels of the plan (attn__plan.kernel) and a row of the tile
  * table in cpu.c (attn__plan.config). */
 enum attn__cpu_kernel { ATTN__CPU_BLOCKWISE_FORWARD, ATTN__CPU_BLOCKWISE_BACKWARD };
@@ -274,15 +295,19 @@ void attn__cpu_load_bf16(const attn__problem *pb, const attn__tensor *t, int key
 const uint16_t *attn__cpu_view_keys_bf16(const attn__problem *pb, const attn__tensor *t, int64_t b,
                                          int64_t j0, int64_t nr, int64_t h, uint16_t *scratch,
                                          int *ld);
-/* B operands in pairs (attn__cpu_bf16_kernel): of Q^T from nr rows of q
- * (d even), qp[p * ldp + r] = (q[r][2p], q[r][2p + 1]); of V from `rows`
- * rows of v, vp[p * d + c] = (v[2p][c], v[2p + 1][c]), zero past the last
- * row. */
+/* The B operand in pairs (attn__cpu_bf16_kernel) of Q^T, from nr rows of q
+ * (d even): qp[p * ldp + r] = (q[r][2p], q[r][2p + 1]). */
 void attn__cpu_bf16_pairs_t(const uint16_t *q, int64_t ldq, int nr, int d, uint32_t *qp, int ldp);
-void attn__cpu_bf16_pairs(const uint16_t *v, int64_t ldv, int rows, int d, uint32_t *vp);
-/* P from P^T (bc keys down, br queries across, row stride ld), rounded to
- * bf16: p[r * ldp + a], zero for a in [bc, ldp). */
-void attn__cpu_bf16_round_t(const float *pt, int bc, int br, int ld, uint16_t *p, int ldp);
+/* The P V product of the bf16 products is taken as O^T += V^T P^T, whose
+ * operands need no transposing per tile: P^T (rows of keys, row stride ld,
+ * f32) rounded to bf16 as it is (out[a * ldo + r]), or in pairs of rows
+ * for the CPU's instructions (out[p * ldo + r] = (P^T[2p][r], P^T[2p +
+ * 1][r]), zero past the last row); and V^T of `rows` rows of v (vt[c * ldt
+ * + a], zero for a in [rows, ldt)), made once per call. */
+void attn__cpu_bf16_round(const float *pt, int rows, int cols, int ld, uint16_t *out, int ldo);
+void attn__cpu_bf16_pairs_f32(const float *pt, int rows, int cols, int ld, uint32_t *out, int ldo);
+void attn__cpu_bf16_transpose(const uint16_t *v, int64_t ldv, int rows, int d, uint16_t *vt,
+                              int ldt);
 /* The kernel of the CPU's bf16 instructions (AMX's tiles where the CPU has
  * them and Linux lets the process use them, else AVX512_BF16), NULL where
  * it has none or the build has no code for it; whether the CPU has bf16 dot products at all
@@ -293,9 +318,10 @@ attn__cpu_bf16_kernel *attn__cpu_bf16_kernel_native(void);
 const char *attn__cpu_bf16_kernel_name(attn__cpu_bf16_kernel *k);
 int attn__cpu_bf16_hardware(void);
 int attn__cpu_sbgemm_built(void);
-/* cblas_sbgemm(RowMajor, NoTrans, tb ? Trans : NoTrans, ...) on the calling
- * thread (as attn__cpu_gemm); only where ATTN_HAVE_SBGEMM is defined. */
-void attn__cpu_sbgemm(int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+/* cblas_sbgemm(RowMajor, ta ? Trans : NoTrans, tb ? Trans : NoTrans, ...)
+ * on the calling thread (as attn__cpu_gemm); only where ATTN_HAVE_SBGEMM is
+ * defined. */
+void attn__cpu_sbgemm(int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
                       const uint16_t *b, int ldb, float beta, float *c, int ldc);
 
 /* attn_tune (cpu_tune.c): the tile variations, and the tuned rows read at

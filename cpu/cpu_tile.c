@@ -93,24 +93,7 @@ void attn__cpu_gemm(int ta, int tb, int m, int n, int k, float alpha, const floa
  * in other files would not link to it. Elsewhere, or on compilers without the
  * attribute, the baseline alone. One machine always runs the same clone, so
  * results stay reproducible. */
-/* ThreadSanitizer instruments the ifunc's resolver, which the loader runs
- * before TSan's runtime is up (a crash at load): a TSan build takes the
- * baseline. */
-#if defined(__SANITIZE_THREAD__)
-#define CPU_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define CPU_TSAN 1
-#endif
-#endif
-#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute) && !defined(CPU_TSAN)
-#if __has_attribute(target_clones)
-#define CPU_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-#endif
-#ifndef CPU_SIMD_CLONES
-#define CPU_SIMD_CLONES
-#endif
+#define CPU_SIMD_CLONES ATTN__CPU_SIMD_CLONES
 
 /* ---------------------------------------------------------------------- */
 /* Gather and scatter                                                       */
