@@ -96,9 +96,13 @@ int attn__cpu_threads(void) {
  * first or within noise of first in all four columns (78/82 GFLOP/s
  * forward, 83/88 backward; the others 71-82 and 74-84), and it keeps units
  * small enough to spread short sequences (ViT's 197 tokens) over the
- * threads. f16 and bf16 tiles are converted to f32 when loaded, so their
- * products are the f32 ones. The rows are split by head dimension so that
- * attn_tune (cpu_tune.c) can keep other tiles for each on another machine.
+ * threads; 2026-12-01, with the FMA kernels, two runs of attn tune put other
+ * shapes first each time, within this machine's noise, so 64 x 64 stays
+ * (bench/NOTES.md). f16 and bf16 tiles are converted to f32 when loaded,
+ * so their products are the f32 ones, but for a bf16 forward on a CPU with
+ * bf16 products (the rule below). The rows are split by head dimension so
+ * that attn_tune (cpu_tune.c) can keep other tiles for each on another
+ * machine.
  *
  * Key splitting: 4 work items per thread let dynamic scheduling even out
  * tiles of unequal length; a part of at least 4 key blocks (256 keys) makes

@@ -1,13 +1,17 @@
 /*
- * The CPU backend's private interface: what cpu.c, cpu_tile.c,
- * cpu_forward.c and cpu_backward.c share. Nothing outside cpu/ includes it.
+ * The CPU backend's private interface: what the files of cpu/ share
+ * (cpu.c, cpu_tile.c, cpu_gemm.c, cpu_bf16*.c, cpu_forward.c,
+ * cpu_backward.c, cpu_tune.c), and what test_products reaches. Nothing else
+ * outside cpu/ includes it.
  *
  * Every pass works on tiles: Br query rows or Bc key rows of one head,
  * gathered with the problem's strides into a contiguous float32 array of
  * row length d (which also turns f16/bf16 into f32 and makes any stride
  * layout look the same; f32 rows with unit column stride are used in
- * place), multiplied with single-threaded OpenBLAS sgemm calls, and
- * scattered back in the problem's dtype.
+ * place), multiplied on the calling thread (the library's FMA kernels or
+ * OpenBLAS sgemm; a bf16 forward may keep bf16 tiles for the CPU's bf16
+ * instructions or OpenBLAS sbgemm), and scattered back in the problem's
+ * dtype.
  */
 #ifndef ATTN_CPU_INTERNAL_H
 #define ATTN_CPU_INTERNAL_H
@@ -15,8 +19,8 @@
 #include "rules.h"
 
 /* The elementwise loops over a tile are built for AVX-512, AVX2 and the
- * baseline, picked at load time (target_clones: see cpu_tile.c). */
-/* ThreadSanitizer instruments the ifunc's resolver, which the loader runs
+ * baseline, picked at load time (target_clones: see cpu_tile.c).
+ * ThreadSanitizer instruments the ifunc's resolver, which the loader runs
  * before TSan's runtime is up (a crash at load): a TSan build takes the
  * baseline. */
 #if defined(__SANITIZE_THREAD__)
@@ -43,8 +47,8 @@ enum attn__cpu_kernel { ATTN__CPU_BLOCKWISE_FORWARD, ATTN__CPU_BLOCKWISE_BACKWAR
  * which a CPU gets is cpu.c's rule, attn_tune may measure the others).
  * f16 and f32 always take the first. */
 enum attn__cpu_products {
-  ATTN__CPU_PRODUCTS_F32,   /* tiles converted to f32, OpenBLAS sgemm */
-  ATTN__CPU_PRODUCTS_BF16,  /* bf16 tiles, the CPU's bf16 instruction */
+  ATTN__CPU_PRODUCTS_F32,   /* tiles converted to f32, f32 products (the config's fma) */
+  ATTN__CPU_PRODUCTS_BF16,  /* bf16 tiles, the CPU's bf16 instructions (AMX, AVX512_BF16) */
   ATTN__CPU_PRODUCTS_SBGEMM /* bf16 tiles, OpenBLAS cblas_sbgemm */
 };
 
