@@ -12,8 +12,12 @@
 #   TUNE=1 bash bench/cpu_h200.sh       # attn tune first (f32 and bf16, d = 64
 #                                       # and 128), the rows then run its tiles
 #
-# Logs go to $OUT (default /tmp/cpu_h200): build.log, check.log, tune.log,
-# bench.log, and targets.json.
+# Where cmocka is installed (on the GPU machine: ../shared/device/stage.sh,
+# carry .device, unpack its debs first), test_products also runs the bf16
+# kernels this CPU has natively (AVX512_BF16, AMX) against the golden cases.
+#
+# Logs go to $OUT (default /tmp/cpu_h200): build.log, check.log, products.log,
+# tune.log, bench.log, and targets.json.
 set -u -o pipefail
 OUT=${OUT:-/tmp/cpu_h200}
 mkdir -p "$OUT"
@@ -37,6 +41,20 @@ grep -m1 -o -w -E "avx512_bf16|amx_bf16|avx512f|avx512_fp16" /proc/cpuinfo | sor
 step "golden cases on the CPU backend"
 ATTN_BACKEND=cpu "$ATTN" check > "$OUT/check.log" 2>&1
 echo "check exit $?: $(tail -1 "$OUT/check.log")"
+
+if pkg-config --exists cmocka 2>/dev/null; then
+  step "test_products (the bf16 and f32 kernels, natively where the CPU has them)"
+  if cmake -S . -B "$BUILD" -DATTN_BUILD_TESTS=ON >> "$OUT/build.log" 2>&1 &&
+     cmake --build "$BUILD" -j "$JOBS" --target test_products >> "$OUT/build.log" 2>&1; then
+    { "$BUILD/tests/test_products" --common; "$BUILD/tests/test_products" --backend cpu; } \
+      > "$OUT/products.log" 2>&1
+    grep -E "^\[ +(OK|FAILED|SKIPPED) +\]" "$OUT/products.log"
+  else
+    echo "test_products did not build (see $OUT/build.log)"
+  fi
+else
+  echo "(cmocka absent: test_products not run)"
+fi
 
 # The cache folder of attn tune's tiles: this run's own unless TUNE=1 keeps them.
 export ATTN_CL_CACHE_DIR=${ATTN_CL_CACHE_DIR:-$OUT/cache}
