@@ -96,13 +96,16 @@ int attn__cpu_threads(void) {
  * first or within noise of first in all four columns (78/82 GFLOP/s
  * forward, 83/88 backward; the others 71-82 and 74-84), and it keeps units
  * small enough to spread short sequences (ViT's 197 tokens) over the
- * threads; 2026-12-01, with the FMA kernels, two runs of attn tune put other
- * shapes first each time, within this machine's noise, so 64 x 64 stays
- * (bench/NOTES.md). f16 and bf16 tiles are converted to f32 when loaded,
- * so their products are the f32 ones, but for a bf16 forward on a CPU with
- * bf16 products (the rule below). The rows are split by head dimension so
- * that attn_tune (cpu_tune.c) can keep other tiles for each on another
- * machine.
+ * threads. 2026-12-01, with the FMA kernels (cpu_gemm.c), Bc = 128 up to d
+ * = 128: one thread's CPU time (perf stat, 3 alternating runs, B=1),
+ * N=2048 H=4 d=64: backward 182-211 ms a call against 218-231 at 64 x 64,
+ * 7 forwards 522-572 against 536-739; N=1024 H=8 d=128: backward 201-208
+ * against 206-214, forwards 537-642 against 635-684 (128 x 64: 186-241);
+ * decoding (32k keys, 32/8 heads) within noise (bench/NOTES.md). d = 256
+ * keeps 64 x 64: its K and V blocks alone would fill 256 KiB. f16 and bf16 tiles are converted to
+ * f32 when loaded, so their products are the f32 ones, but for a bf16 forward on a CPU with bf16
+ * products (the rule below). The rows are split by head dimension so that attn_tune (cpu_tune.c)
+ * can keep other tiles for each on another machine.
  *
  * Key splitting: 4 work items per thread let dynamic scheduling even out
  * tiles of unequal length; a part of at least 4 key blocks (256 keys) makes
@@ -115,10 +118,10 @@ int attn__cpu_threads(void) {
     .split_min_blocks = 4, .few_rows = 4, .split_workspace = (size_t)64 << 20   \
   }
 static const attn__cpu_config cpu_configs[ATTN__CPU_ROWS] = {
-    CPU_ROW(ATTN_F32, 64, 64, 64),  CPU_ROW(ATTN_F32, 128, 64, 64),
-    CPU_ROW(ATTN_F32, 256, 64, 64), CPU_ROW(ATTN_F16, 64, 64, 64),
-    CPU_ROW(ATTN_F16, 128, 64, 64), CPU_ROW(ATTN_F16, 256, 64, 64),
-    CPU_ROW(ATTN_BF16, 64, 64, 64), CPU_ROW(ATTN_BF16, 128, 64, 64),
+    CPU_ROW(ATTN_F32, 64, 64, 128),  CPU_ROW(ATTN_F32, 128, 64, 128),
+    CPU_ROW(ATTN_F32, 256, 64, 64),  CPU_ROW(ATTN_F16, 64, 64, 128),
+    CPU_ROW(ATTN_F16, 128, 64, 128), CPU_ROW(ATTN_F16, 256, 64, 64),
+    CPU_ROW(ATTN_BF16, 64, 64, 128), CPU_ROW(ATTN_BF16, 128, 64, 128),
     CPU_ROW(ATTN_BF16, 256, 64, 64)};
 #undef CPU_ROW
 
