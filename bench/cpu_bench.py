@@ -88,9 +88,13 @@ def torch_child(args):
         return F.scaled_dot_product_attention(q, k, v, is_causal=row["causal"])
 
     def median(fn):
-        fn()  # untimed, as attn run's first call
+        _, warm = fn()  # untimed, as attn run's first call
+        # A pass that takes seconds (torch's bf16 backward on a CPU without
+        # bf16 instructions: 3 GFLOP/s) is timed fewer times, so that a
+        # table stays within minutes.
+        repeat = args.repeat if warm < 1 else min(args.repeat, 3) if warm < 5 else 1
         ts = []
-        for _ in range(args.repeat):
+        for _ in range(repeat):
             t, dt_ = fn()
             ts.append(dt_)
         return statistics.median(ts)
