@@ -85,16 +85,165 @@ int attn__cpu_threads(void) {
   return n;
 }
 
-static int cpu_open(attn_context *ctx, int index) {
-  /* Nothing per context: the passes allocate their tiles per call. The
-   * OpenMP team starts now, where a failure to create its threads can be
-   * survived (see attn__cpu_threads). */
-  ctx->impl = NULL;
-  attn__cpu_threads();
+/* The tiles, per dtype and head dimension: the first row that fits. With
+ * d = 64 and Br = Bc = 64 the working set of the forward inner loop (Q^T,
+ * K, V, S^T and the O accumulator: 5 x 16 KiB) sits in the 1-2 MiB L2 of
+ * current x86 cores with room to spare, and each tile product is at most
+ * m*n*k = 64*64*64, the largest OpenBLAS still runs on the calling thread
+ * (see attn__cpu_gemm); bigger products are cut into such pieces. Measured
+ * on the 2-core AMD EPYC (Zen 4) build host, one thread, f32, B=1 H=12
+ * N=1024, d = 64 and 128, every (Br, Bc) in {32, 64, 128}^2: 64 x 64 came
+ * first or within noise of first in all four columns (78/82 GFLOP/s
+ * forward, 83/88 backward; the others 71-82 and 74-84), and it keeps units
+ * small enough to spread short sequences (ViT's 197 tokens) over the
+ * threads. 2026-12-01, with the FMA kernels (cpu_gemm.c), Bc = 128 up to d
+ * = 128: one thread's CPU time (perf stat, 3 alternating runs, B=1),
+ * N=2048 H=4 d=64: backward 182-211 ms a call against 218-231 at 64 x 64,
+ * 7 forwards 522-572 against 536-739; N=1024 H=8 d=128: backward 201-208
+ * against 206-214, forwards 537-642 against 635-684 (128 x 64: 186-241);
+ * decoding (32k keys, 32/8 heads) within noise (bench/NOTES.md). d = 256
+ * keeps 64 x 64: its K and V blocks alone would fill 256 KiB. f16 and bf16 tiles are converted to
+ * f32 when loaded, so their products are the f32 ones, but for a bf16 forward on a CPU with bf16
+ * products (the rule below). The rows are split by head dimension so that attn_tune (cpu_tune.c)
+ * can keep other tiles for each on another machine.
+ *
+ * Key splitting: 4 work items per thread let dynamic scheduling even out
+ * tiles of unequal length; a part of at least 4 key blocks (256 keys) makes
+ * its merge (one row of d per part) cost under 1 % of the part. At most 64
+ * MiB of parts: only an explicit num_splits on a large problem gets near
+ * it, and splitting such a problem gains nothing on a CPU. */
+#define CPU_ROW(dt, hd, r, c)                                                   \
+  {                                                                             \
+    .dtype = (dt), .max_head_dim = (hd), .br = (r), .bc = (c), .split_fill = 4, \
+    .split_min_blocks = 4, .few_rows = 4, .split_workspace = (size_t)64 << 20   \
+  }
+static const attn__cpu_config cpu_configs[ATTN__CPU_ROWS] = {
+    CPU_ROW(ATTN_F32, 64, 64, 128),  CPU_ROW(ATTN_F32, 128, 64, 128),
+    CPU_ROW(ATTN_F32, 256, 64, 64),  CPU_ROW(ATTN_F16, 64, 64, 128),
+    CPU_ROW(ATTN_F16, 128, 64, 128), CPU_ROW(ATTN_F16, 256, 64, 64),
+    CPU_ROW(ATTN_BF16, 64, 64, 128), CPU_ROW(ATTN_BF16, 128, 64, 128),
+    CPU_ROW(ATTN_BF16, 256, 64, 64)};
+#undef CPU_ROW
+
+attn__cpu_sgemm_fn *attn__cpu_row_gemm(const attn__cpu_config *cfg) {
+  attn__cpu_sgemm_fn *own = cfg->fma ? attn__cpu_sgemm_native() : NULL;
+  return own ? own : attn__cpu_gemm;
+}
+
+void attn__cpu_row_set(attn_context *ctx, attn__cpu_config *row, int br, int bc, int products,
+                       int fma) {
+  const attn__cpu_impl *im = ctx->impl;
+  char what[48] = "";
+  if (products == ATTN__CPU_PRODUCTS_BF16)
+    snprintf(what, sizeof what, ", bf16 products (%s)",
+             attn__cpu_bf16_kernel_name(im->bf16_kernel));
+  else if (products == ATTN__CPU_PRODUCTS_SBGEMM)
+    snprintf(what, sizeof what, ", bf16 products (OpenBLAS sbgemm)");
+  row->br = br;
+  row->bc = bc;
+  row->products = products;
+  row->fma = fma && attn__cpu_sgemm_native();
+  const char *f32 = row->fma ? ", f32 products (FMA kernels)" : ", f32 products (OpenBLAS)";
+  snprintf(row->forward_name, sizeof row->forward_name, "cpu blockwise forward, Br %d Bc %d%s", br,
+           bc, products == ATTN__CPU_PRODUCTS_F32 ? f32 : what);
+  snprintf(row->backward_name, sizeof row->backward_name, "cpu blockwise backward, Br %d Bc %d%s",
+           br, bc, f32);
+}
+
+/* f32 products through the library's FMA kernels where the CPU has them
+ * (cpu_gemm.c; measured on the build host, see bench/NOTES.md), else
+ * OpenBLAS; attn_tune measures both. */
+#define CPU_FMA_RULE 1
+
+/* The products of a bf16 forward, the one rule: the CPU's bf16 instructions
+ * through the library's own kernels where the CPU has them (AMX's tiles, or
+ * AVX512_BF16's vdpbf16ps: attn__cpu_bf16_kernel_native; no packing of whole
+ * operands and no call through OpenBLAS's interface per tile, at the 64 x 64
+ * x 64 products of a tile); else OpenBLAS's sbgemm where the
+ * library has it and the CPU has bf16 dot products (AMX-BF16 without
+ * AVX512_BF16 is no CPU made so far, so in practice a build whose compiler
+ * lacks the instruction); else f32 products. sbgemm is never chosen
+ * without the hardware: OpenBLAS's generic bf16 kernel then runs far below
+ * sgemm. attn_tune measures the others this machine has (cpu_tune.c). */
+static int cpu_products_rule(const attn__cpu_impl *im) {
+  if (im->bf16_kernel) return ATTN__CPU_PRODUCTS_BF16;
+  if (attn__cpu_sbgemm_built() && attn__cpu_bf16_hardware()) return ATTN__CPU_PRODUCTS_SBGEMM;
+  return ATTN__CPU_PRODUCTS_F32;
+}
+
+unsigned attn__cpu_products_usable(attn_context *ctx) {
+  const attn__cpu_impl *im = ctx->impl;
+  unsigned u = 1u << ATTN__CPU_PRODUCTS_F32;
+  if (im->bf16_kernel) u |= 1u << ATTN__CPU_PRODUCTS_BF16;
+  if (attn__cpu_sbgemm_built() && attn__cpu_bf16_hardware()) u |= 1u << ATTN__CPU_PRODUCTS_SBGEMM;
+  return u;
+}
+
+int attn__cpu_products_force(attn_context *ctx, int products, attn__cpu_bf16_kernel *kernel) {
+  attn__cpu_impl *im = ctx->impl;
+  if (products == ATTN__CPU_PRODUCTS_BF16) {
+    im->bf16_kernel = kernel ? kernel : attn__cpu_bf16_kernel_native();
+    if (!im->bf16_kernel)
+      return attn__error(ctx, ATTN_EUNSUPPORTED,
+                         "products: this CPU has no AVX512_BF16, or the build no code for it");
+  } else if (products == ATTN__CPU_PRODUCTS_SBGEMM) {
+    if (!attn__cpu_sbgemm_built())
+      return attn__error(ctx, ATTN_EUNSUPPORTED,
+                         "products: the library was built with an OpenBLAS without cblas_sbgemm");
+  } else if (products != ATTN__CPU_PRODUCTS_F32) {
+    return attn__error(ctx, ATTN_EINVAL, "products: %d is none of the CPU's", products);
+  }
+  for (int i = 0; i < ATTN__CPU_ROWS; i++)
+    if (im->rows[i].dtype == ATTN_BF16)
+      attn__cpu_row_set(ctx, &im->rows[i], im->rows[i].br, im->rows[i].bc, products,
+                        im->rows[i].fma);
   return ATTN_OK;
 }
 
+attn__cpu_config *attn__cpu_row(attn_context *ctx, attn_dtype dtype, int64_t head_dim) {
+  attn__cpu_impl *im = ctx->impl;
+  for (int i = 0; i < ATTN__CPU_ROWS; i++)
+    if (im->rows[i].dtype == dtype && head_dim <= im->rows[i].max_head_dim) return &im->rows[i];
+  return &im->rows[0];
+}
+
+static int cpu_open(attn_context *ctx, int index) {
+  /* Per context only the tile table: the passes allocate their tiles per
+   * call. The OpenMP team starts now, where a failure to create its threads
+   * can be survived (see attn__cpu_threads), and before the tuned rows,
+   * which are kept per thread count. */
+  attn__cpu_impl *im = malloc(sizeof *im);
+  if (!im) return attn__error(ctx, ATTN_ENOMEM, "cpu: cannot allocate the context's tile table");
+  memcpy(im->rows, cpu_configs, sizeof cpu_configs);
+  im->bf16_kernel = attn__cpu_bf16_kernel_native();
+  im->ws = NULL;
+  im->ws_bytes = 0;
+  ctx->impl = im;
+  const int products = cpu_products_rule(im);
+  for (int i = 0; i < ATTN__CPU_ROWS; i++)
+    attn__cpu_row_set(ctx, &im->rows[i], im->rows[i].br, im->rows[i].bc,
+                      im->rows[i].dtype == ATTN_BF16 ? products : ATTN__CPU_PRODUCTS_F32,
+                      CPU_FMA_RULE);
+  attn__cpu_threads();
+  attn__cpu_tuned_rows(ctx);
+  return ATTN_OK;
+}
+
+void *attn__cpu_workspace(attn_context *ctx, size_t bytes) {
+  attn__cpu_impl *im = ctx->impl;
+  if (bytes > im->ws_bytes) {
+    /* Freed before the larger one is taken: never both at once. */
+    attn__cpu_free(im->ws);
+    im->ws = attn__cpu_alloc(bytes);
+    im->ws_bytes = im->ws ? bytes : 0;
+  }
+  return im->ws;
+}
+
 static void cpu_close(attn_context *ctx) {
+  attn__cpu_impl *im = ctx->impl;
+  if (im) attn__cpu_free(im->ws);
+  free(ctx->impl);
   ctx->impl = NULL;
 }
 
@@ -154,39 +303,13 @@ static int cpu_selftest(attn_context *ctx) {
   return ATTN_OK;
 }
 
-/* The tiles, per dtype and head dimension: the first row that fits. Every
- * row is Br = Bc = 64 today. With d = 64 the working set of the forward
- * inner loop (Q^T, K, V, S^T and the O accumulator: 5 x 16 KiB) sits in the
- * 1-2 MiB L2 of current x86 cores with room to spare, and each tile product
- * is at most m*n*k = 64*64*64, the largest OpenBLAS still runs on the
- * calling thread (see attn__cpu_gemm); bigger head dimensions are cut into
- * 64-wide pieces. Measured on the 2-core AMD EPYC (Zen 4) build host, one
- * thread, f32, B=1 H=12 N=1024, d = 64 and 128, every (Br, Bc) in {32, 64,
- * 128}^2: 64 x 64 came first or within noise of first in all four columns
- * (78/82 GFLOP/s forward, 83/88 backward; the others 71-82 and 74-84), and
- * it keeps units small enough to spread short sequences (ViT's 197 tokens)
- * over the threads. f16 and bf16 tiles are converted to f32 when loaded, so
- * their products are the f32 ones.
- *
- * Key splitting: 4 work items per thread let dynamic scheduling even out
- * tiles of unequal length; a part of at least 4 key blocks (256 keys) makes
- * its merge (one row of d per part) cost under 1 % of the part. At most 64
- * MiB of parts: only an explicit num_splits on a large problem gets near
- * it, and splitting such a problem gains nothing on a CPU. */
-#define CPU_ROW(dt)                                                                        \
-  {                                                                                        \
-    .dtype = (dt), .max_head_dim = ATTN_MAX_HEAD_DIM, .br = 64, .bc = 64, .split_fill = 4, \
-    .split_min_blocks = 4, .few_rows = 4, .split_workspace = (size_t)64 << 20,             \
-    .forward_name = "cpu blockwise forward, Br 64 Bc 64",                                  \
-    .backward_name = "cpu blockwise backward, Br 64 Bc 64"                                 \
-  }
-static const attn__cpu_config cpu_configs[] = {CPU_ROW(ATTN_F32), CPU_ROW(ATTN_F16),
-                                               CPU_ROW(ATTN_BF16)};
-#undef CPU_ROW
-
 attn__cpu_schedule attn__cpu_schedule_forward(const attn__problem *pb, const attn__cpu_config *cfg,
                                               int nthreads) {
   attn__cpu_schedule sc = {.heads = 1, .rows = cfg->br, .splits = 1, .tiles = 0};
+  /* bf16 products take pairs of the head dimension. */
+  sc.products =
+      pb->dtype == ATTN_BF16 && pb->head_dim % 2 == 0 ? cfg->products : ATTN__CPU_PRODUCTS_F32;
+  sc.gemm = attn__cpu_row_gemm(cfg);
   const int64_t group = pb->heads_q / pb->heads_kv;
   /* GQA packing when a head's rows leave the tile part empty (decoding):
    * one block of rows per sequence, and as many heads of the group beside
@@ -230,18 +353,11 @@ attn__cpu_schedule attn__cpu_schedule_forward(const attn__problem *pb, const att
   return sc;
 }
 
-static const attn__cpu_config *cpu_config(const attn__problem *pb) {
-  for (size_t i = 0; i < sizeof cpu_configs / sizeof cpu_configs[0]; i++)
-    if (cpu_configs[i].dtype == pb->dtype && pb->head_dim <= cpu_configs[i].max_head_dim)
-      return &cpu_configs[i];
-  return &cpu_configs[0];
-}
-
 static int cpu_plan(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out) {
   /* The CPU is the backend of last resort: every valid problem, any dtype,
    * stride, window, softcap, ALiBi, GQA or varlen layout, KV cache, bias or
    * sinks, so some row always fits. */
-  const attn__cpu_config *cfg = cpu_config(pb);
+  const attn__cpu_config *cfg = attn__cpu_row(ctx, pb->dtype, pb->head_dim);
   const int nthreads = attn__cpu_threads();
   memset(out, 0, sizeof *out);
   out->backward = backward;
@@ -292,4 +408,7 @@ const attn__backend attn__backend_cpu = {
     .backward = cpu_backward,
     .append = attn__cpu_append,
     .merge = attn__cpu_merge,
+    .tune_count = attn__cpu_tune_count,
+    .tune_use = attn__cpu_tune_use,
+    .tune_keep = attn__cpu_tune_keep,
 };

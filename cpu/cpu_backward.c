@@ -153,7 +153,11 @@ typedef struct cpu_bwd_shared {
    * where it broadcasts), the last unit (b * Hkv + hk) that added, or -1. */
   atomic_llong *bturn;
   int64_t kblocks; /* key blocks of the longest sequence */
-  int few_rows;    /* the config's: see attn__cpu_qk_few */
+  /* Whether a unit is a whole sequence and kv head (cpu_bwd_head): when
+   * there are enough of them to fill the threads. */
+  int by_head;
+  attn__cpu_sgemm_fn *gemm; /* the f32 products (attn__cpu_row_gemm) */
+  int few_rows;             /* the config's: see attn__cpu_qk_few */
 } cpu_bwd_shared;
 
 static int64_t cpu_qrow(const attn__problem *pb, int64_t b) {
@@ -322,15 +326,15 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
       if (br <= sh->few_rows)
         attn__cpu_qk_few(pb, &pb->k, NULL, b, j0, bc, h, 1, br, q, ldq, t->s, ld);
       else
-        attn__cpu_gemm(0, 0, bc, br, d, pb->scale, k, ldk,
-                       cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0), ld, 0.0f, t->s, ld);
+        sh->gemm(0, 0, bc, br, d, pb->scale, k, ldk, cpu_bwd_block_t(pb, sh, sh->qt, b, h, i0), ld,
+                 0.0f, t->s, ld);
       attn__cpu_scores(pb, b, h, i0, br, j0, bc, nq, nk, t->s, ld, capped ? t->th : NULL);
       attn__cpu_exp_cols(t->s, bc, br, ld, t->lse, t->lo);
       /* dV += P^T dO */
-      attn__cpu_gemm(0, 0, bc, d, br, 1.0f, t->s, ld, dout, lddo, 1.0f, t->dv, d);
+      sh->gemm(0, 0, bc, d, br, 1.0f, t->s, ld, dout, lddo, 1.0f, t->dv, d);
       /* dP^T = V dO^T, dS^T = P^T (dP^T - D) */
-      attn__cpu_gemm(0, 0, bc, br, d, 1.0f, v, ldv, cpu_bwd_block_t(pb, sh, sh->doutt, b, h, i0),
-                     ld, 0.0f, t->dp, ld);
+      sh->gemm(0, 0, bc, br, d, 1.0f, v, ldv, cpu_bwd_block_t(pb, sh, sh->doutt, b, h, i0), ld,
+               0.0f, t->dp, ld);
       if (pb->has_dbias) {
         /* dbias takes dS itself; dK and dQ take it through softcap's
          * derivative. */
@@ -349,7 +353,7 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
         attn__cpu_dsoftmax_cols(t->s, t->dp, capped ? t->th : NULL, pb->softcap, bc, br, ld, t->dd);
       }
       /* dK += dS^T Q */
-      attn__cpu_gemm(0, 0, bc, d, br, 1.0f, t->dp, ld, q, ldq, 1.0f, t->dk, d);
+      sh->gemm(0, 0, bc, d, br, 1.0f, t->dp, ld, q, ldq, 1.0f, t->dk, d);
       /* dQ += dS K, after the previous key block that sees these rows:
        * kb - 1 or none, as the key blocks a query block sees are
        * consecutive (the rows that see any key are consecutive, and each
@@ -359,7 +363,7 @@ static void cpu_bwd_kv(const attn__problem *pb, const cpu_bwd_tiles *t, const cp
       cpu_bwd_wait(turn, (int)prev);
       int ldacc;
       float *acc = cpu_bwd_acc(pb, sh, b, h, i0, &ldacc);
-      attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->dp, ld, k, ldk, 1.0f, acc, ldacc);
+      sh->gemm(1, 0, br, d, bc, 1.0f, t->dp, ld, k, ldk, 1.0f, acc, ldacc);
       atomic_store_explicit(turn, (int)kb, memory_order_release);
     }
   }
@@ -396,6 +400,26 @@ static void cpu_bwd_dq(const attn__problem *pb, const cpu_bwd_shared *sh, int64_
   if (sh->dq) attn__cpu_store(pb, &pb->dq, b, attn__row0_q(pb, b) + i0, br, h, acc, d);
 }
 
+/* Sequence b, kv head hk, whole: sweep 0 for the rows of its query heads,
+ * sweep 1 over its key blocks in ascending order, sweep 2. Each dQ block
+ * still sums its key blocks in ascending order, so the result is the
+ * three-sweep one to the bit; but no thread waits for another's turn, and
+ * the Q^T, dO^T and dQ blocks of the head stay in the thread's cache from
+ * the sweep that writes them to the one that reads them. */
+static void cpu_bwd_head(const attn__problem *pb, const cpu_bwd_tiles *t, const cpu_bwd_shared *sh,
+                         int64_t b, int64_t hk) {
+  const int64_t group = pb->heads_q / pb->heads_kv;
+  const int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
+  for (int64_t h = hk * group; h < (hk + 1) * group; h++)
+    for (int64_t i0 = 0; i0 < nq; i0 += sh->br)
+      cpu_bwd_delta(pb, t, sh, b, h, i0, (int)(nq - i0 < sh->br ? nq - i0 : sh->br));
+  for (int64_t kb = 0; kb * sh->bc < nk; kb++)
+    cpu_bwd_kv(pb, t, sh, b, hk, kb, (int)(nk - kb * sh->bc < sh->bc ? nk - kb * sh->bc : sh->bc));
+  for (int64_t h = hk * group; h < (hk + 1) * group; h++)
+    for (int64_t i0 = 0; i0 < nq; i0 += sh->br)
+      cpu_bwd_dq(pb, sh, b, h, i0, (int)(nq - i0 < sh->br ? nq - i0 : sh->br));
+}
+
 static void cpu_bwd_run(const attn__problem *pb, const cpu_bwd_shared *sh,
                         const attn__cpu_config *cfg, const int64_t *qunits, const int64_t *kunits,
                         float *scratch, int nthreads, size_t per_thread) {
@@ -419,22 +443,32 @@ static void cpu_bwd_run(const attn__problem *pb, const cpu_bwd_shared *sh,
           row[j * db->sd] = 0.0f;
       }
     }
-    /* The implicit barrier after each loop orders the sweeps. */
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t u = 0; u < nqu; u++) {
-      const int br = attn__cpu_unit(pb, qunits, 0, cfg->br, u, &b, &h, &i0);
-      cpu_bwd_delta(pb, &t, sh, b, h, i0, br);
-    }
-    /* Units in ascending order, key blocks innermost: see the top. */
+    if (sh->by_head) {
+      /* The three sweeps of one sequence and kv head in one thread (see
+       * cpu_bwd_by_head), units in ascending order as below (a shared
+       * dbias waits for the unit before). */
+#pragma omp barrier
 #pragma omp for schedule(monotonic : dynamic, 1)
-    for (int64_t u = 0; u < nku; u++) {
-      const int bc = attn__cpu_unit(pb, kunits, 1, cfg->bc, u, &b, &h, &i0);
-      cpu_bwd_kv(pb, &t, sh, b, h, i0 / cfg->bc, bc);
-    }
+      for (int64_t u = 0; u < pb->batch * pb->heads_kv; u++)
+        cpu_bwd_head(pb, &t, sh, u / pb->heads_kv, u % pb->heads_kv);
+    } else {
+      /* The implicit barrier after each loop orders the sweeps. */
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t u = 0; u < nqu; u++) {
-      const int br = attn__cpu_unit(pb, qunits, 0, cfg->br, u, &b, &h, &i0);
-      cpu_bwd_dq(pb, sh, b, h, i0, br);
+      for (int64_t u = 0; u < nqu; u++) {
+        const int br = attn__cpu_unit(pb, qunits, 0, cfg->br, u, &b, &h, &i0);
+        cpu_bwd_delta(pb, &t, sh, b, h, i0, br);
+      }
+      /* Units in ascending order, key blocks innermost: see the top. */
+#pragma omp for schedule(monotonic : dynamic, 1)
+      for (int64_t u = 0; u < nku; u++) {
+        const int bc = attn__cpu_unit(pb, kunits, 1, cfg->bc, u, &b, &h, &i0);
+        cpu_bwd_kv(pb, &t, sh, b, h, i0 / cfg->bc, bc);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t u = 0; u < nqu; u++) {
+        const int br = attn__cpu_unit(pb, qunits, 0, cfg->br, u, &b, &h, &i0);
+        cpu_bwd_dq(pb, sh, b, h, i0, br);
+      }
     }
     if (sh->sg) {
       /* dsinks: each head's rows summed in row order, in double. */
@@ -455,34 +489,56 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__c
   sh.br = cfg->br;
   sh.bc = cfg->bc;
   sh.few_rows = cfg->few_rows;
+  sh.gemm = attn__cpu_row_gemm(cfg);
   sh.total_q = cpu_qrow(pb, pb->batch);
   int64_t *qunits = attn__cpu_units(pb, 0, pb->heads_q, br);
   int64_t *kunits = attn__cpu_units(pb, 1, pb->heads_kv, bc);
   sh.qblock0 = malloc((size_t)(pb->batch + 1) * sizeof *sh.qblock0);
   sh.qblocks = qunits ? qunits[pb->batch] / pb->heads_q : 0;
-  sh.dd = attn__cpu_alloc((size_t)(pb->heads_q * sh.total_q) * sizeof(float));
+  /* D, Q^T, dO^T, the dQ accumulator, the dsinks terms and the threads'
+   * tiles, carved from the context's workspace: allocating them per call
+   * cost the page faults of fresh memory on every call (ViT-B/16 batch 64:
+   * 77 MB of Q^T and dO^T; see bench/NOTES.md). */
   const size_t tsize = (size_t)(pb->heads_q * sh.qblocks) * (size_t)d * (size_t)br;
-  sh.qt = attn__cpu_alloc(tsize * sizeof(float));
-  sh.doutt = attn__cpu_alloc(tsize * sizeof(float));
+  const size_t rows = (size_t)(pb->heads_q * sh.total_q);
   /* An f32 dq whose rows sgemm can address accumulates in place. */
   int unused;
   const int inplace = attn__cpu_inplace(pb, &pb->dq, 0, 0, 0, &unused) != NULL;
-  sh.dq = inplace ? NULL : attn__cpu_alloc((size_t)(pb->heads_q * sh.total_q * d) * sizeof(float));
+  const int nthreads = attn__cpu_threads();
+  const size_t per_thread = attn__cpu_backward_scratch(pb, cfg) / sizeof(float);
+  const size_t part[6] = {rows,
+                          tsize,
+                          tsize,
+                          inplace ? 0 : rows * (size_t)d,
+                          pb->has_dsinks ? rows : 0,
+                          (size_t)nthreads * per_thread};
+  size_t floats = 0;
+  for (int x = 0; x < 6; x++)
+    floats += (part[x] + 15) / 16 * 16;
+  float *ws = attn__cpu_workspace(ctx, floats * sizeof(float)), *at = ws;
+  float *slot[6];
+  for (int x = 0; x < 6; x++) {
+    slot[x] = part[x] ? at : NULL;
+    at += (part[x] + 15) / 16 * 16;
+  }
+  sh.dd = slot[0];
+  sh.qt = slot[1];
+  sh.doutt = slot[2];
+  sh.dq = slot[3];
+  sh.sg = slot[4];
+  float *scratch = slot[5];
   sh.turn = malloc((size_t)(pb->heads_q * sh.qblocks + 1) * sizeof *sh.turn);
-  sh.sg =
-      pb->has_dsinks ? attn__cpu_alloc((size_t)(pb->heads_q * sh.total_q) * sizeof(float)) : NULL;
   sh.kblocks = (pb->seqlen_k + bc - 1) / bc;
+  /* As many units per thread as the forward's splits ask for to even out
+   * units of unequal length (the config's split_fill). */
+  sh.by_head = pb->batch * pb->heads_kv >= (int64_t)cfg->split_fill * nthreads;
   const int db_shared = cpu_dbias_shared(pb);
   const int64_t bturns =
       db_shared ? (pb->dbias.sb ? pb->batch : 1) * (pb->dbias.sh ? pb->heads_kv : 1) * sh.kblocks
                 : 0;
   sh.bturn = db_shared ? malloc((size_t)(bturns + 1) * sizeof *sh.bturn) : NULL;
-  const int nthreads = attn__cpu_threads();
-  const size_t per_thread = attn__cpu_backward_scratch(pb, cfg) / sizeof(float);
-  float *scratch = attn__cpu_alloc((size_t)nthreads * per_thread * sizeof(float));
   int rc = ATTN_OK;
-  if (!qunits || !kunits || !sh.qblock0 || !sh.dd || !sh.qt || !sh.doutt || (!inplace && !sh.dq) ||
-      !sh.turn || !scratch || (pb->has_dsinks && !sh.sg) || (db_shared && !sh.bturn)) {
+  if (!qunits || !kunits || !sh.qblock0 || !ws || !sh.turn || (db_shared && !sh.bturn)) {
     rc = attn__error(ctx, ATTN_ENOMEM,
                      "cpu backward: cannot allocate D, Q^T, dO^T and the dQ accumulator (%lld "
                      "rows x %lld heads) or %d threads' tiles",
@@ -499,8 +555,9 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__c
       atomic_init(&sh.turn[x], -1);
     for (int64_t x = 0; x < bturns; x++)
       atomic_init(&sh.bturn[x], -1);
-    attn__debug("cpu backward: %lld key units, %lld query blocks on %d threads, dQ %s",
+    attn__debug("cpu backward: %lld key units, %lld query blocks on %d threads%s, dQ %s",
                 (long long)kunits[pb->batch], (long long)qunits[pb->batch], nthreads,
+                sh.by_head ? " (a sequence and kv head per unit)" : "",
                 inplace ? "accumulated in place" : "in an f32 scratch");
     cpu_bwd_run(pb, &sh, cfg, qunits, kunits, scratch, nthreads, per_thread);
   }
@@ -510,11 +567,5 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__c
   free(sh.qblock0);
   free(sh.turn);
   free(sh.bturn);
-  attn__cpu_free(sh.sg);
-  attn__cpu_free(sh.dd);
-  attn__cpu_free(sh.qt);
-  attn__cpu_free(sh.doutt);
-  attn__cpu_free(sh.dq);
-  attn__cpu_free(scratch);
   return rc;
 }

@@ -42,6 +42,15 @@ typedef struct cpu_fwd_tiles {
   float *lse;   /* Br */
   float *lo;    /* Br: what rounding lse to float dropped (the (hi, lo) form) */
   float *w;     /* splits: the parts' weights of a row */
+  /* bf16 products (cpu_bf16.c): */
+  uint16_t *qb; /* Br x d: Q's rows in bf16 */
+  uint32_t *qp; /* d/2 x Br: Q^T in pairs (the CPU's instruction) */
+  uint16_t *kb; /* Bc x d: K, when gathered */
+  uint16_t *vb; /* Bc x d: V, idem */
+  /* P^T in bf16: (Bc + 1) x Br, rounded as it is (sbgemm) or in pairs of
+   * rows (the CPU's instructions), row stride Br either way */
+  void *pb;
+  float *ot; /* d x Br: O^T, the bf16 products' accumulator */
 } cpu_fwd_tiles;
 
 /* What the work items share. A tile's rows: tile row x * nr + r is row i0
@@ -49,19 +58,30 @@ typedef struct cpu_fwd_tiles {
 typedef struct cpu_fwd_work {
   const attn__problem *pb;
   attn__cpu_schedule sc;
-  int few_rows;         /* the config's: see attn__cpu_qk_few */
-  int64_t chunks;       /* tiles' head groups per kv head, or over all heads
-                         * when a tile spans kv heads (sc.heads > group) */
-  const int64_t *units; /* attn__cpu_units over (kv head, chunk) and rows */
-  float *part_o;        /* splits: [tile][part][Br][d], each part's normalized O */
-  float *part_lse;      /* splits: [tile][part][Br] */
+  int few_rows;                  /* the config's: see attn__cpu_qk_few */
+  int64_t chunks;                /* tiles' head groups per kv head, or over all heads
+                                  * when a tile spans kv heads (sc.heads > group) */
+  const int64_t *units;          /* attn__cpu_units over (kv head, chunk) and rows */
+  float *part_o;                 /* splits: [tile][part][Br][d], each part's normalized O */
+  float *part_lse;               /* splits: [tile][part][Br] */
+  attn__cpu_bf16_kernel *kernel; /* ATTN__CPU_PRODUCTS_BF16's */
+  uint16_t *vt;                  /* its V^T, or NULL (cpu_fwd_prepacks) */
+  float *kf, *vf;                /* K and V in f32, or NULL (cpu_fwd_kvf_floats) */
+  int64_t kblocks;               /* key blocks of the capacity */
+  size_t slot;                   /* bf16 elements of one key block's V^T */
 } cpu_fwd_work;
 
 static size_t cpu_fwd_thread_floats(const attn__problem *pb, const attn__cpu_config *cfg,
                                     const attn__cpu_schedule *sc) {
   const size_t d = (size_t)pb->head_dim, br = (size_t)cfg->br, bc = (size_t)cfg->bc;
-  const size_t floats = br * d * 2 + bc * d * 2 + br * bc + 5 * br + (size_t)sc->splits;
-  return (floats + 15) / 16 * 16;
+  size_t floats = br * d * 2 + bc * d * 2 + br * bc + 5 * br + (size_t)sc->splits;
+  floats = (floats + 15) / 16 * 16;
+  if (sc->products != ATTN__CPU_PRODUCTS_F32) {
+    /* qb, qp, kb, vb, pb, ot, each rounded up to a cache line. */
+    const size_t halves = br * d * 2 + bc * d * 2 + br * (bc + 2) + br * d * 2 + 6 * 32;
+    floats += (halves / 2 + 15) / 16 * 16;
+  }
+  return floats;
 }
 
 static size_t cpu_fwd_part_floats(const attn__problem *pb, const attn__cpu_config *cfg,
@@ -70,14 +90,62 @@ static size_t cpu_fwd_part_floats(const attn__problem *pb, const attn__cpu_confi
   return (size_t)sc->tiles * (size_t)sc->splits * (size_t)cfg->br * (size_t)(pb->head_dim + 1);
 }
 
+/* The CPU's bf16 instructions take O^T += V^T P^T (see
+ * attn__cpu_bf16_pairs_f32), V^T in rows of keys: every key block of every
+ * sequence and kv head is transposed once per call, before the tiles,
+ * rather than once per tile that reads it (4 times a block at ViT's 197
+ * rows, 64 at N = 4096). Slot (b, kb, hk) of d x Bcp bf16, Bcp = Bc rounded
+ * up to even (in pairs: as many u32 as (Bc + 1) / 2 x d); the capacity's
+ * blocks, as the plan sees shapes only. */
+static int cpu_fwd_prepacks(const attn__cpu_config *cfg, const attn__cpu_schedule *sc) {
+  return sc->products == ATTN__CPU_PRODUCTS_BF16 && sc->rows > cfg->few_rows;
+}
+static size_t cpu_fwd_slot_pairs(const attn__problem *pb, const attn__cpu_config *cfg) {
+  return (size_t)(cfg->bc + 1) / 2 * (size_t)pb->head_dim;
+}
+static size_t cpu_fwd_vp_floats(const attn__problem *pb, const attn__cpu_config *cfg,
+                                const attn__cpu_schedule *sc) {
+  if (!cpu_fwd_prepacks(cfg, sc)) return 0;
+  const size_t kblocks = (size_t)((pb->seqlen_k + cfg->bc - 1) / cfg->bc);
+  return (size_t)pb->batch * kblocks * (size_t)pb->heads_kv * cpu_fwd_slot_pairs(pb, cfg);
+}
+
+/* f16 and bf16 inputs with f32 products are converted to f32 tiles, every
+ * key block once per tile that reads it: once per block of query rows (16
+ * times a block at N = 1024, which took 13 % of a bf16 forward on the build
+ * host, perf). Converted once per call instead, K then V, in slots laid
+ * out as the pairs above (Bc x d floats each), when tiles would convert a
+ * block more than once and the copy stays under CPU_FWD_CONVERT_MAX: a
+ * long context converts per tile rather than double its memory. */
+#define CPU_FWD_CONVERT_MAX ((size_t)256 << 20)
+static size_t cpu_fwd_kvf_floats(const attn__problem *pb, const attn__cpu_config *cfg,
+                                 const attn__cpu_schedule *sc) {
+  if (sc->products != ATTN__CPU_PRODUCTS_F32 || pb->dtype == ATTN_F32 || sc->rows <= cfg->few_rows)
+    return 0;
+  const int64_t group = pb->heads_q / pb->heads_kv;
+  if (pb->seqlen_q <= sc->rows && group <= sc->heads) return 0; /* each block read once */
+  const size_t kblocks = (size_t)((pb->seqlen_k + cfg->bc - 1) / cfg->bc);
+  const size_t floats = 2 * (size_t)pb->batch * kblocks * (size_t)pb->heads_kv * (size_t)cfg->bc *
+                        (size_t)pb->head_dim;
+  return floats * sizeof(float) <= CPU_FWD_CONVERT_MAX ? floats : 0;
+}
+
 size_t attn__cpu_forward_workspace(const attn__problem *pb, const attn__cpu_config *cfg,
                                    const attn__cpu_schedule *sc, int nthreads) {
-  return ((size_t)nthreads * cpu_fwd_thread_floats(pb, cfg, sc) +
-          cpu_fwd_part_floats(pb, cfg, sc)) *
+  return ((size_t)nthreads * cpu_fwd_thread_floats(pb, cfg, sc) + cpu_fwd_part_floats(pb, cfg, sc) +
+          cpu_fwd_vp_floats(pb, cfg, sc) + cpu_fwd_kvf_floats(pb, cfg, sc)) *
          sizeof(float);
 }
 
-static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d, const attn__cpu_config *cfg) {
+/* n 16-bit elements from *p, which moves past them to the next cache line. */
+static void *cpu_fwd_take(char **p, size_t n) {
+  void *r = *p;
+  *p += (n * 2 + 63) / 64 * 64;
+  return r;
+}
+
+static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d, const attn__cpu_config *cfg,
+                                   const attn__cpu_schedule *sc) {
   const size_t br = (size_t)cfg->br, bc = (size_t)cfg->bc;
   cpu_fwd_tiles t;
   t.br = cfg->br;
@@ -93,6 +161,21 @@ static cpu_fwd_tiles cpu_fwd_carve(float *base, int64_t d, const attn__cpu_confi
   t.lse = t.alpha + br;
   t.lo = t.lse + br;
   t.w = t.lo + br;
+  t.qb = NULL;
+  t.qp = NULL;
+  t.kb = t.vb = NULL;
+  t.pb = NULL;
+  t.ot = NULL;
+  if (sc->products != ATTN__CPU_PRODUCTS_F32) {
+    const size_t floats = br * d * 2 + bc * d * 2 + br * bc + 5 * br + (size_t)sc->splits;
+    char *p = (char *)(base + (floats + 15) / 16 * 16);
+    t.qb = cpu_fwd_take(&p, br * d);
+    t.qp = cpu_fwd_take(&p, br * d);
+    t.kb = cpu_fwd_take(&p, bc * d);
+    t.vb = cpu_fwd_take(&p, bc * d);
+    t.pb = cpu_fwd_take(&p, br * (bc + 2));
+    t.ot = cpu_fwd_take(&p, br * d * 2);
+  }
   return t;
 }
 
@@ -166,6 +249,48 @@ static void cpu_fwd_part(const cpu_fwd_work *w, const cpu_fwd_tile *x, int bc, i
   *kb1 = first + n * (s + 1) / parts;
 }
 
+/* S^T = scale K Q^T of one key block in bf16 products: per head, as the
+ * f32 path (and of the same shape). */
+static void cpu_fwd_qk_bf16(const cpu_fwd_work *w, const cpu_fwd_tiles *t, const cpu_fwd_tile *x,
+                            int products, int64_t j0, int bc) {
+  const attn__problem *pb = w->pb;
+  const int d = (int)pb->head_dim, ld = t->br, nr = x->nr;
+  int ldk;
+  const uint16_t *k = attn__cpu_view_keys_bf16(pb, &pb->k, x->b, j0, bc, x->hk, t->kb, &ldk);
+  for (int hx = 0; hx < x->nh; hx++) {
+    if (products == ATTN__CPU_PRODUCTS_BF16)
+      w->kernel(bc, nr, d / 2, pb->scale, k, ldk, t->qp + hx * nr, ld, 0.0f, t->st + hx * nr, ld);
+#if defined(ATTN_HAVE_SBGEMM)
+    else
+      attn__cpu_sbgemm(0, 1, bc, nr, d, pb->scale, k, ldk, t->qb + (size_t)hx * nr * d, d, 0.0f,
+                       t->st + hx * nr, ld);
+#endif
+  }
+}
+
+/* O^T += V^T P^T of one key block in bf16 products: P rounded to bf16 (see
+ * cpu_bf16.c), zero-padded to an even count of keys. */
+static void cpu_fwd_pv_bf16(const cpu_fwd_work *w, const cpu_fwd_tiles *t, const cpu_fwd_tile *x,
+                            int products, int64_t j0, int bc) {
+  const attn__problem *pb = w->pb;
+  const int d = (int)pb->head_dim, br = x->nh * x->nr, Br = t->br;
+  if (products == ATTN__CPU_PRODUCTS_BF16) {
+    const int bcp = (bc + 1) / 2 * 2, ldt = (t->bc + 1) / 2 * 2;
+    const uint16_t *vt =
+        w->vt + (size_t)((x->b * w->kblocks + j0 / t->bc) * pb->heads_kv + x->hk) * w->slot;
+    attn__cpu_bf16_pairs_f32(t->st, bc, br, Br, t->pb, Br);
+    w->kernel(d, br, bcp / 2, 1.0f, vt, ldt, t->pb, Br, 1.0f, t->ot, Br);
+  }
+#if defined(ATTN_HAVE_SBGEMM)
+  else {
+    int ldv;
+    const uint16_t *v = attn__cpu_view_keys_bf16(pb, &pb->v, x->b, j0, bc, x->hk, t->vb, &ldv);
+    attn__cpu_bf16_round(t->st, bc, br, Br, t->pb, Br);
+    attn__cpu_sbgemm(1, 0, d, br, bc, 1.0f, v, ldv, t->pb, Br, 1.0f, t->ot, Br);
+  }
+#endif
+}
+
 /* Work item (tile u, part s). */
 static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t u, int s) {
   const attn__problem *pb = w->pb;
@@ -176,14 +301,26 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
   int64_t kb0, kb1;
   cpu_fwd_part(w, &x, Bc, s, nq, nk, &kb0, &kb1);
 
-  /* Few rows: Q as rows (d apart) for attn__cpu_qk_few, else Q^T. */
+  /* Few rows: Q as rows (d apart) for attn__cpu_qk_few; bf16 products: Q's
+   * rows in bf16, and in pairs for the CPU's instruction; else Q^T. */
   const int few = nr <= w->few_rows;
+  const int products = few ? ATTN__CPU_PRODUCTS_F32 : w->sc.products;
   for (int hx = 0; hx < x.nh; hx++)
-    if (few)
+    if (few) {
       attn__cpu_load(pb, &pb->q, x.b, rq, nr, x.h0 + hx, t->qt + (size_t)hx * nr * d, d);
-    else
+    } else if (products != ATTN__CPU_PRODUCTS_F32) {
+      uint16_t *qb = t->qb + (size_t)hx * nr * d;
+      attn__cpu_load_bf16(pb, &pb->q, 0, x.b, rq, nr, x.h0 + hx, qb, d);
+      if (products == ATTN__CPU_PRODUCTS_BF16)
+        attn__cpu_bf16_pairs_t(qb, d, nr, d, t->qp + hx * nr, ld);
+    } else {
       attn__cpu_load_t(pb, &pb->q, x.b, rq, nr, x.h0 + hx, t->qt + hx * nr, ld);
-  memset(t->o, 0, (size_t)br * d * sizeof(float));
+    }
+  float *ot = few || products == ATTN__CPU_PRODUCTS_F32 ? NULL : t->ot;
+  if (ot)
+    memset(ot, 0, (size_t)ld * d * sizeof(float));
+  else
+    memset(t->o, 0, (size_t)br * d * sizeof(float));
   for (int r = 0; r < br; r++) {
     t->m[r] = -INFINITY;
     t->l[r] = 0.0f;
@@ -196,32 +333,53 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
     const float *k = NULL, *v = NULL;
     if (few) {
       attn__cpu_qk_few(pb, &pb->k, &pb->v, x.b, j0, bc, x.h0, x.nh, nr, t->qt, d, t->st, ld);
+    } else if (products != ATTN__CPU_PRODUCTS_F32) {
+      cpu_fwd_qk_bf16(w, t, &x, products, j0, bc);
     } else {
-      k = attn__cpu_view_keys(pb, &pb->k, x.b, j0, bc, x.hk, t->k, &ldk);
-      v = attn__cpu_view_keys(pb, &pb->v, x.b, j0, bc, x.hk, t->v, &ldv);
+      if (w->kf) {
+        const size_t at = (size_t)((x.b * w->kblocks + kb) * pb->heads_kv + x.hk) * Bc * d;
+        k = w->kf + at;
+        v = w->vf + at;
+        ldk = ldv = d;
+      } else {
+        k = attn__cpu_view_keys(pb, &pb->k, x.b, j0, bc, x.hk, t->k, &ldk);
+        v = attn__cpu_view_keys(pb, &pb->v, x.b, j0, bc, x.hk, t->v, &ldv);
+      }
       /* One product per head, of the backward's shape: OpenBLAS rounds an
        * element of a product differently for different widths n (see
        * attn__cpu_qk_few), and the backward's P = exp(S - lse) needs the
        * forward's S to the bit. */
       for (int hx = 0; hx < x.nh; hx++)
-        attn__cpu_gemm(0, 0, bc, nr, d, pb->scale, k, ldk, t->qt + hx * nr, ld, 0.0f,
-                       t->st + hx * nr, ld);
+        w->sc.gemm(0, 0, bc, nr, d, pb->scale, k, ldk, t->qt + hx * nr, ld, 0.0f, t->st + hx * nr,
+                   ld);
     }
     for (int hx = 0; hx < x.nh; hx++)
       attn__cpu_scores(pb, x.b, x.h0 + hx, x.i0, nr, j0, bc, nq, nk, t->st + hx * nr, ld, NULL);
     attn__cpu_softmax_cols(t->st, bc, br, ld, t->m, t->l, t->alpha);
-    for (int r = 0; r < br; r++) {
-      if (t->alpha[r] == 1.0f) continue;
-      float *orow = t->o + (size_t)r * d;
-      const float alpha = t->alpha[r];
-      for (int c = 0; c < d; c++)
-        orow[c] *= alpha;
-    }
+    if (ot)
+      for (int c = 0; c < d; c++) /* O^T: each row of d takes every row's alpha */
+        for (int r = 0; r < br; r++)
+          ot[(size_t)c * ld + r] *= t->alpha[r];
+    else
+      for (int r = 0; r < br; r++) {
+        if (t->alpha[r] == 1.0f) continue;
+        float *orow = t->o + (size_t)r * d;
+        const float alpha = t->alpha[r];
+        for (int c = 0; c < d; c++)
+          orow[c] *= alpha;
+      }
     if (few)
       attn__cpu_pv_few(pb, &pb->v, x.b, j0, bc, x.h0, x.nh, nr, t->st, ld, t->o);
+    else if (products != ATTN__CPU_PRODUCTS_F32)
+      cpu_fwd_pv_bf16(w, t, &x, products, j0, bc);
     else
-      attn__cpu_gemm(1, 0, br, d, bc, 1.0f, t->st, ld, v, ldv, 1.0f, t->o, d);
+      w->sc.gemm(1, 0, br, d, bc, 1.0f, t->st, ld, v, ldv, 1.0f, t->o, d);
   }
+
+  if (ot)
+    for (int r = 0; r < br; r++)
+      for (int c = 0; c < d; c++)
+        t->o[(size_t)r * d + c] = ot[(size_t)c * ld + r];
 
   if (w->sc.splits > 1) {
     /* The part's normalized O and lse; -inf (and O = 0) where the row saw
@@ -300,6 +458,7 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
   w.pb = pb;
   w.sc = *sc;
   w.few_rows = cfg->few_rows;
+  w.kernel = ((const attn__cpu_impl *)ctx->impl)->bf16_kernel;
   w.chunks = sc->heads > group ? (pb->heads_q + sc->heads - 1) / sc->heads
                                : (group + sc->heads - 1) / sc->heads;
   int64_t *units =
@@ -308,10 +467,9 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
   const int nthreads = attn__cpu_threads();
   const size_t per_thread = cpu_fwd_thread_floats(pb, cfg, sc);
   const size_t parts = cpu_fwd_part_floats(pb, cfg, sc);
-  float *scratch = attn__cpu_alloc(attn__cpu_forward_workspace(pb, cfg, sc, nthreads));
+  float *scratch = attn__cpu_workspace(ctx, attn__cpu_forward_workspace(pb, cfg, sc, nthreads));
   if (!units || !scratch) {
     free(units);
-    attn__cpu_free(scratch);
     return attn__error(ctx, ATTN_ENOMEM,
                        "cpu forward: cannot allocate %d threads' tiles and %zu bytes of parts",
                        nthreads, parts * sizeof(float));
@@ -319,6 +477,12 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
   w.part_o = scratch + (size_t)nthreads * per_thread;
   w.part_lse =
       w.part_o + (size_t)sc->tiles * (size_t)sc->splits * (size_t)cfg->br * (size_t)pb->head_dim;
+  w.vt = cpu_fwd_prepacks(cfg, sc) ? (uint16_t *)(w.part_o + parts) : NULL;
+  w.kblocks = (pb->seqlen_k + cfg->bc - 1) / cfg->bc;
+  w.slot = 2 * cpu_fwd_slot_pairs(pb, cfg);
+  const size_t kvf = cpu_fwd_kvf_floats(pb, cfg, sc);
+  w.kf = kvf ? w.part_o + parts + cpu_fwd_vp_floats(pb, cfg, sc) : NULL;
+  w.vf = kvf ? w.kf + kvf / 2 : NULL;
   const int64_t tiles = units[pb->batch], items = tiles * sc->splits;
   attn__debug("cpu forward: %lld tiles of %d head(s) x %d rows, keys in %d part(s), on %d threads",
               (long long)tiles, sc->heads, sc->rows, sc->splits, nthreads);
@@ -326,7 +490,36 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
 #pragma omp parallel num_threads(nthreads)
   {
     const cpu_fwd_tiles t =
-        cpu_fwd_carve(scratch + (size_t)omp_get_thread_num() * per_thread, pb->head_dim, cfg);
+        cpu_fwd_carve(scratch + (size_t)omp_get_thread_num() * per_thread, pb->head_dim, cfg, sc);
+    if (w.vt) {
+      /* V^T, before any tile reads it (the loop's barrier). */
+      const int64_t hkv = pb->heads_kv, slots = pb->batch * w.kblocks * hkv;
+#pragma omp for schedule(dynamic, 8)
+      for (int64_t x = 0; x < slots; x++) {
+        const int64_t b = x / (w.kblocks * hkv), kb = x / hkv % w.kblocks, hk = x % hkv;
+        const int64_t nk = attn__seq_k(pb, b), j0 = kb * cfg->bc;
+        if (j0 >= nk) continue;
+        const int bc = (int)(nk - j0 < cfg->bc ? nk - j0 : cfg->bc);
+        int ldv;
+        const uint16_t *v = attn__cpu_view_keys_bf16(pb, &pb->v, b, j0, bc, hk, t.vb, &ldv);
+        attn__cpu_bf16_transpose(v, ldv, bc, (int)pb->head_dim, w.vt + (size_t)x * w.slot,
+                                 (cfg->bc + 1) / 2 * 2);
+      }
+    }
+    if (w.kf) {
+      /* K and V in f32, before any tile reads them. */
+      const int64_t hkv = pb->heads_kv, slots = pb->batch * w.kblocks * hkv;
+      const size_t floats = (size_t)cfg->bc * (size_t)pb->head_dim;
+#pragma omp for schedule(dynamic, 8)
+      for (int64_t x = 0; x < slots; x++) {
+        const int64_t b = x / (w.kblocks * hkv), kb = x / hkv % w.kblocks, hk = x % hkv;
+        const int64_t nk = attn__seq_k(pb, b), j0 = kb * cfg->bc;
+        if (j0 >= nk) continue;
+        const int64_t bc = nk - j0 < cfg->bc ? nk - j0 : cfg->bc;
+        attn__cpu_load_keys(pb, &pb->k, b, j0, bc, hk, w.kf + (size_t)x * floats, pb->head_dim);
+        attn__cpu_load_keys(pb, &pb->v, b, j0, bc, hk, w.vf + (size_t)x * floats, pb->head_dim);
+      }
+    }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; it++)
       cpu_fwd_item(&w, &t, it / sc->splits, (int)(it % sc->splits));
@@ -339,6 +532,5 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
   }
 
   free(units);
-  attn__cpu_free(scratch);
   return ATTN_OK;
 }

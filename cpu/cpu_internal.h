@@ -1,22 +1,56 @@
 /*
- * The CPU backend's private interface: what cpu.c, cpu_tile.c,
- * cpu_forward.c and cpu_backward.c share. Nothing outside cpu/ includes it.
+ * The CPU backend's private interface: what the files of cpu/ share
+ * (cpu.c, cpu_tile.c, cpu_gemm.c, cpu_bf16*.c, cpu_forward.c,
+ * cpu_backward.c, cpu_tune.c), and what test_products reaches. Nothing else
+ * outside cpu/ includes it.
  *
  * Every pass works on tiles: Br query rows or Bc key rows of one head,
  * gathered with the problem's strides into a contiguous float32 array of
  * row length d (which also turns f16/bf16 into f32 and makes any stride
  * layout look the same; f32 rows with unit column stride are used in
- * place), multiplied with single-threaded OpenBLAS sgemm calls, and
- * scattered back in the problem's dtype.
+ * place), multiplied on the calling thread (the library's FMA kernels or
+ * OpenBLAS sgemm; a bf16 forward may keep bf16 tiles for the CPU's bf16
+ * instructions or OpenBLAS sbgemm), and scattered back in the problem's
+ * dtype.
  */
 #ifndef ATTN_CPU_INTERNAL_H
 #define ATTN_CPU_INTERNAL_H
 
 #include "rules.h"
 
+/* The elementwise loops over a tile are built for AVX-512, AVX2 and the
+ * baseline, picked at load time (target_clones: see cpu_tile.c).
+ * ThreadSanitizer instruments the ifunc's resolver, which the loader runs
+ * before TSan's runtime is up (a crash at load): a TSan build takes the
+ * baseline. */
+#if defined(__SANITIZE_THREAD__)
+#define ATTN__CPU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define ATTN__CPU_TSAN 1
+#endif
+#endif
+#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute) && !defined(ATTN__CPU_TSAN)
+#if __has_attribute(target_clones)
+#define ATTN__CPU_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef ATTN__CPU_SIMD_CLONES
+#define ATTN__CPU_SIMD_CLONES
+#endif
+
 /* The kernels of the plan (attn__plan.kernel) and a row of the tile
  * table in cpu.c (attn__plan.config). */
 enum attn__cpu_kernel { ATTN__CPU_BLOCKWISE_FORWARD, ATTN__CPU_BLOCKWISE_BACKWARD };
+
+/* The products of a forward of bf16 inputs (a config row's `products`;
+ * which a CPU gets is cpu.c's rule, attn_tune may measure the others).
+ * f16 and f32 always take the first. */
+enum attn__cpu_products {
+  ATTN__CPU_PRODUCTS_F32,   /* tiles converted to f32, f32 products (the config's fma) */
+  ATTN__CPU_PRODUCTS_BF16,  /* bf16 tiles, the CPU's bf16 instructions (AMX, AVX512_BF16) */
+  ATTN__CPU_PRODUCTS_SBGEMM /* bf16 tiles, OpenBLAS cblas_sbgemm */
+};
 
 typedef struct attn__cpu_config {
   attn_dtype dtype;
@@ -33,7 +67,11 @@ typedef struct attn__cpu_config {
    * few rows (attn__cpu_qk_few), in the forward and the backward alike. */
   int few_rows;
   size_t split_workspace;
-  const char *forward_name, *backward_name; /* for attn__plan.name */
+  int products; /* enum attn__cpu_products */
+  /* f32 products: 1 the library's FMA kernels (attn__cpu_sgemm_native), 0
+   * OpenBLAS. */
+  int fma;
+  char forward_name[96], backward_name[96]; /* for attn__plan.name */
 } attn__cpu_config;
 
 /* How the forward cuts a problem into work items: tiles of `heads` query
@@ -46,12 +84,16 @@ typedef struct attn__cpu_schedule {
   int heads;     /* 1: no packing */
   int rows;      /* heads * rows <= Br */
   int splits;    /* 1: no splitting */
+  int products;  /* the row's, where the problem can take them (bf16, even d) */
   int64_t tiles; /* tiles over all sequences and heads */
+  /* The f32 products (attn__cpu_row_gemm). */
+  void (*gemm)(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+               const float *b, int ldb, float beta, float *c, int ldc);
 } attn__cpu_schedule;
 
-/* The largest Br or Bc of the table: small per-row arrays of the tile
- * functions live on the stack with this size. */
-#define ATTN__CPU_TILE_MAX 64
+/* The largest Br or Bc of the table and of attn_tune's variations: small
+ * per-row arrays of the tile functions live on the stack with this size. */
+#define ATTN__CPU_TILE_MAX 128
 
 /* Aligned host memory for tiles and buffers (64 bytes: one cache line, one
  * AVX-512 register). NULL on failure; free with attn__cpu_free. */
@@ -63,6 +105,15 @@ void attn__cpu_free(void *p);
  * transposed. */
 void attn__cpu_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
                     const float *b, int ldb, float beta, float *c, int ldc);
+
+/* The same through the library's own FMA kernels (cpu_gemm.c), never with
+ * tb = 1: the function for this CPU, or NULL where it has no FMA units the
+ * build has code for. A config's `fma` picks between the two
+ * (attn__cpu_row_gemm). */
+typedef void attn__cpu_sgemm_fn(int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                                int lda, const float *b, int ldb, float beta, float *c, int ldc);
+attn__cpu_sgemm_fn *attn__cpu_sgemm_native(void);
+attn__cpu_sgemm_fn *attn__cpu_row_gemm(const attn__cpu_config *cfg);
 
 /* Rows [row, row + nr) of head h of sequence b of tensor t into dst (row
  * length ld >= d, f32). row counts from the tensor's first row, so it
@@ -201,6 +252,88 @@ int attn__cpu_backward(attn_context *ctx, const attn__problem *pb, const attn__c
 size_t attn__cpu_forward_workspace(const attn__problem *pb, const attn__cpu_config *cfg,
                                    const attn__cpu_schedule *sc, int nthreads);
 size_t attn__cpu_backward_scratch(const attn__problem *pb, const attn__cpu_config *cfg);
+
+/* The context's tile table (cpu.c): the built-in rows, or the tiles attn_tune
+ * measured fastest on this machine (cpu_tune.c). Rows run from the f32
+ * ones to the bf16 ones, each dtype's by growing head dimension. */
+#define ATTN__CPU_ROWS 9
+/* C = alpha A B + beta C (beta 0 or 1), C f32 m x n (row stride ldc), A
+ * bf16 m x 2 kp (row stride lda, even), and B kp x n pairs: element (p, j)
+ * holds B's (2p, j) in its low 16 bits and (2p + 1, j) in its high ones
+ * (row stride ldb). An odd inner dimension is padded with a zero. */
+typedef void attn__cpu_bf16_kernel(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
+                                   const uint32_t *b, int ldb, float beta, float *c, int ldc);
+typedef struct attn__cpu_impl {
+  attn__cpu_config rows[ATTN__CPU_ROWS];
+  /* ATTN__CPU_PRODUCTS_BF16's kernel: the CPU's (attn__cpu_bf16_kernel_native), or
+   * the one attn__cpu_products_force put in its place; NULL for none. */
+  attn__cpu_bf16_kernel *bf16_kernel;
+  /* The passes' scratch, kept from call to call (attn__cpu_workspace). */
+  void *ws;
+  size_t ws_bytes;
+} attn__cpu_impl;
+/* At least `bytes` of 64-byte aligned scratch for one call on ctx (calls on
+ * a context never overlap), kept for the next call and freed with the
+ * context; NULL when memory runs out. */
+void *attn__cpu_workspace(attn_context *ctx, size_t bytes);
+/* The row for (dtype, head_dim) of ctx's table. */
+attn__cpu_config *attn__cpu_row(attn_context *ctx, attn_dtype dtype, int64_t head_dim);
+/* Sets a row's tiles and products, and the names the plan reports. */
+void attn__cpu_row_set(attn_context *ctx, attn__cpu_config *row, int br, int bc, int products,
+                       int fma);
+
+/* Makes ctx's bf16 rows take `products`, through `kernel` for
+ * ATTN__CPU_PRODUCTS_BF16 (NULL: the CPU's own): the tests run a path this
+ * CPU would not be given, and attn_tune measures the ones it has.
+ * ATTN_EUNSUPPORTED, with a sentence, for products this build or CPU
+ * cannot run. */
+int attn__cpu_products_force(attn_context *ctx, int products, attn__cpu_bf16_kernel *kernel);
+/* The products ctx's CPU and build can run, as bits (1 << products). */
+unsigned attn__cpu_products_usable(attn_context *ctx);
+
+/* bf16 tiles (cpu_bf16.c). load/view: as attn__cpu_load and
+ * attn__cpu_view_keys, for bf16 tensors, without conversion (keys: j0
+ * sequence-local, through attn__key_row). */
+void attn__cpu_load_bf16(const attn__problem *pb, const attn__tensor *t, int keys, int64_t b,
+                         int64_t row, int64_t nr, int64_t h, uint16_t *dst, int64_t ld);
+const uint16_t *attn__cpu_view_keys_bf16(const attn__problem *pb, const attn__tensor *t, int64_t b,
+                                         int64_t j0, int64_t nr, int64_t h, uint16_t *scratch,
+                                         int *ld);
+/* The B operand in pairs (attn__cpu_bf16_kernel) of Q^T, from nr rows of q
+ * (d even): qp[p * ldp + r] = (q[r][2p], q[r][2p + 1]). */
+void attn__cpu_bf16_pairs_t(const uint16_t *q, int64_t ldq, int nr, int d, uint32_t *qp, int ldp);
+/* The P V product of the bf16 products is taken as O^T += V^T P^T, whose
+ * operands need no transposing per tile: P^T (rows of keys, row stride ld,
+ * f32) rounded to bf16 as it is (out[a * ldo + r]), or in pairs of rows
+ * for the CPU's instructions (out[p * ldo + r] = (P^T[2p][r], P^T[2p +
+ * 1][r]), zero past the last row); and V^T of `rows` rows of v (vt[c * ldt
+ * + a], zero for a in [rows, ldt)), made once per call. */
+void attn__cpu_bf16_round(const float *pt, int rows, int cols, int ld, uint16_t *out, int ldo);
+void attn__cpu_bf16_pairs_f32(const float *pt, int rows, int cols, int ld, uint32_t *out, int ldo);
+void attn__cpu_bf16_transpose(const uint16_t *v, int64_t ldv, int rows, int d, uint16_t *vt,
+                              int ldt);
+/* The kernel of the CPU's bf16 instructions (AMX's tiles where the CPU has
+ * them and Linux lets the process use them, else AVX512_BF16), NULL where
+ * it has none or the build has no code for it; whether the CPU has bf16 dot products at all
+ * (AVX512_BF16 or AMX-BF16), which OpenBLAS's sbgemm needs to pay; whether
+ * the library was linked with an OpenBLAS that has cblas_sbgemm. */
+attn__cpu_bf16_kernel *attn__cpu_bf16_kernel_native(void);
+/* "AMX", "vdpbf16ps": for the plan's name. */
+const char *attn__cpu_bf16_kernel_name(attn__cpu_bf16_kernel *k);
+int attn__cpu_bf16_hardware(void);
+int attn__cpu_sbgemm_built(void);
+/* cblas_sbgemm(RowMajor, ta ? Trans : NoTrans, tb ? Trans : NoTrans, ...)
+ * on the calling thread (as attn__cpu_gemm); only where ATTN_HAVE_SBGEMM is
+ * defined. */
+void attn__cpu_sbgemm(int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+                      const uint16_t *b, int ldb, float beta, float *c, int ldc);
+
+/* attn_tune (cpu_tune.c): the tile variations, and the tuned rows read at
+ * context creation from the file attn__cpu_tune_keep writes. */
+int attn__cpu_tune_count(attn_context *ctx, attn_dtype dtype, int64_t head_dim);
+int attn__cpu_tune_use(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int i);
+int attn__cpu_tune_keep(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int i);
+void attn__cpu_tuned_rows(attn_context *ctx);
 
 /* The cache append (cpu_cache.c) and attn_merge (cpu_merge.c). */
 int attn__cpu_append(attn_context *ctx, const attn__problem *pb);

@@ -495,9 +495,12 @@ ATTN_API int attn_merge(attn_context *ctx, int n, const attn_tensor *o_parts,
  * tries variations of its tiles table's row for the device's class and
  * stores the winner beside its program cache (ATTN_CL_CACHE_DIR; with
  * ATTN_CL_CACHE=0, for this context only); every variation is compiled, so
- * this takes seconds to minutes. ATTN_EUNSUPPORTED where the backend has
- * nothing to tune (the CPU and CUDA backends: their tables are fixed when
- * the library is built). ATTN_EIO when the result cannot be stored.
+ * this takes seconds to minutes. The CPU backend tries its tiles (query
+ * and key rows per block) and stores the winner in the same folder, for
+ * this CPU model, OpenMP thread count and OpenBLAS kernel set.
+ * ATTN_EUNSUPPORTED where the backend has nothing to tune (CUDA: its table
+ * is fixed when the library is built). ATTN_EIO when the result cannot be
+ * stored.
  * ATTN_DEBUG=1 logs each measurement. */
 ATTN_API int attn_tune(attn_context *ctx, attn_dtype dtype, int64_t head_dim, int64_t seqlen);
 

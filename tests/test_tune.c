@@ -1,10 +1,11 @@
 /*
- * attn_tune: on OpenCL it measures the tiles table's variations, keeps the
- * fastest in a file beside the program cache, and a later process on the
- * device runs that variation and computes right; a damaged or foreign file
- * is ignored. The backends with fixed tables answer ATTN_EUNSUPPORTED, and
- * bad arguments are named. The later processes are children (at_child)
- * with ATTN_DEBUG=1, whose log says which tiles they loaded and ran.
+ * attn_tune: on OpenCL and on the CPU it measures the tiles table's
+ * variations, keeps the fastest in a file beside the program cache, and a
+ * later process on the device runs that variation and computes right; a
+ * damaged or foreign file is ignored. The backend with a fixed table (CUDA)
+ * answers ATTN_EUNSUPPORTED, and bad arguments are named. The later
+ * processes are children (at_child) with ATTN_DEBUG=1, whose log says which
+ * tiles they loaded and ran.
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 
@@ -74,8 +75,9 @@ static void run_child(const char *spec, const char *name, const char *dir, char 
 }
 
 static void tuning_keeps_a_variation_that_later_processes_run(at_backend *b) {
-  if (b->kind != ATTN_BACKEND_OPENCL) at_skip("the %s backend has nothing to tune", b->name);
-  char dir[64] = "/tmp/attn-test-tune-XXXXXX", spec[32], path[512], line[256], want[64];
+  if (b->kind != ATTN_BACKEND_OPENCL)
+    at_skip("the OpenCL backend's tiles (the %s backend's: below)", b->name);
+  char dir[64] = "/tmp/attn-test-tune-XXXXXX", spec[32], path[512], line[256], want[128];
   assert_non_null(mkdtemp(dir));
   snprintf(spec, sizeof spec, "opencl:%d", attn_context_device(b->ctx));
   attn_device_info info;
@@ -131,8 +133,62 @@ static void tuning_keeps_a_variation_that_later_processes_run(at_backend *b) {
   remove_dir(dir);
 }
 
+/* The CPU's tiles: one line "dtype max_head_dim br bc products fma" for the row of
+ * head dims up to 64 that serves D, read back by a later process on the
+ * same machine and thread count. */
+static void cpu_tuning_keeps_tiles_that_later_processes_run(at_backend *b) {
+  if (b->kind != ATTN_BACKEND_CPU)
+    at_skip("the CPU backend's tiles (the %s backend's: above)", b->name);
+  char dir[64] = "/tmp/attn-test-tune-XXXXXX", path[512], line[256], want[128];
+  assert_non_null(mkdtemp(dir));
+  at_env_set("ATTN_CL_CACHE_DIR", dir);
+  at_env_set("ATTN_CL_CACHE", NULL);
+  attn_context *ctx = NULL;
+  assert_int_equal(attn_context_create("cpu", &ctx), ATTN_OK);
+  const int rc = attn_tune(ctx, ATTN_F32, D, 64);
+  if (rc) fail_msg("attn_tune: %s: %s", attn_status_name(rc), attn_errmsg(ctx));
+  attn_context_free(ctx);
+  at_env_restore();
+
+  tiles_file(dir, path, sizeof path);
+  if (!path[0]) fail_msg("attn_tune stored nothing in %s", dir);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  int v[6], lines = 0;
+  while (fgets(line, sizeof line, f)) {
+    lines++;
+    assert_int_equal(sscanf(line, "%d %d %d %d %d %d", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]),
+                     6);
+  }
+  fclose(f);
+  assert_int_equal(lines, 1);
+  assert_int_equal(v[0], ATTN_F32);
+  assert_int_equal(v[1], 64);
+  assert_int_equal(v[4], 0); /* f32 products: the only ones of f32 */
+
+  static char log[1 << 16];
+  run_child("cpu", dir, log, sizeof log);
+  if (!at_mentions(log, "tiles for f32, head dim 64, from"))
+    fail_msg("the child did not load %s:\n%s", path, log);
+  snprintf(want, sizeof want, "cpu blockwise forward, Br %d Bc %d, f32 products (%s)", v[2], v[3],
+           v[5] ? "FMA kernels" : "OpenBLAS");
+  if (!strstr(log, want)) fail_msg("the child did not run %s:\n%s", want, log);
+
+  /* Tiles that are no variation, and lines that do not parse, are ignored:
+   * the table's row runs, and computes right. */
+  f = fopen(path, "w");
+  assert_non_null(f);
+  fprintf(f, "garbage\n%d 64 48 12 0 0\n%d 64 64 64 1 0\n\n%d\n", ATTN_F32, ATTN_F32, ATTN_F32);
+  fclose(f);
+  run_child("cpu", dir, log, sizeof log);
+  if (at_mentions(log, "tiles for f32")) fail_msg("the child loaded a foreign line:\n%s", log);
+  if (!strstr(log, "cpu blockwise forward, Br 64 Bc 128")) /* the table's row up to d = 64 */
+    fail_msg("the child did not run the table's tiles:\n%s", log);
+  remove_dir(dir);
+}
+
 static void backends_with_fixed_tables_have_nothing_to_tune(at_backend *b) {
-  if (b->kind == ATTN_BACKEND_OPENCL) at_skip("the OpenCL backend tunes (the test above)");
+  if (b->kind != ATTN_BACKEND_CUDA) at_skip("the %s backend tunes (the tests above)", b->name);
   const int rc = attn_tune(b->ctx, ATTN_BF16, 64, 0);
   assert_int_equal(rc, ATTN_EUNSUPPORTED);
   assert_true(at_mentions(attn_errmsg(b->ctx), "no configurations to tune"));
@@ -163,6 +219,7 @@ int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--child") == 0) return child();
   const at_test tests[] = {
       AT_TEST(tuning_keeps_a_variation_that_later_processes_run),
+      AT_TEST(cpu_tuning_keeps_tiles_that_later_processes_run),
       AT_TEST(backends_with_fixed_tables_have_nothing_to_tune),
   };
   const at_test common[] = {{"bad_arguments_are_named", common_bad_arguments, NULL}};

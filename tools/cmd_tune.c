@@ -26,9 +26,10 @@ int cmd_tune(int argc, char **argv) {
           "Measures the backend's kernel configurations on the device for each dtype (a comma\n"
           "list of f32, f16, bf16; default all three) and head dim (default 64,128), forward\n"
           "and backward over one sequence of N rows (default 1024) and 8 heads, and keeps the\n"
-          "fastest for every later run on this device and driver (the OpenCL backend stores\n"
-          "them beside its program cache, ATTN_CL_CACHE_DIR). Each measurement is logged on\n"
-          "stderr unless --quiet. The CPU and CUDA backends have nothing to tune.\n"
+          "fastest for every later run on this device and driver (the OpenCL and CPU backends\n"
+          "store them beside the OpenCL program cache, ATTN_CL_CACHE_DIR; the CPU's per CPU\n"
+          "model and thread count). Each measurement is logged on stderr unless --quiet. The\n"
+          "CUDA backend has nothing to tune.\n"
           "Exit status: 0 done, 1 a failure while running, 2 a wrong option or value, or a\n"
           "backend with nothing to tune.\n");
       return 0;

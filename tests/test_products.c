@@ -1,0 +1,383 @@
+/*
+ * The CPU backend's bf16 products (cpu/cpu_bf16.c): each path a CPU may be
+ * given, forced through the backend's internal hook whatever this CPU
+ * would get, holds the golden cases and random problems to their
+ * tolerance. The AVX512_BF16 and AMX kernels (cpu/cpu_bf16_avx512.c,
+ * cpu/cpu_bf16_amx.c) run here twice: natively where the CPU has the
+ * instructions (the AMX one when the library picks it), and everywhere
+ * built on portable definitions of the intrinsics (SIMDe's; AMX's tile
+ * operations in amx_emulation.h), the same sources linked into this test,
+ * so that their indexing, tails and packing are checked on any machine.
+ * OpenBLAS's sbgemm runs where the library was linked with it.
+ */
+#include "cpu_internal.h"
+#include "golden.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(AT_HAVE_SIMDE)
+void at_bf16_kernel_simde(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
+                          const uint32_t *b, int ldb, float beta, float *c, int ldc);
+void at_amx_kernel_emulated(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
+                            const uint32_t *b, int ldb, float beta, float *c, int ldc);
+
+void at_sgemm512_simde(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                       const float *b, int ldb, float beta, float *c, int ldc);
+
+/* The emulated tiles (amx_emulation.h), and what the hardware would fault on. */
+#include "amx_emulation.h"
+_Thread_local at_amx_tiles at_amx;
+void at_amx_fault(const char *what) {
+  fprintf(stderr, "AMX emulation: %s\n", what);
+  abort();
+}
+#endif
+
+/* The portable kernels, counting their calls: a forced path must be the
+ * one that ran. */
+static atomic_long simde_calls;
+static void counted_simde(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
+                          const uint32_t *b, int ldb, float beta, float *c, int ldc) {
+#if defined(AT_HAVE_SIMDE)
+  atomic_fetch_add(&simde_calls, 1);
+  at_bf16_kernel_simde(m, n, kp, alpha, a, lda, b, ldb, beta, c, ldc);
+#else
+  (void)m, (void)n, (void)kp, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta;
+  (void)c, (void)ldc;
+#endif
+}
+static void counted_amx(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
+                        const uint32_t *b, int ldb, float beta, float *c, int ldc) {
+#if defined(AT_HAVE_SIMDE)
+  atomic_fetch_add(&simde_calls, 1);
+  at_amx_kernel_emulated(m, n, kp, alpha, a, lda, b, ldb, beta, c, ldc);
+#else
+  (void)m, (void)n, (void)kp, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta;
+  (void)c, (void)ldc;
+#endif
+}
+
+enum { PATH_SIMDE, PATH_AMX_EMULATED, PATH_NATIVE, PATH_SBGEMM };
+static const int paths[] = {PATH_SIMDE, PATH_AMX_EMULATED, PATH_NATIVE, PATH_SBGEMM};
+
+/* A CPU context whose bf16 rows take `path`, or a skip saying why it cannot. */
+static attn_context *forced(int path) {
+  attn_context *ctx = NULL;
+  assert_int_equal(attn_context_create("cpu", &ctx), ATTN_OK);
+  int rc = ATTN_OK;
+  if (path == PATH_SIMDE || path == PATH_AMX_EMULATED) {
+#if !defined(AT_HAVE_SIMDE)
+    attn_context_free(ctx);
+    at_skip("SIMDe's headers were not found when the tests were built (libsimde-dev)");
+#endif
+    rc = attn__cpu_products_force(ctx, ATTN__CPU_PRODUCTS_BF16,
+                                  path == PATH_SIMDE ? counted_simde : counted_amx);
+  } else {
+    rc = attn__cpu_products_force(
+        ctx, path == PATH_NATIVE ? ATTN__CPU_PRODUCTS_BF16 : ATTN__CPU_PRODUCTS_SBGEMM, NULL);
+  }
+  if (rc == ATTN_EUNSUPPORTED) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", attn_errmsg(ctx));
+    attn_context_free(ctx);
+    at_skip("%s", why);
+  }
+  assert_int_equal(rc, ATTN_OK);
+  return ctx;
+}
+
+static uint16_t bf16_of(double x) {
+  return attn__f32_to_bf16((float)x);
+}
+
+/* The kernel against double sums of the same bf16 values, over shapes with
+ * every kind of tail: rows past the 8-row tiles, columns past the 32-wide
+ * ones, one pair or many; beta 0 (C holds NaN, never read) and beta 1. */
+static void bf16_kernel_sums_pairs_of_products(at_backend *b) {
+  (void)b;
+#if !defined(AT_HAVE_SIMDE)
+  at_skip("SIMDe's headers were not found when the tests were built (libsimde-dev)");
+#else
+  /* The native kernel is AMX's where the library picks it, else AVX512_BF16's. */
+  attn__cpu_bf16_kernel *kernels[3] = {at_bf16_kernel_simde, at_amx_kernel_emulated,
+                                       attn__cpu_bf16_kernel_native()};
+  static const int ms[] = {1, 3, 4, 7, 8, 9, 13, 16, 33, 48, 64};
+  static const int ns[] = {1, 5, 16, 17, 32, 33, 48, 64, 70};
+  static const int kps[] = {1, 3, 16, 32, 40};
+  /* A's rows hold 2 x 40 bf16, B has 40 pair rows; B and C rows 72 wide. */
+  enum { MAXM = 64, MAXKP = 40, LDA = 96, LD = 72 };
+  uint16_t *a = at_malloc(MAXM * LDA * sizeof *a);
+  uint32_t *bp = at_malloc(MAXKP * LD * sizeof *bp);
+  float *c = at_malloc(MAXM * LD * sizeof *c), *c0 = at_malloc(MAXM * LD * sizeof *c0);
+  uint32_t s = 12345;
+  for (int x = 0; x < MAXM * LDA; x++) {
+    s = s * 1664525u + 1013904223u;
+    a[x] = bf16_of((double)(s >> 8) / 8388608.0 - 1.0);
+  }
+  for (int x = 0; x < MAXM * LD; x++) {
+    s = s * 1664525u + 1013904223u;
+    c0[x] = (float)((double)(s >> 8) / 16777216.0);
+  }
+  for (int x = 0; x < MAXKP * LD; x++) {
+    s = s * 1664525u + 1013904223u;
+    bp[x] = (uint32_t)bf16_of((double)(s >> 8) / 8388608.0 - 1.0) |
+            (uint32_t)bf16_of((double)((s * 13u) >> 8) / 8388608.0 - 1.0) << 16;
+  }
+  for (int kx = 0; kx < 3 && kernels[kx]; kx++)
+    for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
+      for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+        for (size_t ki = 0; ki < sizeof kps / sizeof *kps; ki++)
+          for (int beta = 0; beta < 2; beta++) {
+            const int m = ms[mi], n = ns[ni], kp = kps[ki];
+            const float alpha = 0.125f;
+            for (int x = 0; x < MAXM * LD; x++)
+              c[x] = beta ? c0[x] : NAN;
+            kernels[kx](m, n, kp, alpha, a, LDA, bp, LD, (float)beta, c, LD);
+            for (int i = 0; i < MAXM; i++)
+              for (int j = 0; j < LD; j++) {
+                const float got = c[i * LD + j];
+                if (i >= m || j >= n) {
+                  /* Outside the product: untouched. */
+                  if (!(beta ? got == c0[i * LD + j] : isnan(got)))
+                    fail_msg("kernel %d: m %d n %d kp %d: C[%d][%d] outside was written", kx, m, n,
+                             kp, i, j);
+                  continue;
+                }
+                double want = 0, mag = 0;
+                for (int p = 0; p < kp; p++) {
+                  const uint32_t pair = bp[p * LD + j];
+                  const double t0 = (double)attn__bf16_to_f32(a[i * LDA + 2 * p]) *
+                                    attn__bf16_to_f32((uint16_t)(pair & 0xffff));
+                  const double t1 = (double)attn__bf16_to_f32(a[i * LDA + 2 * p + 1]) *
+                                    attn__bf16_to_f32((uint16_t)(pair >> 16));
+                  want += t0 + t1;
+                  mag += fabs(t0) + fabs(t1);
+                }
+                want = alpha * want + (beta ? c0[i * LD + j] : 0.0);
+                /* f32 sums of 2 kp exact products, then alpha and beta. */
+                const double tol = (2.0 * kp + 4) * 0x1p-24 * (alpha * mag + fabs(want));
+                if (!(fabs(got - want) <= tol))
+                  fail_msg("kernel %d: m %d n %d kp %d beta %d: C[%d][%d] = %.9g, want %.9g", kx, m,
+                           n, kp, beta, i, j, got, want);
+              }
+          }
+  at_free(a);
+  at_free(bp);
+  at_free(c);
+  at_free(c0);
+#endif
+}
+
+/* The f32 FMA kernels (cpu/cpu_gemm.c: this CPU's, and the AVX-512 one on
+ * SIMDe) against double sums, A as stored and transposed, every tail. */
+static void f32_kernels_sum_products(at_backend *b) {
+  (void)b;
+  attn__cpu_sgemm_fn *kernels[2] = {attn__cpu_sgemm_native(), NULL};
+#if defined(AT_HAVE_SIMDE)
+  kernels[1] = at_sgemm512_simde;
+#endif
+  if (!kernels[0] && !kernels[1]) at_skip("no FMA kernel on this CPU, and no SIMDe");
+  static const int ms[] = {1, 2, 3, 5, 6, 7, 8, 9, 13, 64}, ns[] = {1, 7, 8, 9, 16, 17, 33, 64, 70};
+  static const int ks[] = {1, 5, 64};
+  enum { LD = 72 };
+  float *a = at_malloc(LD * LD * sizeof *a), *bm = at_malloc(LD * LD * sizeof *bm);
+  float *c = at_malloc(LD * LD * sizeof *c), *c0 = at_malloc(LD * LD * sizeof *c0);
+  uint32_t s = 777;
+  for (int x = 0; x < LD * LD; x++) {
+    s = s * 1664525u + 1013904223u;
+    a[x] = (float)((double)(s >> 8) / 8388608.0 - 1.0);
+    bm[x] = (float)((double)((s * 13u) >> 8) / 8388608.0 - 1.0);
+    c0[x] = (float)((double)((s * 7u) >> 8) / 16777216.0);
+  }
+  for (int kx = 0; kx < 2; kx++) {
+    if (!kernels[kx]) continue;
+    for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
+      for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+        for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
+          for (int ta = 0; ta < 2; ta++)
+            for (int beta = 0; beta < 2; beta++) {
+              const int m = ms[mi], n = ns[ni], k = ks[ki];
+              const float alpha = 0.25f;
+              for (int x = 0; x < LD * LD; x++)
+                c[x] = beta ? c0[x] : NAN;
+              kernels[kx](ta, 0, m, n, k, alpha, a, LD, bm, LD, (float)beta, c, LD);
+              for (int i = 0; i < LD; i++)
+                for (int j = 0; j < LD; j++) {
+                  const float got = c[i * LD + j];
+                  if (i >= m || j >= n) {
+                    if (!(beta ? got == c0[i * LD + j] : isnan(got)))
+                      fail_msg("kernel %d: m %d n %d k %d ta %d: C[%d][%d] outside was written", kx,
+                               m, n, k, ta, i, j);
+                    continue;
+                  }
+                  double want = 0, mag = 0;
+                  for (int p = 0; p < k; p++) {
+                    const double t = (double)(ta ? a[p * LD + i] : a[i * LD + p]) * bm[p * LD + j];
+                    want += t;
+                    mag += fabs(t);
+                  }
+                  want = alpha * want + (beta ? c0[i * LD + j] : 0.0);
+                  const double tol = (k + 4) * 0x1p-24 * (alpha * mag + fabs(want));
+                  if (!(fabs(got - want) <= tol))
+                    fail_msg("kernel %d: m %d n %d k %d ta %d beta %d: C[%d][%d] = %.9g, want %.9g",
+                             kx, m, n, k, ta, beta, i, j, got, want);
+                }
+            }
+  }
+  at_free(a);
+  at_free(bm);
+  at_free(c);
+  at_free(c0);
+}
+
+/* Every bf16 golden case, forward and backward, on a context forced to the
+ * path; the count of kernel calls shows the SIMDe path ran. */
+static void golden_bf16_cases_hold_through_each_path(at_backend *b) {
+  if (b->kind != ATTN_BACKEND_CPU) at_skip("the CPU backend's products");
+  const int path = *(const int *)at_arg();
+  attn_context *ctx = forced(path);
+  char err[1024];
+  char **dirs = NULL;
+  const int n = at_golden_list(at_golden_dir(), &dirs, err, sizeof err);
+  if (n <= 0) {
+    attn_context_free(ctx);
+    fail_msg("no golden cases in %s: %s", at_golden_dir(), n < 0 ? err : "none");
+  }
+  int ran = 0;
+  atomic_store(&simde_calls, 0);
+  for (int i = 0; i < n; i++) {
+    at_golden g;
+    if (at_golden_load(dirs[i], &g, err, sizeof err) != 0) fail_msg("%s", err);
+    if (g.dtype != ATTN_BF16) {
+      at_golden_free(&g);
+      continue;
+    }
+    at_golden_report rep;
+    const int st = at_golden_run(ctx, &g, !g.dq, &rep);
+    if (st != ATTN_OK || rep.skipped)
+      fail_msg("%s: %s: %s", g.name, attn_status_name(st), rep.message);
+    for (int r = 0; r < rep.n; r++)
+      if (!rep.r[r].pass)
+        fail_msg("%s: %s max error %.3g exceeds the bound %.3g", g.name, rep.r[r].output,
+                 rep.r[r].max_err, rep.r[r].bound);
+    print_message("  %-26s %d outputs within the bounds\n", g.name, rep.n);
+    at_golden_free(&g);
+    ran++;
+  }
+  at_golden_list_free(dirs, n);
+  attn_context_free(ctx);
+  assert_true(ran >= 4);
+  if (path == PATH_SIMDE || path == PATH_AMX_EMULATED) assert_true(atomic_load(&simde_calls) > 0);
+}
+
+/* Random bf16 problems whose tiles have every tail: 197 rows (a partial
+ * last block), causal, GQA packing, odd key counts, strided and fused
+ * layouts (gathered rows), a sliding window, head dims 64, 96 and 128. */
+static void random_bf16_problems_hold_through_each_path(at_backend *b) {
+  if (b->kind != ATTN_BACKEND_CPU) at_skip("the CPU backend's products");
+  const int path = *(const int *)at_arg();
+  at_backend mine = *b;
+  mine.ctx = forced(path);
+  const at_shape shapes[] = {
+      {.dtype = ATTN_BF16, .B = 2, .Nq = 197, .Nk = 197, .Hq = 3, .Hkv = 3, .d = 64},
+      {.dtype = ATTN_BF16,
+       .B = 1,
+       .Nq = 130,
+       .Nk = 131,
+       .Hq = 4,
+       .Hkv = 2,
+       .d = 128,
+       .flags = ATTN_CAUSAL},
+      {.dtype = ATTN_BF16,
+       .B = 1,
+       .Nq = 40,
+       .Nk = 77,
+       .Hq = 8,
+       .Hkv = 1,
+       .d = 96,
+       .layout = AT_MIXED},
+      {.dtype = ATTN_BF16,
+       .B = 2,
+       .Nq = 100,
+       .Nk = 100,
+       .Hq = 2,
+       .Hkv = 2,
+       .d = 64,
+       .layout = AT_QKV,
+       .win = 1,
+       .wl = 30,
+       .wr = 5},
+  };
+  atomic_store(&simde_calls, 0);
+  for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+    assert_true(at_check_backward(&mine, &shapes[i]));
+  attn_context_free(mine.ctx);
+  if (path == PATH_SIMDE || path == PATH_AMX_EMULATED) assert_true(atomic_load(&simde_calls) > 0);
+}
+
+/* f16 and f32 keep their f32 products whatever the bf16 rows take, and so
+ * does a bf16 head dimension of odd size (the pairs need an even one). */
+static void other_dtypes_keep_f32_products(at_backend *b) {
+  if (b->kind != ATTN_BACKEND_CPU) at_skip("the CPU backend's products");
+  attn_context *ctx = forced(PATH_SIMDE);
+  at_backend mine = *b;
+  mine.ctx = ctx;
+  atomic_store(&simde_calls, 0);
+  const at_shape shapes[] = {
+      {.dtype = ATTN_F32, .B = 1, .Nq = 70, .Nk = 70, .Hq = 2, .Hkv = 2, .d = 64},
+      {.dtype = ATTN_F16, .B = 1, .Nq = 70, .Nk = 70, .Hq = 2, .Hkv = 2, .d = 64},
+      {.dtype = ATTN_BF16, .B = 1, .Nq = 70, .Nk = 70, .Hq = 2, .Hkv = 2, .d = 33},
+  };
+  for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+    assert_true(at_check_forward(&mine, &shapes[i]));
+  assert_int_equal(atomic_load(&simde_calls), 0);
+  attn_context_free(ctx);
+}
+
+static void forcing_a_missing_path_says_why(void) {
+  attn_context *ctx = NULL;
+  assert_int_equal(attn_context_create("cpu", &ctx), ATTN_OK);
+  assert_int_equal(attn__cpu_products_force(ctx, 7, NULL), ATTN_EINVAL);
+  assert_true(at_mentions(attn_errmsg(ctx), "products"));
+  if (!attn__cpu_sbgemm_built()) {
+    assert_int_equal(attn__cpu_products_force(ctx, ATTN__CPU_PRODUCTS_SBGEMM, NULL),
+                     ATTN_EUNSUPPORTED);
+    assert_true(strstr(attn_errmsg(ctx), "cblas_sbgemm") != NULL);
+  }
+  if (!attn__cpu_bf16_kernel_native()) {
+    assert_int_equal(attn__cpu_products_force(ctx, ATTN__CPU_PRODUCTS_BF16, NULL),
+                     ATTN_EUNSUPPORTED);
+    assert_true(strstr(attn_errmsg(ctx), "AVX512_BF16") != NULL);
+  }
+  attn_context_free(ctx);
+}
+
+static void common_forcing(at_backend *b) {
+  (void)b;
+  forcing_a_missing_path_says_why();
+}
+
+int main(int argc, char **argv) {
+  static const char *names[] = {"simde", "amx_emulated", "native", "sbgemm"};
+  static char tn[8][96];
+  at_test tests[9];
+  size_t nt = 0;
+  for (int i = 0; i < 4; i++) {
+    snprintf(tn[2 * i], sizeof tn[0], "golden_bf16_cases_hold_through_%s_products", names[i]);
+    tests[nt++] = (at_test){tn[2 * i], golden_bf16_cases_hold_through_each_path, &paths[i]};
+    snprintf(tn[2 * i + 1], sizeof tn[0], "random_bf16_problems_hold_through_%s_products",
+             names[i]);
+    tests[nt++] = (at_test){tn[2 * i + 1], random_bf16_problems_hold_through_each_path, &paths[i]};
+  }
+  tests[nt++] = (at_test){"other_dtypes_keep_f32_products", other_dtypes_keep_f32_products, NULL};
+  const at_test common[] = {
+      {"bf16_kernel_sums_pairs_of_products", bf16_kernel_sums_pairs_of_products, NULL},
+      {"f32_kernels_sum_products", f32_kernels_sum_products, NULL},
+      {"forcing_a_missing_path_says_why", common_forcing, NULL}};
+  return at_main(argc, argv, "products", tests, nt, common, 3);
+}
