@@ -71,14 +71,15 @@ static void the_library_knows_its_own_list(void **state) {
   assert_true(l[0] != '\0');
 }
 
-/* A 1024 x 1024 problem of 8 heads of 64, its tensors 16-byte aligned in
- * device memory, planned for a device running code for `arch` with the
- * shared memory a block of a T4 (64 KB) or an A100 (163 KB); tf32:
- * ATTN_ALLOW_TF32. */
-static attn__cuda_kernel planned(int arch, attn_dtype dt, int backward, int tf32) {
+/* A 1024 x 1024 problem of 8 heads of d, its tensors 16-byte aligned in
+ * device memory, planned for a device running code for `arch` with `kb` KB
+ * of shared memory a block (48 on a P100, 64 on a T4, 96 on a V100, 163 on
+ * an A100, 227 on an H200); tf32: ATTN_ALLOW_TF32. NULL when no row fits. */
+static const attn__cuda_config *planned(int arch, int kb, attn_dtype dt, int d, int backward,
+                                        int tf32) {
   attn__cuda_device dev = {.sm_count = 40,
                            .cc = arch,
-                           .smem_optin = (arch >= 80 ? 163 : 64) * 1024,
+                           .smem_optin = (size_t)kb * 1024,
                            .arch = arch,
                            .arch_specific = 0};
   attn__problem pb;
@@ -86,7 +87,7 @@ static attn__cuda_kernel planned(int arch, attn_dtype dt, int backward, int tf32
   pb.dtype = dt;
   pb.batch = 1;
   pb.heads_q = pb.heads_kv = 8;
-  pb.head_dim = 64;
+  pb.head_dim = d;
   pb.seqlen_q = pb.seqlen_k = pb.total_q = pb.total_k = 1024;
   pb.scale = 0.125f;
   pb.window_left = pb.window_right = -1;
@@ -97,40 +98,67 @@ static attn__cuda_kernel planned(int arch, attn_dtype dt, int backward, int tf32
     ts[i]->native = (void *)(uintptr_t)4096;
     ts[i]->dtype = dt;
     ts[i]->sd = 1;
-    ts[i]->sh = 64;
-    ts[i]->ss = 8 * 64;
-    ts[i]->sb = 1024 * 8 * 64;
+    ts[i]->sh = d;
+    ts[i]->ss = 8 * d;
+    ts[i]->sb = 1024 * 8 * d;
   }
   pb.lse.native = (void *)(uintptr_t)4096;
   pb.lse.dtype = ATTN_F32;
   char why[256];
-  const attn__cuda_config *c = attn__cuda_plan(&dev, &pb, backward, why, sizeof why);
-  if (!c) fail_msg("no row for arch %d: %s", arch, why);
-  return c->kernel;
+  return attn__cuda_plan(&dev, &pb, backward, why, sizeof why);
 }
 
-static attn__cuda_kernel planned_kernel(int arch, attn_dtype dt, int backward) {
-  return planned(arch, dt, backward, 0);
+static attn__cuda_kernel planned_kernel(int arch, int kb, attn_dtype dt, int backward) {
+  const attn__cuda_config *c = planned(arch, kb, dt, 64, backward, 0);
+  if (!c) fail_msg("no row for arch %d with %d KB", arch, kb);
+  return c->kernel;
 }
 
 static void f16_takes_the_tensor_cores_from_turing_on(void **state) {
   (void)state;
-  assert_int_equal(planned_kernel(75, ATTN_F16, 0), ATTN__CUDA_MMA_FORWARD);
-  assert_int_equal(planned_kernel(75, ATTN_F16, 1), ATTN__CUDA_MMA_BACKWARD);
+  assert_int_equal(planned_kernel(75, 64, ATTN_F16, 0), ATTN__CUDA_MMA_FORWARD);
+  /* The backward's tiles need more than a T4's 64 KB; compute_75 code on a
+   * larger device runs them. */
+  assert_int_equal(planned_kernel(75, 64, ATTN_F16, 1), ATTN__CUDA_GENERAL_BACKWARD);
+  assert_int_equal(planned_kernel(75, 227, ATTN_F16, 1), ATTN__CUDA_MMA_BACKWARD);
   /* Volta's and Pascal's code has no mma.sync of this shape. */
-  assert_int_equal(planned_kernel(70, ATTN_F16, 0), ATTN__CUDA_GENERAL_FORWARD);
-  assert_int_equal(planned_kernel(60, ATTN_F16, 1), ATTN__CUDA_GENERAL_BACKWARD);
+  assert_int_equal(planned_kernel(70, 96, ATTN_F16, 0), ATTN__CUDA_GENERAL_FORWARD);
+  assert_int_equal(planned_kernel(60, 48, ATTN_F16, 1), ATTN__CUDA_GENERAL_BACKWARD);
 }
 
 static void bf16_and_tf32_take_them_from_ampere_on(void **state) {
   (void)state;
-  assert_int_equal(planned_kernel(75, ATTN_BF16, 0), ATTN__CUDA_GENERAL_FORWARD);
-  assert_int_equal(planned_kernel(75, ATTN_BF16, 1), ATTN__CUDA_GENERAL_BACKWARD);
-  assert_int_equal(planned_kernel(80, ATTN_BF16, 0), ATTN__CUDA_MMA_FORWARD);
-  assert_int_equal(planned_kernel(80, ATTN_BF16, 1), ATTN__CUDA_MMA_BACKWARD);
-  assert_int_not_equal(planned(75, ATTN_F32, 0, 1), ATTN__CUDA_MMA_FORWARD);
-  assert_int_equal(planned(80, ATTN_F32, 0, 1), ATTN__CUDA_MMA_FORWARD);
-  assert_int_not_equal(planned(80, ATTN_F32, 0, 0), ATTN__CUDA_MMA_FORWARD);
+  assert_int_equal(planned_kernel(75, 64, ATTN_BF16, 0), ATTN__CUDA_GENERAL_FORWARD);
+  assert_int_equal(planned_kernel(75, 64, ATTN_BF16, 1), ATTN__CUDA_GENERAL_BACKWARD);
+  assert_int_equal(planned_kernel(80, 163, ATTN_BF16, 0), ATTN__CUDA_MMA_FORWARD);
+  assert_int_equal(planned_kernel(80, 163, ATTN_BF16, 1), ATTN__CUDA_MMA_BACKWARD);
+  const attn__cuda_config *c = planned(75, 227, ATTN_F32, 64, 0, 1);
+  assert_non_null(c);
+  assert_int_not_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
+  c = planned(80, 163, ATTN_F32, 64, 0, 1);
+  assert_non_null(c);
+  assert_int_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
+  c = planned(80, 163, ATTN_F32, 64, 0, 0);
+  assert_non_null(c);
+  assert_int_not_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
+}
+
+/* Every dtype, forward and backward, has a row in a P100's 48 KB a block up
+ * to d = 64 and in a T4's 64 KB up to d = 96. */
+static void older_gpus_shared_memory_holds_a_row(void **state) {
+  (void)state;
+  const attn_dtype dts[] = {ATTN_F32, ATTN_F16, ATTN_BF16};
+  const int dims[] = {32, 64, 96};
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 3; j++)
+      for (int bwd = 0; bwd < 2; bwd++) {
+        if (dims[j] <= 64 && !planned(60, 48, dts[i], dims[j], bwd, 0))
+          fail_msg("P100: no %s row for dtype %d, d = %d", bwd ? "backward" : "forward", dts[i],
+                   dims[j]);
+        if (!planned(75, 64, dts[i], dims[j], bwd, 0))
+          fail_msg("T4: no %s row for dtype %d, d = %d", bwd ? "backward" : "forward", dts[i],
+                   dims[j]);
+      }
 }
 
 int main(void) {
@@ -142,6 +170,7 @@ int main(void) {
       cmocka_unit_test(the_library_knows_its_own_list),
       cmocka_unit_test(f16_takes_the_tensor_cores_from_turing_on),
       cmocka_unit_test(bf16_and_tf32_take_them_from_ampere_on),
+      cmocka_unit_test(older_gpus_shared_memory_holds_a_row),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
