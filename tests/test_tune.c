@@ -140,6 +140,8 @@ static void cpu_tuning_keeps_tiles_that_later_processes_run(at_backend *b) {
   if (b->kind != ATTN_BACKEND_CPU)
     at_skip("the CPU backend's tiles (the %s backend's: above)", b->name);
   char dir[64] = "/tmp/attn-test-tune-XXXXXX", path[512], line[256], want[128];
+  attn_device_info info;
+  assert_int_equal(attn_context_device_info(b->ctx, &info), ATTN_OK);
   assert_non_null(mkdtemp(dir));
   at_env_set("ATTN_CL_CACHE_DIR", dir);
   at_env_set("ATTN_CL_CACHE", NULL);
@@ -167,7 +169,7 @@ static void cpu_tuning_keeps_tiles_that_later_processes_run(at_backend *b) {
   assert_int_equal(v[4], 0); /* f32 products: the only ones of f32 */
 
   static char log[1 << 16];
-  run_child("cpu", dir, log, sizeof log);
+  run_child("cpu", info.name, dir, log, sizeof log);
   if (!at_mentions(log, "tiles for f32, head dim 64, from"))
     fail_msg("the child did not load %s:\n%s", path, log);
   snprintf(want, sizeof want, "cpu blockwise forward, Br %d Bc %d, f32 products (%s)", v[2], v[3],
@@ -180,7 +182,7 @@ static void cpu_tuning_keeps_tiles_that_later_processes_run(at_backend *b) {
   assert_non_null(f);
   fprintf(f, "garbage\n%d 64 48 12 0 0\n%d 64 64 64 1 0\n\n%d\n", ATTN_F32, ATTN_F32, ATTN_F32);
   fclose(f);
-  run_child("cpu", dir, log, sizeof log);
+  run_child("cpu", info.name, dir, log, sizeof log);
   if (at_mentions(log, "tiles for f32")) fail_msg("the child loaded a foreign line:\n%s", log);
   if (!strstr(log, "cpu blockwise forward, Br 64 Bc 128")) /* the table's row up to d = 64 */
     fail_msg("the child did not run the table's tiles:\n%s", log);
