@@ -230,7 +230,7 @@ static int cuda_buffer_alloc(attn_context *ctx, size_t bytes, void **native) {
   if (bytes > I->total_mem)
     return attn__error(ctx, ATTN_ENOMEM,
                        "%zu bytes is more than the %zu bytes of memory of cuda:%d", bytes,
-                       I->total_mem, I->device);
+                       I->total_mem, attn_context_device(ctx));
   CU(ctx, cudaSetDevice(I->device), "cudaSetDevice");
   cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
   if (e != cudaSuccess) {
