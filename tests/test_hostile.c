@@ -9,6 +9,7 @@
 
 #include "testutil.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
@@ -353,8 +354,10 @@ static void contexts_on_eight_threads_at_once_work(at_backend *b) {
     if (!ok[i]) fail_msg("thread %d: a call gave the wrong status", i);
 }
 
-/* The child: one forward pass on one thread, so that OpenBLAS has its
- * buffers (it retries forever when it cannot allocate them); then 8 OpenMP
+/* The child: one forward pass on one thread, and one sgemm of OpenBLAS's
+ * own, so that OpenBLAS has its buffers (it retries forever when it cannot
+ * allocate them, at exit too; the CPU backend's f32 products need not call
+ * it, see cpu/cpu_gemm.c); then 8 OpenMP
  * threads wanted, the address space limited to what the process has plus 2
  * MiB (less than one thread stack), a new CPU context and a forward pass
  * checked against the reference. libgomp, left alone, would end the process
@@ -377,6 +380,11 @@ static int child_rlimit(void) {
       attn_forward(warm, &x->p, &x->tq, &x->tq, &x->tq, &x->to, NULL) != ATTN_OK) {
     printf("warm-up: %s\n", attn_errmsg(warm));
     return 1;
+  }
+  {
+    float a[16 * 16] = {0}, c[16 * 16];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 16, 16, 16, 1.0f, a, 16, a, 16, 0.0f, c,
+                16);
   }
   attn_context_free(warm);
   omp_set_num_threads(8);
