@@ -5,10 +5,12 @@
 #
 #   STEPS="build ctest memcheck" bash bench/cuda_sanitize.sh      # about 6 minutes
 #   STEPS="racecheck synccheck" bash bench/cuda_sanitize.sh       # the build is kept while warm
+#   ONLY=hopper_fwd_bias STEPS="memcheck" bash bench/cuda_sanitize.sh   # problems whose name matches
 #
 # Each problem is one `attn run` call, small enough for the tools' slowdown, chosen to reach one family of
-# rows (ATTN_DEBUG names the row each call ran, logged beside the tool's report): the sm_90a forward and
-# backward (wgmma, TMA), the mma.sync forward with bias and sinks, TF32, decoding over a paged cache.
+# rows (ATTN_DEBUG names the row each call ran, logged beside the tool's report): the sm_90a forward
+# (with and without a bias) and backward (wgmma, TMA), the mma.sync forward with bias and sinks, TF32,
+# decoding over a paged cache.
 # ARCHS=90a-real (the default here) builds the one image that holds every family.
 set -u -o pipefail
 OUT=${OUT:-/tmp/sanitize-out}
@@ -46,6 +48,8 @@ problems=(
   "hopper_f16_d64_window|--dtype f16 --dim 64 --seqlen 257 --heads 4 --window 50,20 --softcap 30 --backward"
   "hopper_bf16_d96_alibi|--dtype bf16 --dim 96 --seqlen 200 --heads 2 --alibi --backward"
   "hopper_fwd_f16_d256_causal|--dtype f16 --dim 256 --seqlen 300 --heads 2 --causal"
+  "hopper_fwd_bias_bf16_d128_causal|--dtype bf16 --dim 128 --seqlen 296 --heads 2 --causal --bias full"
+  "hopper_fwd_bias_keys_f16_d256|--dtype f16 --dim 256 --seqlen 200 --heads 2 --bias keys --softcap 30"
   "mma_bf16_bias_sinks|--dtype bf16 --dim 64 --seqlen 190 --heads 2 --bias heads --sinks --backward"
   "tf32_d128_causal|--dtype f32 --tf32 --dim 128 --seqlen 300 --heads 2 --causal"
   "f32_d64|--dtype f32 --dim 64 --seqlen 150 --heads 2 --backward"
@@ -58,6 +62,7 @@ for tool in memcheck racecheck synccheck; do
   stamp $tool
   for p in "${problems[@]}"; do
     name=${p%%|*}
+    [[ $name =~ ${ONLY:-.} ]] || continue
     args=${p#*|}
     log="$OUT/$tool-$name.log"
     ATTN_DEBUG=1 timeout 120 "$CS" --tool "$tool" --error-exitcode 3 "$ATTN" run --backend cuda --repeat 1 \

@@ -170,10 +170,12 @@ static inline int attn__cuda_aligned16(const attn__tensor *t) {
 }
 
 /* The shared memory that a bias of elements of `size` bytes adds to a row
- * of the tensor-core forward (mma_fwd.cu) or backward (mma_bwd.cu): the
+ * of the tensor-core forward (mma_fwd.cu) or backward (mma_bwd.cu), or a
+ * bias of the data's dtype to the Hopper forward's (hopper_fwd.cu): the
  * bias tiles that ride with K and V. */
 size_t attn__cuda_mma_fwd_bias_smem(const attn__cuda_config *c, size_t size);
 size_t attn__cuda_mma_bwd_bias_smem(const attn__cuda_config *c, size_t size);
+size_t attn__cuda_hopper_fwd_bias_smem(const attn__cuda_config *c);
 
 /* The plan (plan.c): the row to run, or NULL with a sentence in why. */
 const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,

@@ -26,10 +26,16 @@
  * one after the other with every thread loading through cp.async into two
  * slots (fwd_kernel).
  *
+ * A bias of the data's dtype rides with K: its tile of Br x Bc comes by TMA
+ * (or cp.async) into a slot beside K's, swizzled the same way, and ldmatrix
+ * reads it back in the accumulator layout of S, one instruction per two n8
+ * tiles; with it the scores stay in natural units (scale q.k + bias, one
+ * FMA), as in the tensor-core family.
+ *
  * The parameters, the masks and the score epilogue are the tensor-core
  * family's (mma_common.cuh, common.cuh); this family covers the problems of
- * its kernels without the inference path's terms (bias, KV cache, sinks),
- * which the plan gives to mma_fwd.cu.
+ * its kernels without the KV cache and sinks, and a bias only of the data's
+ * dtype, which the plan gives to mma_fwd.cu otherwise.
  */
 #include "mma_common.cuh"
 #include "wgmma.cuh"
@@ -44,6 +50,7 @@ using namespace attn_mma;
 namespace wg = attn_wgmma;
 
 constexpr int kBr = 128; /* 64 query rows a consumer warpgroup */
+constexpr int kStages = 2; /* K/V (and bias) slots of every row (fwd_rows) */
 
 /* Shared-memory tiles hold whole 64-element column blocks (the swizzle's
  * row): d = 96 takes two, the last half empty (zeros from the tensor map;
@@ -65,7 +72,7 @@ constexpr int kThreadsCp = 256;
 /* The online softmax of one warpgroup's rows over the key blocks, on
  * wgmma's accumulator layout (wgmma.cuh): each thread holds rows r0 and
  * r0 + 8 of the block (r0 = 16 w + g) and, per n8 tile, keys 2t, 2t + 1. */
-template <typename T, int D, int BC, bool SCORED>
+template <typename T, int D, int BC, bool SCORED, bool BIAS>
 struct rows64 {
   static constexpr int KD = D / 16;        /* k-steps of Q K^T */
   static constexpr int KB = BC / 16;       /* k-steps of P V */
@@ -76,6 +83,8 @@ struct rows64 {
   int m0, m_last, nq, nk;
   int i0; /* the thread's first row, m0 + r0 */
   int t;
+  uint32_t bias_lane; /* BIAS: the byte offset of the lane's ldmatrix row in a bias tile, */
+  uint32_t bias_xor;  /* and the swizzle of its chunks (the row mod 8) */
   float slope_log2;
   bool transform;
   float o[NO][4], m_i[2], l_i[2];
@@ -89,6 +98,12 @@ struct rows64 {
         nk(nk_),
         i0(m0_ + row0 + (lane >> 2)),
         t(lane & 3) {
+    /* ldmatrix's lanes 8 m .. 8 m + 7 address the rows of matrix m: rows
+     * row0 + 8 (m & 1) .., n8 tile 2 np + (m >> 1) (bias_pairs); a bias
+     * that broadcasts over the rows has its one row. */
+    const bool rows = p.bias_ss != 0;
+    bias_lane = rows ? (uint32_t)((row0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * 128) : 0u;
+    bias_xor = rows ? (uint32_t)(lane & 7) : 0u;
     slope_log2 = SCORED && p.alibi ? p.alibi[h] * kLog2e : 0.f;
     transform = SCORED && (p.softcap > 0.f || slope_log2 != 0.f);
 #pragma unroll
@@ -148,20 +163,48 @@ struct rows64 {
     wg::pin(o);
   }
 
+  /* BIAS: the bias of the thread's keys in n8 tiles 2 np and 2 np + 1 of
+   * the tile at `tile` ([Bc / 64][kBr][64], swizzled as K's): b[0], b[1]
+   * rows r0 and r0 + 8 of tile 2 np, b[2], b[3] of 2 np + 1, each a pair
+   * of keys 2t, 2t + 1 as wgmma's accumulators hold them. */
+  __device__ __forceinline__ void bias_pairs(uint32_t tile, int np, uint32_t (&b)[4]) const {
+    const int n = 2 * np + ((threadIdx.x & 31) >> 4);
+    ldsm_x4(b, tile + (uint32_t)((n >> 3) * kBr * 128) + bias_lane +
+                   ((((uint32_t)n & 7u) ^ bias_xor) << 4));
+  }
+
   /* Key block nb's scores to their exponentials, in place, with m_i and
    * l_i moved on; alpha says how O must be rescaled (rescale), which may
-   * wait until O's last product is done. */
-  __device__ __forceinline__ void softmax(const params &p, float (&s)[NS][4], int nb) {
+   * wait until O's last product is done. BIAS: the block's bias tile is at
+   * bias_tile. */
+  __device__ __forceinline__ void softmax(const params &p, float (&s)[NS][4], int nb,
+                                          uint32_t bias_tile) {
     /* Scores in the log2 domain; the mask only on blocks that straddle a
      * boundary (sequence end, causal diagonal, window edge). Plain blocks
      * keep the raw q.k and fold the scale into the exp2's FMA below
-     * (scale > 0, so the max commutes with it). */
+     * (scale > 0, so the max commutes with it). With a bias and no
+     * transform, scores stay in natural units, scale * q.k + bias, one
+     * FMA, and log2(e) moves into the exp2's FMA instead. */
     const int n0 = nb * BC;
     const bool full = n0 + BC <= nk && n0 >= key_lo(diag(m_last, nq, nk), p.window_left) &&
                       n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
-    const bool raw = full && !transform;
-    const float mul = raw ? p.scale_log2 : 1.f;
-    if (!raw) {
+    const bool natural = BIAS && !transform;
+    const bool raw = full && !transform && !BIAS;
+    const float mul = raw ? p.scale_log2 : natural ? kLog2e : 1.f;
+    if (natural && full) {
+#pragma unroll
+      for (int np = 0; np < NS / 2; ++np) {
+        uint32_t b[4];
+        bias_pairs(bias_tile, np, b);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const float2 v = elem<T>::unpack(b[u]);
+          float *x = &s[2 * np + (u >> 1)][(u & 1) * 2];
+          x[0] = fmaf(x[0], p.scale, v.x);
+          x[1] = fmaf(x[1], p.scale, v.y);
+        }
+      }
+    } else if (!raw) {
       /* Visible keys of the thread's two rows, as [lo, hi) relative to the
        * thread's first column. */
       int lo[2], hi[2];
@@ -172,16 +215,23 @@ struct rows64 {
         lo[r] = full ? -BC : max(0, key_lo(dg, p.window_left)) - jt;
         hi[r] = full ? BC : min(nk, key_hi(dg, nk, p.window_right)) - jt;
       }
+      uint32_t b[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
       for (int n = 0; n < NS; ++n) {
+        if (BIAS && n % 2 == 0) bias_pairs(bias_tile, n / 2, b);
+        float2 bv[2] = {elem<T>::unpack(b[(n & 1) * 2]), elem<T>::unpack(b[(n & 1) * 2 + 1])};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1, c = n * 8 + (e & 1);
+          const float bias = e & 1 ? bv[r].y : bv[r].x;
           float v = s[n][e];
           if (transform) {
             float th;
             v = score_log2(v, p.scale_log2, p.softcap_log2 > 0.f, p.softcap_log2, p.softcap_inv,
                            slope_log2, diag(i0 + r * 8, nq, nk) - (n0 + 2 * t + c), &th);
+            if constexpr (BIAS) v = fmaf(bias, kLog2e, v);
+          } else if (natural) {
+            v = fmaf(v, p.scale, bias);
           } else {
             v *= p.scale_log2;
           }
@@ -259,7 +309,7 @@ struct rows64 {
        * then come out NaN rather than as a row that saw nothing. */
       int klo, khi;
       key_range(diag(i, nq, nk), nk, p.window_left, p.window_right, &klo, &khi);
-      const bool seen = klo < khi;
+      const bool seen = row_seen(klo < khi, BIAS, m_i[r], l);
       const float inv = seen ? 1.f / l : 0.f;
       if (i < nq) {
         T *orow = go + (int64_t)i * p.o.ss;
@@ -308,18 +358,22 @@ __device__ __forceinline__ block_work work_of(const params &p) {
 
 /* One kernel shape: head dim D (64, 96, 128 or 256; tiles of padded(D)
  * columns), Bc keys per step (64 or 128, the N of S's wgmma), STAGES K/V
- * slots. SCORED compiles the score transforms (softcap, ALiBi) in. The maps
- * are the 4-d views (head dim, rows, heads, sequences) of q, k and v, with a
- * box of 64 x Br (q) or 64 x Bc (k, v) and the 128-byte swizzle (launcher). */
-template <typename T, int D, int BC, int STAGES, bool SCORED>
+ * slots. SCORED compiles the score transforms (softcap, ALiBi) in, BIAS the
+ * bias. The maps are the 4-d views (head dim, rows, heads, sequences) of q,
+ * k and v, with a box of 64 x Br (q) or 64 x Bc (k, v), and the bias's (keys,
+ * rows, heads, sequences) with a box of 64 x Br (64 x 1 where its rows
+ * broadcast), all with the 128-byte swizzle (launcher). */
+template <typename T, int D, int BC, int STAGES, bool SCORED, bool BIAS>
 __global__ void __launch_bounds__(kThreadsWs, 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                  const __grid_constant__ CUtensorMap tv, const params p) {
+                  const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tb,
+                  const params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using R = rows64<T, D, BC, SCORED>;
+  using R = rows64<T, D, BC, SCORED, BIAS>;
   constexpr int DP = padded(D);
   constexpr uint32_t kQBytes = kBr * DP * sizeof(T);
   constexpr uint32_t kSlot = BC * DP * sizeof(T);
+  constexpr uint32_t kSlotB = BIAS ? kBr * BC * sizeof(T) : 0;
   /* The registers each role keeps (FlashAttention-3's split for two
    * consumers: 24 x 128 + 240 x 256 fits the SM's 64K). */
   constexpr int kProducerRegs = 24, kConsumerRegs = 240;
@@ -336,9 +390,10 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
   const uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = sQ + kQBytes;        /* [STAGES][DP / 64][Bc][64] */
   const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][DP / 64][Bc][64] */
-  /* mbarriers, 8 bytes each: Q landed; slot s's K landed, its V landed,
-   * and the consumers are done with it. */
-  const uint32_t barQ = sV + STAGES * kSlot;
+  const uint32_t sB = sV + STAGES * kSlot; /* BIAS: [STAGES][Bc / 64][Br][64] */
+  /* mbarriers, 8 bytes each: Q landed; slot s's K (and bias) landed, its V
+   * landed, and the consumers are done with it. */
+  const uint32_t barQ = sB + STAGES * kSlotB;
   const uint32_t fullK = barQ + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
 
   const int tid = threadIdx.x, wgi = tid >> 7;
@@ -365,6 +420,9 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
        * 0); rows past a tensor's end arrive as zeros. */
       const int qb = p.cu_q ? 0 : w.b, kb = p.cu_k ? 0 : w.b;
       const int q_row = (int)w.sq.q0 + w.m0, k_row = (int)w.sq.k0 + w.nb_min * BC;
+      /* The bias's coordinates (broadcast dimensions: 0) and bytes a block. */
+      const int b_row = p.bias_ss ? w.m0 : 0, b_h = p.bias_sh ? w.h : 0, b_b = p.bias_sb ? w.b : 0;
+      const uint32_t bias_bytes = p.bias_ss ? kSlotB : kSlotB / kBr;
       wg::mbar_expect_tx(barQ, kQBytes);
 #pragma unroll
       for (int cb = 0; cb < DP / 64; ++cb)
@@ -374,11 +432,17 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
         /* The slot's previous block (round - 1) is released. */
         if (round > 0) wg::mbar_wait(empty + 8 * st, (round - 1) & 1);
         const int row = k_row + it * BC;
-        wg::mbar_expect_tx(fullK + 8 * st, kSlot);
+        wg::mbar_expect_tx(fullK + 8 * st, kSlot + (BIAS ? bias_bytes : 0));
 #pragma unroll
         for (int cb = 0; cb < DP / 64; ++cb)
           wg::tma_load_4d(sK + st * kSlot + cb * BC * 128, &tk, cb * 64, row, w.hk, kb,
                           fullK + 8 * st);
+        if constexpr (BIAS) {
+#pragma unroll
+          for (int cb = 0; cb < BC / 64; ++cb)
+            wg::tma_load_4d(sB + st * kSlotB + cb * kBr * 128, &tb,
+                            (w.nb_min + it) * BC + cb * 64, b_row, b_h, b_b, fullK + 8 * st);
+        }
         wg::mbar_expect_tx(fullV + 8 * st, kSlot);
 #pragma unroll
         for (int cb = 0; cb < DP / 64; ++cb)
@@ -403,7 +467,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
       wg::mbar_wait(barQ, 0);
       wg::mbar_wait(fullK, 0);
       rows.template scores<kBr>(s, dq, sK);
-      rows.softmax(p, s, w.nb_min);
+      rows.softmax(p, s, w.nb_min, sB);
       rows.rescale();
       rows.pack(s, pa);
       /* Ping-pong (FlashAttention-3's scheduler barriers, ids 2 and 3): the
@@ -427,7 +491,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
         if (PINGPONG) wg::named_arrive(2 + (1 - c), 256);
         wg::wait<1>();
         wg::pin(s);
-        rows.softmax(p, s, w.nb_min + it);
+        rows.softmax(p, s, w.nb_min + it, sB + stage(it) * kSlotB);
         wg::wait<0>();
         wg::pin(rows.o);
         wg::pin(pa);
@@ -493,16 +557,35 @@ __device__ __forceinline__ void load_tile(uint32_t s, const T *g, int64_t ss, in
   }
 }
 
+/* The bias of rows row0.. and keys col0 .. col0 + BC - 1 (row stride ss,
+ * 0 where the rows broadcast: then row 0 alone) into the swizzled tile at s
+ * as the tensor map lays it out ([BC / 64][kBr][64]); rows at or past nrows
+ * and keys at or past ncols are zeros (a chunk that straddles ncols is read
+ * in part). */
+template <int BC, typename T>
+__device__ __forceinline__ void load_bias(uint32_t s, const T *g, int64_t ss, int row0, int nrows,
+                                          int col0, int ncols, int tid) {
+  constexpr int kChunks = BC / 8;
+  const int rows = ss ? kBr : 1;
+  for (int c = tid; c < rows * kChunks; c += kThreadsCp) {
+    const int r = c / kChunks, ch = c % kChunks, left = ncols - (col0 + ch * 8);
+    const int bytes = row0 + r >= nrows || left <= 0 ? 0 : left >= 8 ? 16 : left * 2;
+    attn_copy::cp_async16_n<false>(s + wg::swizzled(kBr, r, ch),
+                                   bytes ? g + (int64_t)(row0 + r) * ss + col0 + ch * 8 : g, bytes);
+  }
+}
+
 /* The same steps with both warpgroups loading (cp.async into two slots,
  * block j+1 in flight while block j is computed) and computing. */
-template <typename T, int D, int BC, bool SCORED>
+template <typename T, int D, int BC, bool SCORED, bool BIAS>
 __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using R = rows64<T, D, BC, SCORED>;
+  using R = rows64<T, D, BC, SCORED, BIAS>;
   constexpr int STAGES = 2;
   constexpr int DP = padded(D);
   constexpr uint32_t kQBytes = kBr * DP * sizeof(T);
   constexpr uint32_t kSlot = BC * DP * sizeof(T);
+  constexpr uint32_t kSlotB = BIAS ? kBr * BC * sizeof(T) : 0;
   static_assert(D % 32 == 0 && BC % 64 == 0, "k16 steps of Q K^T, whole 8-row groups");
   static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
 
@@ -510,6 +593,7 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
   const uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = sQ + kQBytes;        /* [STAGES][DP / 64][Bc][64] */
   const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][DP / 64][Bc][64] */
+  const uint32_t sB = sV + STAGES * kSlot; /* BIAS: [STAGES][Bc / 64][Br][64] */
 
   const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7;
   const block_work w = work_of<BC>(p);
@@ -518,9 +602,11 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
   const T *gq = row_ptr<T>(p.q, w.b, w.sq.q0, w.h);
   const T *gk = row_ptr<T>(p.k, w.b, w.sq.k0, w.hk);
   const T *gv = row_ptr<T>(p.v, w.b, w.sq.k0, w.hk);
+  const T *gb = BIAS ? (const T *)p.bias + w.b * p.bias_sb + w.h * p.bias_sh : nullptr;
   auto load_kv = [&](int st, int nbk) {
     load_tile<BC, D>(sK + st * kSlot, gk, p.k.ss, nbk * BC, nk, tid);
     load_tile<BC, D>(sV + st * kSlot, gv, p.v.ss, nbk * BC, nk, tid);
+    if constexpr (BIAS) load_bias<BC>(sB + st * kSlotB, gb, p.bias_ss, w.m0, w.sq.nq, nbk * BC, nk, tid);
   };
 
   R rows(p, w.m0, w.sq.nq, nk, wgi * 64 + ((tid >> 5) & 3) * 16, lane, w.h);
@@ -544,7 +630,7 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
       float s[R::NS][4];
       uint32_t pa[R::KB][4];
       rows.template scores<kBr>(s, dq, sK + slot);
-      rows.softmax(p, s, w.nb_min + it);
+      rows.softmax(p, s, w.nb_min + it, sB + (uint32_t)(it % STAGES) * kSlotB);
       rows.rescale();
       rows.pack(s, pa);
       rows.accumulate(pa, sV + slot);
@@ -563,14 +649,20 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
 /* ---------------------------------------------------------------------- */
 
 /* Shared memory: the tiles, 3 STAGES + 1 mbarriers (the cp.async kernel has
- * two slots and needs none), and the 1024 bytes that align the tiles. */
-template <int D, int BC, int STAGES>
-constexpr size_t smem_ws() {
-  return (size_t)(kBr + 2 * STAGES * BC) * padded(D) * 2 + 8 * (3 * STAGES + 1) + 1024;
+ * two slots and needs none), and the 1024 bytes that align the tiles; a
+ * bias adds a Br x Bc tile a slot (bias_smem). */
+template <int BC, int STAGES>
+constexpr size_t bias_smem() {
+  return (size_t)STAGES * kBr * BC * 2;
 }
-template <int D, int BC>
+template <int D, int BC, int STAGES, bool BIAS = false>
+constexpr size_t smem_ws() {
+  return (size_t)(kBr + 2 * STAGES * BC) * padded(D) * 2 + 8 * (3 * STAGES + 1) + 1024 +
+         (BIAS ? bias_smem<BC, STAGES>() : 0);
+}
+template <int D, int BC, bool BIAS = false>
 constexpr size_t smem_cp() {
-  return (size_t)(kBr + 2 * 2 * BC) * padded(D) * 2 + 1024;
+  return (size_t)(kBr + 2 * 2 * BC) * padded(D) * 2 + 1024 + (BIAS ? bias_smem<BC, 2>() : 0);
 }
 
 template <typename K>
@@ -585,10 +677,10 @@ static int launch_grid(const attn__cuda_launch *L, K kern, int threads, size_t s
   return ATTN_OK;
 }
 
-template <typename T, int D, int BC, int STAGES, bool SCORED>
+template <typename T, int D, int BC, int STAGES, bool SCORED, bool BIAS>
 static int launch_kernel(const attn__cuda_launch *L, params p) {
   const attn__problem *pb = L->pb;
-  CUtensorMap tq, tk, tv;
+  CUtensorMap tq, tk, tv, tb = {};
   const int64_t seqs = pb->varlen ? 1 : pb->batch;
   const int64_t rows_q = pb->varlen ? pb->total_q : pb->seqlen_q;
   const int64_t rows_k = pb->varlen ? pb->total_k : pb->seqlen_k;
@@ -596,17 +688,25 @@ static int launch_kernel(const attn__cuda_launch *L, params p) {
     return wg::encode_rows(m, t.ptr, pb->dtype == ATTN_BF16, D, rows, heads, seqs, t.ss, t.sh, t.sb,
                            box);
   };
+  /* The bias as [sequences][heads][rows][keys], a broadcast dimension of
+   * one (its coordinate 0 in the kernel). */
+  auto encode_bias = [&]() {
+    const attn__tensor &b = pb->bias;
+    const int64_t n[3] = {b.ss ? pb->seqlen_q : 1, b.sh ? pb->heads_q : 1, b.sb ? pb->batch : 1};
+    return wg::encode_rows(&tb, const_cast<void *>(p.bias), pb->dtype == ATTN_BF16, (int)pb->seqlen_k, n[0], n[1], n[2],
+                           b.ss, b.sh, b.sb, b.ss ? kBr : 1);
+  };
   dim3 grid;
   int st;
   if (encode(&tq, p.q, rows_q, pb->heads_q, kBr) && encode(&tk, p.k, rows_k, pb->heads_kv, BC) &&
-      encode(&tv, p.v, rows_k, pb->heads_kv, BC)) {
-    auto kern = fwd_ws_kernel<T, D, BC, STAGES, SCORED>;
-    constexpr size_t smem = smem_ws<D, BC, STAGES>();
+      encode(&tv, p.v, rows_k, pb->heads_kv, BC) && (!BIAS || encode_bias())) {
+    auto kern = fwd_ws_kernel<T, D, BC, STAGES, SCORED, BIAS>;
+    constexpr size_t smem = smem_ws<D, BC, STAGES, BIAS>();
     if ((st = launch_grid(L, kern, kThreadsWs, smem, &p, &grid)) != ATTN_OK) return st;
-    kern<<<grid, kThreadsWs, smem, L->stream>>>(tq, tk, tv, p);
+    kern<<<grid, kThreadsWs, smem, L->stream>>>(tq, tk, tv, tb, p);
   } else {
-    auto kern = fwd_kernel<T, D, BC, SCORED>;
-    constexpr size_t smem = smem_cp<D, BC>();
+    auto kern = fwd_kernel<T, D, BC, SCORED, BIAS>;
+    constexpr size_t smem = smem_cp<D, BC, BIAS>();
     if ((st = launch_grid(L, kern, kThreadsCp, smem, &p, &grid)) != ATTN_OK) return st;
     kern<<<grid, kThreadsCp, smem, L->stream>>>(p);
   }
@@ -618,12 +718,17 @@ static int launch_fwd(const attn__cuda_launch *L, const attn__cuda_config *c) {
   (void)c;
   params p;
   make_params(L, 0, &p);
-  if (p.softcap > 0.f || p.alibi) return launch_kernel<T, D, BC, STAGES, true>(L, p);
-  return launch_kernel<T, D, BC, STAGES, false>(L, p);
+  const bool scored = p.softcap > 0.f || p.alibi;
+  if (L->pb->has_bias)
+    return scored ? launch_kernel<T, D, BC, STAGES, true, true>(L, p)
+                  : launch_kernel<T, D, BC, STAGES, false, true>(L, p);
+  return scored ? launch_kernel<T, D, BC, STAGES, true, false>(L, p)
+                : launch_kernel<T, D, BC, STAGES, false, false>(L, p);
 }
 
 template <typename T, int D, int BC, int STAGES>
 constexpr attn__cuda_config fwd_row(const char *name) {
+  static_assert(STAGES == kStages, "attn__cuda_hopper_fwd_bias_smem counts kStages bias tiles");
   return {.kernel = ATTN__CUDA_HOPPER_FORWARD,
           .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
           .dim = D,
@@ -636,7 +741,7 @@ constexpr attn__cuda_config fwd_row(const char *name) {
           .smem = smem_ws<D, BC, STAGES>() > smem_cp<D, BC>() ? smem_ws<D, BC, STAGES>()
                                                               : smem_cp<D, BC>(),
           .smem_det = 0,
-          .features = 0,
+          .features = ATTN__USES_BIAS,
           .nondeterministic = 0,
           .name = name,
           .launch = launch_fwd<T, D, BC, STAGES>};
@@ -658,6 +763,10 @@ constexpr attn__cuda_config fwd_rows[] = {
 };
 
 }  // namespace attn_hopper
+
+extern "C" size_t attn__cuda_hopper_fwd_bias_smem(const attn__cuda_config *c) {
+  return (size_t)attn_hopper::kStages * c->br * c->bc * 2;
+}
 
 extern "C" const attn__cuda_rows attn__cuda_hopper_forward_rows = {
     attn_hopper::fwd_rows, (int)(sizeof attn_hopper::fwd_rows / sizeof attn_hopper::fwd_rows[0])};

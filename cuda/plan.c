@@ -36,6 +36,8 @@ static int family_covers(attn__cuda_kernel k, const attn__problem *pb) {
         const int64_t e = 16 / (int64_t)attn_dtype_size(b->dtype);
         ok = ok && (b->dtype == pb->dtype || b->dtype == ATTN_F32) && b->sd == 1 &&
              attn__cuda_base(b) % 16 == 0 && b->sb % e == 0 && b->sh % e == 0 && b->ss % e == 0;
+        /* The Hopper forward reads its bias tiles with ldmatrix: 16 bits. */
+        if (k == ATTN__CUDA_HOPPER_FORWARD) ok = ok && b->dtype == pb->dtype;
       }
       if (pb->deterministic && attn__cuda_dbias_sums(pb)) ok = 0;
       return ok;
@@ -65,6 +67,7 @@ static size_t bias_smem(const attn__cuda_config *c, const attn__problem *pb) {
   const size_t e = attn_dtype_size(pb->bias.dtype);
   if (c->kernel == ATTN__CUDA_MMA_FORWARD) return attn__cuda_mma_fwd_bias_smem(c, e);
   if (c->kernel == ATTN__CUDA_MMA_BACKWARD) return attn__cuda_mma_bwd_bias_smem(c, e);
+  if (c->kernel == ATTN__CUDA_HOPPER_FORWARD) return attn__cuda_hopper_fwd_bias_smem(c);
   return 0;
 }
 

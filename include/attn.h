@@ -395,7 +395,10 @@ typedef struct attn_params {
    * score += bias[b][h][i][j] after scale, softcap and ALiBi. Any of the first
    * three dimensions may have size 1: it broadcasts. A -inf entry hides its
    * key, and a row all of whose visible scores are -inf is a row that sees no
-   * key (o = 0, lse = -inf). */
+   * key (o = 0, lse = -inf). Write masks as -inf: a row whose every score
+   * is a huge finite value (below about -2^31, such as bf16's lowest) is
+   * beyond float32's softmax on CUDA's tensor-core kernels, whose result
+   * for it is undefined (0 or NaN); the other kernels give its softmax. */
   const attn_tensor *bias;
   /* Backward output, float32, of the bias's shape: d(loss)/d(bias), summed
    * over the dimensions that broadcast. NULL: not wanted. */

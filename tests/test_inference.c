@@ -33,7 +33,8 @@ typedef struct icase {
   int bias; /* 0 none, else 1 + BIAS_* bits */
   attn_dtype bias_dt;
   int hide_row; /* bias -inf over every key of query row 0 of sequence 0, head 0 */
-  int bias_odd; /* 1: scattered -inf and a row of the dtype's lowest value; 2: and a NaN */
+  int bias_odd; /* 1: scattered -inf and a row of the dtype's lowest value; 2: and a NaN;
+                  * 3: the -inf and the NaN, no such row */
   int sinks;
   int splits;      /* params.num_splits */
   int device_meta; /* seqused_k, block_table, bias, sinks in device buffers */
@@ -196,7 +197,7 @@ static void ibuf_init(at_backend *b, ibuf *x, const icase *c) {
                             : c->bias_dt == ATTN_BF16 ? -3.38953139e38
                                                       : -3.40282347e38;
       for (int64_t j = 0; j < bk; j++) {
-        attn__store(x->bias, c->bias_dt, bk + j, lowest);
+        if (c->bias_odd != 3) attn__store(x->bias, c->bias_dt, bk + j, lowest);
         if (j % 37 == 3) attn__store(x->bias, c->bias_dt, 5 * bk + j, -INFINITY);
       }
       if (c->bias_odd > 1) attn__store(x->bias, c->bias_dt, 2 * bk + 5, NAN);
@@ -653,6 +654,41 @@ static void bias_of_every_kind_of_value(at_backend *b) {
       }
 }
 
+/* A bias of the data's dtype whose rows are 16-byte aligned (keys a
+ * multiple of 8), full and broadcast over each dimension, at the
+ * tensor-core head dims, plain, causal and under the score transforms,
+ * with -inf, f16's lowest value and a NaN among its entries: the layout
+ * the Hopper forward brings in by TMA (a row of one where the rows
+ * broadcast) and reads back through ldmatrix. A row of bf16's lowest value
+ * is beyond float32's softmax on CUDA's tensor cores (attn.h), so bf16
+ * cases plant the -inf and the NaN alone. */
+static void bias_in_aligned_rows(at_backend *b) {
+  const int forms[] = {1, 1 + BIAS_BATCH + BIAS_HEADS, 1 + BIAS_ROWS, 1 + BIAS_HEADS};
+  const int64_t dims[] = {64, 96, 128, 256};
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 4; j++) {
+      const attn_dtype dt = (i + j) % 2 ? ATTN_F16 : ATTN_BF16;
+      icase c = {.dt = dt,
+                 .B = 2,
+                 .Nq = 137,
+                 .cap = 200,
+                 .Hq = 4,
+                 .Hkv = 2,
+                 .d = dims[j],
+                 .bias = forms[i],
+                 .bias_dt = dt,
+                 .bias_odd = (forms[i] - 1) & BIAS_ROWS ? 0
+                             : dt == ATTN_BF16              ? 3
+                                                            : (i + j) % 3};
+      run_forward(b, &c);
+      c.flags = ATTN_CAUSAL;
+      c.softcap = i % 2 ? 30 : 0;
+      c.alibi = i == 2;
+      c.sinks = i == 3; /* the KV-cache terms: CUDA's tensor-core forward, not the Hopper one */
+      run_forward(b, &c);
+    }
+}
+
 static void sinks_join_the_denominator(at_backend *b) {
   icase c = {.dt = ATTN_F32,
              .B = 2,
@@ -978,6 +1014,7 @@ static const at_test tests[] = {
     AT_TEST(bias_full_and_broadcast),
     AT_TEST(bias_minus_inf_hides_a_whole_row),
     AT_TEST(bias_of_every_kind_of_value),
+    AT_TEST(bias_in_aligned_rows),
     AT_TEST(sinks_join_the_denominator),
     AT_TEST(bias_gradient_sums_over_broadcast),
     AT_TEST(sink_gradient),

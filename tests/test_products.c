@@ -91,9 +91,11 @@ static attn_context *forced(int path) {
   return ctx;
 }
 
+#if defined(AT_HAVE_SIMDE)
 static uint16_t bf16_of(double x) {
   return attn__f32_to_bf16((float)x);
 }
+#endif
 
 /* The kernel against double sums of the same bf16 values, over shapes with
  * every kind of tail: rows past the 8-row tiles, columns past the 32-wide
