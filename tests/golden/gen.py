@@ -764,6 +764,16 @@ GENERATED = [
     case("kvcache_bias_sinks", 214, feature_inputs(), batch=3, seqlen_q=2, seqlen_k=32,
          heads_q=2, head_dim=32, causal=True, seqused_k=[10, 32, 0], bias_shape=[3, 1, 1, 32],
          sinks=[0.5, -1.0]),
+    # A bias of the data's dtype in 16-byte rows at head dims of the Hopper
+    # forward, which brings it in by TMA: over varlen sequences of 9, 66 and
+    # 1 query rows, causal, a tenth of it -inf (bf16, d 64); over the keys
+    # alone, a row of one (f16, d 128).
+    case("bias_varlen_bf16_d64", 215, feature_inputs(bias_hiding(0.1)), dtype="bf16",
+         layout="varlen", heads_q=2, heads_kv=1, head_dim=64, causal=True,
+         seqlens=[(9, 24), (66, 72), (1, 8)], bias_shape=[3, 2, 66, 72], bias_dtype="bf16"),
+    case("bias_keys_f16_d128", 216, feature_inputs(), dtype="f16", batch=2, seqlen_q=40,
+         seqlen_k=48, heads_q=1, head_dim=128, causal=True, bias_shape=[2, 1, 1, 48],
+         bias_dtype="f16"),
 ]
 
 
