@@ -92,8 +92,8 @@
 #define PQS (BQ + 4)        /* dQ's dS (and dbias's dR), [key][row] */
 #define QPB (BDK * BQ / NTB)
 #define KPB (BDK * BK / NTB)
-#define RSB (NTB / BDK)                        /* rows between an item's chunk elements */
-#define RW4 ((BJK * HD / 4 + NTB - 1) / NTB)   /* an item's float4s of a sums step */
+#define RSB (NTB / BDK)                          /* rows between an item's chunk elements */
+#define RW4 ((BJK * HD / 4 + NTB - 1) / NTB)     /* an item's float4s of a sums step */
 #define CH4 ((2 * BDK * QCS + 2 * BK * KCS) / 4) /* float4s of the four chunks */
 #define KV4 ((2 * BQ * PKS + 2 * BJK * HD) / 4)  /* of dK/dV's P, dS and row tiles */
 #define DQ4 (((DBIAS == 2 ? 2 : 1) * BK * PQS + BJK * HD) / 4) /* of dQ's */
@@ -161,6 +161,28 @@ typedef struct tile_src {
   int i0, j0, nq, nk, d;
 } tile_src;
 
+/* The operands of query head h and key/value head hk of sequence b, from
+ * the kernels' arguments; the tile's corner (i0, j0) is the caller's. */
+inline tile_src tile_src_of(__global const T *q, long qo, long4 qs, __global const T *k, long ko,
+                            long4 ks, __global const T *v, long vo, long4 vs,
+                            __global const T *dout, long go, long4 gs, int b, int h, int hk,
+                            seq_info seq, int d) {
+  tile_src t;
+  t.qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
+  t.gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
+  t.kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
+  t.vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
+  t.qs = qs;
+  t.gs = gs;
+  t.ks = ks;
+  t.vs = vs;
+  t.i0 = t.j0 = 0;
+  t.nq = seq.nq;
+  t.nk = seq.nk;
+  t.d = d;
+  return t;
+}
+
 inline void load_chunk(chunk_regs *r, const tile_src *t, int c0, int sc, int sr) {
   const int cc = c0 + sc;
 #pragma unroll
@@ -182,8 +204,8 @@ inline void load_chunk(chunk_regs *r, const tile_src *t, int c0, int sc, int sr)
 /* S = Q K^T and dP = dO V^T for item (ty, tx)'s rows and keys, through the
  * four chunks at ch (CH4 float4s). Starts and ends with the chunks free:
  * the caller's barrier before, this one's after. */
-inline void tile_products(float (*s)[BTN], float (*dp)[BTN], __local float4 *ch4,
-                          const tile_src *t, int lid) {
+inline void tile_products(float (*s)[BTN], float (*dp)[BTN], __local float4 *ch4, const tile_src *t,
+                          int lid) {
   __local float *Qc = (__local float *)ch4, *Gc = Qc + BDK * QCS;
   __local float *Kc = Gc + BDK * QCS, *Vc = Kc + BK * KCS;
   __local const float4 *Qc4 = (__local const float4 *)Qc, *Gc4 = (__local const float4 *)Gc;
@@ -269,6 +291,15 @@ inline void tile_p_ds(float (*s)[BTN], float (*dp)[BTN], row_stats st, const til
    * amplifies where the logits are large. */
 #pragma OPENCL FP_CONTRACT OFF
   const int tx = lid % 16, ty = lid / 16;
+  /* No bias, softcap or ALiBi on a tile each row of which sees every key
+   * (the last row's first key to the first row's last, as in fwd.cl): the
+   * score is S * scale alone and the mask passes, which skips both on most
+   * tiles of a long sequence. */
+  int all_lo, all_hi, unused;
+  key_range(diag(t->i0 + BQ - 1, t->nq, t->nk), t->nk, wl, wr, &all_lo, &unused);
+  key_range(diag(t->i0, t->nq, t->nk), t->nk, wl, wr, &unused, &all_hi);
+  const int whole = !HAS_BIAS && softcap == 0.0f && slope == 0.0f && t->i0 + BQ <= t->nq &&
+                    t->j0 >= all_lo && t->j0 + BK <= all_hi;
 #pragma unroll
   for (int i = 0; i < BTM; ++i) {
     const int ri = ty * BTM + i, r = t->i0 + ri, dg = diag(r, t->nq, t->nk);
@@ -277,7 +308,10 @@ inline void tile_p_ds(float (*s)[BTN], float (*dp)[BTN], row_stats st, const til
     for (int n = 0; n < BTN; ++n) {
       const int kj = t->j0 + tx + 16 * n;
       float p = 0.0f, ds = 0.0f, g = 0.0f;
-      if (r < t->nq && kj < t->nk && key_visible(dg, kj, wl, wr) && li != -INFINITY) {
+      if (whole) {
+        p = li != -INFINITY ? exp((s[i][n] * scale - li) - lo) : 0.0f;
+        ds = g = p * (dp[i][n] - dl);
+      } else if (r < t->nq && kj < t->nk && key_visible(dg, kj, wl, wr) && li != -INFINITY) {
         float th;
 #if HAS_BIAS
         const float x = score(s[i][n], scale, softcap, slope, dg - kj, &th) +
@@ -382,17 +416,6 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
   const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
   const int nq = seq.nq, nk = seq.nk;
   if (j0 >= nk) return; /* the whole group leaves: no barrier is skipped */
-  tile_src t;
-  t.kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
-  t.vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
-  t.qs = qs;
-  t.gs = gs;
-  t.ks = ks;
-  t.vs = vs;
-  t.j0 = j0;
-  t.nq = nq;
-  t.nk = nk;
-  t.d = d;
 
   /* The query rows that see some key of the block. */
   int ilo, ihi;
@@ -411,8 +434,8 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
 #if HAS_BIAS
     const long bias_bh = bias_o + b * bias_s.s0 + h * bias_s.s1;
 #endif
-    t.qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
-    t.gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
+    tile_src t = tile_src_of(q, qo, qs, k, ko, ks, v, vo, vs, dout, go, gs, b, h, hk, seq, d);
+    t.j0 = j0;
     for (int i0 = (ilo / BQ) * BQ; i0 < ihi; i0 += BQ) {
       t.i0 = i0;
       float s[BTM][BTN], dp[BTM][BTN];
@@ -520,19 +543,8 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
   if (i0 >= nq) return;
   const int hk = h / group;
   const float slope = alibi ? alibi[h] : 0.0f;
-  tile_src t;
-  t.qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
-  t.gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
-  t.kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
-  t.vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
-  t.qs = qs;
-  t.gs = gs;
-  t.ks = ks;
-  t.vs = vs;
+  tile_src t = tile_src_of(q, qo, qs, k, ko, ks, v, vo, vs, dout, go, gs, b, h, hk, seq, d);
   t.i0 = i0;
-  t.nq = nq;
-  t.nk = nk;
-  t.d = d;
 #if HAS_BIAS
   const long bias_bh = bias_o + b * bias_s.s0 + h * bias_s.s1;
 #endif
@@ -596,7 +608,8 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
     for (int jj = 0; jj < BK && j0 + jj < nk; jj += BJK) {
       store_row_tile(Kr4, kreg, lid);
       barrier(CLK_LOCAL_MEM_FENCE);
-      if (jj + BJK < BK && j0 + jj + BJK < nk) load_row_tile(kreg, t.kp, ks, j0 + jj + BJK, nk, d, lid);
+      if (jj + BJK < BK && j0 + jj + BJK < nk)
+        load_row_tile(kreg, t.kp, ks, j0 + jj + BJK, nk, d, lid);
 #pragma unroll
       for (int r = 0; r < BJK; ++r) {
         float a[BTM], kc[BTD];

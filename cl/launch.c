@@ -45,7 +45,7 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
  * the decode's and bwd.cl's sums' depend on their tiles: 0 here). */
 static const size_t kernel_items[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_FWD] = 0,      [ATTN__CL_K_FWD_ROWS] = 1,  [ATTN__CL_K_PRE] = 64,
-    [ATTN__CL_K_DKDV] = 0,     [ATTN__CL_K_DQ] = 0,      [ATTN__CL_K_DKDV_ROWS] = 1,
+    [ATTN__CL_K_DKDV] = 0,     [ATTN__CL_K_DQ] = 0,        [ATTN__CL_K_DKDV_ROWS] = 1,
     [ATTN__CL_K_DQ_ROWS] = 1,  [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,
     [ATTN__CL_K_DSINKS] = 64,  [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 64,
     [ATTN__CL_K_APPEND] = 64,  [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,
@@ -195,9 +195,8 @@ static int build_program(attn_context *ctx, const attn__cl_config *c, int kind, 
                                  NULL);
     const size_t need = slot == ATTN__CL_K_FWD      ? (size_t)(16 * (t->br / t->tm))
                         : slot == ATTN__CL_K_DECODE ? (size_t)t->ntd
-                        : slot == ATTN__CL_K_DKDV || slot == ATTN__CL_K_DQ
-                            ? bwd_items(t)
-                            : kernel_items[slot];
+                        : slot == ATTN__CL_K_DKDV || slot == ATTN__CL_K_DQ ? bwd_items(t)
+                                                                           : kernel_items[slot];
     if (wg < need && slot == ATTN__CL_K_FWD && need > 128 && !c->narrow) {
       attn__debug("opencl: attn_fwd runs at most %zu work-items per group; retrying with 128", wg);
       *narrow = 1;

@@ -70,22 +70,25 @@ enum { CLASS_GPU, CLASS_CPU };
  * at 128 work-items: PoCL 5.0 aborts on some 256-item programs). */
 static const struct tiles_row {
   int cls, dtype, hd_max;
-  attn__cl_tiles t;
+  attn__cl_tiles t; /* in attn__cl_tiles's order */
 } tiles_table[] = {
-    {CLASS_GPU, ANY_DTYPE, 128,
-     {.br = 128, .bc = 64, .tm = 8, .dk = 16, .jk = 8, .bq = 64, .bk = 64, .btm = 4, .bdk = 16,
-      .bjk = 8, .dr = 8, .ntd = 64, .fwd = ATTN__CL_FWD_TILES, .bwd = ATTN__CL_BWD_TILES}},
-    {CLASS_GPU, ANY_DTYPE, ATTN_MAX_HEAD_DIM,
-     {.br = 32, .bc = 64, .tm = 4, .dk = 16, .jk = 16, .bq = 64, .bk = 32, .btm = 4, .bdk = 16,
-      .bjk = 8, .dr = 8, .ntd = 64, .fwd = ATTN__CL_FWD_TILES, .bwd = ATTN__CL_BWD_TILES}},
-    {CLASS_CPU, ANY_DTYPE, 128,
-     {.br = 64, .bc = 64, .tm = 8, .dk = 16, .jk = 16, .bq = 32, .bk = 32, .btm = 4, .bdk = 16,
-      .bjk = 8, .dr = 8, .ntd = 64, .fwd = ATTN__CL_FWD_ROWS, .bwd = ATTN__CL_BWD_ROWS, .rb = 32,
-      .kb = 32}},
-    {CLASS_CPU, ANY_DTYPE, ATTN_MAX_HEAD_DIM,
-     {.br = 32, .bc = 64, .tm = 4, .dk = 16, .jk = 16, .bq = 32, .bk = 32, .btm = 4, .bdk = 16,
-      .bjk = 8, .dr = 8, .ntd = 64, .fwd = ATTN__CL_FWD_ROWS, .bwd = ATTN__CL_BWD_ROWS, .rb = 16,
-      .kb = 32}},
+    /* br, bc, tm, dk, jk; bq, bk, btm, bdk, bjk; dr, ntd; the shapes; rb, kb */
+    {CLASS_GPU,
+     ANY_DTYPE,
+     128,
+     {128, 64, 8, 16, 8, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_TILES, ATTN__CL_BWD_TILES, 0, 0}},
+    {CLASS_GPU,
+     ANY_DTYPE,
+     ATTN_MAX_HEAD_DIM,
+     {32, 64, 4, 16, 16, 64, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_TILES, ATTN__CL_BWD_TILES, 0, 0}},
+    {CLASS_CPU,
+     ANY_DTYPE,
+     128,
+     {64, 64, 8, 16, 16, 32, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 32, 32}},
+    {CLASS_CPU,
+     ANY_DTYPE,
+     ATTN_MAX_HEAD_DIM,
+     {32, 64, 4, 16, 16, 32, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 16, 32}},
 };
 
 static const attn__cl_tiles *table_row(int cls, int dtype, int hd) {
@@ -205,8 +208,8 @@ static void name_bwd(attn__cl_config *c) {
              c->hd, t->rb, t->kb);
   else
     snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0],
-             "opencl attn_bwd HD=%d BQ=%d BK=%d BTM=%d BDK=%d BJK=%d", c->hd, t->bq, t->bk,
-             t->btm, t->bdk, t->bjk);
+             "opencl attn_bwd HD=%d BQ=%d BK=%d BTM=%d BDK=%d BJK=%d", c->hd, t->bq, t->bk, t->btm,
+             t->bdk, t->bjk);
 }
 
 static void name_all(attn__cl_config *c) {

@@ -104,8 +104,8 @@ static int tuned_path(attn_context *ctx, char *path, size_t n) {
  * device class), then the tiles: br bc tm dk jk bq dr ntd rb kb bk btm bdk
  * bjk. */
 static void line_of(const attn__cl_config *c, const attn__cl_tiles *t, int *v) {
-  const int x[LINE_INTS] = {c->dtype, c->hd,  t->fwd, t->bwd, t->br, t->bc, t->tm,  t->dk,  t->jk,
-                            t->bq,    t->dr,  t->ntd, t->rb,  t->kb, t->bk, t->btm, t->bdk, t->bjk};
+  const int x[LINE_INTS] = {c->dtype, c->hd, t->fwd, t->bwd, t->br, t->bc, t->tm,  t->dk,  t->jk,
+                            t->bq,    t->dr, t->ntd, t->rb,  t->kb, t->bk, t->btm, t->bdk, t->bjk};
   memcpy(v, x, sizeof x);
 }
 

@@ -100,11 +100,10 @@ static void tuning_keeps_a_variation_that_later_processes_run(at_backend *b) {
   int v[18], lines = 0;
   while (fgets(line, sizeof line, f)) {
     lines++;
-    assert_int_equal(
-        sscanf(line, "%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", &v[0], &v[1], &v[2],
-               &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13],
-               &v[14], &v[15], &v[16], &v[17]),
-        18);
+    assert_int_equal(sscanf(line, "%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", &v[0],
+                            &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10],
+                            &v[11], &v[12], &v[13], &v[14], &v[15], &v[16], &v[17]),
+                     18);
   }
   fclose(f);
   assert_int_equal(lines, 1);
