@@ -112,11 +112,12 @@ inline float comp4(float4 x, int cc) {
   return cc == 0 ? x.s0 : cc == 1 ? x.s1 : cc == 2 ? x.s2 : x.s3;
 }
 
-/* n floats from p, n a multiple of 4 read as float4s; else one by one. */
+/* n floats from p: as float4s where n is a multiple of 4 (p then 16-byte
+ * aligned, which the typed read tells the compiler), else one by one. */
 inline void load_run(float *a, __local const float *p, int n) {
   if (n % 4 == 0) {
     for (int u = 0; u < n / 4; ++u) {
-      const float4 t4 = vload4(u, p);
+      const float4 t4 = ((__local const float4 *)p)[u];
       a[4 * u + 0] = t4.s0;
       a[4 * u + 1] = t4.s1;
       a[4 * u + 2] = t4.s2;
@@ -128,12 +129,12 @@ inline void load_run(float *a, __local const float *p, int n) {
   }
 }
 
-/* Item tx's BTD output columns of a staged row. */
+/* Item tx's BTD output columns of a staged row (16-byte aligned). */
 inline void load_cols(float *a, __local const float *row, int tx) {
 #if BVV
 #pragma unroll
   for (int g = 0; g < BTD / 4; ++g) {
-    const float4 t4 = vload4(0, row + tx * 4 + g * 64);
+    const float4 t4 = ((__local const float4 *)row)[tx + g * 16];
     a[4 * g + 0] = t4.s0;
     a[4 * g + 1] = t4.s1;
     a[4 * g + 2] = t4.s2;
@@ -161,12 +162,12 @@ typedef struct tile_src {
   int i0, j0, nq, nk, d;
 } tile_src;
 
-/* The operands of query head h and key/value head hk of sequence b, from
- * the kernels' arguments; the tile's corner (i0, j0) is the caller's. */
+/* The tile at (i0, j0) of query head h and key/value head hk of sequence
+ * b, from the kernels' arguments. */
 inline tile_src tile_src_of(__global const T *q, long qo, long4 qs, __global const T *k, long ko,
                             long4 ks, __global const T *v, long vo, long4 vs,
                             __global const T *dout, long go, long4 gs, int b, int h, int hk,
-                            seq_info seq, int d) {
+                            seq_info seq, int d, int i0, int j0) {
   tile_src t;
   t.qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
   t.gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
@@ -176,7 +177,8 @@ inline tile_src tile_src_of(__global const T *q, long qo, long4 qs, __global con
   t.gs = gs;
   t.ks = ks;
   t.vs = vs;
-  t.i0 = t.j0 = 0;
+  t.i0 = i0;
+  t.j0 = j0;
   t.nq = seq.nq;
   t.nk = seq.nk;
   t.d = d;
@@ -202,13 +204,13 @@ inline void load_chunk(chunk_regs *r, const tile_src *t, int c0, int sc, int sr)
 }
 
 /* S = Q K^T and dP = dO V^T for item (ty, tx)'s rows and keys, through the
- * four chunks at ch (CH4 float4s). Starts and ends with the chunks free:
- * the caller's barrier before, this one's after. */
+ * four chunks at ch (CH4 float4s), from r holding the first chunk (the
+ * caller loads it during its previous step). Starts and ends with the
+ * chunks free: the caller's barrier before, this one's after. */
 inline void tile_products(float (*s)[BTN], float (*dp)[BTN], __local float4 *ch4, const tile_src *t,
-                          int lid) {
+                          chunk_regs *r, int lid) {
   __local float *Qc = (__local float *)ch4, *Gc = Qc + BDK * QCS;
   __local float *Kc = Gc + BDK * QCS, *Vc = Kc + BK * KCS;
-  __local const float4 *Qc4 = (__local const float4 *)Qc, *Gc4 = (__local const float4 *)Gc;
   __local const float4 *Kc4 = (__local const float4 *)Kc, *Vc4 = (__local const float4 *)Vc;
   const int tx = lid % 16, ty = lid / 16, sc = lid % BDK, sr = lid / BDK;
 #pragma unroll
@@ -216,21 +218,19 @@ inline void tile_products(float (*s)[BTN], float (*dp)[BTN], __local float4 *ch4
 #pragma unroll
     for (int n = 0; n < BTN; ++n)
       s[i][n] = dp[i][n] = 0.0f;
-  chunk_regs r;
-  load_chunk(&r, t, 0, sc, sr);
   for (int c0 = 0; c0 < t->d; c0 += BDK) {
 #pragma unroll
     for (int u = 0; u < QPB; ++u) {
-      Qc[sc * QCS + sr + u * RSB] = r.q[u];
-      Gc[sc * QCS + sr + u * RSB] = r.g[u];
+      Qc[sc * QCS + sr + u * RSB] = r->q[u];
+      Gc[sc * QCS + sr + u * RSB] = r->g[u];
     }
 #pragma unroll
     for (int u = 0; u < KPB; ++u) {
-      Kc[(sr + u * RSB) * KCS + sc] = r.k[u];
-      Vc[(sr + u * RSB) * KCS + sc] = r.v[u];
+      Kc[(sr + u * RSB) * KCS + sc] = r->k[u];
+      Vc[(sr + u * RSB) * KCS + sc] = r->v[u];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (c0 + BDK < t->d) load_chunk(&r, t, c0 + BDK, sc, sr);
+    if (c0 + BDK < t->d) load_chunk(r, t, c0 + BDK, lid % BDK, lid / BDK);
 #pragma unroll
     for (int c4 = 0; c4 < BDK; c4 += 4) {
       float4 k4[BTN], v4[BTN];
@@ -242,8 +242,8 @@ inline void tile_products(float (*s)[BTN], float (*dp)[BTN], __local float4 *ch4
 #pragma unroll
       for (int cc = 0; cc < 4; ++cc) {
         float a[BTM], g[BTM];
-        load_run(a, (__local const float *)(Qc4 + ((c4 + cc) * QCS + ty * BTM) / 4), BTM);
-        load_run(g, (__local const float *)(Gc4 + ((c4 + cc) * QCS + ty * BTM) / 4), BTM);
+        load_run(a, Qc + (c4 + cc) * QCS + ty * BTM, BTM);
+        load_run(g, Gc + (c4 + cc) * QCS + ty * BTM, BTM);
 #pragma unroll
         for (int i = 0; i < BTM; ++i)
 #pragma unroll
@@ -428,63 +428,73 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
     for (int n = 0; n < BTD; ++n)
       dk_acc[u][n] = dv_acc[u][n] = 0.0f;
 
-  for (int hh = 0; hh < group; ++hh) {
-    const int h = hk * group + hh;
+  /* The steps: each query head of the group, each block of rows; the
+   * first chunk of a step's products is loaded during the step before. */
+  const int ib0 = (ilo / BQ) * BQ, nib = ilo < ihi ? (ihi - ib0 + BQ - 1) / BQ : 0;
+  const int steps = group * nib;
+  chunk_regs next;
+  tile_src t = tile_src_of(q, qo, qs, k, ko, ks, v, vo, vs, dout, go, gs, b, hk * group, hk, seq, d,
+                           ib0, j0);
+  if (steps) load_chunk(&next, &t, 0, lid % BDK, lid / BDK);
+  for (int step = 0; step < steps; ++step) {
+    const int h = hk * group + step / nib, i0 = t.i0;
     const float slope = alibi ? alibi[h] : 0.0f;
 #if HAS_BIAS
     const long bias_bh = bias_o + b * bias_s.s0 + h * bias_s.s1;
 #endif
-    tile_src t = tile_src_of(q, qo, qs, k, ko, ks, v, vo, vs, dout, go, gs, b, h, hk, seq, d);
-    t.j0 = j0;
-    for (int i0 = (ilo / BQ) * BQ; i0 < ihi; i0 += BQ) {
-      t.i0 = i0;
-      float s[BTM][BTN], dp[BTM][BTN];
+    const int hn = hk * group + (step + 1) / nib, inx = ib0 + (step + 1) % nib * BQ;
+    const tile_src tn = step + 1 < steps ? tile_src_of(q, qo, qs, k, ko, ks, v, vo, vs, dout, go,
+                                                       gs, b, hn, hk, seq, d, inx, j0)
+                                         : t;
+    float s[BTM][BTN], dp[BTM][BTN];
 #if DBIAS
-      float dr[BTM][BTN]; /* attn_bwd_dq's alone */
+    float dr[BTM][BTN]; /* attn_bwd_dq's alone */
 #endif
-      barrier(CLK_LOCAL_MEM_FENCE); /* the last step's reads are done */
-      stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, lid);
-      tile_products(s, dp, tiles4, &t, lid);
-      /* The first rows of the sums, in flight during the exponentials. */
-      float4 qreg[RW4], greg[RW4];
-      load_row_tile(qreg, t.qp, qs, i0, nq, d, lid);
-      load_row_tile(greg, t.gp, gs, i0, nq, d, lid);
-      tile_p_ds(s, dp, st, &t, scale, softcap, slope, wl, wr, lid TILE_BIAS(bias_bh) TILE_DR(dr));
+    barrier(CLK_LOCAL_MEM_FENCE); /* the last step's reads are done */
+    stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, lid);
+    tile_products(s, dp, tiles4, &t, &next, lid);
+    /* The first rows of the sums, in flight during the exponentials. */
+    float4 qreg[RW4], greg[RW4];
+    load_row_tile(qreg, t.qp, qs, i0, nq, d, lid);
+    load_row_tile(greg, t.gp, gs, i0, nq, d, lid);
+    tile_p_ds(s, dp, st, &t, scale, softcap, slope, wl, wr, lid TILE_BIAS(bias_bh) TILE_DR(dr));
 #pragma unroll
-      for (int i = 0; i < BTM; ++i)
+    for (int i = 0; i < BTM; ++i)
 #pragma unroll
-        for (int n = 0; n < BTN; ++n) {
-          Ps[(ty * BTM + i) * PKS + tx + 16 * n] = s[i][n];
-          dSs[(ty * BTM + i) * PKS + tx + 16 * n] = dp[i][n];
-        }
-
-      /* dV += P^T dO, dK += dS^T Q, BJK rows at a time. */
-      for (int ii = 0; ii < BQ && i0 + ii < nq; ii += BJK) {
-        store_row_tile(Qr4, qreg, lid);
-        store_row_tile(Gr4, greg, lid);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (ii + BJK < BQ && i0 + ii + BJK < nq) {
-          load_row_tile(qreg, t.qp, qs, i0 + ii + BJK, nq, d, lid);
-          load_row_tile(greg, t.gp, gs, i0 + ii + BJK, nq, d, lid);
-        }
-#pragma unroll
-        for (int r = 0; r < BJK; ++r) {
-          float pk[BTK], dsk[BTK], qc[BTD], gc[BTD];
-          load_run(pk, Ps + (ii + r) * PKS + ty * BTK, BTK);
-          load_run(dsk, dSs + (ii + r) * PKS + ty * BTK, BTK);
-          load_cols(qc, Qr + r * HD, tx);
-          load_cols(gc, Gr + r * HD, tx);
-#pragma unroll
-          for (int u = 0; u < BTK; ++u)
-#pragma unroll
-            for (int n = 0; n < BTD; ++n) {
-              dv_acc[u][n] = fma(pk[u], gc[n], dv_acc[u][n]);
-              dk_acc[u][n] = fma(dsk[u], qc[n], dk_acc[u][n]);
-            }
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
+      for (int n = 0; n < BTN; ++n) {
+        Ps[(ty * BTM + i) * PKS + tx + 16 * n] = s[i][n];
+        dSs[(ty * BTM + i) * PKS + tx + 16 * n] = dp[i][n];
       }
+
+    /* dV += P^T dO, dK += dS^T Q, BJK rows at a time. */
+    for (int ii = 0; ii < BQ && i0 + ii < nq; ii += BJK) {
+      store_row_tile(Qr4, qreg, lid);
+      store_row_tile(Gr4, greg, lid);
+      barrier(CLK_LOCAL_MEM_FENCE);
+      if (ii + BJK < BQ && i0 + ii + BJK < nq) {
+        load_row_tile(qreg, t.qp, qs, i0 + ii + BJK, nq, d, lid);
+        load_row_tile(greg, t.gp, gs, i0 + ii + BJK, nq, d, lid);
+      } else if (step + 1 < steps) {
+        load_chunk(&next, &tn, 0, lid % BDK, lid / BDK);
+      }
+#pragma unroll
+      for (int r = 0; r < BJK; ++r) {
+        float pk[BTK], dsk[BTK], qc[BTD], gc[BTD];
+        load_run(pk, Ps + (ii + r) * PKS + ty * BTK, BTK);
+        load_run(dsk, dSs + (ii + r) * PKS + ty * BTK, BTK);
+        load_cols(qc, Qr + r * HD, tx);
+        load_cols(gc, Gr + r * HD, tx);
+#pragma unroll
+        for (int u = 0; u < BTK; ++u)
+#pragma unroll
+          for (int n = 0; n < BTD; ++n) {
+            dv_acc[u][n] = fma(pk[u], gc[n], dv_acc[u][n]);
+            dk_acc[u][n] = fma(dsk[u], qc[n], dk_acc[u][n]);
+          }
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
     }
+    t = tn;
   }
 
   __global T *dkp = HEAD_ROWS(dk, dko, dks, b, hk, seq.k0);
@@ -543,8 +553,6 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
   if (i0 >= nq) return;
   const int hk = h / group;
   const float slope = alibi ? alibi[h] : 0.0f;
-  tile_src t = tile_src_of(q, qo, qs, k, ko, ks, v, vo, vs, dout, go, gs, b, h, hk, seq, d);
-  t.i0 = i0;
 #if HAS_BIAS
   const long bias_bh = bias_o + b * bias_s.s0 + h * bias_s.s1;
 #endif
@@ -568,6 +576,11 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
     for (int n = 0; n < BTD; ++n)
       dq_acc[i][n] = 0.0f;
 
+  /* The first chunk of a step's products is loaded during the step before. */
+  chunk_regs next;
+  tile_src t = tile_src_of(q, qo, qs, k, ko, ks, v, vo, vs, dout, go, gs, b, h, hk, seq, d, i0,
+                           (lo / BK) * BK);
+  if (t.j0 < hi) load_chunk(&next, &t, 0, lid % BDK, lid / BDK);
   for (int j0 = (lo / BK) * BK; j0 < hi; j0 += BK) {
     t.j0 = j0;
     float s[BTM][BTN], dp[BTM][BTN];
@@ -575,7 +588,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
     float dr[BTM][BTN];
 #endif
     barrier(CLK_LOCAL_MEM_FENCE); /* the last step's reads are done */
-    tile_products(s, dp, tiles4, &t, lid);
+    tile_products(s, dp, tiles4, &t, &next, lid);
     float4 kreg[RW4];
     load_row_tile(kreg, t.kp, ks, j0, nk, d, lid);
     tile_p_ds(s, dp, st, &t, scale, softcap, slope, wl, wr, lid TILE_BIAS(bias_bh) TILE_DR(dr));
@@ -608,8 +621,13 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
     for (int jj = 0; jj < BK && j0 + jj < nk; jj += BJK) {
       store_row_tile(Kr4, kreg, lid);
       barrier(CLK_LOCAL_MEM_FENCE);
-      if (jj + BJK < BK && j0 + jj + BJK < nk)
+      if (jj + BJK < BK && j0 + jj + BJK < nk) {
         load_row_tile(kreg, t.kp, ks, j0 + jj + BJK, nk, d, lid);
+      } else if (j0 + BK < hi) {
+        tile_src tn = t;
+        tn.j0 = j0 + BK;
+        load_chunk(&next, &tn, 0, lid % BDK, lid / BDK);
+      }
 #pragma unroll
       for (int r = 0; r < BJK; ++r) {
         float a[BTM], kc[BTD];

@@ -42,7 +42,8 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
 };
 
 /* The work-items per group each kernel is launched with (the forward's,
- * the decode's and bwd.cl's sums' depend on their tiles: 0 here). */
+ * the decode's and bwd.cl's dK/dV and dQ kernels' depend on their tiles:
+ * 0 here). */
 static const size_t kernel_items[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_FWD] = 0,      [ATTN__CL_K_FWD_ROWS] = 1,  [ATTN__CL_K_PRE] = 64,
     [ATTN__CL_K_DKDV] = 0,     [ATTN__CL_K_DQ] = 0,        [ATTN__CL_K_DKDV_ROWS] = 1,

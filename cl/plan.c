@@ -54,7 +54,7 @@ enum { CLASS_GPU, CLASS_CPU };
  * Backward (bwd.cl): tiles of BQ = 64 query rows by BK = 64 keys, 16 * BQ /
  * BTM = 256 work-items of BTM = 4 rows by 4 keys in S and dP (8 FMAs per
  * local read) and 4 keys (dK, dV) or 4 rows (dQ) by HD/16 columns in the
- * sums (5-10 FMAs per local read): 64 accumulators per item at HD = 128,
+ * sums (about 10 FMAs per local read): 64 accumulators per item at HD = 128,
  * and 44 KiB of local memory for dK/dV's P, dS and row tiles, within
  * NVIDIA's 48 KiB. Above HD = 128, BK = 32 keeps the dK/dV accumulators at
  * 64. These are first sizes from that count, not measurements yet: attn
