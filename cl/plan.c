@@ -152,9 +152,11 @@ static size_t decode_local_bytes(int hd, int es, int dr, int ntd) {
          (size_t)ntd * 4u + (size_t)ntd * 8u;
 }
 
-/* The local-memory fitting rule: smaller local memories shrink the staging
- * steps, then the key tile; likewise the backward's, whose work-items must
- * also fit the device's work-group. 0 when nothing fits the device. */
+/* The local-memory fitting rule: smaller local memories shrink the
+ * forward's staging steps, then its key tile; the backward's key tile
+ * first (its P and dS tiles are most of its local memory), then its
+ * staging steps and query tile, which must also keep its work-items within
+ * the device's work-group. 0 when nothing fits the device. */
 static int fit(const attn__cl_device *dev, int dtype, int hd, attn__cl_tiles *t) {
   size_t lmem = (size_t)dev->local_mem;
   while (fwd_local_bytes(hd, t) > lmem || !fwd_staging_fits(t)) {
@@ -169,10 +171,10 @@ static int fit(const attn__cl_device *dev, int dtype, int hd, attn__cl_tiles *t)
   }
   while (bwd_local_bytes(hd, t, 0) > lmem || !bwd_shape_fits(t) ||
          (size_t)(16 * (t->bq / t->btm)) > dev->max_wg) {
-    if (t->bjk > 2)
-      t->bjk /= 2;
-    else if (t->bk > 16 && t->bk / 2 % (t->bq / t->btm) == 0)
+    if (t->bk > 16 && t->bk / 2 % (t->bq / t->btm) == 0)
       t->bk /= 2;
+    else if (t->bjk > 2)
+      t->bjk /= 2;
     else if (t->bq > 16 && t->bq / 2 % t->btm == 0)
       t->bq /= 2;
     else if (t->bdk > 4)

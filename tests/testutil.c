@@ -222,7 +222,7 @@ int at_main(int argc, char **argv, const char *suite, const at_test *tests, size
         const char *small = getenv("ATTN_TEST_SMALL");
         const char *tiles = getenv("ATTN_TEST_CL_TILES");
         const int forced = b.kind == ATTN_BACKEND_OPENCL && tiles && atoi(tiles) != 0 &&
-                           at_cl_force_tiles(b.ctx) > 0;
+                           at_cl_force_tiles(b.ctx, tiles) > 0;
         if (tiles && atoi(tiles) != 0 && !forced) {
           /* A GPU device runs them in the suite's plain opencl entry. */
           snprintf(b.why, sizeof b.why,
