@@ -34,7 +34,7 @@
  * keys tx + 16 n (n < BK / 16): Q and dO are staged column-major, K and V
  * row-major, BDK columns at a time, so that per 4 columns an item reads BTM
  * floats of Q and of dO as float4s and one float4 of each of its keys' K and
- * V rows, 2 (BTM + BTN) local reads for 8 BTM BTN FMAs (64 reads for 128 at
+ * V rows, 2 (BTM + BTN) local reads for 8 BTM BTN FMAs (16 reads for 128 at
  * the GPU row's BTM = BTN = 4). Each S is an FMA per column in column order
  * from 0, as the forward computes it: S must come out bit-identical to the
  * forward's, or exp(S - lse) amplifies the difference where the logits are
@@ -52,7 +52,10 @@
  * from global memory before the current one is multiplied, so that its
  * latency hides behind the FMAs. The chunks of S and dP and the tiles of the
  * sums live in different phases, with a barrier between: they share one
- * buffer.
+ * buffer. f16 and bf16 become f32 when staged, not when read: each staged
+ * element is read by 4 to 16 items, and a conversion per read (half the FMA
+ * rate on NVIDIA GPUs) would cost more than 16-bit tiles save in local
+ * bytes, of which these products are not short.
  *
  * The -D parameters are the tiles table's (cl/plan.c), which keeps BK a
  * multiple of 16, BTM of 4 dividing BQ, BK a multiple of BTY, BJK dividing
@@ -116,6 +119,7 @@ inline float comp4(float4 x, int cc) {
  * aligned, which the typed read tells the compiler), else one by one. */
 inline void load_run(float *a, __local const float *p, int n) {
   if (n % 4 == 0) {
+#pragma unroll
     for (int u = 0; u < n / 4; ++u) {
       const float4 t4 = ((__local const float4 *)p)[u];
       a[4 * u + 0] = t4.s0;
@@ -124,6 +128,7 @@ inline void load_run(float *a, __local const float *p, int n) {
       a[4 * u + 3] = t4.s3;
     }
   } else {
+#pragma unroll
     for (int u = 0; u < n; ++u)
       a[u] = p[u];
   }
@@ -147,9 +152,8 @@ inline void load_cols(float *a, __local const float *row, int tx) {
 #endif
 }
 
-/* The next chunk of S and dP into registers: columns c0 .. c0 + BDK - 1 of
- * query rows i0.. of Q and dO and keys j0.. of K and V, zero past the ends.
- * Item (sc, sr) takes column sc of rows sr, sr + RSB, ... */
+/* A chunk of S and dP's operands in an item's registers: item (sc, sr)
+ * holds column sc of rows sr, sr + RSB, .. of the chunk's Q, dO, K and V. */
 typedef struct chunk_regs {
   float q[QPB], g[QPB], k[KPB], v[KPB];
 } chunk_regs;
@@ -185,21 +189,23 @@ inline tile_src tile_src_of(__global const T *q, long qo, long4 qs, __global con
   return t;
 }
 
+/* The chunk of columns c0 .. c0 + BDK - 1 of tile t into registers, zero
+ * past the ends. */
 inline void load_chunk(chunk_regs *r, const tile_src *t, int c0, int sc, int sr) {
   const int cc = c0 + sc;
 #pragma unroll
   for (int u = 0; u < QPB; ++u) {
     const int i = t->i0 + sr + u * RSB;
-    const int in = i < t->nq && cc < t->d;
-    r->q[u] = in ? LOAD(t->qp, i * t->qs.s1 + cc * t->qs.s3) : 0.0f;
-    r->g[u] = in ? LOAD(t->gp, i * t->gs.s1 + cc * t->gs.s3) : 0.0f;
+    const int ok = i < t->nq && cc < t->d;
+    r->q[u] = ok ? LOAD(t->qp, i * t->qs.s1 + cc * t->qs.s3) : 0.0f;
+    r->g[u] = ok ? LOAD(t->gp, i * t->gs.s1 + cc * t->gs.s3) : 0.0f;
   }
 #pragma unroll
   for (int u = 0; u < KPB; ++u) {
     const int j = t->j0 + sr + u * RSB;
-    const int in = j < t->nk && cc < t->d;
-    r->k[u] = in ? LOAD(t->kp, j * t->ks.s1 + cc * t->ks.s3) : 0.0f;
-    r->v[u] = in ? LOAD(t->vp, j * t->vs.s1 + cc * t->vs.s3) : 0.0f;
+    const int ok = j < t->nk && cc < t->d;
+    r->k[u] = ok ? LOAD(t->kp, j * t->ks.s1 + cc * t->ks.s3) : 0.0f;
+    r->v[u] = ok ? LOAD(t->vp, j * t->vs.s1 + cc * t->vs.s3) : 0.0f;
   }
 }
 
@@ -230,7 +236,7 @@ inline void tile_products(float (*s)[BTN], float (*dp)[BTN], __local float4 *ch4
       Vc[(sr + u * RSB) * KCS + sc] = r->v[u];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (c0 + BDK < t->d) load_chunk(r, t, c0 + BDK, lid % BDK, lid / BDK);
+    if (c0 + BDK < t->d) load_chunk(r, t, c0 + BDK, sc, sr);
 #pragma unroll
     for (int c4 = 0; c4 < BDK; c4 += 4) {
       float4 k4[BTN], v4[BTN];
