@@ -119,7 +119,8 @@ enum attn__cl_fwd_shape {
 
 /* The shape of the backward's dK/dV and dQ kernels (attn__cl_tiles.bwd). */
 enum attn__cl_bwd_shape {
-  ATTN__CL_BWD_TILES, /* attn_bwd_dkdv, attn_bwd_dq (bwd.cl): 128 items over BB x BB tiles */
+  ATTN__CL_BWD_TILES, /* attn_bwd_dkdv, attn_bwd_dq (bwd.cl): 16 * bq / btm items over
+                       * register tiles of bq x bk tiles */
   ATTN__CL_BWD_ROWS   /* attn_bwd_dkdv_rows, attn_bwd_dq_rows (bwd_rows.cl): one item per
                        * group, KB keys or RB rows, for CPUs */
 };
@@ -130,7 +131,10 @@ typedef struct attn__cl_tiles {
   int br, bc; /* forward: Br query rows per work-group, Bc keys per tile */
   int tm;     /* forward: query rows per work-item (16 * Br / TM work-items) */
   int dk, jk; /* forward: Q/K columns and V rows per staging step */
-  int bb;     /* backward: Br = Bc = BB */
+  int bq, bk; /* backward (bwd.cl): query rows and keys per tile */
+  int btm;    /* backward: query rows per work-item in S, dP and dQ (16 * bq / btm work-items) */
+  int bdk;    /* backward: Q, dO, K, V columns per staging step of S and dP */
+  int bjk;    /* backward: rows per staging step of the dK/dV and dQ sums */
   int dr;     /* decode: query rows per work-group (DR); 0: no decode kernel fits */
   int ntd;    /* decode: work-items and keys per tile (NTD) */
   int fwd;    /* the forward kernel's shape (attn__cl_fwd_shape) */

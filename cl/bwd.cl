@@ -1,13 +1,16 @@
 /*
- * Backward pass after FlashAttention-2, in three kernels:
+ * Backward pass after FlashAttention-2, shaped for GPUs, in three kernels:
  *   attn_bwd_pre   delta_i = rowsum(dO_i * O_i) (the paper's D_i)
- *   attn_bwd_dkdv  one work-group per block of BB keys of one key/value head:
- *                  for each query head sharing it and each block of BB query
- *                  rows that can see the keys, recompute P = exp(S - lse) and
- *                  dS = P (dP - delta) with dP = dO V^T, then
- *                  dV += P^T dO, dK += dS^T Q (scaled at the end)
- *   attn_bwd_dq    one work-group per block of BB query rows: the same P and
- *                  dS for each key block, dQ += dS K
+ *   attn_bwd_dkdv  one work-group per block of BK keys of one key/value head,
+ *                  dK and dV held in registers: for each query head sharing
+ *                  it and each block of BQ query rows that can see the keys,
+ *                    S = Q K^T, dP = dO V^T        (register tiles)
+ *                    P = exp(S - lse), dS = P (dP - delta)
+ *                    dV += P^T dO, dK += dS^T Q    (register tiles)
+ *                  dK scaled at the end
+ *   attn_bwd_dq    one work-group per block of BQ query rows, dQ in
+ *                  registers: the same S, dP, P and dS for each block of BK
+ *                  keys, then dQ += dS K
  * Each output element is owned by exactly one work-item and summed in a fixed
  * order, with no atomics, so the gradients are bit-identical run to run; the
  * price is computing S and dP twice (once per kernel).
@@ -26,49 +29,245 @@
  *   dsinks         attn_bwd_dsinks: one work-group per head sums sink_grad
  *                  over every row, in a fixed order.
  *
- * All four operand tiles of a step (Q, dO, K, V: BB x HD) sit in local memory
- * with a row stride of HD + 4: rows stay float4-aligned, and the float4s that
- * neighbouring work-items read from neighbouring rows fall in distinct banks.
- * The tiles are square, Br = Bc = BB, a -D parameter that the host sizes
- * to the device's local memory (cl/plan.c).
+ * The work-items (NTB = 16 BQ / BTM of them) form BTY rows of 16, as fwd.cl's.
+ * In S and dP, item (ty, tx) owns query rows ty BTM .. ty BTM + BTM - 1 and
+ * keys tx + 16 n (n < BK / 16): Q and dO are staged column-major, K and V
+ * row-major, BDK columns at a time, so that per 4 columns an item reads BTM
+ * floats of Q and of dO as float4s and one float4 of each of its keys' K and
+ * V rows, 2 (BTM + BTN) local reads for 8 BTM BTN FMAs (16 reads for 128 at
+ * the GPU row's BTM = BTN = 4). Each S is an FMA per column in column order
+ * from 0, as the forward computes it: S must come out bit-identical to the
+ * forward's, or exp(S - lse) amplifies the difference where the logits are
+ * large.
  *
- * Work-items keep one operand row in registers across several products:
- * in P/dS an item owns key j and rows i, i + NTB/BB, ... so each K and V
- * float4 is read once for PP rows; in the dK/dV and dQ sums (when HD divides
- * NTB) an item owns one column c of several rows, so each dO, Q or K word is
- * read once for EB outputs.
+ * In the sums an item owns a register tile of outputs: in dK and dV keys
+ * ty BTK .. (BTK = BK / BTY) by the columns of fwd.cl's O (BCOL), fed per
+ * query row by BTK/4 float4s of P and of dS and the row's Q and dO columns,
+ * 4 BTK BTD FMAs for 2 (BTK + BTD) / 4 reads; in dQ rows ty BTM .. by the same
+ * columns, fed per key by BTM/4 float4s of dS^T and the key's K columns. The
+ * rows of these sums are staged BJK at a time with float4 loads where a row's
+ * columns are contiguous.
+ *
+ * The staging goes through registers, as in fwd.cl: the next chunk is loaded
+ * from global memory before the current one is multiplied, so that its
+ * latency hides behind the FMAs. The chunks of S and dP and the tiles of the
+ * sums live in different phases, with a barrier between: they share one
+ * buffer. f16 and bf16 become f32 when staged, not when read: each staged
+ * element is read by 4 to 16 items, and a conversion per read (half the FMA
+ * rate on NVIDIA GPUs) would cost more than 16-bit tiles save in local
+ * bytes, of which these products are not short.
+ *
+ * The -D parameters are the tiles table's (cl/plan.c), which keeps BK a
+ * multiple of 16, BTM of 4 dividing BQ, BK a multiple of BTY, BJK dividing
+ * BQ and BK, BDK a multiple of 4 dividing NTB with BDK BQ and BDK BK
+ * multiples of NTB. The defaults are the CPU class's fallback tiles.
  */
 #ifndef HD
 #define HD 64 /* the head dimension rounded up: 32, 64, then a multiple of 32 */
 #endif
-#ifndef BB
-#define BB 32 /* Br = Bc: query rows and keys per tile, with BB * HD a multiple of NTB */
+#ifndef BQ
+#define BQ 32 /* query rows per tile: a dQ work-group's, a dK/dV step's */
 #endif
-
+#ifndef BK
+#define BK 32 /* keys per tile: a dK/dV work-group's, a dQ step's */
+#endif
+#ifndef BTM
+#define BTM 4 /* query rows per work-item in S and dP, and in dQ */
+#endif
+#ifndef BDK
+#define BDK 16 /* Q, dO, K and V columns per staging step of S and dP */
+#endif
+#ifndef BJK
+#define BJK 8 /* rows per staging step of the sums: Q and dO (dK/dV), K (dQ) */
+#endif
 #ifndef DBIAS
 #define DBIAS 0 /* dbias: 0 none, 1 added tile by tile, 2 through row-block sums */
 #endif
 
-#define NTB 128
-#define DS (HD + 4)
-#define PP ((BB * BB + NTB - 1) / NTB) /* (i, j) pairs per work-item */
-#define IS (NTB / BB)                  /* rows between an item's pairs */
-#define SS (BB + 1)
-#define EB (BB * HD / NTB) /* output elements per work-item */
+#define NTB (16 * BQ / BTM) /* work-items */
+#define BTY (BQ / BTM)      /* rows of 16 items */
+#define BTN (BK / 16)       /* keys per item in S and dP */
+#define BTK (BK / BTY)      /* keys per item in dK and dV */
+#define BTD (HD / 16)       /* output columns per item */
+#define QCS (BQ + 4)        /* Q and dO chunks, column-major: float4-aligned rows */
+#define KCS (BDK + 4)       /* K and V chunks: 16 keys' float4s in distinct bank groups */
+#define PKS (BK + 4)        /* dK/dV's P and dS, [row][key] */
+#define PQS (BQ + 4)        /* dQ's dS (and dbias's dR), [key][row] */
+#define QPB (BDK * BQ / NTB)
+#define KPB (BDK * BK / NTB)
+#define RSB (NTB / BDK)                          /* rows between an item's chunk elements */
+#define RW4 ((BJK * HD / 4 + NTB - 1) / NTB)     /* an item's float4s of a sums step */
+#define CH4 ((2 * BDK * QCS + 2 * BK * KCS) / 4) /* float4s of the four chunks */
+#define KV4 ((2 * BQ * PKS + 2 * BJK * HD) / 4)  /* of dK/dV's P, dS and row tiles */
+#define DQ4 (((DBIAS == 2 ? 2 : 1) * BK * PQS + BJK * HD) / 4) /* of dQ's */
+#define BMAX(a, b) ((a) > (b) ? (a) : (b))
+#define BVV (BTD % 4 == 0) /* output columns read as float4s */
 
-/* Stages BB rows of a [.., HD] operand as f32, zero-filled past n rows or d
- * columns so that padding contributes nothing. */
-inline void stage_rows(__local float *dst, __global const T *src, long ss, long sd, int row0, int n,
-                       int d, int lid) {
-  for (int e = lid; e < BB * HD; e += NTB) {
-    int r = e / HD, c = e % HD;
-    float x = 0.0f;
-    if (row0 + r < n && c < d) x = LOAD(src, (row0 + r) * ss + c * sd);
-    dst[r * DS + c] = x;
+/* Output column n of work-item tx, as fwd.cl's OCOL. */
+#if BVV
+#define BCOL(tx, n) ((tx)*4 + ((n) / 4) * 64 + (n) % 4)
+#else
+#define BCOL(tx, n) ((tx) + 16 * (n))
+#endif
+
+/* Component cc of x. */
+inline float comp4(float4 x, int cc) {
+  return cc == 0 ? x.s0 : cc == 1 ? x.s1 : cc == 2 ? x.s2 : x.s3;
+}
+
+/* n floats from p: as float4s where n is a multiple of 4 (p then 16-byte
+ * aligned, which the typed read tells the compiler), else one by one. */
+inline void load_run(float *a, __local const float *p, int n) {
+  if (n % 4 == 0) {
+#pragma unroll
+    for (int u = 0; u < n / 4; ++u) {
+      const float4 t4 = ((__local const float4 *)p)[u];
+      a[4 * u + 0] = t4.s0;
+      a[4 * u + 1] = t4.s1;
+      a[4 * u + 2] = t4.s2;
+      a[4 * u + 3] = t4.s3;
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < n; ++u)
+      a[u] = p[u];
   }
 }
 
-/* P and dS for query rows i0.. and keys j0.. of one sequence. */
+/* Item tx's BTD output columns of a staged row (16-byte aligned). */
+inline void load_cols(float *a, __local const float *row, int tx) {
+#if BVV
+#pragma unroll
+  for (int g = 0; g < BTD / 4; ++g) {
+    const float4 t4 = ((__local const float4 *)row)[tx + g * 16];
+    a[4 * g + 0] = t4.s0;
+    a[4 * g + 1] = t4.s1;
+    a[4 * g + 2] = t4.s2;
+    a[4 * g + 3] = t4.s3;
+  }
+#else
+#pragma unroll
+  for (int n = 0; n < BTD; ++n)
+    a[n] = row[BCOL(tx, n)];
+#endif
+}
+
+/* A chunk of S and dP's operands in an item's registers: item (sc, sr)
+ * holds column sc of rows sr, sr + RSB, .. of the chunk's Q, dO, K and V. */
+typedef struct chunk_regs {
+  float q[QPB], g[QPB], k[KPB], v[KPB];
+} chunk_regs;
+
+/* The operands of S and dP: rows of one (sequence, head), and where the
+ * tile starts. */
+typedef struct tile_src {
+  __global const T *qp, *gp, *kp, *vp;
+  long4 qs, gs, ks, vs;
+  int i0, j0, nq, nk, d;
+} tile_src;
+
+/* The tile at (i0, j0) of query head h and key/value head hk of sequence
+ * b, from the kernels' arguments. */
+inline tile_src tile_src_of(__global const T *q, long qo, long4 qs, __global const T *k, long ko,
+                            long4 ks, __global const T *v, long vo, long4 vs,
+                            __global const T *dout, long go, long4 gs, int b, int h, int hk,
+                            seq_info seq, int d, int i0, int j0) {
+  tile_src t;
+  t.qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
+  t.gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
+  t.kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
+  t.vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
+  t.qs = qs;
+  t.gs = gs;
+  t.ks = ks;
+  t.vs = vs;
+  t.i0 = i0;
+  t.j0 = j0;
+  t.nq = seq.nq;
+  t.nk = seq.nk;
+  t.d = d;
+  return t;
+}
+
+/* The chunk of columns c0 .. c0 + BDK - 1 of tile t into registers, zero
+ * past the ends. */
+inline void load_chunk(chunk_regs *r, const tile_src *t, int c0, int sc, int sr) {
+  const int cc = c0 + sc;
+#pragma unroll
+  for (int u = 0; u < QPB; ++u) {
+    const int i = t->i0 + sr + u * RSB;
+    const int ok = i < t->nq && cc < t->d;
+    r->q[u] = ok ? LOAD(t->qp, i * t->qs.s1 + cc * t->qs.s3) : 0.0f;
+    r->g[u] = ok ? LOAD(t->gp, i * t->gs.s1 + cc * t->gs.s3) : 0.0f;
+  }
+#pragma unroll
+  for (int u = 0; u < KPB; ++u) {
+    const int j = t->j0 + sr + u * RSB;
+    const int ok = j < t->nk && cc < t->d;
+    r->k[u] = ok ? LOAD(t->kp, j * t->ks.s1 + cc * t->ks.s3) : 0.0f;
+    r->v[u] = ok ? LOAD(t->vp, j * t->vs.s1 + cc * t->vs.s3) : 0.0f;
+  }
+}
+
+/* S = Q K^T and dP = dO V^T for item (ty, tx)'s rows and keys, through the
+ * four chunks at ch (CH4 float4s), from r holding the first chunk (the
+ * caller loads it during its previous step). Starts and ends with the
+ * chunks free: the caller's barrier before, this one's after. */
+inline void tile_products(float (*s)[BTN], float (*dp)[BTN], __local float4 *ch4, const tile_src *t,
+                          chunk_regs *r, int lid) {
+  __local float *Qc = (__local float *)ch4, *Gc = Qc + BDK * QCS;
+  __local float *Kc = Gc + BDK * QCS, *Vc = Kc + BK * KCS;
+  __local const float4 *Kc4 = (__local const float4 *)Kc, *Vc4 = (__local const float4 *)Vc;
+  const int tx = lid % 16, ty = lid / 16, sc = lid % BDK, sr = lid / BDK;
+#pragma unroll
+  for (int i = 0; i < BTM; ++i)
+#pragma unroll
+    for (int n = 0; n < BTN; ++n)
+      s[i][n] = dp[i][n] = 0.0f;
+  for (int c0 = 0; c0 < t->d; c0 += BDK) {
+#pragma unroll
+    for (int u = 0; u < QPB; ++u) {
+      Qc[sc * QCS + sr + u * RSB] = r->q[u];
+      Gc[sc * QCS + sr + u * RSB] = r->g[u];
+    }
+#pragma unroll
+    for (int u = 0; u < KPB; ++u) {
+      Kc[(sr + u * RSB) * KCS + sc] = r->k[u];
+      Vc[(sr + u * RSB) * KCS + sc] = r->v[u];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (c0 + BDK < t->d) load_chunk(r, t, c0 + BDK, sc, sr);
+#pragma unroll
+    for (int c4 = 0; c4 < BDK; c4 += 4) {
+      float4 k4[BTN], v4[BTN];
+#pragma unroll
+      for (int n = 0; n < BTN; ++n) {
+        k4[n] = Kc4[((tx + 16 * n) * KCS + c4) / 4];
+        v4[n] = Vc4[((tx + 16 * n) * KCS + c4) / 4];
+      }
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        float a[BTM], g[BTM];
+        load_run(a, Qc + (c4 + cc) * QCS + ty * BTM, BTM);
+        load_run(g, Gc + (c4 + cc) * QCS + ty * BTM, BTM);
+#pragma unroll
+        for (int i = 0; i < BTM; ++i)
+#pragma unroll
+          for (int n = 0; n < BTN; ++n) {
+            s[i][n] = fma(a[i], comp4(k4[n], cc), s[i][n]);
+            dp[i][n] = fma(g[i], comp4(v4[n], cc), dp[i][n]);
+          }
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+}
+
+/* The rows' statistics of a tile, in local memory. */
+typedef struct row_stats {
+  __local const float *lse, *lo, *delta;
+} row_stats;
+
 #if HAS_BIAS
 /* The bias rows of one (sequence, head): element (i, j) at bias_bh + i s2 +
  * j s3. */
@@ -80,70 +279,108 @@ inline void stage_rows(__local float *dst, __global const T *src, long ss, long 
 #endif
 #if DBIAS
 /* dS before softcap's derivative, the bias's gradient. */
-#define TILE_DR_PARAM , __local float *dRs
-#define TILE_DR , dRs
+#define TILE_DR_PARAM , float(*dr)[BTN]
+#define TILE_DR(x) , (x)
 #else
 #define TILE_DR_PARAM
-#define TILE_DR
+#define TILE_DR(x)
 #endif
 
-inline void tile_p_ds(__local const float4 *Qs4, __local const float4 *dOs4,
-                      __local const float4 *Ks4, __local const float4 *Vs4,
-                      __local const float *lse_s, __local const float *lo_s,
-                      __local const float *delta_s, __local float *Ps, __local float *dSs, int i0,
-                      int j0, int nq, int nk, int d, float scale, float softcap, float slope,
-                      int wl, int wr, int lid TILE_BIAS_PARAM TILE_DR_PARAM) {
-  const int j = lid % BB, ib = lid / BB;
-  float sq[PP], dp[PP];
+/* P (into s) and dS (into dp) for item (ty, tx)'s rows and keys of the tile
+ * at (t->i0, t->j0), by common.cl's rules: zero where the mask hides the key,
+ * past the sequence, or on a row that passes no gradient (lse -inf). */
+inline void tile_p_ds(float (*s)[BTN], float (*dp)[BTN], row_stats st, const tile_src *t,
+                      float scale, float softcap, float slope, int wl, int wr,
+                      int lid TILE_BIAS_PARAM TILE_DR_PARAM) {
+  /* S * scale rounded before lse is taken from it, as the forward rounds
+   * it: a fused multiply-subtract would differ by the rounding, which exp
+   * amplifies where the logits are large. */
+#pragma OPENCL FP_CONTRACT OFF
+  const int tx = lid % 16, ty = lid / 16;
+  /* No bias, softcap or ALiBi on a tile each row of which sees every key
+   * (the last row's first key to the first row's last, as in fwd.cl): the
+   * score is S * scale alone and the mask passes, which skips both on most
+   * tiles of a long sequence. */
+  int all_lo, all_hi, unused;
+  key_range(diag(t->i0 + BQ - 1, t->nq, t->nk), t->nk, wl, wr, &all_lo, &unused);
+  key_range(diag(t->i0, t->nq, t->nk), t->nk, wl, wr, &unused, &all_hi);
+  const int whole = !HAS_BIAS && softcap == 0.0f && slope == 0.0f && t->i0 + BQ <= t->nq &&
+                    t->j0 >= all_lo && t->j0 + BK <= all_hi;
 #pragma unroll
-  for (int k = 0; k < PP; ++k)
-    sq[k] = dp[k] = 0.0f;
-  /* Columns past d are zero in every tile, so whole float4s are safe. */
-  for (int c4 = 0; c4 < (d + 3) / 4; ++c4) {
-    const float4 kv = Ks4[j * (DS / 4) + c4], vv = Vs4[j * (DS / 4) + c4];
+  for (int i = 0; i < BTM; ++i) {
+    const int ri = ty * BTM + i, r = t->i0 + ri, dg = diag(r, t->nq, t->nk);
+    const float li = st.lse[ri], lo = st.lo[ri], dl = st.delta[ri];
 #pragma unroll
-    for (int k = 0; k < PP; ++k) {
-      const int i = min(ib + k * IS, BB - 1); /* BB*BB < NTB leaves items spare */
-      const float4 qv = Qs4[i * (DS / 4) + c4], gv = dOs4[i * (DS / 4) + c4];
-      /* Column by column, in the forward pass's order: S must come out
-       * bit-identical to the forward's, or exp(S - lse) amplifies the
-       * difference when the logits are large. */
-      sq[k] = fma(qv.s0, kv.s0, sq[k]);
-      sq[k] = fma(qv.s1, kv.s1, sq[k]);
-      sq[k] = fma(qv.s2, kv.s2, sq[k]);
-      sq[k] = fma(qv.s3, kv.s3, sq[k]);
-      dp[k] = fma(gv.s0, vv.s0, dp[k]);
-      dp[k] = fma(gv.s1, vv.s1, dp[k]);
-      dp[k] = fma(gv.s2, vv.s2, dp[k]);
-      dp[k] = fma(gv.s3, vv.s3, dp[k]);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < PP; ++k) {
-    const int i = ib + k * IS;
-    if (i < BB) {
-      const int r = i0 + i, kj = j0 + j, dg = diag(r, nq, nk);
-      const float li = lse_s[i];
-      float p = 0.0f, ds = 0.0f, dr = 0.0f;
-      if (r < nq && kj < nk && key_visible(dg, kj, wl, wr) && li != -INFINITY) {
-        float t;
+    for (int n = 0; n < BTN; ++n) {
+      const int kj = t->j0 + tx + 16 * n;
+      float p = 0.0f, ds = 0.0f, g = 0.0f;
+      if (whole) {
+        p = li != -INFINITY ? exp((s[i][n] * scale - li) - lo) : 0.0f;
+        ds = g = p * (dp[i][n] - dl);
+      } else if (r < t->nq && kj < t->nk && key_visible(dg, kj, wl, wr) && li != -INFINITY) {
+        float th;
 #if HAS_BIAS
-        const float x = score(sq[k], scale, softcap, slope, dg - kj, &t) +
+        const float x = score(s[i][n], scale, softcap, slope, dg - kj, &th) +
                         load_any(bias, BIAS_DTYPE, bias_bh + r * bias_s.s2 + kj * bias_s.s3);
 #else
-        const float x = score(sq[k], scale, softcap, slope, dg - kj, &t);
+        const float x = score(s[i][n], scale, softcap, slope, dg - kj, &th);
 #endif
-        p = exp((x - li) - lo_s[i]); /* see lse_split */
-        dr = p * (dp[k] - delta_s[i]);
-        ds = score_grad(dr, t, softcap);
+        p = exp((x - li) - lo); /* see lse_split */
+        g = p * (dp[i][n] - dl);
+        ds = score_grad(g, th, softcap);
       }
-      Ps[i * SS + j] = p;
-      dSs[i * SS + j] = ds;
+      s[i][n] = p;
+      dp[i][n] = ds;
 #if DBIAS
-      dRs[i * SS + j] = dr;
+      dr[i][n] = g;
 #endif
     }
   }
+}
+
+/* lse (hi, and lo where ls.s3 > 0) and delta for rows i0.. of head h; -inf
+ * past the sequence's end, which marks the row as passing no gradient. */
+inline void stage_row_stats(__local float *lse_s, __local float *lo_s, __local float *delta_s,
+                            __global const float *lse, long lo_, long4 ls,
+                            __global const float *delta, int b, int h, seq_info seq, int i0, int tq,
+                            int lid) {
+  for (int i = lid; i < BQ; i += NTB) {
+    const int r = i0 + i;
+    __global const float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + r);
+    lse_s[i] = r < seq.nq ? lp[0] : -INFINITY;
+    lo_s[i] = r < seq.nq && ls.s3 ? lp[ls.s3] : 0.0f;
+    delta_s[i] = r < seq.nq ? delta[h * (long)tq + seq.qflat + r] : 0.0f;
+  }
+}
+
+/* Rows r0 .. r0 + BJK - 1 of a [.., HD] operand (n rows, d columns, strides
+ * s) into registers, zero past the ends: item lid takes float4 units lid,
+ * lid + NTB, .. of the BJK x HD tile, read whole where the columns are
+ * contiguous. */
+inline void load_row_tile(float4 *x, __global const T *p, long4 s, int r0, int n, int d, int lid) {
+#pragma unroll
+  for (int u = 0; u < RW4; ++u) {
+    const int e = lid + u * NTB, r = r0 + e / (HD / 4), c = 4 * (e % (HD / 4));
+    float4 y = 0.0f;
+    if (e < BJK * HD / 4 && r < n) {
+      __global const T *row = p + r * s.s1;
+      if (s.s3 == 1 && c + 4 <= d) {
+        y = LOAD4(row, c);
+      } else {
+        y.s0 = c < d ? LOAD(row, c * s.s3) : 0.0f;
+        y.s1 = c + 1 < d ? LOAD(row, (c + 1) * s.s3) : 0.0f;
+        y.s2 = c + 2 < d ? LOAD(row, (c + 2) * s.s3) : 0.0f;
+        y.s3 = c + 3 < d ? LOAD(row, (c + 3) * s.s3) : 0.0f;
+      }
+    }
+    x[u] = y;
+  }
+}
+
+inline void store_row_tile(__local float4 *dst, const float4 *x, int lid) {
+#pragma unroll
+  for (int u = 0; u < RW4; ++u)
+    if (lid + u * NTB < BJK * HD / 4) dst[lid + u * NTB] = x[u];
 }
 
 /* delta_i = rowsum(dO_i * O_i), stored at h * tq + (b's first row counted
@@ -162,21 +399,6 @@ __kernel void attn_bwd_pre(__global const T *o, long oo, long4 os, __global cons
   delta[h * (long)tq + seq.qflat + r] = acc;
 }
 
-/* lse (hi, and lo where ls.s3 > 0) and delta for rows i0.. of head h; -inf
- * past the sequence's end, which marks the row as passing no gradient. */
-inline void stage_row_stats(__local float *lse_s, __local float *lo_s, __local float *delta_s,
-                            __global const float *lse, long lo_, long4 ls,
-                            __global const float *delta, int b, int h, seq_info seq, int i0, int tq,
-                            int lid) {
-  for (int i = lid; i < BB; i += NTB) {
-    const int r = i0 + i;
-    __global const float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + r);
-    lse_s[i] = r < seq.nq ? lp[0] : -INFINITY;
-    lo_s[i] = r < seq.nq && ls.s3 ? lp[ls.s3] : 0.0f;
-    delta_s[i] = r < seq.nq ? delta[h * (long)tq + seq.qflat + r] : 0.0f;
-  }
-}
-
 #define BWD_ARGS                                                                                   \
   __global const T *q, long qo, long4 qs, __global const T *k, long ko, long4 ks,                  \
       __global const T *v, long vo, long4 vs, __global const T *dout, long go, long4 gs,           \
@@ -184,94 +406,115 @@ inline void stage_row_stats(__local float *lse_s, __local float *lo_s, __local f
       __global const int *cu_q, __global const int *cu_k, __global const float *alibi, int nq_all, \
       int nk_all, int group, int d, float scale, float softcap, int wl, int wr, int tq BIAS_ARGS
 
-/* A step's local memory: the Q, dO, K and V tiles (float4 rows for
- * tile_p_ds, float words for the sums), P and dS, and the rows' stats. */
-#define BWD_TILES                                                                         \
-  __local float4 Qs4[BB * DS / 4], dOs4[BB * DS / 4], Ks4[BB * DS / 4], Vs4[BB * DS / 4]; \
-  __local float *Qs = (__local float *)Qs4, *dOs = (__local float *)dOs4;                 \
-  __local float *Ks = (__local float *)Ks4, *Vs = (__local float *)Vs4;                   \
-  __local float Ps[BB * SS], dSs[BB * SS], lse_s[BB], lo_s[BB], delta_s[BB] BWD_DR_TILE
-
-#if DBIAS
-#define BWD_DR_TILE , dRs[BB * SS]
-#else
-#define BWD_DR_TILE
-#endif
-
 __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
     BWD_ARGS, __global T *dk, long dko, long4 dks, __global T *dv, long dvo, long4 dvs) {
-  BWD_TILES;
-  const int lid = get_local_id(0);
-  const int b = get_group_id(2), hk = get_group_id(1), j0 = get_group_id(0) * BB;
+  /* The chunks of S and dP, then P, dS and the Q and dO rows of the sums:
+   * [P | dS | Q rows | dO rows]. */
+  __local float4 tiles4[BMAX(CH4, KV4)];
+  __local float lse_s[BQ], lo_s[BQ], delta_s[BQ];
+  __local float *Ps = (__local float *)tiles4, *dSs = Ps + BQ * PKS;
+  __local float4 *Qr4 = (__local float4 *)(dSs + BQ * PKS), *Gr4 = Qr4 + BJK * HD / 4;
+  __local const float *Qr = (__local const float *)Qr4, *Gr = (__local const float *)Gr4;
+  const row_stats st = {lse_s, lo_s, delta_s};
+
+  const int lid = get_local_id(0), tx = lid % 16, ty = lid / 16;
+  const int b = get_group_id(2), hk = get_group_id(1), j0 = get_group_id(0) * BK;
   const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
   const int nq = seq.nq, nk = seq.nk;
-  if (j0 >= nk) return;
-  __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
-  __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
-  stage_rows(Ks, kp, ks.s1, ks.s3, j0, nk, d, lid);
-  stage_rows(Vs, vp, vs.s1, vs.s3, j0, nk, d, lid);
+  if (j0 >= nk) return; /* the whole group leaves: no barrier is skipped */
 
   /* The query rows that see some key of the block. */
   int ilo, ihi;
-  query_block_range(j0, min(j0 + BB, nk), nq, nk, wl, wr, &ilo, &ihi);
+  query_block_range(j0, min(j0 + BK, nk), nq, nk, wl, wr, &ilo, &ihi);
 
-  float dk_acc[EB], dv_acc[EB];
+  float dk_acc[BTK][BTD], dv_acc[BTK][BTD];
 #pragma unroll
-  for (int u = 0; u < EB; ++u)
-    dk_acc[u] = dv_acc[u] = 0.0f;
+  for (int u = 0; u < BTK; ++u)
+#pragma unroll
+    for (int n = 0; n < BTD; ++n)
+      dk_acc[u][n] = dv_acc[u][n] = 0.0f;
 
-  for (int hh = 0; hh < group; ++hh) {
-    const int h = hk * group + hh;
+  /* The steps: each query head of the group, each block of rows; the
+   * first chunk of a step's products is loaded during the step before. */
+  const int ib0 = (ilo / BQ) * BQ, nib = ilo < ihi ? (ihi - ib0 + BQ - 1) / BQ : 0;
+  const int steps = group * nib;
+  chunk_regs next;
+  tile_src t = tile_src_of(q, qo, qs, k, ko, ks, v, vo, vs, dout, go, gs, b, hk * group, hk, seq, d,
+                           ib0, j0);
+  if (steps) load_chunk(&next, &t, 0, lid % BDK, lid / BDK);
+  for (int step = 0; step < steps; ++step) {
+    const int h = hk * group + step / nib, i0 = t.i0;
     const float slope = alibi ? alibi[h] : 0.0f;
 #if HAS_BIAS
     const long bias_bh = bias_o + b * bias_s.s0 + h * bias_s.s1;
 #endif
-    __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
-    __global const T *gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
-    for (int i0 = (ilo / BB) * BB; i0 < ihi; i0 += BB) {
-      barrier(CLK_LOCAL_MEM_FENCE); /* the last step's reads are done */
-      stage_rows(Qs, qp, qs.s1, qs.s3, i0, nq, d, lid);
-      stage_rows(dOs, gp, gs.s1, gs.s3, i0, nq, d, lid);
-      stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, lid);
-      barrier(CLK_LOCAL_MEM_FENCE);
-      tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, lo_s, delta_s, Ps, dSs, i0, j0, nq, nk, d, scale,
-                softcap, slope, wl, wr, lid TILE_BIAS(bias_bh) TILE_DR);
-      barrier(CLK_LOCAL_MEM_FENCE);
-#if NTB % HD == 0
-      /* Item owns column lid % HD of keys lid / HD + u * NTB / HD. */
-      for (int i = 0; i < BB; ++i) {
-        const float g = dOs[i * DS + lid % HD], qq = Qs[i * DS + lid % HD];
-#pragma unroll
-        for (int u = 0; u < EB; ++u) {
-          const int j = lid / HD + u * (NTB / HD);
-          dv_acc[u] = fma(Ps[i * SS + j], g, dv_acc[u]);
-          dk_acc[u] = fma(dSs[i * SS + j], qq, dk_acc[u]);
-        }
-      }
-#else
-#pragma unroll
-      for (int u = 0; u < EB; ++u) {
-        const int e = lid + u * NTB, j = e / HD, c = e % HD;
-        float a = dv_acc[u], g = dk_acc[u];
-        for (int i = 0; i < BB; ++i) {
-          a = fma(Ps[i * SS + j], dOs[i * DS + c], a);
-          g = fma(dSs[i * SS + j], Qs[i * DS + c], g);
-        }
-        dv_acc[u] = a;
-        dk_acc[u] = g;
-      }
+    const int hn = hk * group + (step + 1) / nib, inx = ib0 + (step + 1) % nib * BQ;
+    const tile_src tn = step + 1 < steps ? tile_src_of(q, qo, qs, k, ko, ks, v, vo, vs, dout, go,
+                                                       gs, b, hn, hk, seq, d, inx, j0)
+                                         : t;
+    float s[BTM][BTN], dp[BTM][BTN];
+#if DBIAS
+    float dr[BTM][BTN]; /* attn_bwd_dq's alone */
 #endif
+    barrier(CLK_LOCAL_MEM_FENCE); /* the last step's reads are done */
+    stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, lid);
+    tile_products(s, dp, tiles4, &t, &next, lid);
+    /* The first rows of the sums, in flight during the exponentials. */
+    float4 qreg[RW4], greg[RW4];
+    load_row_tile(qreg, t.qp, qs, i0, nq, d, lid);
+    load_row_tile(greg, t.gp, gs, i0, nq, d, lid);
+    tile_p_ds(s, dp, st, &t, scale, softcap, slope, wl, wr, lid TILE_BIAS(bias_bh) TILE_DR(dr));
+#pragma unroll
+    for (int i = 0; i < BTM; ++i)
+#pragma unroll
+      for (int n = 0; n < BTN; ++n) {
+        Ps[(ty * BTM + i) * PKS + tx + 16 * n] = s[i][n];
+        dSs[(ty * BTM + i) * PKS + tx + 16 * n] = dp[i][n];
+      }
+
+    /* dV += P^T dO, dK += dS^T Q, BJK rows at a time. */
+    for (int ii = 0; ii < BQ && i0 + ii < nq; ii += BJK) {
+      store_row_tile(Qr4, qreg, lid);
+      store_row_tile(Gr4, greg, lid);
+      barrier(CLK_LOCAL_MEM_FENCE);
+      if (ii + BJK < BQ && i0 + ii + BJK < nq) {
+        load_row_tile(qreg, t.qp, qs, i0 + ii + BJK, nq, d, lid);
+        load_row_tile(greg, t.gp, gs, i0 + ii + BJK, nq, d, lid);
+      } else if (step + 1 < steps) {
+        load_chunk(&next, &tn, 0, lid % BDK, lid / BDK);
+      }
+#pragma unroll
+      for (int r = 0; r < BJK; ++r) {
+        float pk[BTK], dsk[BTK], qc[BTD], gc[BTD];
+        load_run(pk, Ps + (ii + r) * PKS + ty * BTK, BTK);
+        load_run(dsk, dSs + (ii + r) * PKS + ty * BTK, BTK);
+        load_cols(qc, Qr + r * HD, tx);
+        load_cols(gc, Gr + r * HD, tx);
+#pragma unroll
+        for (int u = 0; u < BTK; ++u)
+#pragma unroll
+          for (int n = 0; n < BTD; ++n) {
+            dv_acc[u][n] = fma(pk[u], gc[n], dv_acc[u][n]);
+            dk_acc[u][n] = fma(dsk[u], qc[n], dk_acc[u][n]);
+          }
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
     }
+    t = tn;
   }
 
   __global T *dkp = HEAD_ROWS(dk, dko, dks, b, hk, seq.k0);
   __global T *dvp = HEAD_ROWS(dv, dvo, dvs, b, hk, seq.k0);
 #pragma unroll
-  for (int u = 0; u < EB; ++u) {
-    const int e = lid + u * NTB, j = e / HD, c = e % HD;
-    if (j0 + j < nk && c < d) {
-      STORE(dkp, (j0 + j) * dks.s1 + c * dks.s3, dk_acc[u] * scale);
-      STORE(dvp, (j0 + j) * dvs.s1 + c * dvs.s3, dv_acc[u]);
+  for (int u = 0; u < BTK; ++u) {
+    const int j = j0 + ty * BTK + u;
+#pragma unroll
+    for (int n = 0; n < BTD; ++n) {
+      const int c = BCOL(tx, n);
+      if (j < nk && c < d) {
+        STORE(dkp, j * dks.s1 + c * dks.s3, dk_acc[u][n] * scale);
+        STORE(dvp, j * dvs.s1 + c * dvs.s3, dv_acc[u][n]);
+      }
     }
   }
 }
@@ -291,22 +534,31 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
 __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_ARGS, __global T *dq,
                                                                            long dqo,
                                                                            long4 dqs DBIAS_ARGS) {
-  BWD_TILES;
-  const int lid = get_local_id(0);
-#if DBIAS
-  const int b = get_group_id(2) + b0, h = get_group_id(1) + h0, i0 = get_group_id(0) * BB;
+  /* The chunks of S and dP, then dS^T (and dR^T) and the K rows of the sum:
+   * [dS^T | (dR^T) | K rows]. */
+  __local float4 tiles4[BMAX(CH4, DQ4)];
+  __local float lse_s[BQ], lo_s[BQ], delta_s[BQ];
+  __local float *dSt = (__local float *)tiles4;
+#if DBIAS == 2
+  __local float *dRt = dSt + BK * PQS;
+  __local float4 *Kr4 = (__local float4 *)(dRt + BK * PQS);
 #else
-  const int b = get_group_id(2), h = get_group_id(1), i0 = get_group_id(0) * BB;
+  __local float4 *Kr4 = (__local float4 *)(dSt + BK * PQS);
+#endif
+  __local const float *Kr = (__local const float *)Kr4;
+  const row_stats st = {lse_s, lo_s, delta_s};
+
+  const int lid = get_local_id(0), tx = lid % 16, ty = lid / 16;
+#if DBIAS
+  const int b = get_group_id(2) + b0, h = get_group_id(1) + h0, i0 = get_group_id(0) * BQ;
+#else
+  const int b = get_group_id(2), h = get_group_id(1), i0 = get_group_id(0) * BQ;
 #endif
   const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
   const int nq = seq.nq, nk = seq.nk;
   if (i0 >= nq) return;
   const int hk = h / group;
   const float slope = alibi ? alibi[h] : 0.0f;
-  __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
-  __global const T *gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
-  __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
-  __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
 #if HAS_BIAS
   const long bias_bh = bias_o + b * bias_s.s0 + h * bias_s.s1;
 #endif
@@ -316,67 +568,96 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
   __global float *dbp = part + PART_SLOT(get_group_id(0), get_group_id(1), get_group_id(2),
                                          get_num_groups(0), get_num_groups(1));
 #endif
-  stage_rows(Qs, qp, qs.s1, qs.s3, i0, nq, d, lid);
-  stage_rows(dOs, gp, gs.s1, gs.s3, i0, nq, d, lid);
+  /* Read after the first step's barriers. */
   stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, lid);
 
   /* The keys some row of the block sees. */
   int lo, hi;
-  key_block_range(i0, min(i0 + BB, nq), nq, nk, wl, wr, &lo, &hi);
+  key_block_range(i0, min(i0 + BQ, nq), nq, nk, wl, wr, &lo, &hi);
 
-  float dq_acc[EB];
+  float dq_acc[BTM][BTD];
 #pragma unroll
-  for (int u = 0; u < EB; ++u)
-    dq_acc[u] = 0.0f;
+  for (int i = 0; i < BTM; ++i)
+#pragma unroll
+    for (int n = 0; n < BTD; ++n)
+      dq_acc[i][n] = 0.0f;
 
-  for (int j0 = (lo / BB) * BB; j0 < hi; j0 += BB) {
-    barrier(CLK_LOCAL_MEM_FENCE);
-    stage_rows(Ks, kp, ks.s1, ks.s3, j0, nk, d, lid);
-    stage_rows(Vs, vp, vs.s1, vs.s3, j0, nk, d, lid);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    tile_p_ds(Qs4, dOs4, Ks4, Vs4, lse_s, lo_s, delta_s, Ps, dSs, i0, j0, nq, nk, d, scale, softcap,
-              slope, wl, wr, lid TILE_BIAS(bias_bh) TILE_DR);
-    barrier(CLK_LOCAL_MEM_FENCE);
+  /* The first chunk of a step's products is loaded during the step before. */
+  chunk_regs next;
+  tile_src t = tile_src_of(q, qo, qs, k, ko, ks, v, vo, vs, dout, go, gs, b, h, hk, seq, d, i0,
+                           (lo / BK) * BK);
+  if (t.j0 < hi) load_chunk(&next, &t, 0, lid % BDK, lid / BDK);
+  for (int j0 = (lo / BK) * BK; j0 < hi; j0 += BK) {
+    t.j0 = j0;
+    float s[BTM][BTN], dp[BTM][BTN];
+#if DBIAS
+    float dr[BTM][BTN];
+#endif
+    barrier(CLK_LOCAL_MEM_FENCE); /* the last step's reads are done */
+    tile_products(s, dp, tiles4, &t, &next, lid);
+    float4 kreg[RW4];
+    load_row_tile(kreg, t.kp, ks, j0, nk, d, lid);
+    tile_p_ds(s, dp, st, &t, scale, softcap, slope, wl, wr, lid TILE_BIAS(bias_bh) TILE_DR(dr));
+#pragma unroll
+    for (int i = 0; i < BTM; ++i)
+#pragma unroll
+      for (int n = 0; n < BTN; ++n) {
+        const int ri = ty * BTM + i, kj = tx + 16 * n;
+        dSt[kj * PQS + ri] = dp[i][n];
 #if DBIAS == 1
-    /* The launch's only adder of these elements. */
-    for (int e = lid; e < BB * BB; e += NTB) {
-      const int i = e / BB, j = e % BB;
-      if (i0 + i < nq && j0 + j < nk)
-        dbp[(i0 + i) * dbias_s.s2 + (j0 + j) * dbias_s.s3] += dRs[i * SS + j];
-    }
+        /* The launch's only adder of this element. */
+        if (i0 + ri < nq && j0 + kj < nk)
+          dbp[(i0 + ri) * dbias_s.s2 + (j0 + kj) * dbias_s.s3] += dr[i][n];
 #elif DBIAS == 2
+        dRt[kj * PQS + ri] = dr[i][n];
+#endif
+      }
+#if DBIAS == 2
     /* The block's rows summed in order, into the work-group's own slot. */
-    if (lid < BB && j0 + lid < nk) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int kj = lid; kj < BK && j0 + kj < nk; kj += NTB) {
       float sum = 0.0f;
-      for (int i = 0; i < BB; ++i)
-        sum += dRs[i * SS + lid];
-      dbp[j0 + lid] = sum;
+      for (int i = 0; i < BQ; ++i)
+        sum += dRt[kj * PQS + i];
+      dbp[j0 + kj] = sum;
     }
 #endif
-#if NTB % HD == 0
-    for (int j = 0; j < BB; ++j) {
-      const float kk = Ks[j * DS + lid % HD];
+
+    /* dQ += dS K, BJK keys at a time. */
+    for (int jj = 0; jj < BK && j0 + jj < nk; jj += BJK) {
+      store_row_tile(Kr4, kreg, lid);
+      barrier(CLK_LOCAL_MEM_FENCE);
+      if (jj + BJK < BK && j0 + jj + BJK < nk) {
+        load_row_tile(kreg, t.kp, ks, j0 + jj + BJK, nk, d, lid);
+      } else if (j0 + BK < hi) {
+        tile_src tn = t;
+        tn.j0 = j0 + BK;
+        load_chunk(&next, &tn, 0, lid % BDK, lid / BDK);
+      }
 #pragma unroll
-      for (int u = 0; u < EB; ++u)
-        dq_acc[u] = fma(dSs[(lid / HD + u * (NTB / HD)) * SS + j], kk, dq_acc[u]);
-    }
-#else
+      for (int r = 0; r < BJK; ++r) {
+        float a[BTM], kc[BTD];
+        load_run(a, dSt + (jj + r) * PQS + ty * BTM, BTM);
+        load_cols(kc, Kr + r * HD, tx);
 #pragma unroll
-    for (int u = 0; u < EB; ++u) {
-      const int e = lid + u * NTB, i = e / HD, c = e % HD;
-      float a = dq_acc[u];
-      for (int j = 0; j < BB; ++j)
-        a = fma(dSs[i * SS + j], Ks[j * DS + c], a);
-      dq_acc[u] = a;
+        for (int i = 0; i < BTM; ++i)
+#pragma unroll
+          for (int n = 0; n < BTD; ++n)
+            dq_acc[i][n] = fma(a[i], kc[n], dq_acc[i][n]);
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
     }
-#endif
   }
 
   __global T *dqp = HEAD_ROWS(dq, dqo, dqs, b, h, seq.q0);
 #pragma unroll
-  for (int u = 0; u < EB; ++u) {
-    const int e = lid + u * NTB, i = e / HD, c = e % HD;
-    if (i0 + i < nq && c < d) STORE(dqp, (i0 + i) * dqs.s1 + c * dqs.s3, dq_acc[u] * scale);
+  for (int i = 0; i < BTM; ++i) {
+    const int r = i0 + ty * BTM + i;
+#pragma unroll
+    for (int n = 0; n < BTD; ++n) {
+      const int c = BCOL(tx, n);
+      if (r < nq && c < d) STORE(dqp, r * dqs.s1 + c * dqs.s3, dq_acc[i][n] * scale);
+    }
   }
 }
 

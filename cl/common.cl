@@ -87,6 +87,15 @@ typedef ushort RAW;
 #define STORE(p, i, x) ((p)[i] = bf16_from_float(x))
 #endif
 
+/* Elements i .. i + 3 of p as a float4 (bwd.cl's staging of whole rows). */
+#if DTYPE == 0
+#define LOAD4(p, i) vload4(0, (p) + (i))
+#elif DTYPE == 1
+#define LOAD4(p, i) vload_half4(0, (p) + (i))
+#else
+#define LOAD4(p, i) as_float4(convert_uint4(vload4(0, (p) + (i))) << 16)
+#endif
+
 /* Round to nearest even, as the host's attn__f32_to_bf16(); NaN stays NaN. */
 inline ushort bf16_from_float(float f) {
   uint u = as_uint(f);

@@ -41,11 +41,12 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_OFFSETS] = "attn_clamp_offsets",
 };
 
-/* The work-items per group each kernel is launched with (the forward's
- * depend on its tiles: 0 here). */
+/* The work-items per group each kernel is launched with (the forward's,
+ * the decode's and bwd.cl's dK/dV and dQ kernels' depend on their tiles:
+ * 0 here). */
 static const size_t kernel_items[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_FWD] = 0,      [ATTN__CL_K_FWD_ROWS] = 1,  [ATTN__CL_K_PRE] = 64,
-    [ATTN__CL_K_DKDV] = 128,   [ATTN__CL_K_DQ] = 128,      [ATTN__CL_K_DKDV_ROWS] = 1,
+    [ATTN__CL_K_DKDV] = 0,     [ATTN__CL_K_DQ] = 0,        [ATTN__CL_K_DKDV_ROWS] = 1,
     [ATTN__CL_K_DQ_ROWS] = 1,  [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,
     [ATTN__CL_K_DSINKS] = 64,  [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 64,
     [ATTN__CL_K_APPEND] = 64,  [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,
@@ -75,6 +76,11 @@ void attn__cl_drop_programs(attn__cl_impl *im, const attn__cl_config *c) {
     }
 }
 
+/* bwd.cl's work-items per group (its NTB). */
+static size_t bwd_items(const attn__cl_tiles *t) {
+  return (size_t)(16 * (t->bq / t->btm));
+}
+
 /* The sources (*nsrc of them), -D options and kernels (returned: how
  * many, by slot) of a program of config c. */
 static int program_parts(const attn__cl_config *c, int kind, unsigned f, const char **srcs,
@@ -87,9 +93,10 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
     case ATTN__CL_PROG_ATTN:
     case ATTN__CL_PROG_FWD:
     case ATTN__CL_PROG_BWD:
-      len +=
-          snprintf(opts + len, n - (size_t)len, " -DBR=%d -DBC=%d -DTM=%d -DDK=%d -DJK=%d -DBB=%d",
-                   t->br, t->bc, t->tm, t->dk, t->jk, t->bb);
+      len += snprintf(opts + len, n - (size_t)len,
+                      " -DBR=%d -DBC=%d -DTM=%d -DDK=%d -DJK=%d -DBQ=%d -DBK=%d -DBTM=%d -DBDK=%d"
+                      " -DBJK=%d",
+                      t->br, t->bc, t->tm, t->dk, t->jk, t->bq, t->bk, t->btm, t->bdk, t->bjk);
       if (t->fwd == ATTN__CL_FWD_ROWS || t->bwd == ATTN__CL_BWD_ROWS)
         len += snprintf(opts + len, n - (size_t)len, " -DRB=%d -DKB=%d", t->rb, t->kb);
       if (kind != ATTN__CL_PROG_BWD && t->fwd == ATTN__CL_FWD_ROWS) {
@@ -189,7 +196,8 @@ static int build_program(attn_context *ctx, const attn__cl_config *c, int kind, 
                                  NULL);
     const size_t need = slot == ATTN__CL_K_FWD      ? (size_t)(16 * (t->br / t->tm))
                         : slot == ATTN__CL_K_DECODE ? (size_t)t->ntd
-                                                    : kernel_items[slot];
+                        : slot == ATTN__CL_K_DKDV || slot == ATTN__CL_K_DQ ? bwd_items(t)
+                                                                           : kernel_items[slot];
     if (wg < need && slot == ATTN__CL_K_FWD && need > 128 && !c->narrow) {
       attn__debug("opencl: attn_fwd runs at most %zu work-items per group; retrying with 128", wg);
       *narrow = 1;
@@ -640,8 +648,8 @@ static int zero(attn_context *ctx, const call *c, cl_mem mem, int64_t off, const
 static int backward_dq(attn_context *ctx, const attn__problem *pb, const call *c, args *b) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
   const int rows = c->t->bwd == ATTN__CL_BWD_ROWS;
-  const int block = rows ? c->t->rb : c->t->bb;
-  const size_t items = rows ? 1 : 128;
+  const int block = rows ? c->t->rb : c->t->bq;
+  const size_t items = rows ? 1 : bwd_items(c->t);
   const char *name = kernel_names[rows ? ATTN__CL_K_DQ_ROWS : ATTN__CL_K_DQ];
   const size_t blocks = (size_t)((pb->seqlen_q + block - 1) / block);
   arg_tensor(b, &pb->dq, c->es);
@@ -732,8 +740,8 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
     if (w == 0) {
       arg_tensor(&b, &pb->dk, es);
       arg_tensor(&b, &pb->dv, es);
-      const int block = rows ? c.t->kb : c.t->bb;
-      const size_t items = rows ? 1 : 128;
+      const int block = rows ? c.t->kb : c.t->bk;
+      const size_t items = rows ? 1 : bwd_items(c.t);
       st = launch(ctx, b.k, &b, kernel_names[slots[0]],
                   (size_t)((pb->seqlen_k + block - 1) / block) * items, (size_t)pb->heads_kv,
                   (size_t)pb->batch, items);

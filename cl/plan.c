@@ -45,12 +45,20 @@ enum { CLASS_GPU, CLASS_CPU };
  * 8 rows at a time); measured on an H200 (bench/NOTES_opencl.md, run 3),
  * Br = 128 beat Br = 64 by 14 % at HD = 64 and 19 % at HD = 128, and
  * Bc = 128 or DK = 32 at Br = 64 by 7-35 %. Above HD = 128, TM is halved to
- * stay within the register file. Backward: BB is the largest square tile
- * up to the row's that fits (see fit()). Decode: DR = 8 rows per
+ * stay within the register file. Decode: DR = 8 rows per
  * work-group holds a GQA group of 8 query heads at one query row (Llama's
  * 64/8) in one work-group, and costs 2 * 8 FMAs per K and V element, which
  * an H200 issues faster than it reads f16 K/V; NTD = 64 keys per tile,
  * halved until the tiles fit (see fit()).
+ *
+ * Backward (bwd.cl): tiles of BQ = 64 query rows by BK = 64 keys, 16 * BQ /
+ * BTM = 256 work-items of BTM = 4 rows by 4 keys in S and dP (8 FMAs per
+ * local read) and 4 keys (dK, dV) or 4 rows (dQ) by HD/16 columns in the
+ * sums (about 10 FMAs per local read): 64 accumulators per item at HD = 128,
+ * and 44 KiB of local memory for dK/dV's P, dS and row tiles, within
+ * NVIDIA's 48 KiB. Above HD = 128, BK = 32 keeps the dK/dV accumulators at
+ * 64. These are first sizes from that count, not measurements yet: attn
+ * tune varies them (tune.c).
  *
  * The CPU class's forward is attn_fwd_rows (fwd.cl's tiles stay in its row
  * for the fallback, see attn__cl_config_tiles): RB query rows per
@@ -58,27 +66,29 @@ enum { CLASS_GPU, CLASS_CPU };
  * the rows' Q and O (2 * RB * HD floats) and the K and V tiles (2 * KB *
  * HD) within a core's L1 and L2 caches: RB = 32 up to HD = 128, 16 above.
  * Its backward's dK/dV and dQ kernels are bwd_rows.cl's, for the same
- * reasons, with the same RB and KB (bwd.cl's BB stays for the fallback). */
+ * reasons, with the same RB and KB (bwd.cl's tiles stay for the fallback,
+ * at 128 work-items: PoCL 5.0 aborts on some 256-item programs). */
 static const struct tiles_row {
   int cls, dtype, hd_max;
-  attn__cl_tiles t; /* br, bc, tm, dk, jk, bb, dr, ntd, fwd, bwd, rb, kb */
+  attn__cl_tiles t; /* in attn__cl_tiles's order */
 } tiles_table[] = {
+    /* br, bc, tm, dk, jk; bq, bk, btm, bdk, bjk; dr, ntd; the shapes; rb, kb */
     {CLASS_GPU,
      ANY_DTYPE,
      128,
-     {128, 64, 8, 16, 8, 32, 8, 64, ATTN__CL_FWD_TILES, ATTN__CL_BWD_TILES, 0, 0}},
+     {128, 64, 8, 16, 8, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_TILES, ATTN__CL_BWD_TILES, 0, 0}},
     {CLASS_GPU,
      ANY_DTYPE,
      ATTN_MAX_HEAD_DIM,
-     {32, 64, 4, 16, 16, 32, 8, 64, ATTN__CL_FWD_TILES, ATTN__CL_BWD_TILES, 0, 0}},
+     {32, 64, 4, 16, 16, 64, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_TILES, ATTN__CL_BWD_TILES, 0, 0}},
     {CLASS_CPU,
      ANY_DTYPE,
      128,
-     {64, 64, 8, 16, 16, 32, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 32, 32}},
+     {64, 64, 8, 16, 16, 32, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 32, 32}},
     {CLASS_CPU,
      ANY_DTYPE,
      ATTN_MAX_HEAD_DIM,
-     {32, 64, 4, 16, 16, 32, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 16, 32}},
+     {32, 64, 4, 16, 16, 32, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 16, 32}},
 };
 
 static const attn__cl_tiles *table_row(int cls, int dtype, int hd) {
@@ -107,14 +117,28 @@ static int fwd_staging_fits(const attn__cl_tiles *t) {
          (t->dk * t->bc) % nt == 0;
 }
 
-static size_t bwd_local_bytes(int hd, int bb) {
-  /* Q, dO, K, V tiles; P and dS; the rows' lse (hi, lo) and delta. */
-  return 4u * (4u * (size_t)bb * (hd + 4) + 2u * (size_t)bb * (bb + 1) + 3u * (size_t)bb);
+/* bwd.cl's local memory, the larger of its two kernels': the chunks of S
+ * and dP, or the tiles of the sums (attn_bwd_dkdv: P, dS, Q and dO rows;
+ * attn_bwd_dq: dS, dbias's dR under DBIAS 2, K rows) that share their
+ * buffer; and the rows' lse (hi, lo) and delta. */
+static size_t bwd_local_bytes(int hd, const attn__cl_tiles *t, int dbias_rows) {
+  const size_t chunks = 2u * (size_t)t->bdk * (t->bq + 4) + 2u * (size_t)t->bk * (t->bdk + 4);
+  const size_t dkdv = 2u * (size_t)t->bq * (t->bk + 4) + 2u * (size_t)t->bjk * hd;
+  const size_t dq = (dbias_rows ? 2u : 1u) * (size_t)t->bk * (t->bq + 4) + (size_t)t->bjk * hd;
+  size_t most = chunks > dkdv ? chunks : dkdv;
+  most = most > dq ? most : dq;
+  return 4u * (most + 3u * (size_t)t->bq);
 }
 
-/* What dbias adds to it: dS before softcap's derivative. */
-static size_t dbias_local_bytes(int bb) {
-  return 4u * (size_t)bb * (bb + 1);
+/* bwd.cl's shape rules (its header): whole rows of 16 items, whole float4s
+ * of rows, the chunks staged by whole rows of items. */
+static int bwd_shape_fits(const attn__cl_tiles *t) {
+  if (t->btm < 4 || t->btm % 4 || t->bq % t->btm || t->bk < 16 || t->bk % 16 || t->bdk < 4 ||
+      t->bdk % 4 || t->bjk < 1 || t->bq % t->bjk || t->bk % t->bjk)
+    return 0;
+  const int nt = 16 * (t->bq / t->btm), ty = t->bq / t->btm;
+  return t->bk % ty == 0 && nt % t->bdk == 0 && (t->bdk * t->bq) % nt == 0 &&
+         (t->bdk * t->bk) % nt == 0;
 }
 
 /* decode.cl's local memory for elements of es bytes: the K and V tiles
@@ -128,10 +152,11 @@ static size_t decode_local_bytes(int hd, int es, int dr, int ntd) {
          (size_t)ntd * 4u + (size_t)ntd * 8u;
 }
 
-/* The local-memory fitting rule: smaller local memories shrink the staging
- * steps, then the key tile; the backward tile is the largest square whose
- * four operand tiles fit, with at least one output element per work-item.
- * 0 when nothing fits the device. */
+/* The local-memory fitting rule: smaller local memories shrink the
+ * forward's staging steps, then its key tile; the backward's key tile
+ * first (its P and dS tiles are most of its local memory), then its
+ * staging steps and query tile, which must also keep its work-items within
+ * the device's work-group. 0 when nothing fits the device. */
 static int fit(const attn__cl_device *dev, int dtype, int hd, attn__cl_tiles *t) {
   size_t lmem = (size_t)dev->local_mem;
   while (fwd_local_bytes(hd, t) > lmem || !fwd_staging_fits(t)) {
@@ -144,10 +169,19 @@ static int fit(const attn__cl_device *dev, int dtype, int hd, attn__cl_tiles *t)
     else
       return 0;
   }
-  int bb = 0;
-  for (int b = t->bb; b >= 4 && !bb; b /= 2)
-    if (bwd_local_bytes(hd, b) <= lmem && (b * hd) % 128 == 0) bb = b;
-  t->bb = bb;
+  while (bwd_local_bytes(hd, t, 0) > lmem || !bwd_shape_fits(t) ||
+         (size_t)(16 * (t->bq / t->btm)) > dev->max_wg) {
+    if (t->bk > 16 && t->bk / 2 % (t->bq / t->btm) == 0)
+      t->bk /= 2;
+    else if (t->bjk > 2)
+      t->bjk /= 2;
+    else if (t->bq > 16 && t->bq / 2 % t->btm == 0)
+      t->bq /= 2;
+    else if (t->bdk > 4)
+      t->bdk /= 2;
+    else
+      return 0;
+  }
   /* The decode kernel is an option, not a need: without it, the forward
    * kernel runs every problem. */
   const int es = dtype == ATTN_F32 ? 4 : 2;
@@ -155,7 +189,7 @@ static int fit(const attn__cl_device *dev, int dtype, int hd, attn__cl_tiles *t)
          ((size_t)t->ntd > dev->max_wg || decode_local_bytes(hd, es, t->dr, t->ntd) > lmem))
     t->ntd /= 2;
   if (t->ntd < 16 || t->ntd < t->dr) t->dr = t->ntd = 0;
-  return bb != 0 && dev->max_wg >= 128 && dev->max_wg >= (size_t)(16 * (t->br / t->tm));
+  return dev->max_wg >= 128 && dev->max_wg >= (size_t)(16 * (t->br / t->tm));
 }
 
 static void name_fwd(attn__cl_config *c) {
@@ -175,7 +209,9 @@ static void name_bwd(attn__cl_config *c) {
     snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd_rows HD=%d RB=%d KB=%d",
              c->hd, t->rb, t->kb);
   else
-    snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd HD=%d BB=%d", c->hd, t->bb);
+    snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0],
+             "opencl attn_bwd HD=%d BQ=%d BK=%d BTM=%d BDK=%d BJK=%d", c->hd, t->bq, t->bk, t->btm,
+             t->bdk, t->bjk);
 }
 
 static void name_all(attn__cl_config *c) {
@@ -389,7 +425,7 @@ void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const att
   if (plan->backward && pb->has_dbias && dbias_over_rows(pb)) {
     /* A row-block sum per work-group of one launch of attn_bwd_dq, which
      * covers one sequence or head where dbias sums over them. */
-    const int block = c->t.bwd == ATTN__CL_BWD_ROWS ? c->t.rb : c->t.bb;
+    const int block = c->t.bwd == ATTN__CL_BWD_ROWS ? c->t.rb : c->t.bq;
     const size_t nqb = (size_t)((pb->seqlen_q + block - 1) / block);
     const size_t gb = pb->dbias.sb ? (size_t)pb->batch : 1,
                  gh = pb->dbias.sh ? (size_t)pb->heads_q : 1;
@@ -410,7 +446,7 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
   attn__cl_config *c = attn__cl_config_for(ctx, pb->dtype, pb->head_dim);
   if (!c) return ATTN_EUNSUPPORTED;
   if (backward && pb->has_dbias && c->t.bwd == ATTN__CL_BWD_TILES &&
-      bwd_local_bytes(c->hd, c->t.bb) + dbias_local_bytes(c->t.bb) > (size_t)im->dev->local_mem)
+      bwd_local_bytes(c->hd, &c->t, dbias_over_rows(pb)) > (size_t)im->dev->local_mem)
     return attn__error(ctx, ATTN_EUNSUPPORTED,
                        "the OpenCL device %s has too little local memory (%llu bytes) for dbias "
                        "at head_dim %lld",

@@ -3,7 +3,8 @@
  * (plan.c) are measured, and where the winner is kept.
  *
  * The variations are data, per kernel shape: the forward's tiles and the
- * backward's square tile for attn_fwd and bwd.cl (GPU devices), the rows
+ * backward's for attn_fwd and bwd.cl (GPU devices), each forward with each
+ * backward (attn_tune times the two passes together), the rows
  * and keys per work-item for attn_fwd_rows and bwd_rows.cl (CPU devices).
  * src/tune.c times each on the device and keeps the fastest.
  *
@@ -21,14 +22,20 @@
 #include <string.h>
 #include <unistd.h>
 
-/* attn_fwd's tiles (Br, TM, Bc, DK, JK), each with bwd.cl's BB. */
+/* attn_fwd's tiles (Br, TM, Bc, DK, JK), each with bwd.cl's. */
 static const struct {
   int br, tm, bc, dk, jk;
 } fwd_tiles[] = {
     {128, 8, 64, 16, 8},  {64, 4, 64, 16, 8},  {128, 8, 128, 16, 8},
     {64, 4, 128, 16, 16}, {128, 8, 64, 32, 8}, {64, 8, 64, 16, 16},
 };
-static const int bwd_tiles[] = {32, 16, 64};
+/* bwd.cl's (BQ, BK, BTM, BDK, BJK): the table's row; half the keys (fewer
+ * registers, more work-groups); 128 rows of 8 per item (twice the FMAs per
+ * read of the products, half the work-groups); twice the columns per
+ * staging step (half the barriers of S and dP). */
+static const struct {
+  int bq, bk, btm, bdk, bjk;
+} bwd_tiles[] = {{64, 64, 4, 16, 8}, {64, 32, 4, 16, 8}, {128, 64, 8, 16, 8}, {64, 64, 4, 32, 8}};
 
 /* attn_fwd_rows's and bwd_rows.cl's rows per work-item and keys per tile. */
 static const struct {
@@ -36,7 +43,7 @@ static const struct {
 } rows_tiles[] = {{32, 32}, {16, 32}, {32, 16}, {64, 32}, {32, 64}, {16, 64}, {8, 32}};
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
-#define LINE_INTS 14
+#define LINE_INTS 18
 
 static int tune_count_of(const attn__cl_tiles *row) {
   return row->fwd == ATTN__CL_FWD_ROWS ? COUNT(rows_tiles) : COUNT(fwd_tiles) * COUNT(bwd_tiles);
@@ -56,7 +63,11 @@ static attn__cl_tiles variation(const attn__cl_tiles *row, int i) {
   t.bc = fwd_tiles[f].bc;
   t.dk = fwd_tiles[f].dk;
   t.jk = fwd_tiles[f].jk;
-  t.bb = bwd_tiles[b];
+  t.bq = bwd_tiles[b].bq;
+  t.bk = bwd_tiles[b].bk;
+  t.btm = bwd_tiles[b].btm;
+  t.bdk = bwd_tiles[b].bdk;
+  t.bjk = bwd_tiles[b].bjk;
   return t;
 }
 
@@ -90,16 +101,18 @@ static int tuned_path(attn_context *ctx, char *path, size_t n) {
 }
 
 /* A line as ints: dtype, bucket, the kernels' shapes (which say the
- * device class), then the tiles. */
+ * device class), then the tiles: br bc tm dk jk bq dr ntd rb kb bk btm bdk
+ * bjk. */
 static void line_of(const attn__cl_config *c, const attn__cl_tiles *t, int *v) {
-  const int x[LINE_INTS] = {c->dtype, c->hd, t->fwd, t->bwd, t->br,  t->bc, t->tm,
-                            t->dk,    t->jk, t->bb,  t->dr,  t->ntd, t->rb, t->kb};
+  const int x[LINE_INTS] = {c->dtype, c->hd, t->fwd, t->bwd, t->br, t->bc, t->tm,  t->dk,  t->jk,
+                            t->bq,    t->dr, t->ntd, t->rb,  t->kb, t->bk, t->btm, t->bdk, t->bjk};
   memcpy(v, x, sizeof x);
 }
 
 static int parse(const char *s, int *v) {
-  return sscanf(s, "%d %d %d %d %d %d %d %d %d %d %d %d %d %d", &v[0], &v[1], &v[2], &v[3], &v[4],
-                &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13]) == LINE_INTS;
+  return sscanf(s, "%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", &v[0], &v[1], &v[2],
+                &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13],
+                &v[14], &v[15], &v[16], &v[17]) == LINE_INTS;
 }
 
 /* The variation of row t whose tiles a stored line holds, or -1: a line
@@ -109,7 +122,8 @@ static int stored_variation(const attn__cl_tiles *t, const int *v) {
   for (int i = 0; i < tune_count_of(t); ++i) {
     const attn__cl_tiles x = variation(t, i);
     if (x.br == v[4] && x.bc == v[5] && x.tm == v[6] && x.dk == v[7] && x.jk == v[8] &&
-        x.bb == v[9] && x.rb == v[12] && x.kb == v[13])
+        x.bq == v[9] && x.rb == v[12] && x.kb == v[13] && x.bk == v[14] && x.btm == v[15] &&
+        x.bdk == v[16] && x.bjk == v[17])
       return i;
   }
   return -1;

@@ -92,18 +92,18 @@ static void tuning_keeps_a_variation_that_later_processes_run(at_backend *b) {
   at_env_restore();
 
   /* One line, for f32 at the bucket of D: dtype, bucket, the kernels'
-   * shapes, then br bc tm dk jk bb dr ntd rb kb. */
+   * shapes, then br bc tm dk jk bq dr ntd rb kb bk btm bdk bjk. */
   tiles_file(dir, path, sizeof path);
   if (!path[0]) fail_msg("attn_tune stored nothing in %s", dir);
   FILE *f = fopen(path, "r");
   assert_non_null(f);
-  int v[14], lines = 0;
+  int v[18], lines = 0;
   while (fgets(line, sizeof line, f)) {
     lines++;
-    assert_int_equal(
-        sscanf(line, "%d %d %d %d %d %d %d %d %d %d %d %d %d %d", &v[0], &v[1], &v[2], &v[3], &v[4],
-               &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13]),
-        14);
+    assert_int_equal(sscanf(line, "%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", &v[0],
+                            &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10],
+                            &v[11], &v[12], &v[13], &v[14], &v[15], &v[16], &v[17]),
+                     18);
   }
   fclose(f);
   assert_int_equal(lines, 1);
@@ -125,8 +125,8 @@ static void tuning_keeps_a_variation_that_later_processes_run(at_backend *b) {
    * table's row runs, and computes right. */
   f = fopen(path, "w");
   assert_non_null(f);
-  fprintf(f, "garbage\n%d %d %d %d 12 48 4 4 4 4 4 4 12 48\n\n%d 32\n", v[0], v[1], v[2], v[3],
-          v[0]);
+  fprintf(f, "garbage\n%d %d %d %d 12 48 4 4 4 4 4 4 12 48 48 4 4 4\n\n%d 32\n", v[0], v[1], v[2],
+          v[3], v[0]);
   fclose(f);
   run_child(spec, info.name, dir, log, sizeof log);
   if (at_mentions(log, "tiles for f32")) fail_msg("the child loaded a foreign line:\n%s", log);

@@ -220,12 +220,28 @@ int at_main(int argc, char **argv, const char *suite, const at_test *tests, size
       } else {
         attn_device_info info;
         const char *small = getenv("ATTN_TEST_SMALL");
+        const char *tiles = getenv("ATTN_TEST_CL_TILES");
+        const int forced = b.kind == ATTN_BACKEND_OPENCL && tiles && atoi(tiles) != 0 &&
+                           at_cl_force_tiles(b.ctx, tiles) > 0;
+        if (tiles && atoi(tiles) != 0 && !forced) {
+          /* A GPU device runs them in the suite's plain opencl entry. */
+          snprintf(b.why, sizeof b.why,
+                   "ATTN_TEST_CL_TILES: the %s device already runs the GPU-class kernels, or "
+                   "has none",
+                   b.name);
+          b.present = 0;
+          attn_context_free(b.ctx);
+          b.ctx = NULL;
+          failed += run_group(suite, &b, tests, ntests);
+          continue;
+        }
         b.small = (small && atoi(small) != 0) ||
                   (b.kind == ATTN_BACKEND_OPENCL &&
                    attn_context_device_info(b.ctx, &info) == ATTN_OK && !info.is_gpu);
         if (attn_context_device_info(b.ctx, &info) == ATTN_OK)
-          print_message("[ BACKEND  ] %s:%d %s (%s)%s\n", b.name, attn_context_device(b.ctx),
-                        info.name, info.version, b.small ? ", small problems" : "");
+          print_message("[ BACKEND  ] %s:%d %s (%s)%s%s\n", b.name, attn_context_device(b.ctx),
+                        info.name, info.version, b.small ? ", small problems" : "",
+                        forced ? ", the GPU-class kernels (ATTN_TEST_CL_TILES)" : "");
       }
     }
     failed += run_group(suite, &b, tests, ntests);

@@ -54,6 +54,13 @@ const void *at_arg(void);
 int at_main(int argc, char **argv, const char *suite, const at_test *tests, size_t ntests,
             const at_test *common, size_t ncommon);
 
+/* Makes an OpenCL context run the GPU-class kernels (attn_fwd, bwd.cl) for
+ * every dtype and head dim, whatever its device's class (cl_tiles.c): the
+ * suites do so under ATTN_TEST_CL_TILES (spec: "1", or bwd.cl's tiles as
+ * "BQ,BK,BTM,BDK,BJK"). How many configs it switched: 0 on a GPU device,
+ * and where the OpenCL backend is not built. */
+int at_cl_force_tiles(attn_context *ctx, const char *spec);
+
 /* Skips the running test with a reason (shown by cmocka). */
 #define at_skip(...)           \
   do {                         \
