@@ -1278,9 +1278,9 @@ constexpr attn__cuda_config bwd_row(const char *name) {
 
 /* The general family's rows for dtype T, per padded head dim the first that
  * fits the device's shared memory: 8 rows a thread (Br = 128) where it fits,
- * fewer rows and then fewer keys above. The last rows of d <= 32, 64 and 96
- * fit the 48 KB a block of Pascal (d <= 64) and the 64 KB of Turing (d <= 96),
- * in shapes the larger head dims already run. */
+ * fewer rows and then fewer keys above. The last rows of each head dim are
+ * for the shared memory of older GPUs a block (KB, forward / backward):
+ *   P100 (48): d <= 192 / 128;  T4 (64): every d / d <= 192;  V100 (96): every d. */
 template <typename T>
 constexpr attn__cuda_config rows[] = {
     fwd_row<T, 32, 8, 4>("general forward, d <= 32, 128 x 64 tiles"),
@@ -1290,22 +1290,34 @@ constexpr attn__cuda_config rows[] = {
     fwd_row<T, 64, 4, 2>("general forward, d <= 64, 64 x 32 tiles"),
     fwd_row<T, 96, 8, 4>("general forward, d <= 96, 128 x 64 tiles"),
     fwd_row<T, 96, 4, 2>("general forward, d <= 96, 64 x 32 tiles"),
+    fwd_row<T, 96, 2, 2>("general forward, d <= 96, 32 x 32 tiles"),
     fwd_row<T, 128, 8, 4>("general forward, d <= 128, 128 x 64 tiles"),
     fwd_row<T, 128, 4, 4>("general forward, d <= 128, 64 x 64 tiles"),
+    fwd_row<T, 128, 2, 2>("general forward, d <= 128, 32 x 32 tiles"),
+    fwd_row<T, 128, 2, 1>("general forward, d <= 128, 32 x 16 tiles"),
     fwd_row<T, 192, 4, 4>("general forward, d <= 192, 64 x 64 tiles"),
     fwd_row<T, 192, 4, 2>("general forward, d <= 192, 64 x 32 tiles"),
+    fwd_row<T, 192, 2, 2>("general forward, d <= 192, 32 x 32 tiles"),
+    fwd_row<T, 192, 2, 1>("general forward, d <= 192, 32 x 16 tiles"),
+    fwd_row<T, 192, 1, 1>("general forward, d <= 192, 16 x 16 tiles"),
     fwd_row<T, 256, 4, 4>("general forward, d <= 256, 64 x 64 tiles"),
     fwd_row<T, 256, 4, 2>("general forward, d <= 256, 64 x 32 tiles"),
+    fwd_row<T, 256, 2, 1>("general forward, d <= 256, 32 x 16 tiles"),
+    fwd_row<T, 256, 1, 1>("general forward, d <= 256, 16 x 16 tiles"),
     bwd_row<T, 32, 4>("general backward, d <= 32, 64 x 64 tiles"),
     bwd_row<T, 32, 2>("general backward, d <= 32, 32 x 32 tiles"),
     bwd_row<T, 64, 4>("general backward, d <= 64, 64 x 64 tiles"),
     bwd_row<T, 64, 2>("general backward, d <= 64, 32 x 32 tiles"),
     bwd_row<T, 96, 4>("general backward, d <= 96, 64 x 64 tiles"),
     bwd_row<T, 96, 2>("general backward, d <= 96, 32 x 32 tiles"),
+    bwd_row<T, 96, 1>("general backward, d <= 96, 16 x 16 tiles"),
     bwd_row<T, 128, 4>("general backward, d <= 128, 64 x 64 tiles"),
     bwd_row<T, 128, 2>("general backward, d <= 128, 32 x 32 tiles"),
+    bwd_row<T, 128, 1>("general backward, d <= 128, 16 x 16 tiles"),
     bwd_row<T, 192, 2>("general backward, d <= 192, 32 x 32 tiles"),
+    bwd_row<T, 192, 1>("general backward, d <= 192, 16 x 16 tiles"),
     bwd_row<T, 256, 2>("general backward, d <= 256, 32 x 32 tiles"),
+    bwd_row<T, 256, 1>("general backward, d <= 256, 16 x 16 tiles"),
 };
 
 template <typename T>

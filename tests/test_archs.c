@@ -143,22 +143,26 @@ static void bf16_and_tf32_take_them_from_ampere_on(void **state) {
   assert_int_not_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
 }
 
-/* Every dtype, forward and backward, has a row in a P100's 48 KB a block up
- * to d = 64 and in a T4's 64 KB up to d = 96. */
+/* Every dtype has a row in the shared memory a block of older GPUs: a
+ * P100's 48 KB forward up to d = 192 and backward up to 128, a T4's 64 KB
+ * forward at every d and backward up to 192, a V100's 96 KB both at every
+ * d. */
 static void older_gpus_shared_memory_holds_a_row(void **state) {
   (void)state;
   const attn_dtype dts[] = {ATTN_F32, ATTN_F16, ATTN_BF16};
-  const int dims[] = {32, 64, 96};
-  for (int i = 0; i < 3; i++)
-    for (int j = 0; j < 3; j++)
-      for (int bwd = 0; bwd < 2; bwd++) {
-        if (dims[j] <= 64 && !planned(60, 48, dts[i], dims[j], bwd, 0))
-          fail_msg("P100: no %s row for dtype %d, d = %d", bwd ? "backward" : "forward", dts[i],
-                   dims[j]);
-        if (!planned(75, 64, dts[i], dims[j], bwd, 0))
-          fail_msg("T4: no %s row for dtype %d, d = %d", bwd ? "backward" : "forward", dts[i],
-                   dims[j]);
-      }
+  const int dims[] = {32, 64, 96, 128, 160, 192, 256};
+  static const struct {
+    const char *name;
+    int arch, kb, fwd_max, bwd_max;
+  } gpus[] = {{"P100", 60, 48, 192, 128}, {"T4", 75, 64, 256, 192}, {"V100", 70, 96, 256, 256}};
+  for (int g = 0; g < 3; g++)
+    for (int i = 0; i < 3; i++)
+      for (int j = 0; j < 7; j++)
+        for (int bwd = 0; bwd < 2; bwd++)
+          if (dims[j] <= (bwd ? gpus[g].bwd_max : gpus[g].fwd_max) &&
+              !planned(gpus[g].arch, gpus[g].kb, dts[i], dims[j], bwd, 0))
+            fail_msg("%s: no %s row for dtype %d, d = %d", gpus[g].name,
+                     bwd ? "backward" : "forward", dts[i], dims[j]);
 }
 
 int main(void) {
