@@ -32,10 +32,14 @@
  * tiles; with it the scores stay in natural units (scale q.k + bias, one
  * FMA), as in the tensor-core family.
  *
+ * A KV cache (used lengths, rows appended before the call) reads the
+ * cache's rows up to each sequence's used length, those past it in the last
+ * block zeroed in shared memory; a sink joins each row's sum at the end.
+ *
  * The parameters, the masks and the score epilogue are the tensor-core
  * family's (mma_common.cuh, common.cuh); this family covers the problems of
- * its kernels without the KV cache and sinks, and a bias only of the data's
- * dtype, which the plan gives to mma_fwd.cu otherwise.
+ * its kernels but paged caches (rows a TMA box cannot gather) and a bias
+ * of another dtype than the data's, which the plan gives to mma_fwd.cu.
  */
 #include "mma_common.cuh"
 #include "wgmma.cuh"
@@ -295,9 +299,11 @@ struct rows64 {
     }
   }
 
-  /* O = acc / l, lse = m ln 2 + ln l; rows with no key: 0 and -inf. */
+  /* O = acc / l, lse = m ln 2 + ln l; rows with no key: 0 and -inf. A
+   * sink joins l here, once (a row with no key then has lse = sink). */
   __device__ __forceinline__ void store(const params &p, int b, int h, const seq &sq) {
     T *go = row_ptr<T>(p.o, b, sq.q0, h);
+    const float sink_log2 = p.sinks ? p.sinks[h * p.sinks_sh] * kLog2e : 0.f;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float l = l_i[r];
@@ -309,8 +315,13 @@ struct rows64 {
        * then come out NaN rather than as a row that saw nothing. */
       int klo, khi;
       key_range(diag(i, nq, nk), nk, p.window_left, p.window_right, &klo, &khi);
-      const bool seen = row_seen(klo < khi, BIAS, m_i[r], l);
-      const float inv = seen ? 1.f / l : 0.f;
+      bool seen = row_seen(klo < khi, BIAS, m_i[r], l);
+      float m = m_i[r], a = 1.f;
+      if (p.sinks) {
+        a = sink_fold_log2(sink_log2, &m, &l); /* no key: m = sink, l = 1, a = 0 */
+        seen = true;
+      }
+      const float inv = seen ? a / l : 0.f;
       if (i < nq) {
         T *orow = go + (int64_t)i * p.o.ss;
 #pragma unroll
@@ -318,7 +329,7 @@ struct rows64 {
           *(uint32_t *)(orow + n * 8 + 2 * t) =
               elem<T>::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
         if (p.has_lse && t == 0)
-          lse_store(row_ptr<float>(p.lse, b, sq.q0 + i, h), p.lse.sd, seen, m_i[r] * kLn2, l);
+          lse_store(row_ptr<float>(p.lse, b, sq.q0 + i, h), p.lse.sd, seen, m * kLn2, l);
       }
     }
   }
@@ -339,7 +350,7 @@ __device__ __forceinline__ block_work work_of(const params &p) {
   /* Heaviest blocks (most keys under a causal mask) start first. */
   attn_block_coords(p.order, &m_block, &w.h, &w.b);
   w.hk = w.h / p.group;
-  w.sq = seq_of(p, w.b);
+  w.sq = p.seqused ? seq_of_cache(p, w.b) : seq_of(p, w.b);
   w.m0 = m_block * kBr;
   w.nb_min = w.nblocks = 0;
   if (w.m0 < w.sq.nq) {
@@ -501,9 +512,10 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
       }
       const int last = w.nblocks - 1, nb = w.nb_min + last;
       wg::mbar_wait(fullV + 8 * stage(last), parity(last));
-      if (p.cu_k && (nb + 1) * BC > w.sq.nk) {
+      if ((p.cu_k || p.seqused) && (nb + 1) * BC > w.sq.nk) {
         /* The block's rows past a varlen sequence's end are the next
-         * sequence's: zeros instead, so that P's zeros meet no inf or NaN
+         * sequence's, past a cache's used length whatever it holds: zeros
+         * instead, so that P's zeros meet no inf or NaN
          * there. It is the last block, which both consumers reach. */
         const int z0 = w.sq.nk - nb * BC;
         for (int i = ctid; i < (BC - z0) * (DP / 8); i += 256)
@@ -741,7 +753,7 @@ constexpr attn__cuda_config fwd_row(const char *name) {
           .smem = smem_ws<D, BC, STAGES>() > smem_cp<D, BC>() ? smem_ws<D, BC, STAGES>()
                                                               : smem_cp<D, BC>(),
           .smem_det = 0,
-          .features = ATTN__USES_BIAS,
+          .features = ATTN__USES_BIAS | ATTN__USES_SEQUSED | ATTN__USES_APPEND | ATTN__USES_SINKS,
           .nondeterministic = 0,
           .name = name,
           .launch = launch_fwd<T, D, BC, STAGES>};
