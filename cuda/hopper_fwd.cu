@@ -402,10 +402,13 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
   const uint32_t sK = sQ + kQBytes;        /* [STAGES][DP / 64][Bc][64] */
   const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][DP / 64][Bc][64] */
   const uint32_t sB = sV + STAGES * kSlot; /* BIAS: [STAGES][Bc / 64][Br][64] */
-  /* mbarriers, 8 bytes each: Q landed; slot s's K (and bias) landed, its V
-   * landed, and the consumers are done with it. */
+  /* mbarriers, 8 bytes each: Q landed; slot s's K landed, its V landed,
+   * the consumers are done with it, and its bias landed (a barrier of its
+   * own, so that Q K^T starts on K alone and the bias's bytes arrive
+   * under it). */
   const uint32_t barQ = sB + STAGES * kSlotB;
   const uint32_t fullK = barQ + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
+  const uint32_t fullB = empty + 8 * STAGES;
 
   const int tid = threadIdx.x, wgi = tid >> 7;
   const block_work w = work_of<BC>(p);
@@ -418,6 +421,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
       wg::mbar_init(fullK + 8 * st, 1);
       wg::mbar_init(fullV + 8 * st, 1);
       wg::mbar_init(empty + 8 * st, 2 * 128); /* every consumer thread */
+      wg::mbar_init(fullB + 8 * st, 1);
     }
     wg::mbar_init_fence();
   }
@@ -443,16 +447,17 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
         /* The slot's previous block (round - 1) is released. */
         if (round > 0) wg::mbar_wait(empty + 8 * st, (round - 1) & 1);
         const int row = k_row + it * BC;
-        wg::mbar_expect_tx(fullK + 8 * st, kSlot + (BIAS ? bias_bytes : 0));
+        wg::mbar_expect_tx(fullK + 8 * st, kSlot);
 #pragma unroll
         for (int cb = 0; cb < DP / 64; ++cb)
           wg::tma_load_4d(sK + st * kSlot + cb * BC * 128, &tk, cb * 64, row, w.hk, kb,
                           fullK + 8 * st);
         if constexpr (BIAS) {
+          wg::mbar_expect_tx(fullB + 8 * st, bias_bytes);
 #pragma unroll
           for (int cb = 0; cb < BC / 64; ++cb)
             wg::tma_load_4d(sB + st * kSlotB + cb * kBr * 128, &tb,
-                            (w.nb_min + it) * BC + cb * 64, b_row, b_h, b_b, fullK + 8 * st);
+                            (w.nb_min + it) * BC + cb * 64, b_row, b_h, b_b, fullB + 8 * st);
         }
         wg::mbar_expect_tx(fullV + 8 * st, kSlot);
 #pragma unroll
@@ -478,6 +483,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
       wg::mbar_wait(barQ, 0);
       wg::mbar_wait(fullK, 0);
       rows.template scores<kBr>(s, dq, sK);
+      if constexpr (BIAS) wg::mbar_wait(fullB, 0);
       rows.softmax(p, s, w.nb_min, sB);
       rows.rescale();
       rows.pack(s, pa);
@@ -502,6 +508,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
         if (PINGPONG) wg::named_arrive(2 + (1 - c), 256);
         wg::wait<1>();
         wg::pin(s);
+        if constexpr (BIAS) wg::mbar_wait(fullB + 8 * stage(it), parity(it));
         rows.softmax(p, s, w.nb_min + it, sB + stage(it) * kSlotB);
         wg::wait<0>();
         wg::pin(rows.o);
@@ -660,7 +667,7 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
 /* Launchers and rows                                                       */
 /* ---------------------------------------------------------------------- */
 
-/* Shared memory: the tiles, 3 STAGES + 1 mbarriers (the cp.async kernel has
+/* Shared memory: the tiles, 4 STAGES + 1 mbarriers (the cp.async kernel has
  * two slots and needs none), and the 1024 bytes that align the tiles; a
  * bias adds a Br x Bc tile a slot (bias_smem). */
 template <int BC, int STAGES>
@@ -669,7 +676,7 @@ constexpr size_t bias_smem() {
 }
 template <int D, int BC, int STAGES, bool BIAS = false>
 constexpr size_t smem_ws() {
-  return (size_t)(kBr + 2 * STAGES * BC) * padded(D) * 2 + 8 * (3 * STAGES + 1) + 1024 +
+  return (size_t)(kBr + 2 * STAGES * BC) * padded(D) * 2 + 8 * (4 * STAGES + 1) + 1024 +
          (BIAS ? bias_smem<BC, STAGES>() : 0);
 }
 template <int D, int BC, bool BIAS = false>
