@@ -50,6 +50,7 @@ problems=(
   "hopper_fwd_f16_d256_causal|--dtype f16 --dim 256 --seqlen 300 --heads 2 --causal"
   "hopper_fwd_bias_bf16_d128_causal|--dtype bf16 --dim 128 --seqlen 296 --heads 2 --causal --bias full"
   "hopper_fwd_bias_keys_f16_d256|--dtype f16 --dim 256 --seqlen 200 --heads 2 --bias keys --softcap 30"
+  "hopper_fwd_cache_sinks_bf16_d128|--dtype bf16 --dim 128 --seqlen-q 100 --seqlen-k 300 --heads 4 --heads-kv 2 --cache-extra 40 --append --sinks --causal"
   "mma_bf16_bias_sinks|--dtype bf16 --dim 64 --seqlen 190 --heads 2 --bias heads --sinks --backward"
   "tf32_d128_causal|--dtype f32 --tf32 --dim 128 --seqlen 300 --heads 2 --causal"
   "f32_d64|--dtype f32 --dim 64 --seqlen 150 --heads 2 --backward"

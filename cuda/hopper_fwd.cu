@@ -32,10 +32,14 @@
  * tiles; with it the scores stay in natural units (scale q.k + bias, one
  * FMA), as in the tensor-core family.
  *
+ * A KV cache (used lengths, rows appended before the call) reads the
+ * cache's rows up to each sequence's used length, those past it in the last
+ * block zeroed in shared memory; a sink joins each row's sum at the end.
+ *
  * The parameters, the masks and the score epilogue are the tensor-core
  * family's (mma_common.cuh, common.cuh); this family covers the problems of
- * its kernels without the KV cache and sinks, and a bias only of the data's
- * dtype, which the plan gives to mma_fwd.cu otherwise.
+ * its kernels but paged caches (rows a TMA box cannot gather) and a bias
+ * of another dtype than the data's, which the plan gives to mma_fwd.cu.
  */
 #include "mma_common.cuh"
 #include "wgmma.cuh"
@@ -295,9 +299,11 @@ struct rows64 {
     }
   }
 
-  /* O = acc / l, lse = m ln 2 + ln l; rows with no key: 0 and -inf. */
+  /* O = acc / l, lse = m ln 2 + ln l; rows with no key: 0 and -inf. A
+   * sink joins l here, once (a row with no key then has lse = sink). */
   __device__ __forceinline__ void store(const params &p, int b, int h, const seq &sq) {
     T *go = row_ptr<T>(p.o, b, sq.q0, h);
+    const float sink_log2 = p.sinks ? p.sinks[h * p.sinks_sh] * kLog2e : 0.f;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float l = l_i[r];
@@ -309,8 +315,13 @@ struct rows64 {
        * then come out NaN rather than as a row that saw nothing. */
       int klo, khi;
       key_range(diag(i, nq, nk), nk, p.window_left, p.window_right, &klo, &khi);
-      const bool seen = row_seen(klo < khi, BIAS, m_i[r], l);
-      const float inv = seen ? 1.f / l : 0.f;
+      bool seen = row_seen(klo < khi, BIAS, m_i[r], l);
+      float m = m_i[r], a = 1.f;
+      if (p.sinks) {
+        a = sink_fold_log2(sink_log2, &m, &l); /* no key: m = sink, l = 1, a = 0 */
+        seen = true;
+      }
+      const float inv = seen ? a / l : 0.f;
       if (i < nq) {
         T *orow = go + (int64_t)i * p.o.ss;
 #pragma unroll
@@ -318,7 +329,7 @@ struct rows64 {
           *(uint32_t *)(orow + n * 8 + 2 * t) =
               elem<T>::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
         if (p.has_lse && t == 0)
-          lse_store(row_ptr<float>(p.lse, b, sq.q0 + i, h), p.lse.sd, seen, m_i[r] * kLn2, l);
+          lse_store(row_ptr<float>(p.lse, b, sq.q0 + i, h), p.lse.sd, seen, m * kLn2, l);
       }
     }
   }
@@ -339,7 +350,7 @@ __device__ __forceinline__ block_work work_of(const params &p) {
   /* Heaviest blocks (most keys under a causal mask) start first. */
   attn_block_coords(p.order, &m_block, &w.h, &w.b);
   w.hk = w.h / p.group;
-  w.sq = seq_of(p, w.b);
+  w.sq = p.seqused ? seq_of_cache(p, w.b) : seq_of(p, w.b);
   w.m0 = m_block * kBr;
   w.nb_min = w.nblocks = 0;
   if (w.m0 < w.sq.nq) {
@@ -391,10 +402,13 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
   const uint32_t sK = sQ + kQBytes;        /* [STAGES][DP / 64][Bc][64] */
   const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][DP / 64][Bc][64] */
   const uint32_t sB = sV + STAGES * kSlot; /* BIAS: [STAGES][Bc / 64][Br][64] */
-  /* mbarriers, 8 bytes each: Q landed; slot s's K (and bias) landed, its V
-   * landed, and the consumers are done with it. */
+  /* mbarriers, 8 bytes each: Q landed; slot s's K landed, its V landed,
+   * the consumers are done with it, and its bias landed (a barrier of its
+   * own, so that Q K^T starts on K alone and the bias's bytes arrive
+   * under it). */
   const uint32_t barQ = sB + STAGES * kSlotB;
   const uint32_t fullK = barQ + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
+  const uint32_t fullB = empty + 8 * STAGES;
 
   const int tid = threadIdx.x, wgi = tid >> 7;
   const block_work w = work_of<BC>(p);
@@ -407,6 +421,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
       wg::mbar_init(fullK + 8 * st, 1);
       wg::mbar_init(fullV + 8 * st, 1);
       wg::mbar_init(empty + 8 * st, 2 * 128); /* every consumer thread */
+      wg::mbar_init(fullB + 8 * st, 1);
     }
     wg::mbar_init_fence();
   }
@@ -432,16 +447,17 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
         /* The slot's previous block (round - 1) is released. */
         if (round > 0) wg::mbar_wait(empty + 8 * st, (round - 1) & 1);
         const int row = k_row + it * BC;
-        wg::mbar_expect_tx(fullK + 8 * st, kSlot + (BIAS ? bias_bytes : 0));
+        wg::mbar_expect_tx(fullK + 8 * st, kSlot);
 #pragma unroll
         for (int cb = 0; cb < DP / 64; ++cb)
           wg::tma_load_4d(sK + st * kSlot + cb * BC * 128, &tk, cb * 64, row, w.hk, kb,
                           fullK + 8 * st);
         if constexpr (BIAS) {
+          wg::mbar_expect_tx(fullB + 8 * st, bias_bytes);
 #pragma unroll
           for (int cb = 0; cb < BC / 64; ++cb)
             wg::tma_load_4d(sB + st * kSlotB + cb * kBr * 128, &tb,
-                            (w.nb_min + it) * BC + cb * 64, b_row, b_h, b_b, fullK + 8 * st);
+                            (w.nb_min + it) * BC + cb * 64, b_row, b_h, b_b, fullB + 8 * st);
         }
         wg::mbar_expect_tx(fullV + 8 * st, kSlot);
 #pragma unroll
@@ -467,6 +483,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
       wg::mbar_wait(barQ, 0);
       wg::mbar_wait(fullK, 0);
       rows.template scores<kBr>(s, dq, sK);
+      if constexpr (BIAS) wg::mbar_wait(fullB, 0);
       rows.softmax(p, s, w.nb_min, sB);
       rows.rescale();
       rows.pack(s, pa);
@@ -491,6 +508,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
         if (PINGPONG) wg::named_arrive(2 + (1 - c), 256);
         wg::wait<1>();
         wg::pin(s);
+        if constexpr (BIAS) wg::mbar_wait(fullB + 8 * stage(it), parity(it));
         rows.softmax(p, s, w.nb_min + it, sB + stage(it) * kSlotB);
         wg::wait<0>();
         wg::pin(rows.o);
@@ -501,9 +519,10 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
       }
       const int last = w.nblocks - 1, nb = w.nb_min + last;
       wg::mbar_wait(fullV + 8 * stage(last), parity(last));
-      if (p.cu_k && (nb + 1) * BC > w.sq.nk) {
+      if ((p.cu_k || p.seqused) && (nb + 1) * BC > w.sq.nk) {
         /* The block's rows past a varlen sequence's end are the next
-         * sequence's: zeros instead, so that P's zeros meet no inf or NaN
+         * sequence's, past a cache's used length whatever it holds: zeros
+         * instead, so that P's zeros meet no inf or NaN
          * there. It is the last block, which both consumers reach. */
         const int z0 = w.sq.nk - nb * BC;
         for (int i = ctid; i < (BC - z0) * (DP / 8); i += 256)
@@ -648,7 +667,7 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
 /* Launchers and rows                                                       */
 /* ---------------------------------------------------------------------- */
 
-/* Shared memory: the tiles, 3 STAGES + 1 mbarriers (the cp.async kernel has
+/* Shared memory: the tiles, 4 STAGES + 1 mbarriers (the cp.async kernel has
  * two slots and needs none), and the 1024 bytes that align the tiles; a
  * bias adds a Br x Bc tile a slot (bias_smem). */
 template <int BC, int STAGES>
@@ -657,7 +676,7 @@ constexpr size_t bias_smem() {
 }
 template <int D, int BC, int STAGES, bool BIAS = false>
 constexpr size_t smem_ws() {
-  return (size_t)(kBr + 2 * STAGES * BC) * padded(D) * 2 + 8 * (3 * STAGES + 1) + 1024 +
+  return (size_t)(kBr + 2 * STAGES * BC) * padded(D) * 2 + 8 * (4 * STAGES + 1) + 1024 +
          (BIAS ? bias_smem<BC, STAGES>() : 0);
 }
 template <int D, int BC, bool BIAS = false>
@@ -741,7 +760,7 @@ constexpr attn__cuda_config fwd_row(const char *name) {
           .smem = smem_ws<D, BC, STAGES>() > smem_cp<D, BC>() ? smem_ws<D, BC, STAGES>()
                                                               : smem_cp<D, BC>(),
           .smem_det = 0,
-          .features = ATTN__USES_BIAS,
+          .features = ATTN__USES_BIAS | ATTN__USES_SEQUSED | ATTN__USES_APPEND | ATTN__USES_SINKS,
           .nondeterministic = 0,
           .name = name,
           .launch = launch_fwd<T, D, BC, STAGES>};

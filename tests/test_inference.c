@@ -689,6 +689,34 @@ static void bias_in_aligned_rows(at_backend *b) {
     }
 }
 
+/* A chunk of prefill over a KV cache at the tensor-core head dims: query
+ * rows enough to leave the decoding kernels, used lengths that differ per
+ * sequence (one empty), the chunk's rows appended, causal rows aligned to
+ * the used length, then sinks and a bias as well; the cache past the used
+ * rows holds NaN (ibuf_init), which no output may see. */
+static void cache_prefill_at_the_tensor_core_dims(at_backend *b) {
+  const int64_t dims[] = {64, 96, 128, 256};
+  for (int j = 0; j < 4; j++) {
+    icase c = {.dt = j % 2 ? ATTN_F16 : ATTN_BF16,
+               .B = 2,
+               .Nq = 70,
+               .cap = 256,
+               .Hq = 4,
+               .Hkv = 2,
+               .d = dims[j],
+               .used = {0, 150},
+               .has_used = 1,
+               .nnew = 70,
+               .flags = ATTN_CAUSAL};
+    run_forward(b, &c);
+    c.used[0] = 45;
+    c.sinks = 1;
+    c.bias = 1;
+    c.bias_dt = c.dt;
+    run_forward(b, &c);
+  }
+}
+
 static void sinks_join_the_denominator(at_backend *b) {
   icase c = {.dt = ATTN_F32,
              .B = 2,
@@ -1015,6 +1043,7 @@ static const at_test tests[] = {
     AT_TEST(bias_minus_inf_hides_a_whole_row),
     AT_TEST(bias_of_every_kind_of_value),
     AT_TEST(bias_in_aligned_rows),
+    AT_TEST(cache_prefill_at_the_tensor_core_dims),
     AT_TEST(sinks_join_the_denominator),
     AT_TEST(bias_gradient_sums_over_broadcast),
     AT_TEST(sink_gradient),
