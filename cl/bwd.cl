@@ -115,18 +115,21 @@ inline float comp4(float4 x, int cc) {
   return cc == 0 ? x.s0 : cc == 1 ? x.s1 : cc == 2 ? x.s2 : x.s3;
 }
 
+/* x into a[0 .. 3]. */
+inline void put4(float *a, float4 x) {
+  a[0] = x.s0;
+  a[1] = x.s1;
+  a[2] = x.s2;
+  a[3] = x.s3;
+}
+
 /* n floats from p: as float4s where n is a multiple of 4 (p then 16-byte
  * aligned, which the typed read tells the compiler), else one by one. */
 inline void load_run(float *a, __local const float *p, int n) {
   if (n % 4 == 0) {
 #pragma unroll
-    for (int u = 0; u < n / 4; ++u) {
-      const float4 t4 = ((__local const float4 *)p)[u];
-      a[4 * u + 0] = t4.s0;
-      a[4 * u + 1] = t4.s1;
-      a[4 * u + 2] = t4.s2;
-      a[4 * u + 3] = t4.s3;
-    }
+    for (int u = 0; u < n / 4; ++u)
+      put4(a + 4 * u, ((__local const float4 *)p)[u]);
   } else {
 #pragma unroll
     for (int u = 0; u < n; ++u)
@@ -138,13 +141,8 @@ inline void load_run(float *a, __local const float *p, int n) {
 inline void load_cols(float *a, __local const float *row, int tx) {
 #if BVV
 #pragma unroll
-  for (int g = 0; g < BTD / 4; ++g) {
-    const float4 t4 = ((__local const float4 *)row)[tx + g * 16];
-    a[4 * g + 0] = t4.s0;
-    a[4 * g + 1] = t4.s1;
-    a[4 * g + 2] = t4.s2;
-    a[4 * g + 3] = t4.s3;
-  }
+  for (int g = 0; g < BTD / 4; ++g)
+    put4(a + 4 * g, ((__local const float4 *)row)[tx + g * 16]);
 #else
 #pragma unroll
   for (int n = 0; n < BTD; ++n)

@@ -53,7 +53,7 @@ namespace attn_hopper {
 using namespace attn_mma;
 namespace wg = attn_wgmma;
 
-constexpr int kBr = 128; /* 64 query rows a consumer warpgroup */
+constexpr int kBr = 128;   /* 64 query rows a consumer warpgroup */
 constexpr int kStages = 2; /* K/V (and bias) slots of every row (fwd_rows) */
 
 /* Shared-memory tiles hold whole 64-element column blocks (the swizzle's
@@ -456,8 +456,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
           wg::mbar_expect_tx(fullB + 8 * st, bias_bytes);
 #pragma unroll
           for (int cb = 0; cb < BC / 64; ++cb)
-            wg::tma_load_4d(sB + st * kSlotB + cb * kBr * 128, &tb,
-                            (w.nb_min + it) * BC + cb * 64, b_row, b_h, b_b, fullB + 8 * st);
+            wg::tma_load_4d(sB + st * kSlotB + cb * kBr * 128, &tb, (w.nb_min + it) * BC + cb * 64,
+                            b_row, b_h, b_b, fullB + 8 * st);
         }
         wg::mbar_expect_tx(fullV + 8 * st, kSlot);
 #pragma unroll
@@ -625,7 +625,8 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
   auto load_kv = [&](int st, int nbk) {
     load_tile<BC, D>(sK + st * kSlot, gk, p.k.ss, nbk * BC, nk, tid);
     load_tile<BC, D>(sV + st * kSlot, gv, p.v.ss, nbk * BC, nk, tid);
-    if constexpr (BIAS) load_bias<BC>(sB + st * kSlotB, gb, p.bias_ss, w.m0, w.sq.nq, nbk * BC, nk, tid);
+    if constexpr (BIAS)
+      load_bias<BC>(sB + st * kSlotB, gb, p.bias_ss, w.m0, w.sq.nq, nbk * BC, nk, tid);
   };
 
   R rows(p, w.m0, w.sq.nq, nk, wgi * 64 + ((tid >> 5) & 3) * 16, lane, w.h);
@@ -670,18 +671,17 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
 /* Shared memory: the tiles, 4 STAGES + 1 mbarriers (the cp.async kernel has
  * two slots and needs none), and the 1024 bytes that align the tiles; a
  * bias adds a Br x Bc tile a slot (bias_smem). */
-template <int BC, int STAGES>
-constexpr size_t bias_smem() {
-  return (size_t)STAGES * kBr * BC * 2;
+__host__ __device__ constexpr size_t bias_smem(int bc, int stages) {
+  return (size_t)stages * kBr * bc * 2;
 }
 template <int D, int BC, int STAGES, bool BIAS = false>
 constexpr size_t smem_ws() {
   return (size_t)(kBr + 2 * STAGES * BC) * padded(D) * 2 + 8 * (4 * STAGES + 1) + 1024 +
-         (BIAS ? bias_smem<BC, STAGES>() : 0);
+         (BIAS ? bias_smem(BC, STAGES) : 0);
 }
 template <int D, int BC, bool BIAS = false>
 constexpr size_t smem_cp() {
-  return (size_t)(kBr + 2 * 2 * BC) * padded(D) * 2 + 1024 + (BIAS ? bias_smem<BC, 2>() : 0);
+  return (size_t)(kBr + 2 * 2 * BC) * padded(D) * 2 + 1024 + (BIAS ? bias_smem(BC, 2) : 0);
 }
 
 template <typename K>
@@ -712,8 +712,8 @@ static int launch_kernel(const attn__cuda_launch *L, params p) {
   auto encode_bias = [&]() {
     const attn__tensor &b = pb->bias;
     const int64_t n[3] = {b.ss ? pb->seqlen_q : 1, b.sh ? pb->heads_q : 1, b.sb ? pb->batch : 1};
-    return wg::encode_rows(&tb, const_cast<void *>(p.bias), pb->dtype == ATTN_BF16, (int)pb->seqlen_k, n[0], n[1], n[2],
-                           b.ss, b.sh, b.sb, b.ss ? kBr : 1);
+    return wg::encode_rows(&tb, const_cast<void *>(p.bias), pb->dtype == ATTN_BF16,
+                           (int)pb->seqlen_k, n[0], n[1], n[2], b.ss, b.sh, b.sb, b.ss ? kBr : 1);
   };
   dim3 grid;
   int st;
@@ -784,7 +784,7 @@ constexpr attn__cuda_config fwd_rows[] = {
 }  // namespace attn_hopper
 
 extern "C" size_t attn__cuda_hopper_fwd_bias_smem(const attn__cuda_config *c) {
-  return (size_t)attn_hopper::kStages * c->br * c->bc * 2;
+  return attn_hopper::bias_smem(c->bc, attn_hopper::kStages);
 }
 
 extern "C" const attn__cuda_rows attn__cuda_hopper_forward_rows = {

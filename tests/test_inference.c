@@ -34,7 +34,7 @@ typedef struct icase {
   attn_dtype bias_dt;
   int hide_row; /* bias -inf over every key of query row 0 of sequence 0, head 0 */
   int bias_odd; /* 1: scattered -inf and a row of the dtype's lowest value; 2: and a NaN;
-                  * 3: the -inf and the NaN, no such row */
+                 * 3: the -inf and the NaN, no such row */
   int sinks;
   int splits;      /* params.num_splits */
   int device_meta; /* seqused_k, block_table, bias, sinks in device buffers */
@@ -678,13 +678,13 @@ static void bias_in_aligned_rows(at_backend *b) {
                  .bias = forms[i],
                  .bias_dt = dt,
                  .bias_odd = (forms[i] - 1) & BIAS_ROWS ? 0
-                             : dt == ATTN_BF16              ? 3
-                                                            : (i + j) % 3};
+                             : dt == ATTN_BF16          ? 3
+                                                        : (i + j) % 3};
       run_forward(b, &c);
       c.flags = ATTN_CAUSAL;
       c.softcap = i % 2 ? 30 : 0;
       c.alibi = i == 2;
-      c.sinks = i == 3; /* the KV-cache terms: CUDA's tensor-core forward, not the Hopper one */
+      c.sinks = i == 3;
       run_forward(b, &c);
     }
 }
