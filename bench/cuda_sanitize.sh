@@ -9,8 +9,8 @@
 #
 # Each problem is one `attn run` call, small enough for the tools' slowdown, chosen to reach one family of
 # rows (ATTN_DEBUG names the row each call ran, logged beside the tool's report): the sm_90a forward
-# (with and without a bias) and backward (wgmma, TMA), the mma.sync forward with bias and sinks, TF32,
-# decoding over a paged cache.
+# (with and without a bias; a block a tile, and blocks that walk more tiles than fit at once) and
+# backward (wgmma, TMA), the mma.sync forward with bias and sinks, TF32, decoding over a paged cache.
 # ARCHS=90a-real (the default here) builds the one image that holds every family.
 set -u -o pipefail
 OUT=${OUT:-/tmp/sanitize-out}
@@ -51,6 +51,8 @@ problems=(
   "hopper_fwd_bias_bf16_d128_causal|--dtype bf16 --dim 128 --seqlen 296 --heads 2 --causal --bias full"
   "hopper_fwd_bias_keys_f16_d256|--dtype f16 --dim 256 --seqlen 200 --heads 2 --bias keys --softcap 30"
   "hopper_fwd_cache_sinks_bf16_d128|--dtype bf16 --dim 128 --seqlen-q 100 --seqlen-k 300 --heads 4 --heads-kv 2 --cache-extra 40 --append --sinks --causal"
+  "hopper_fwd_tiles_bf16_d64|--dtype bf16 --dim 64 --seqlen 200 --heads 80 --heads-kv 8 --batch 2"
+  "hopper_fwd_tiles_cache_f16_d128|--dtype f16 --dim 128 --seqlen-q 130 --seqlen-k 300 --heads 72 --heads-kv 8 --batch 3 --cache-extra 40 --append --sinks"
   "mma_bf16_bias_sinks|--dtype bf16 --dim 64 --seqlen 190 --heads 2 --bias heads --sinks --backward"
   "tf32_d128_causal|--dtype f32 --tf32 --dim 128 --seqlen 300 --heads 2 --causal"
   "f32_d64|--dtype f32 --dim 64 --seqlen 150 --heads 2 --backward"

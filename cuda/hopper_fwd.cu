@@ -1,8 +1,10 @@
 /*
  * Hopper forward pass (FlashAttention-2's forward steps on sm_90a's
- * warpgroup MMA, in FlashAttention-3's warp-specialized form): one thread
- * block per (block of Br = 128 query rows, query head, sequence), two
- * consumer warpgroups of 64 rows each (wgmma's M) and one producer. The
+ * warpgroup MMA, in FlashAttention-3's warp-specialized form): tiles of
+ * (block of Br = 128 query rows, query head, sequence), a thread block per
+ * tile or, when tiles are equally long, a block per SM that walks them
+ * (persistent: launch_grid); two consumer warpgroups of 64 rows each
+ * (wgmma's M) and one producer. The
  * producer's one thread loads Q once and streams K and V blocks of Bc keys
  * through STAGES shared-memory slots with the bulk tensor copy engine (TMA,
  * the 128-byte swizzle that wgmma reads; wgmma.cuh), each slot handed over on
@@ -343,12 +345,30 @@ struct block_work {
   int nb_min, nblocks;
 };
 
+/* Query blocks a sequence has (the grid's x), and the tiles of a launch:
+ * query blocks x query heads x sequences. */
+__device__ __forceinline__ int query_blocks(const params &p) {
+  return (p.seqlen_q + kBr - 1) / kBr;
+}
+__device__ __forceinline__ int tiles_of(const params &p) {
+  return query_blocks(p) * p.heads_q * p.batch;
+}
+
+/* The block's first tile and the stride to its next: one tile a block when
+ * the grid is the tiles', every gridDim-th when it is smaller (persistent). */
+__device__ __forceinline__ int first_tile() {
+  return (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+}
+__device__ __forceinline__ int tile_stride() {
+  return (int)(gridDim.x * gridDim.y * gridDim.z);
+}
+
 template <int BC>
-__device__ __forceinline__ block_work work_of(const params &p) {
+__device__ __forceinline__ block_work work_of(const params &p, int tile) {
   block_work w;
   int m_block;
   /* Heaviest blocks (most keys under a causal mask) start first. */
-  attn_block_coords(p.order, &m_block, &w.h, &w.b);
+  attn_tile_coords(p.order, tile, query_blocks(p), p.heads_q, p.batch, &m_block, &w.h, &w.b);
   w.hk = w.h / p.group;
   w.sq = p.seqused ? seq_of_cache(p, w.b) : seq_of(p, w.b);
   w.m0 = m_block * kBr;
@@ -402,35 +422,48 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
   const uint32_t sK = sQ + kQBytes;        /* [STAGES][DP / 64][Bc][64] */
   const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][DP / 64][Bc][64] */
   const uint32_t sB = sV + STAGES * kSlot; /* BIAS: [STAGES][Bc / 64][Br][64] */
-  /* mbarriers, 8 bytes each: Q landed; slot s's K landed, its V landed,
-   * the consumers are done with it, and its bias landed (a barrier of its
-   * own, so that Q K^T starts on K alone and the bias's bytes arrive
-   * under it). */
-  const uint32_t barQ = sB + STAGES * kSlotB;
-  const uint32_t fullK = barQ + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
+  /* mbarriers, 8 bytes each: Q landed, the consumers are done with it;
+   * slot s's K landed, its V landed, the consumers are done with it, and
+   * its bias landed (a barrier of its own, so that Q K^T starts on K alone
+   * and the bias's bytes arrive under it). */
+  const uint32_t barQ = sB + STAGES * kSlotB, emptyQ = barQ + 8;
+  const uint32_t fullK = emptyQ + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
   const uint32_t fullB = empty + 8 * STAGES;
 
   const int tid = threadIdx.x, wgi = tid >> 7;
-  const block_work w = work_of<BC>(p);
-  if (w.m0 >= w.sq.nq) return;
+  const int tiles = tiles_of(p), stride = tile_stride();
 
   if (tid == 0) {
     wg::mbar_init(barQ, 1);
+    wg::mbar_init(emptyQ, 2 * 128); /* every consumer thread */
 #pragma unroll
     for (int st = 0; st < STAGES; ++st) {
       wg::mbar_init(fullK + 8 * st, 1);
       wg::mbar_init(fullV + 8 * st, 1);
-      wg::mbar_init(empty + 8 * st, 2 * 128); /* every consumer thread */
+      wg::mbar_init(empty + 8 * st, 2 * 128);
       wg::mbar_init(fullB + 8 * st, 1);
     }
     wg::mbar_init_fence();
   }
   __syncthreads();
 
+  /*
+   * A block takes tiles first_tile(), + stride, ... (one when the grid is
+   * the tiles'). Both roles walk the same tiles and skip the same ones (no
+   * rows, no keys), so that they agree on two running counts: n, the tiles
+   * with keys so far (Q's phase), and kv, the K/V blocks so far (block kv
+   * takes slot kv % STAGES in round kv / STAGES). Q's slot is handed back
+   * once a tile's last Q K^T is done, so the next tile's Q and first K/V
+   * blocks land under this one's last P V and its stores.
+   */
   if (wgi == 0) {
     /* Producer: one thread issues every copy. */
     wg::regs_dec<kProducerRegs>();
-    if (tid == 0 && w.nblocks > 0) {
+    if (tid != 0) return;
+    int n = 0, kv = 0;
+    for (int tile = first_tile(); tile < tiles; tile += stride) {
+      const block_work w = work_of<BC>(p, tile);
+      if (w.m0 >= w.sq.nq || w.nblocks == 0) continue;
       /* Varlen tensors are one sequence of all the rows (batch coordinate
        * 0); rows past a tensor's end arrive as zeros. */
       const int qb = p.cu_q ? 0 : w.b, kb = p.cu_k ? 0 : w.b;
@@ -438,14 +471,16 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
       /* The bias's coordinates (broadcast dimensions: 0) and bytes a block. */
       const int b_row = p.bias_ss ? w.m0 : 0, b_h = p.bias_sh ? w.h : 0, b_b = p.bias_sb ? w.b : 0;
       const uint32_t bias_bytes = p.bias_ss ? kSlotB : kSlotB / kBr;
+      if (n > 0) wg::mbar_wait(emptyQ, (uint32_t)(n - 1) & 1);
+      ++n;
       wg::mbar_expect_tx(barQ, kQBytes);
 #pragma unroll
       for (int cb = 0; cb < DP / 64; ++cb)
         wg::tma_load_4d(sQ + cb * kBr * 128, &tq, cb * 64, q_row, w.h, qb, barQ);
-      for (int it = 0; it < w.nblocks; ++it) {
-        const int st = it % STAGES, round = it / STAGES;
+      for (int it = 0; it < w.nblocks; ++it, ++kv) {
+        const int st = kv % STAGES, round = kv / STAGES;
         /* The slot's previous block (round - 1) is released. */
-        if (round > 0) wg::mbar_wait(empty + 8 * st, (round - 1) & 1);
+        if (round > 0) wg::mbar_wait(empty + 8 * st, (uint32_t)(round - 1) & 1);
         const int row = k_row + it * BC;
         wg::mbar_expect_tx(fullK + 8 * st, kSlot);
 #pragma unroll
@@ -466,50 +501,57 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
                           fullV + 8 * st);
       }
     }
-  } else {
-    /* Consumers: warpgroup c owns rows 64 c .. 64 c + 63. Block j's
-     * softmax runs while the tensor cores do block j-1's P V (issued with
-     * block j's Q K^T), so O's rescaling by block j waits for that product,
-     * and P_j is packed only once P_(j-1)'s registers are free again. */
-    wg::regs_inc<kConsumerRegs>();
-    const int c = wgi - 1, lane = tid & 31, ctid = tid - 128;
+    return;
+  }
+
+  /* Consumers: warpgroup c owns rows 64 c .. 64 c + 63. Block j's softmax
+   * runs while the tensor cores do block j-1's P V (issued with block j's
+   * Q K^T), so O's rescaling by block j waits for that product, and P_j is
+   * packed only once P_(j-1)'s registers are free again. */
+  wg::regs_inc<kConsumerRegs>();
+  const int c = wgi - 1, lane = tid & 31, ctid = tid - 128;
+  const uint64_t dq = wg::desc_k_major(sQ + c * 64 * 128);
+  auto stage = [](int g) { return (uint32_t)(g % STAGES); };
+  auto parity = [](int g) { return (uint32_t)(g / STAGES) & 1; };
+  int n = 0, kv = 0;
+  for (int tile = first_tile(); tile < tiles; tile += stride) {
+    const block_work w = work_of<BC>(p, tile);
+    if (w.m0 >= w.sq.nq) continue;
     R rows(p, w.m0, w.sq.nq, w.sq.nk, c * 64 + ((tid >> 5) & 3) * 16, lane, w.h);
     if (w.nblocks > 0) {
-      const uint64_t dq = wg::desc_k_major(sQ + c * 64 * 128);
-      auto stage = [](int it) { return (uint32_t)(it % STAGES); };
-      auto parity = [](int it) { return (uint32_t)(it / STAGES) & 1; };
       float s[R::NS][4];
       uint32_t pa[R::KB][4];
-      wg::mbar_wait(barQ, 0);
-      wg::mbar_wait(fullK, 0);
-      rows.template scores<kBr>(s, dq, sK);
-      if constexpr (BIAS) wg::mbar_wait(fullB, 0);
-      rows.softmax(p, s, w.nb_min, sB);
+      wg::mbar_wait(barQ, (uint32_t)n & 1);
+      wg::mbar_wait(fullK + 8 * stage(kv), parity(kv));
+      rows.template scores<kBr>(s, dq, sK + stage(kv) * kSlot);
+      if constexpr (BIAS) wg::mbar_wait(fullB + 8 * stage(kv), parity(kv));
+      rows.softmax(p, s, w.nb_min, sB + stage(kv) * kSlotB);
       rows.rescale();
       rows.pack(s, pa);
       /* Ping-pong (FlashAttention-3's scheduler barriers, ids 2 and 3): the
        * warpgroups take turns issuing their products, so that one's softmax
-       * fills the tensor cores' time of the other's; the first turn is
-       * consumer 0's. */
-      if (PINGPONG && c == 0) wg::named_arrive(2, 256);
+       * fills the tensor cores' time of the other's. The first turn is
+       * consumer 0's; a tile hands its last turn on to the next, so the
+       * first turn is given once, on the block's first tile. */
+      if (PINGPONG && c == 0 && n == 0) wg::named_arrive(2, 256);
       for (int it = 1; it < w.nblocks; ++it) {
-        const int prev = it - 1;
+        const int cur = kv + it, prev = cur - 1;
         if (PINGPONG) wg::named_sync(2 + c, 256);
-        wg::mbar_wait(fullK + 8 * stage(it), parity(it));
+        wg::mbar_wait(fullK + 8 * stage(cur), parity(cur));
         wg::mbar_wait(fullV + 8 * stage(prev), parity(prev));
         wg::pin(s);
         wg::pin(pa);
         wg::pin(rows.o);
         wg::fence();
-        rows.template issue_scores<kBr>(s, dq, sK + stage(it) * kSlot);
+        rows.template issue_scores<kBr>(s, dq, sK + stage(cur) * kSlot);
         wg::commit();
         rows.issue_pv(pa, sV + stage(prev) * kSlot);
         wg::commit();
         if (PINGPONG) wg::named_arrive(2 + (1 - c), 256);
         wg::wait<1>();
         wg::pin(s);
-        if constexpr (BIAS) wg::mbar_wait(fullB + 8 * stage(it), parity(it));
-        rows.softmax(p, s, w.nb_min + it, sB + stage(it) * kSlotB);
+        if constexpr (BIAS) wg::mbar_wait(fullB + 8 * stage(cur), parity(cur));
+        rows.softmax(p, s, w.nb_min + it, sB + stage(cur) * kSlotB);
         wg::wait<0>();
         wg::pin(rows.o);
         wg::pin(pa);
@@ -517,7 +559,9 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
         rows.rescale();
         rows.pack(s, pa);
       }
-      const int last = w.nblocks - 1, nb = w.nb_min + last;
+      /* Every Q K^T of the tile is done: Q's slot goes to the next tile. */
+      wg::mbar_arrive(emptyQ);
+      const int last = kv + w.nblocks - 1, nb = w.nb_min + w.nblocks - 1;
       wg::mbar_wait(fullV + 8 * stage(last), parity(last));
       if ((p.cu_k || p.seqused) && (nb + 1) * BC > w.sq.nk) {
         /* The block's rows past a varlen sequence's end are the next
@@ -536,6 +580,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
       }
       rows.accumulate(pa, sV + stage(last) * kSlot);
       wg::mbar_arrive(empty + 8 * stage(last));
+      kv += w.nblocks;
+      ++n;
     }
     rows.store(p, w.b, w.h, w.sq);
   }
@@ -615,7 +661,7 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
   const uint32_t sB = sV + STAGES * kSlot; /* BIAS: [STAGES][Bc / 64][Br][64] */
 
   const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7;
-  const block_work w = work_of<BC>(p);
+  const block_work w = work_of<BC>(p, first_tile());
   if (w.m0 >= w.sq.nq) return;
   const int nk = w.sq.nk;
   const T *gq = row_ptr<T>(p.q, w.b, w.sq.q0, w.h);
@@ -668,7 +714,7 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
 /* Launchers and rows                                                       */
 /* ---------------------------------------------------------------------- */
 
-/* Shared memory: the tiles, 4 STAGES + 1 mbarriers (the cp.async kernel has
+/* Shared memory: the tiles, 4 STAGES + 2 mbarriers (the cp.async kernel has
  * two slots and needs none), and the 1024 bytes that align the tiles; a
  * bias adds a Br x Bc tile a slot (bias_smem). */
 __host__ __device__ constexpr size_t bias_smem(int bc, int stages) {
@@ -676,7 +722,7 @@ __host__ __device__ constexpr size_t bias_smem(int bc, int stages) {
 }
 template <int D, int BC, int STAGES, bool BIAS = false>
 constexpr size_t smem_ws() {
-  return (size_t)(kBr + 2 * STAGES * BC) * padded(D) * 2 + 8 * (4 * STAGES + 1) + 1024 +
+  return (size_t)(kBr + 2 * STAGES * BC) * padded(D) * 2 + 8 * (4 * STAGES + 2) + 1024 +
          (BIAS ? bias_smem(BC, STAGES) : 0);
 }
 template <int D, int BC, bool BIAS = false>
@@ -684,15 +730,27 @@ constexpr size_t smem_cp() {
   return (size_t)(kBr + 2 * 2 * BC) * padded(D) * 2 + 1024 + (BIAS ? bias_smem(BC, 2) : 0);
 }
 
+/* The grid: a block a tile, or, for the warp-specialized kernel when the
+ * tiles are equally long (natural order) and more than fit at once, one
+ * block a resident slot that walks the tiles (persistent), so that a tile's
+ * loads land under the previous one's last products and stores instead of
+ * after a block's start. Under a causal mask the tiles differ in length and
+ * the hardware's dynamic start of blocks balances them better than a fixed
+ * stride would. */
 template <typename K>
 static int launch_grid(const attn__cuda_launch *L, K kern, int threads, size_t smem, params *p,
-                       dim3 *grid) {
+                       bool persistent, dim3 *grid) {
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
       cudaSuccess)
     return ATTN_EDEVICE;
   *grid = dim3((unsigned)((p->seqlen_q + kBr - 1) / kBr), (unsigned)p->heads_q, (unsigned)p->batch);
   p->order = attn_order_group(kern, threads, smem, *grid, L->dev->sm_count, p->window_left,
                               p->window_right);
+  if (persistent && p->order == 0) {
+    const long long tiles = (long long)grid->x * grid->y * grid->z;
+    const long long slots = attn_resident_blocks(kern, threads, smem, L->dev->sm_count);
+    if (tiles > slots) *grid = dim3((unsigned)slots);
+  }
   return ATTN_OK;
 }
 
@@ -721,12 +779,12 @@ static int launch_kernel(const attn__cuda_launch *L, params p) {
       encode(&tv, p.v, rows_k, pb->heads_kv, BC) && (!BIAS || encode_bias())) {
     auto kern = fwd_ws_kernel<T, D, BC, STAGES, SCORED, BIAS>;
     constexpr size_t smem = smem_ws<D, BC, STAGES, BIAS>();
-    if ((st = launch_grid(L, kern, kThreadsWs, smem, &p, &grid)) != ATTN_OK) return st;
+    if ((st = launch_grid(L, kern, kThreadsWs, smem, &p, true, &grid)) != ATTN_OK) return st;
     kern<<<grid, kThreadsWs, smem, L->stream>>>(tq, tk, tv, tb, p);
   } else {
     auto kern = fwd_kernel<T, D, BC, SCORED, BIAS>;
     constexpr size_t smem = smem_cp<D, BC, BIAS>();
-    if ((st = launch_grid(L, kern, kThreadsCp, smem, &p, &grid)) != ATTN_OK) return st;
+    if ((st = launch_grid(L, kern, kThreadsCp, smem, &p, false, &grid)) != ATTN_OK) return st;
     kern<<<grid, kThreadsCp, smem, L->stream>>>(p);
   }
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;

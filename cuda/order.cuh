@@ -26,17 +26,19 @@
 
 #include <cuda_runtime.h>
 
-/* Block (blockIdx) of a grid of (query blocks, query heads, sequences) ->
- * its query block, head and sequence under group size G. */
-__device__ __forceinline__ void attn_block_coords(int G, int *qb, int *h, int *b) {
+/* Tile `lin` of the (query blocks, query heads, sequences) grid, numbered
+ * as blockIdx over a grid of those dimensions (query block fastest) -> its
+ * query block, head and sequence under group size G. */
+__device__ __forceinline__ void attn_tile_coords(int G, long long lin, long long nqb,
+                                                 long long heads, long long seqs, int *qb, int *h,
+                                                 int *b) {
   if (G <= 0) {
-    *qb = (int)(gridDim.x - 1 - blockIdx.x);
-    *h = (int)blockIdx.y;
-    *b = (int)blockIdx.z;
+    *qb = (int)(nqb - 1 - lin % nqb);
+    *h = (int)(lin / nqb % heads);
+    *b = (int)(lin / (nqb * heads));
     return;
   }
-  const long long nqb = gridDim.x, heads = gridDim.y, pairs = heads * gridDim.z;
-  const long long lin = blockIdx.x + nqb * (blockIdx.y + heads * (long long)blockIdx.z);
+  const long long pairs = heads * seqs;
   const long long per = (long long)G * nqb;
   const long long g = lin / per, w = lin - g * per;
   const long long n = min((long long)G, pairs - g * G); /* the last group may be smaller */
@@ -46,12 +48,22 @@ __device__ __forceinline__ void attn_block_coords(int G, int *qb, int *h, int *b
   *b = (int)(pair / heads);
 }
 
-/* G for a launch of `kernel` over `grid` (see above); 0 when the blocks are
- * equally long (no right bound, or a left one too). */
+/* Block (blockIdx) of a grid of (query blocks, query heads, sequences) ->
+ * its query block, head and sequence under group size G. */
+__device__ __forceinline__ void attn_block_coords(int G, int *qb, int *h, int *b) {
+  if (G <= 0) {
+    *qb = (int)(gridDim.x - 1 - blockIdx.x);
+    *h = (int)blockIdx.y;
+    *b = (int)blockIdx.z;
+    return;
+  }
+  const long long lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * (long long)blockIdx.z);
+  attn_tile_coords(G, lin, gridDim.x, gridDim.y, gridDim.z, qb, h, b);
+}
+
+/* Blocks of `kernel` resident at once on the device: SMs x blocks per SM. */
 template <typename K>
-static int attn_order_group(K kernel, int threads, size_t smem, dim3 grid, int sm_count,
-                            long long wl, long long wr) {
-  if (wr < 0 || wl >= 0 || grid.x < 2) return 0;
+static long long attn_resident_blocks(K kernel, int threads, size_t smem, int sm_count) {
   int per_sm = 1;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) !=
           cudaSuccess ||
@@ -59,7 +71,16 @@ static int attn_order_group(K kernel, int threads, size_t smem, dim3 grid, int s
     (void)cudaGetLastError();
     per_sm = 1;
   }
-  const long long slots = (long long)(sm_count > 0 ? sm_count : 1) * per_sm;
+  return (long long)(sm_count > 0 ? sm_count : 1) * per_sm;
+}
+
+/* G for a launch of `kernel` over `grid` (see above); 0 when the blocks are
+ * equally long (no right bound, or a left one too). */
+template <typename K>
+static int attn_order_group(K kernel, int threads, size_t smem, dim3 grid, int sm_count,
+                            long long wl, long long wr) {
+  if (wr < 0 || wl >= 0 || grid.x < 2) return 0;
+  const long long slots = attn_resident_blocks(kernel, threads, smem, sm_count);
   const long long pairs = (long long)grid.y * grid.z;
   long long ng = pairs * grid.x / (4 * slots);
   if (ng < 1) ng = 1;

@@ -717,6 +717,36 @@ static void cache_prefill_at_the_tensor_core_dims(at_backend *b) {
   }
 }
 
+/* More tiles than a GPU runs at once (the H200 holds 132 blocks of the
+ * Hopper forward, which then walks several tiles a block): the pipelines
+ * must carry over from one tile to the next, through tiles of different
+ * lengths, tiles with no key (sequence 0's used length of 0) and a bias and
+ * sinks; at d = 256 the consumers do not take turns. 2 query blocks x 72
+ * heads x 2 sequences = 288 tiles. */
+static void more_tiles_than_blocks_at_once(at_backend *b) {
+  icase c = {.dt = ATTN_BF16, .B = 2, .Nq = 130, .cap = 300, .Hq = 72, .Hkv = 8, .d = 64};
+  run_forward(b, &c);
+  c.has_used = 1;
+  c.used[0] = 0;
+  c.used[1] = 290;
+  run_forward(b, &c);
+  c.used[0] = 140;
+  c.bias = 1;
+  c.bias_dt = c.dt;
+  c.sinks = 1;
+  run_forward(b, &c);
+  icase w = {.dt = ATTN_F16,
+             .B = 2,
+             .Nq = 130,
+             .cap = 300,
+             .Hq = 72,
+             .Hkv = 8,
+             .d = 256,
+             .has_used = 1,
+             .used = {0, 200}};
+  run_forward(b, &w);
+}
+
 static void sinks_join_the_denominator(at_backend *b) {
   icase c = {.dt = ATTN_F32,
              .B = 2,
@@ -1044,6 +1074,7 @@ static const at_test tests[] = {
     AT_TEST(bias_of_every_kind_of_value),
     AT_TEST(bias_in_aligned_rows),
     AT_TEST(cache_prefill_at_the_tensor_core_dims),
+    AT_TEST(more_tiles_than_blocks_at_once),
     AT_TEST(sinks_join_the_denominator),
     AT_TEST(bias_gradient_sums_over_broadcast),
     AT_TEST(sink_gradient),
