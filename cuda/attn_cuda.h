@@ -112,6 +112,7 @@ struct attn__cuda_config {
   int tf32;             /* f32 through TF32 tensor cores: only where the problem allows it */
   int threads;          /* a block */
   int br, bc;           /* query rows and keys a block (or a step) */
+  int stages;           /* K/V slots in shared memory where the plan counts them, else 0 */
   size_t smem;          /* dynamic shared memory, its largest kernel */
   size_t smem_det;      /* backward: and its deterministic pass's, 0 if none */
   unsigned features;    /* the ATTN__USES_* bits (attn_internal.h) its kernels implement */

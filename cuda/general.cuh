@@ -1250,6 +1250,7 @@ constexpr attn__cuda_config general_row(attn__cuda_kernel kernel, int dim, size_
           .threads = kThreads,
           .br = C::Br,
           .bc = C::Bc,
+          .stages = 0,
           .smem = smem,
           .smem_det = smem_det,
           .features = features,

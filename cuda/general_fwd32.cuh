@@ -225,6 +225,7 @@ constexpr attn__cuda_config fwd32_row(const char *name) {
           .threads = C::NT,
           .br = C::Br,
           .bc = C::Bc,
+          .stages = 0,
           .smem = C::smem,
           .smem_det = 0,
           .features = 0,

@@ -534,6 +534,7 @@ constexpr attn__cuda_config bwd_row(const char *name) {
           .threads = kThreads,
           .br = BR,
           .bc = kBc,
+          .stages = 0,
           .smem = smem > smem_64 ? smem : smem_64,
           .smem_det = 0,
           .features = 0,

@@ -55,8 +55,7 @@ namespace attn_hopper {
 using namespace attn_mma;
 namespace wg = attn_wgmma;
 
-constexpr int kBr = 128;   /* 64 query rows a consumer warpgroup */
-constexpr int kStages = 2; /* K/V (and bias) slots of every row (fwd_rows) */
+constexpr int kBr = 128; /* 64 query rows a consumer warpgroup */
 
 /* Shared-memory tiles hold whole 64-element column blocks (the swizzle's
  * row): d = 96 takes two, the last half empty (zeros from the tensor map;
@@ -394,7 +393,7 @@ __device__ __forceinline__ block_work work_of(const params &p, int tile) {
  * k and v, with a box of 64 x Br (q) or 64 x Bc (k, v), and the bias's (keys,
  * rows, heads, sequences) with a box of 64 x Br (64 x 1 where its rows
  * broadcast), all with the 128-byte swizzle (launcher). */
-template <typename T, int D, int BC, int STAGES, bool SCORED, bool BIAS>
+template <typename T, int D, int BC, int STAGES, int QS, bool SCORED, bool BIAS>
 __global__ void __launch_bounds__(kThreadsWs, 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tb,
@@ -413,29 +412,32 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
   constexpr bool PINGPONG = D <= 128;
   static_assert(D % 32 == 0 && BC % 64 == 0, "k16 steps of Q K^T, whole 8-row groups");
   static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
-  static_assert(STAGES >= 2, "at least double buffering");
+  static_assert(STAGES >= 2 && QS >= 1, "at least double buffering");
 
   /* The swizzle works on shared addresses: every tile 1024-byte aligned
    * (the launcher asks 1024 bytes more than the tiles and barriers need). */
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sK = sQ + kQBytes;        /* [STAGES][DP / 64][Bc][64] */
+  const uint32_t sK = sQ + QS * kQBytes;   /* [STAGES][DP / 64][Bc][64]; Q: [QS][..] */
   const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][DP / 64][Bc][64] */
   const uint32_t sB = sV + STAGES * kSlot; /* BIAS: [STAGES][Bc / 64][Br][64] */
-  /* mbarriers, 8 bytes each: Q landed, the consumers are done with it;
-   * slot s's K landed, its V landed, the consumers are done with it, and
-   * its bias landed (a barrier of its own, so that Q K^T starts on K alone
-   * and the bias's bytes arrive under it). */
-  const uint32_t barQ = sB + STAGES * kSlotB, emptyQ = barQ + 8;
-  const uint32_t fullK = emptyQ + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
+  /* mbarriers, 8 bytes each: Q slot q landed, the consumers are done with
+   * it; K/V slot s's K landed, its V landed, the consumers are done with
+   * it, and its bias landed (a barrier of its own, so that Q K^T starts on
+   * K alone and the bias's bytes arrive under it). */
+  const uint32_t barQ = sB + STAGES * kSlotB, emptyQ = barQ + 8 * QS;
+  const uint32_t fullK = emptyQ + 8 * QS, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
   const uint32_t fullB = empty + 8 * STAGES;
 
   const int tid = threadIdx.x, wgi = tid >> 7;
   const int tiles = tiles_of(p), stride = tile_stride();
 
   if (tid == 0) {
-    wg::mbar_init(barQ, 1);
-    wg::mbar_init(emptyQ, 2 * 128); /* every consumer thread */
+#pragma unroll
+    for (int q = 0; q < QS; ++q) {
+      wg::mbar_init(barQ + 8 * q, 1);
+      wg::mbar_init(emptyQ + 8 * q, 2 * 128); /* every consumer thread */
+    }
 #pragma unroll
     for (int st = 0; st < STAGES; ++st) {
       wg::mbar_init(fullK + 8 * st, 1);
@@ -451,10 +453,12 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
    * A block takes tiles first_tile(), + stride, ... (one when the grid is
    * the tiles'). Both roles walk the same tiles and skip the same ones (no
    * rows, no keys), so that they agree on two running counts: n, the tiles
-   * with keys so far (Q's phase), and kv, the K/V blocks so far (block kv
-   * takes slot kv % STAGES in round kv / STAGES). Q's slot is handed back
-   * once a tile's last Q K^T is done, so the next tile's Q and first K/V
-   * blocks land under this one's last P V and its stores.
+   * with keys so far (tile n takes Q slot n % QS in round n / QS), and kv,
+   * the K/V blocks so far (block kv takes slot kv % STAGES in round
+   * kv / STAGES). A Q slot is handed back once a tile's last Q K^T is done:
+   * the next tile's Q and first K/V blocks land under this one's last
+   * products and stores, and with two Q slots (and STAGES at least twice a
+   * tile's blocks) while it is computed.
    */
   if (wgi == 0) {
     /* Producer: one thread issues every copy. */
@@ -471,12 +475,14 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
       /* The bias's coordinates (broadcast dimensions: 0) and bytes a block. */
       const int b_row = p.bias_ss ? w.m0 : 0, b_h = p.bias_sh ? w.h : 0, b_b = p.bias_sb ? w.b : 0;
       const uint32_t bias_bytes = p.bias_ss ? kSlotB : kSlotB / kBr;
-      if (n > 0) wg::mbar_wait(emptyQ, (uint32_t)(n - 1) & 1);
+      const int qs = n % QS, q_round = n / QS;
+      if (q_round > 0) wg::mbar_wait(emptyQ + 8 * qs, (uint32_t)(q_round - 1) & 1);
       ++n;
-      wg::mbar_expect_tx(barQ, kQBytes);
+      wg::mbar_expect_tx(barQ + 8 * qs, kQBytes);
 #pragma unroll
       for (int cb = 0; cb < DP / 64; ++cb)
-        wg::tma_load_4d(sQ + cb * kBr * 128, &tq, cb * 64, q_row, w.h, qb, barQ);
+        wg::tma_load_4d(sQ + qs * kQBytes + cb * kBr * 128, &tq, cb * 64, q_row, w.h, qb,
+                        barQ + 8 * qs);
       for (int it = 0; it < w.nblocks; ++it, ++kv) {
         const int st = kv % STAGES, round = kv / STAGES;
         /* The slot's previous block (round - 1) is released. */
@@ -510,7 +516,6 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
    * packed only once P_(j-1)'s registers are free again. */
   wg::regs_inc<kConsumerRegs>();
   const int c = wgi - 1, lane = tid & 31, ctid = tid - 128;
-  const uint64_t dq = wg::desc_k_major(sQ + c * 64 * 128);
   auto stage = [](int g) { return (uint32_t)(g % STAGES); };
   auto parity = [](int g) { return (uint32_t)(g / STAGES) & 1; };
   int n = 0, kv = 0;
@@ -521,7 +526,9 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
     if (w.nblocks > 0) {
       float s[R::NS][4];
       uint32_t pa[R::KB][4];
-      wg::mbar_wait(barQ, (uint32_t)n & 1);
+      const uint32_t qs = (uint32_t)(n % QS);
+      const uint64_t dq = wg::desc_k_major(sQ + qs * kQBytes + c * 64 * 128);
+      wg::mbar_wait(barQ + 8 * qs, (uint32_t)(n / QS) & 1);
       wg::mbar_wait(fullK + 8 * stage(kv), parity(kv));
       rows.template scores<kBr>(s, dq, sK + stage(kv) * kSlot);
       if constexpr (BIAS) wg::mbar_wait(fullB + 8 * stage(kv), parity(kv));
@@ -559,8 +566,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
         rows.rescale();
         rows.pack(s, pa);
       }
-      /* Every Q K^T of the tile is done: Q's slot goes to the next tile. */
-      wg::mbar_arrive(emptyQ);
+      /* Every Q K^T of the tile is done: its Q slot goes to a next tile. */
+      wg::mbar_arrive(emptyQ + 8 * qs);
       const int last = kv + w.nblocks - 1, nb = w.nb_min + w.nblocks - 1;
       wg::mbar_wait(fullV + 8 * stage(last), parity(last));
       if ((p.cu_k || p.seqused) && (nb + 1) * BC > w.sq.nk) {
@@ -714,15 +721,15 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
 /* Launchers and rows                                                       */
 /* ---------------------------------------------------------------------- */
 
-/* Shared memory: the tiles, 4 STAGES + 2 mbarriers (the cp.async kernel has
+/* Shared memory: the tiles, 4 STAGES + 2 QS mbarriers (the cp.async kernel has
  * two slots and needs none), and the 1024 bytes that align the tiles; a
  * bias adds a Br x Bc tile a slot (bias_smem). */
 __host__ __device__ constexpr size_t bias_smem(int bc, int stages) {
   return (size_t)stages * kBr * bc * 2;
 }
-template <int D, int BC, int STAGES, bool BIAS = false>
+template <int D, int BC, int STAGES, int QS, bool BIAS = false>
 constexpr size_t smem_ws() {
-  return (size_t)(kBr + 2 * STAGES * BC) * padded(D) * 2 + 8 * (4 * STAGES + 2) + 1024 +
+  return (size_t)(QS * kBr + 2 * STAGES * BC) * padded(D) * 2 + 8 * (4 * STAGES + 2 * QS) + 1024 +
          (BIAS ? bias_smem(BC, STAGES) : 0);
 }
 template <int D, int BC, bool BIAS = false>
@@ -754,7 +761,7 @@ static int launch_grid(const attn__cuda_launch *L, K kern, int threads, size_t s
   return ATTN_OK;
 }
 
-template <typename T, int D, int BC, int STAGES, bool SCORED, bool BIAS>
+template <typename T, int D, int BC, int STAGES, int QS, bool SCORED, bool BIAS>
 static int launch_kernel(const attn__cuda_launch *L, params p) {
   const attn__problem *pb = L->pb;
   CUtensorMap tq, tk, tv, tb = {};
@@ -777,8 +784,8 @@ static int launch_kernel(const attn__cuda_launch *L, params p) {
   int st;
   if (encode(&tq, p.q, rows_q, pb->heads_q, kBr) && encode(&tk, p.k, rows_k, pb->heads_kv, BC) &&
       encode(&tv, p.v, rows_k, pb->heads_kv, BC) && (!BIAS || encode_bias())) {
-    auto kern = fwd_ws_kernel<T, D, BC, STAGES, SCORED, BIAS>;
-    constexpr size_t smem = smem_ws<D, BC, STAGES, BIAS>();
+    auto kern = fwd_ws_kernel<T, D, BC, STAGES, QS, SCORED, BIAS>;
+    constexpr size_t smem = smem_ws<D, BC, STAGES, QS, BIAS>();
     if ((st = launch_grid(L, kern, kThreadsWs, smem, &p, true, &grid)) != ATTN_OK) return st;
     kern<<<grid, kThreadsWs, smem, L->stream>>>(tq, tk, tv, tb, p);
   } else {
@@ -790,22 +797,21 @@ static int launch_kernel(const attn__cuda_launch *L, params p) {
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 
-template <typename T, int D, int BC, int STAGES>
+template <typename T, int D, int BC, int STAGES, int QS>
 static int launch_fwd(const attn__cuda_launch *L, const attn__cuda_config *c) {
   (void)c;
   params p;
   make_params(L, 0, &p);
   const bool scored = p.softcap > 0.f || p.alibi;
   if (L->pb->has_bias)
-    return scored ? launch_kernel<T, D, BC, STAGES, true, true>(L, p)
-                  : launch_kernel<T, D, BC, STAGES, false, true>(L, p);
-  return scored ? launch_kernel<T, D, BC, STAGES, true, false>(L, p)
-                : launch_kernel<T, D, BC, STAGES, false, false>(L, p);
+    return scored ? launch_kernel<T, D, BC, STAGES, QS, true, true>(L, p)
+                  : launch_kernel<T, D, BC, STAGES, QS, false, true>(L, p);
+  return scored ? launch_kernel<T, D, BC, STAGES, QS, true, false>(L, p)
+                : launch_kernel<T, D, BC, STAGES, QS, false, false>(L, p);
 }
 
-template <typename T, int D, int BC, int STAGES>
+template <typename T, int D, int BC, int STAGES, int QS>
 constexpr attn__cuda_config fwd_row(const char *name) {
-  static_assert(STAGES == kStages, "attn__cuda_hopper_fwd_bias_smem counts kStages bias tiles");
   return {.kernel = ATTN__CUDA_HOPPER_FORWARD,
           .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
           .dim = D,
@@ -815,34 +821,60 @@ constexpr attn__cuda_config fwd_row(const char *name) {
           .threads = kThreadsWs,
           .br = kBr,
           .bc = BC,
-          .smem = smem_ws<D, BC, STAGES>() > smem_cp<D, BC>() ? smem_ws<D, BC, STAGES>()
-                                                              : smem_cp<D, BC>(),
+          .stages = STAGES,
+          .smem = smem_ws<D, BC, STAGES, QS>() > smem_cp<D, BC>() ? smem_ws<D, BC, STAGES, QS>()
+                                                                  : smem_cp<D, BC>(),
           .smem_det = 0,
           .features = ATTN__USES_BIAS | ATTN__USES_SEQUSED | ATTN__USES_APPEND | ATTN__USES_SINKS,
           .nondeterministic = 0,
           .name = name,
-          .launch = launch_fwd<T, D, BC, STAGES>};
+          .launch = launch_fwd<T, D, BC, STAGES, QS>};
 }
 
-/* The rows, <head dim, Bc, STAGES>. Bc = 128 for d <= 128 (FlashAttention-3's
- * tile for these dims) and 64 at d = 256, where O alone holds 128 registers a
- * thread; two stages fit every shape in the H200's 227 KB (d = 256: 193 KB).
- * d = 96 runs d = 128's tiles (its P V computes the padding's columns too). */
+/* The rows, <head dim, Bc, STAGES (K/V slots), QS (Q slots)>, the first
+ * whose shared memory fits taken. Bc = 128 for d <= 128 (FlashAttention-3's
+ * tile for these dims) and 64 at d = 256, where O alone holds 128 registers
+ * a thread. Two Q slots let a tile's loads run under the previous tile
+ * (short sequences, persistent blocks): at d = 64 with four K/V slots, two
+ * tiles of two blocks; at d <= 128 two K/V slots (192 KB of the H200's 227);
+ * a bias's tiles (64 KB at two slots) leave d <= 128 one Q slot, and d = 256
+ * has one (193 KB). d = 96 runs d = 128's tiles (its P V computes the
+ * padding's columns too). */
 constexpr attn__cuda_config fwd_rows[] = {
-    fwd_row<__half, 64, 128, 2>("Hopper forward (wgmma), f16, d = 64, 128 x 128 tiles"),
-    fwd_row<__half, 96, 128, 2>("Hopper forward (wgmma), f16, d = 96, 128 x 128 tiles"),
-    fwd_row<__half, 128, 128, 2>("Hopper forward (wgmma), f16, d = 128, 128 x 128 tiles"),
-    fwd_row<__half, 256, 64, 2>("Hopper forward (wgmma), f16, d = 256, 128 x 64 tiles"),
-    fwd_row<__nv_bfloat16, 64, 128, 2>("Hopper forward (wgmma), bf16, d = 64, 128 x 128 tiles"),
-    fwd_row<__nv_bfloat16, 96, 128, 2>("Hopper forward (wgmma), bf16, d = 96, 128 x 128 tiles"),
-    fwd_row<__nv_bfloat16, 128, 128, 2>("Hopper forward (wgmma), bf16, d = 128, 128 x 128 tiles"),
-    fwd_row<__nv_bfloat16, 256, 64, 2>("Hopper forward (wgmma), bf16, d = 256, 128 x 64 tiles"),
+    fwd_row<__half, 64, 128, 4, 2>(
+        "Hopper forward (wgmma), f16, d = 64, 128 x 128 tiles, 4 K/V + 2 Q slots"),
+    fwd_row<__half, 64, 128, 2, 2>(
+        "Hopper forward (wgmma), f16, d = 64, 128 x 128 tiles, 2 K/V + 2 Q slots"),
+    fwd_row<__half, 96, 128, 2, 2>(
+        "Hopper forward (wgmma), f16, d = 96, 128 x 128 tiles, 2 K/V + 2 Q slots"),
+    fwd_row<__half, 96, 128, 2, 1>(
+        "Hopper forward (wgmma), f16, d = 96, 128 x 128 tiles, 2 K/V + 1 Q slot"),
+    fwd_row<__half, 128, 128, 2, 2>(
+        "Hopper forward (wgmma), f16, d = 128, 128 x 128 tiles, 2 K/V + 2 Q slots"),
+    fwd_row<__half, 128, 128, 2, 1>(
+        "Hopper forward (wgmma), f16, d = 128, 128 x 128 tiles, 2 K/V + 1 Q slot"),
+    fwd_row<__half, 256, 64, 2, 1>(
+        "Hopper forward (wgmma), f16, d = 256, 128 x 64 tiles, 2 K/V + 1 Q slot"),
+    fwd_row<__nv_bfloat16, 64, 128, 4, 2>(
+        "Hopper forward (wgmma), bf16, d = 64, 128 x 128 tiles, 4 K/V + 2 Q slots"),
+    fwd_row<__nv_bfloat16, 64, 128, 2, 2>(
+        "Hopper forward (wgmma), bf16, d = 64, 128 x 128 tiles, 2 K/V + 2 Q slots"),
+    fwd_row<__nv_bfloat16, 96, 128, 2, 2>(
+        "Hopper forward (wgmma), bf16, d = 96, 128 x 128 tiles, 2 K/V + 2 Q slots"),
+    fwd_row<__nv_bfloat16, 96, 128, 2, 1>(
+        "Hopper forward (wgmma), bf16, d = 96, 128 x 128 tiles, 2 K/V + 1 Q slot"),
+    fwd_row<__nv_bfloat16, 128, 128, 2, 2>(
+        "Hopper forward (wgmma), bf16, d = 128, 128 x 128 tiles, 2 K/V + 2 Q slots"),
+    fwd_row<__nv_bfloat16, 128, 128, 2, 1>(
+        "Hopper forward (wgmma), bf16, d = 128, 128 x 128 tiles, 2 K/V + 1 Q slot"),
+    fwd_row<__nv_bfloat16, 256, 64, 2, 1>(
+        "Hopper forward (wgmma), bf16, d = 256, 128 x 64 tiles, 2 K/V + 1 Q slot"),
 };
 
 }  // namespace attn_hopper
 
 extern "C" size_t attn__cuda_hopper_fwd_bias_smem(const attn__cuda_config *c) {
-  return attn_hopper::bias_smem(c->bc, attn_hopper::kStages);
+  return attn_hopper::bias_smem(c->bc, c->stages);
 }
 
 extern "C" const attn__cuda_rows attn__cuda_hopper_forward_rows = {
