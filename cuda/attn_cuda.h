@@ -113,6 +113,8 @@ struct attn__cuda_config {
   int threads;          /* a block */
   int br, bc;           /* query rows and keys a block (or a step) */
   int stages;           /* K/V slots in shared memory where the plan counts them, else 0 */
+  int min_seqlen_q;     /* taken only for problems of at least this many query rows (a
+                         * larger tile whose padding would cost shorter ones more) */
   size_t smem;          /* dynamic shared memory, its largest kernel */
   size_t smem_det;      /* backward: and its deterministic pass's, 0 if none */
   unsigned features;    /* the ATTN__USES_* bits (attn_internal.h) its kernels implement */

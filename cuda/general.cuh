@@ -1251,6 +1251,7 @@ constexpr attn__cuda_config general_row(attn__cuda_kernel kernel, int dim, size_
           .br = C::Br,
           .bc = C::Bc,
           .stages = 0,
+          .min_seqlen_q = 0,
           .smem = smem,
           .smem_det = smem_det,
           .features = features,

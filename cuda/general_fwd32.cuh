@@ -226,6 +226,7 @@ constexpr attn__cuda_config fwd32_row(const char *name) {
           .br = C::Br,
           .bc = C::Bc,
           .stages = 0,
+          .min_seqlen_q = 0,
           .smem = C::smem,
           .smem_det = 0,
           .features = 0,

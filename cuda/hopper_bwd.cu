@@ -535,6 +535,7 @@ constexpr attn__cuda_config bwd_row(const char *name) {
           .br = BR,
           .bc = kBc,
           .stages = 0,
+          .min_seqlen_q = 0,
           .smem = smem > smem_64 ? smem : smem_64,
           .smem_det = 0,
           .features = 0,
