@@ -747,6 +747,23 @@ static void more_tiles_than_blocks_at_once(at_backend *b) {
   run_forward(b, &w);
 }
 
+/* Sequences long enough for the larger tiles some rows keep for them (the
+ * Hopper forward's 192 query rows at d = 64 from 2048 rows on), with a
+ * last tile of a few rows: plain, causal, and with a bias over the keys
+ * and sinks. */
+static void long_sequences_take_the_larger_tiles(at_backend *b) {
+  icase c = {.dt = ATTN_BF16, .B = 1, .Nq = 2118, .cap = 2118, .Hq = 2, .Hkv = 1, .d = 64};
+  run_forward(b, &c);
+  c.flags = ATTN_CAUSAL;
+  c.dt = ATTN_F16;
+  run_forward(b, &c);
+  c.flags = 0;
+  c.bias = 1 + BIAS_HEADS + BIAS_ROWS; /* [B, 1, 1, keys] */
+  c.bias_dt = c.dt;
+  c.sinks = 1;
+  run_forward(b, &c);
+}
+
 static void sinks_join_the_denominator(at_backend *b) {
   icase c = {.dt = ATTN_F32,
              .B = 2,
@@ -1075,6 +1092,7 @@ static const at_test tests[] = {
     AT_TEST(bias_in_aligned_rows),
     AT_TEST(cache_prefill_at_the_tensor_core_dims),
     AT_TEST(more_tiles_than_blocks_at_once),
+    AT_TEST(long_sequences_take_the_larger_tiles),
     AT_TEST(sinks_join_the_denominator),
     AT_TEST(bias_gradient_sums_over_broadcast),
     AT_TEST(sink_gradient),
