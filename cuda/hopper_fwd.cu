@@ -817,15 +817,26 @@ static int launch_kernel(const attn__cuda_launch *L, params p) {
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 
+/* Whether a row's tiles leave room for a bias's in sm_90's 227 KB of
+ * shared memory a block: its bias kernels are compiled, and the row takes
+ * a bias (features), only then. */
+template <int D, int BC, int STAGES, int QS, int NC>
+constexpr bool bias_fits() {
+  return smem_ws<D, BC, STAGES, QS, NC, true>() <= (size_t)227 * 1024;
+}
+
 template <typename T, int D, int BC, int STAGES, int QS, int NC>
 static int launch_fwd(const attn__cuda_launch *L, const attn__cuda_config *c) {
   (void)c;
   params p;
   make_params(L, 0, &p);
   const bool scored = p.softcap > 0.f || p.alibi;
-  if (L->pb->has_bias)
-    return scored ? launch_kernel<T, D, BC, STAGES, QS, NC, true, true>(L, p)
-                  : launch_kernel<T, D, BC, STAGES, QS, NC, false, true>(L, p);
+  if (L->pb->has_bias) {
+    if constexpr (bias_fits<D, BC, STAGES, QS, NC>())
+      return scored ? launch_kernel<T, D, BC, STAGES, QS, NC, true, true>(L, p)
+                    : launch_kernel<T, D, BC, STAGES, QS, NC, false, true>(L, p);
+    return ATTN_EINTERNAL; /* the plan gives this row no bias */
+  }
   return scored ? launch_kernel<T, D, BC, STAGES, QS, NC, true, false>(L, p)
                 : launch_kernel<T, D, BC, STAGES, QS, NC, false, false>(L, p);
 }
@@ -847,7 +858,8 @@ constexpr attn__cuda_config fwd_row(const char *name) {
                       ? smem_ws<D, BC, STAGES, QS, NC>()
                       : smem_cp<D, BC>(),
           .smem_det = 0,
-          .features = ATTN__USES_BIAS | ATTN__USES_SEQUSED | ATTN__USES_APPEND | ATTN__USES_SINKS,
+          .features = (bias_fits<D, BC, STAGES, QS, NC>() ? ATTN__USES_BIAS : 0u) |
+                      ATTN__USES_SEQUSED | ATTN__USES_APPEND | ATTN__USES_SINKS,
           .nondeterministic = 0,
           .name = name,
           .launch = launch_fwd<T, D, BC, STAGES, QS, NC>};
