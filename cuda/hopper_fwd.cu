@@ -858,7 +858,7 @@ constexpr attn__cuda_config fwd_row(const char *name) {
                       ? smem_ws<D, BC, STAGES, QS, NC>()
                       : smem_cp<D, BC>(),
           .smem_det = 0,
-          .features = (bias_fits<D, BC, STAGES, QS, NC>() ? ATTN__USES_BIAS : 0u) |
+          .features = (bias_fits<D, BC, STAGES, QS, NC>() ? (unsigned)ATTN__USES_BIAS : 0u) |
                       ATTN__USES_SEQUSED | ATTN__USES_APPEND | ATTN__USES_SINKS,
           .nondeterministic = 0,
           .name = name,
