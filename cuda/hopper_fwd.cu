@@ -367,13 +367,21 @@ __device__ __forceinline__ int tiles_of(const params &p) {
   return query_blocks<BR>(p) * p.heads_q * p.batch;
 }
 
-/* The block's first tile and the stride to its next: one tile a block when
- * the grid is the tiles', every gridDim-th when it is smaller (persistent). */
+/* The block's first tile and the stride of its rounds: one tile a block
+ * when the grid is the tiles'; when it is smaller (persistent), round r
+ * gives the blocks tiles r * stride .. + stride - 1, in the blocks' order
+ * in even rounds and the reverse in odd ones (tile_in_round). The tiles
+ * come heaviest first (attn_tile_coords): a block that took one of the
+ * longest tiles of a round takes one of the shortest of the next, so that
+ * under a causal mask the blocks' sums stay level. */
 __device__ __forceinline__ int first_tile() {
   return (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
 }
 __device__ __forceinline__ int tile_stride() {
   return (int)(gridDim.x * gridDim.y * gridDim.z);
+}
+__device__ __forceinline__ int tile_in_round(int r, int stride) {
+  return r * stride + (r & 1 ? stride - 1 - first_tile() : first_tile());
 }
 
 template <int BC, int BR>
@@ -468,8 +476,8 @@ __global__ void __launch_bounds__(threads_ws(NC), 1)
   __syncthreads();
 
   /*
-   * A block takes tiles first_tile(), + stride, ... (one when the grid is
-   * the tiles'). Both roles walk the same tiles and skip the same ones (no
+   * A block takes a tile a round (tile_in_round; one when the grid is the
+   * tiles'). Both roles walk the same tiles and skip the same ones (no
    * rows, no keys), so that they agree on two running counts: n, the tiles
    * with keys so far (tile n takes Q slot n % QS in round n / QS), and kv,
    * the K/V blocks so far (block kv takes slot kv % STAGES in round
@@ -483,7 +491,9 @@ __global__ void __launch_bounds__(threads_ws(NC), 1)
     wg::regs_dec<kProducerRegs>();
     if (tid != 0) return;
     int n = 0, kv = 0;
-    for (int tile = first_tile(); tile < tiles; tile += stride) {
+    for (int r = 0; r * stride < tiles; ++r) {
+      const int tile = tile_in_round(r, stride);
+      if (tile >= tiles) continue;
       const block_work w = work_of<BC, BR>(p, tile);
       if (w.m0 >= w.sq.nq || w.nblocks == 0) continue;
       /* Varlen tensors are one sequence of all the rows (batch coordinate
@@ -537,7 +547,9 @@ __global__ void __launch_bounds__(threads_ws(NC), 1)
   auto stage = [](int g) { return (uint32_t)(g % STAGES); };
   auto parity = [](int g) { return (uint32_t)(g / STAGES) & 1; };
   int n = 0, kv = 0;
-  for (int tile = first_tile(); tile < tiles; tile += stride) {
+  for (int r = 0; r * stride < tiles; ++r) {
+    const int tile = tile_in_round(r, stride);
+    if (tile >= tiles) continue;
     const block_work w = work_of<BC, BR>(p, tile);
     if (w.m0 >= w.sq.nq) continue;
     R rows(p, w.m0, w.sq.nq, w.sq.nk, c * 64 + ((tid >> 5) & 3) * 16, lane, w.h);
@@ -755,13 +767,11 @@ constexpr size_t smem_cp() {
   return (size_t)(kBr + 2 * 2 * BC) * padded(D) * 2 + 1024 + (BIAS ? bias_smem(BC, 2, kBr) : 0);
 }
 
-/* The grid: a block a tile, or, for the warp-specialized kernel when the
- * tiles are equally long (natural order) and more than fit at once, one
- * block a resident slot that walks the tiles (persistent), so that a tile's
- * loads land under the previous one's last products and stores instead of
- * after a block's start. Under a causal mask the tiles differ in length and
- * the hardware's dynamic start of blocks balances them better than a fixed
- * stride would. */
+/* The grid: a block a tile, or, for the warp-specialized kernel when more
+ * tiles than fit at once, one block a resident slot that walks the tiles
+ * (persistent, tile_in_round), so that a tile's loads land under the
+ * previous one's last products and stores instead of after a block's
+ * start. */
 template <typename K>
 static int launch_grid(const attn__cuda_launch *L, K kern, int threads, size_t smem, int br,
                        params *p, bool persistent, dim3 *grid) {
@@ -771,7 +781,7 @@ static int launch_grid(const attn__cuda_launch *L, K kern, int threads, size_t s
   *grid = dim3((unsigned)((p->seqlen_q + br - 1) / br), (unsigned)p->heads_q, (unsigned)p->batch);
   p->order = attn_order_group(kern, threads, smem, *grid, L->dev->sm_count, p->window_left,
                               p->window_right);
-  if (persistent && p->order == 0) {
+  if (persistent) {
     const long long tiles = (long long)grid->x * grid->y * grid->z;
     const long long slots = attn_resident_blocks(kern, threads, smem, L->dev->sm_count);
     if (tiles > slots) *grid = dim3((unsigned)slots);

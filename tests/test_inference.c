@@ -720,12 +720,15 @@ static void cache_prefill_at_the_tensor_core_dims(at_backend *b) {
 /* More tiles than a GPU runs at once (the H200 holds 132 blocks of the
  * Hopper forward, which then walks several tiles a block): the pipelines
  * must carry over from one tile to the next, through tiles of different
- * lengths, tiles with no key (sequence 0's used length of 0) and a bias and
- * sinks; at d = 256 the consumers do not take turns. 2 query blocks x 72
- * heads x 2 sequences = 288 tiles. */
+ * lengths (causal among them), tiles with no key (sequence 0's used length
+ * of 0) and a bias and sinks; at d = 256 the consumers do not take turns.
+ * 2 query blocks x 72 heads x 2 sequences = 288 tiles. */
 static void more_tiles_than_blocks_at_once(at_backend *b) {
   icase c = {.dt = ATTN_BF16, .B = 2, .Nq = 130, .cap = 300, .Hq = 72, .Hkv = 8, .d = 64};
   run_forward(b, &c);
+  c.flags = ATTN_CAUSAL; /* tiles of different lengths, heaviest first */
+  run_forward(b, &c);
+  c.flags = 0;
   c.has_used = 1;
   c.used[0] = 0;
   c.used[1] = 290;
