@@ -663,7 +663,8 @@ __device__ __forceinline__ void load_tile(uint32_t s, const T *g, int64_t ss, in
  * 0 where the rows broadcast: then row 0 alone) into the swizzled tile at s
  * as the tensor map lays it out ([BC / 64][kBr][64]); rows at or past nrows
  * and keys at or past ncols are zeros (a chunk that straddles ncols is read
- * in part). */
+ * in part); rows of any length, which no tensor map describes, by
+ * cp_async16_any. */
 template <int BC, typename T>
 __device__ __forceinline__ void load_bias(uint32_t s, const T *g, int64_t ss, int row0, int nrows,
                                           int col0, int ncols, int tid) {
@@ -672,8 +673,9 @@ __device__ __forceinline__ void load_bias(uint32_t s, const T *g, int64_t ss, in
   for (int c = tid; c < rows * kChunks; c += kThreadsCp) {
     const int r = c / kChunks, ch = c % kChunks, left = ncols - (col0 + ch * 8);
     const int bytes = row0 + r >= nrows || left <= 0 ? 0 : left >= 8 ? 16 : left * 2;
-    attn_copy::cp_async16_n<false>(s + wg::swizzled(kBr, r, ch),
-                                   bytes ? g + (int64_t)(row0 + r) * ss + col0 + ch * 8 : g, bytes);
+    attn_copy::cp_async16_any<false, sizeof(T)>(
+        s + wg::swizzled(kBr, r, ch), bytes ? g + (int64_t)(row0 + r) * ss + col0 + ch * 8 : g,
+        bytes);
   }
 }
 
