@@ -904,48 +904,23 @@ constexpr attn__cuda_config fwd_row(const char *name) {
  * bias's tiles (64 KB at two slots, 96 KB at 192 rows) leave d = 64 two
  * K/V slots and d <= 128 one Q slot; d = 256 has one (193 KB). d = 96 runs
  * d = 128's tiles (its P V computes the padding's columns too). */
-constexpr attn__cuda_config fwd_rows[] = {
-    fwd_row<__half, 64, 128, 4, 2, 3>(
-        "Hopper forward (wgmma), f16, d = 64, 192 x 128 tiles, 4 K/V + 2 Q slots"),
-    fwd_row<__half, 64, 128, 2, 2, 3>(
-        "Hopper forward (wgmma), f16, d = 64, 192 x 128 tiles, 2 K/V + 2 Q slots"),
-    fwd_row<__half, 64, kShortBc, 2, 2, 2, kBr + 1, kShortBc>(
-        "Hopper forward (wgmma), f16, d = 64, 128 x 208 tiles (one key block), 2 K/V + 2 Q slots"),
-    fwd_row<__half, 64, 128, 4, 2, 2>(
-        "Hopper forward (wgmma), f16, d = 64, 128 x 128 tiles, 4 K/V + 2 Q slots"),
-    fwd_row<__half, 64, 128, 2, 2, 2>(
-        "Hopper forward (wgmma), f16, d = 64, 128 x 128 tiles, 2 K/V + 2 Q slots"),
-    fwd_row<__half, 96, 128, 2, 2, 2>(
-        "Hopper forward (wgmma), f16, d = 96, 128 x 128 tiles, 2 K/V + 2 Q slots"),
-    fwd_row<__half, 96, 128, 2, 1, 2>(
-        "Hopper forward (wgmma), f16, d = 96, 128 x 128 tiles, 2 K/V + 1 Q slot"),
-    fwd_row<__half, 128, 128, 2, 2, 2>(
-        "Hopper forward (wgmma), f16, d = 128, 128 x 128 tiles, 2 K/V + 2 Q slots"),
-    fwd_row<__half, 128, 128, 2, 1, 2>(
-        "Hopper forward (wgmma), f16, d = 128, 128 x 128 tiles, 2 K/V + 1 Q slot"),
-    fwd_row<__half, 256, 64, 2, 1, 2>(
-        "Hopper forward (wgmma), f16, d = 256, 128 x 64 tiles, 2 K/V + 1 Q slot"),
-    fwd_row<__nv_bfloat16, 64, 128, 4, 2, 3>(
-        "Hopper forward (wgmma), bf16, d = 64, 192 x 128 tiles, 4 K/V + 2 Q slots"),
-    fwd_row<__nv_bfloat16, 64, 128, 2, 2, 3>(
-        "Hopper forward (wgmma), bf16, d = 64, 192 x 128 tiles, 2 K/V + 2 Q slots"),
-    fwd_row<__nv_bfloat16, 64, kShortBc, 2, 2, 2, kBr + 1, kShortBc>(
-        "Hopper forward (wgmma), bf16, d = 64, 128 x 208 tiles (one key block), 2 K/V + 2 Q slots"),
-    fwd_row<__nv_bfloat16, 64, 128, 4, 2, 2>(
-        "Hopper forward (wgmma), bf16, d = 64, 128 x 128 tiles, 4 K/V + 2 Q slots"),
-    fwd_row<__nv_bfloat16, 64, 128, 2, 2, 2>(
-        "Hopper forward (wgmma), bf16, d = 64, 128 x 128 tiles, 2 K/V + 2 Q slots"),
-    fwd_row<__nv_bfloat16, 96, 128, 2, 2, 2>(
-        "Hopper forward (wgmma), bf16, d = 96, 128 x 128 tiles, 2 K/V + 2 Q slots"),
-    fwd_row<__nv_bfloat16, 96, 128, 2, 1, 2>(
-        "Hopper forward (wgmma), bf16, d = 96, 128 x 128 tiles, 2 K/V + 1 Q slot"),
-    fwd_row<__nv_bfloat16, 128, 128, 2, 2, 2>(
-        "Hopper forward (wgmma), bf16, d = 128, 128 x 128 tiles, 2 K/V + 2 Q slots"),
-    fwd_row<__nv_bfloat16, 128, 128, 2, 1, 2>(
-        "Hopper forward (wgmma), bf16, d = 128, 128 x 128 tiles, 2 K/V + 1 Q slot"),
-    fwd_row<__nv_bfloat16, 256, 64, 2, 1, 2>(
-        "Hopper forward (wgmma), bf16, d = 256, 128 x 64 tiles, 2 K/V + 1 Q slot"),
-};
+/* Each shape a row for f16 and one for bf16, in this order. */
+/* clang-format off */
+#define ATTN_HOPPER_FWD_ROWS(T, dtype) \
+  fwd_row<T, 64, 128, 4, 2, 3>("Hopper forward (wgmma), " dtype ", d = 64, 192 x 128 tiles, 4 K/V + 2 Q slots"), \
+  fwd_row<T, 64, 128, 2, 2, 3>("Hopper forward (wgmma), " dtype ", d = 64, 192 x 128 tiles, 2 K/V + 2 Q slots"), \
+  fwd_row<T, 64, kShortBc, 2, 2, 2, kBr + 1, kShortBc>("Hopper forward (wgmma), " dtype ", d = 64, 128 x 208 tiles (one key block), 2 K/V + 2 Q slots"), \
+  fwd_row<T, 64, 128, 4, 2, 2>("Hopper forward (wgmma), " dtype ", d = 64, 128 x 128 tiles, 4 K/V + 2 Q slots"), \
+  fwd_row<T, 64, 128, 2, 2, 2>("Hopper forward (wgmma), " dtype ", d = 64, 128 x 128 tiles, 2 K/V + 2 Q slots"), \
+  fwd_row<T, 96, 128, 2, 2, 2>("Hopper forward (wgmma), " dtype ", d = 96, 128 x 128 tiles, 2 K/V + 2 Q slots"), \
+  fwd_row<T, 96, 128, 2, 1, 2>("Hopper forward (wgmma), " dtype ", d = 96, 128 x 128 tiles, 2 K/V + 1 Q slot"), \
+  fwd_row<T, 128, 128, 2, 2, 2>("Hopper forward (wgmma), " dtype ", d = 128, 128 x 128 tiles, 2 K/V + 2 Q slots"), \
+  fwd_row<T, 128, 128, 2, 1, 2>("Hopper forward (wgmma), " dtype ", d = 128, 128 x 128 tiles, 2 K/V + 1 Q slot"), \
+  fwd_row<T, 256, 64, 2, 1, 2>("Hopper forward (wgmma), " dtype ", d = 256, 128 x 64 tiles, 2 K/V + 1 Q slot")
+/* clang-format on */
+constexpr attn__cuda_config fwd_rows[] = {ATTN_HOPPER_FWD_ROWS(__half, "f16"),
+                                          ATTN_HOPPER_FWD_ROWS(__nv_bfloat16, "bf16")};
+#undef ATTN_HOPPER_FWD_ROWS
 
 }  // namespace attn_hopper
 
