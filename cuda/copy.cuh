@@ -70,6 +70,33 @@ __device__ __forceinline__ void cp_async16_n(uint32_t dst, const void *src, int 
 #endif
 }
 
+/* cp_async16_n for a src aligned to its E-byte elements only (the chunks
+ * of a bias whose rows are not whole 16-byte chunks): where src is not
+ * 16-byte aligned, `bytes` (a multiple of E) by E-byte loads and a plain
+ * 16-byte store, complete when the thread moves on. The barrier that
+ * publishes the copies publishes the store, and the copy's slot is free
+ * where a cp.async's is, so callers need no other change. */
+template <bool L1, int E>
+__device__ __forceinline__ void cp_async16_any(uint32_t dst, const void *src, int bytes) {
+  static_assert(E == 2 || E == 4, "16-bit or 32-bit elements");
+  if (((uintptr_t)src & 15u) == 0u) {
+    cp_async16_n<L1>(dst, src, bytes);
+    return;
+  }
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 16 / E; ++i)
+    if (i * E < bytes) {
+      if constexpr (E == 2)
+        w[i / 2] |= (uint32_t)((const unsigned short *)src)[i] << (16 * (i & 1));
+      else
+        w[i] = ((const uint32_t *)src)[i];
+    }
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(w[0]), "r"(w[1]),
+               "r"(w[2]), "r"(w[3])
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() {
 #if ATTN_CUDA_SM80
   asm volatile("cp.async.commit_group;\n" ::);

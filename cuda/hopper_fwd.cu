@@ -3,8 +3,8 @@
  * warpgroup MMA, in FlashAttention-3's warp-specialized form): tiles of
  * (block of Br = 128 query rows, query head, sequence), a thread block per
  * tile or, when tiles are equally long, a block per SM that walks them
- * (persistent: launch_grid); two consumer warpgroups of 64 rows each
- * (wgmma's M) and one producer. The
+ * (persistent: launch_grid); consumer warpgroups of 64 rows each (wgmma's
+ * M), two or, at d = 64, three (fwd_rows), and one producer. The
  * producer's one thread loads Q once and streams K and V blocks of Bc keys
  * through STAGES shared-memory slots with the bulk tensor copy engine (TMA,
  * the 128-byte swizzle that wgmma reads; wgmma.cuh), each slot handed over on
@@ -55,8 +55,12 @@ namespace attn_hopper {
 using namespace attn_mma;
 namespace wg = attn_wgmma;
 
-constexpr int kBr = 128;   /* 64 query rows a consumer warpgroup */
-constexpr int kStages = 2; /* K/V (and bias) slots of every row (fwd_rows) */
+/* Query rows a tile: 64 a consumer warpgroup (wgmma's M), two of them in
+ * the cp.async kernel, NC in the warp-specialized one (tile_rows). */
+constexpr int kBr = 128;
+__host__ __device__ constexpr int tile_rows(int nc) {
+  return 64 * nc;
+}
 
 /* Shared-memory tiles hold whole 64-element column blocks (the swizzle's
  * row): d = 96 takes two, the last half empty (zeros from the tensor map;
@@ -65,8 +69,20 @@ __host__ __device__ constexpr int padded(int d) {
   return (d + 63) / 64 * 64;
 }
 
-/* The warp-specialized kernel: a producer warpgroup and two consumers. */
-constexpr int kThreadsWs = 384;
+/* Keys a block of the rows for short sequences: from 129 to 208 keys
+ * (ViT's 197) in one block, a multiple of 8 (wgmma's N) rather than two
+ * blocks of 128, which compute 256. */
+constexpr int kShortBc = 208;
+
+/* Three consumers' 192-row tiles pad a sequence to a multiple of 192 rows:
+ * 12 % more rows than 128-row tiles at 1024, 50 % at ViT's 197, 3 % at
+ * 2048 and beyond; they are taken from this length on (rows' min_seqlen_q). */
+constexpr int kMinRows3 = 2048;
+
+/* The warp-specialized kernel: a producer warpgroup and NC consumers. */
+__host__ __device__ constexpr int threads_ws(int nc) {
+  return 128 * (nc + 1);
+}
 
 /* The cp.async kernel: two warpgroups that load and compute. */
 constexpr int kThreadsCp = 256;
@@ -78,7 +94,7 @@ constexpr int kThreadsCp = 256;
 /* The online softmax of one warpgroup's rows over the key blocks, on
  * wgmma's accumulator layout (wgmma.cuh): each thread holds rows r0 and
  * r0 + 8 of the block (r0 = 16 w + g) and, per n8 tile, keys 2t, 2t + 1. */
-template <typename T, int D, int BC, bool SCORED, bool BIAS>
+template <typename T, int D, int BC, int BR, bool SCORED, bool BIAS>
 struct rows64 {
   static constexpr int KD = D / 16;        /* k-steps of Q K^T */
   static constexpr int KB = BC / 16;       /* k-steps of P V */
@@ -99,7 +115,7 @@ struct rows64 {
   __device__ __forceinline__ rows64(const params &p, int m0_, int nq_, int nk_, int row0, int lane,
                                     int h)
       : m0(m0_),
-        m_last(min(m0_ + kBr, nq_) - 1),
+        m_last(min(m0_ + BR, nq_) - 1),
         nq(nq_),
         nk(nk_),
         i0(m0_ + row0 + (lane >> 2)),
@@ -170,12 +186,12 @@ struct rows64 {
   }
 
   /* BIAS: the bias of the thread's keys in n8 tiles 2 np and 2 np + 1 of
-   * the tile at `tile` ([Bc / 64][kBr][64], swizzled as K's): b[0], b[1]
+   * the tile at `tile` ([Bc / 64][BR][64], swizzled as K's): b[0], b[1]
    * rows r0 and r0 + 8 of tile 2 np, b[2], b[3] of 2 np + 1, each a pair
    * of keys 2t, 2t + 1 as wgmma's accumulators hold them. */
   __device__ __forceinline__ void bias_pairs(uint32_t tile, int np, uint32_t (&b)[4]) const {
     const int n = 2 * np + ((threadIdx.x & 31) >> 4);
-    ldsm_x4(b, tile + (uint32_t)((n >> 3) * kBr * 128) + bias_lane +
+    ldsm_x4(b, tile + (uint32_t)((n >> 3) * BR * 128) + bias_lane +
                    ((((uint32_t)n & 7u) ^ bias_xor) << 4));
   }
 
@@ -347,35 +363,45 @@ struct block_work {
 
 /* Query blocks a sequence has (the grid's x), and the tiles of a launch:
  * query blocks x query heads x sequences. */
+template <int BR>
 __device__ __forceinline__ int query_blocks(const params &p) {
-  return (p.seqlen_q + kBr - 1) / kBr;
+  return (p.seqlen_q + BR - 1) / BR;
 }
+template <int BR>
 __device__ __forceinline__ int tiles_of(const params &p) {
-  return query_blocks(p) * p.heads_q * p.batch;
+  return query_blocks<BR>(p) * p.heads_q * p.batch;
 }
 
-/* The block's first tile and the stride to its next: one tile a block when
- * the grid is the tiles', every gridDim-th when it is smaller (persistent). */
+/* The block's first tile and the stride of its rounds: one tile a block
+ * when the grid is the tiles'; when it is smaller (persistent), round r
+ * gives the blocks tiles r * stride .. + stride - 1, in the blocks' order
+ * in even rounds and the reverse in odd ones (tile_in_round). The tiles
+ * come heaviest first (attn_tile_coords): a block that took one of the
+ * longest tiles of a round takes one of the shortest of the next, so that
+ * under a causal mask the blocks' sums stay level. */
 __device__ __forceinline__ int first_tile() {
   return (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
 }
 __device__ __forceinline__ int tile_stride() {
   return (int)(gridDim.x * gridDim.y * gridDim.z);
 }
+__device__ __forceinline__ int tile_in_round(int r, int stride) {
+  return r * stride + (r & 1 ? stride - 1 - first_tile() : first_tile());
+}
 
-template <int BC>
+template <int BC, int BR>
 __device__ __forceinline__ block_work work_of(const params &p, int tile) {
   block_work w;
   int m_block;
   /* Heaviest blocks (most keys under a causal mask) start first. */
-  attn_tile_coords(p.order, tile, query_blocks(p), p.heads_q, p.batch, &m_block, &w.h, &w.b);
+  attn_tile_coords(p.order, tile, query_blocks<BR>(p), p.heads_q, p.batch, &m_block, &w.h, &w.b);
   w.hk = w.h / p.group;
   w.sq = p.seqused ? seq_of_cache(p, w.b) : seq_of(p, w.b);
-  w.m0 = m_block * kBr;
+  w.m0 = m_block * BR;
   w.nb_min = w.nblocks = 0;
   if (w.m0 < w.sq.nq) {
     int j_lo, j_hi;
-    key_block_range(w.m0, min(w.m0 + kBr, w.sq.nq), w.sq.nq, w.sq.nk, p.window_left, p.window_right,
+    key_block_range(w.m0, min(w.m0 + BR, w.sq.nq), w.sq.nq, w.sq.nk, p.window_left, p.window_right,
                     &j_lo, &j_hi);
     w.nb_min = j_lo / BC;
     w.nblocks = j_hi > j_lo ? (j_hi + BC - 1) / BC - w.nb_min : 0;
@@ -394,53 +420,61 @@ __device__ __forceinline__ block_work work_of(const params &p, int tile) {
  * k and v, with a box of 64 x Br (q) or 64 x Bc (k, v), and the bias's (keys,
  * rows, heads, sequences) with a box of 64 x Br (64 x 1 where its rows
  * broadcast), all with the 128-byte swizzle (launcher). */
-template <typename T, int D, int BC, int STAGES, bool SCORED, bool BIAS>
-__global__ void __launch_bounds__(kThreadsWs, 1)
+template <typename T, int D, int BC, int STAGES, int QS, int NC, bool SCORED, bool BIAS>
+__global__ void __launch_bounds__(threads_ws(NC), 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tb,
                   const params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using R = rows64<T, D, BC, SCORED, BIAS>;
+  constexpr int BR = tile_rows(NC), CT = 128 * NC; /* rows, consumer threads */
+  using R = rows64<T, D, BC, BR, SCORED, BIAS>;
   constexpr int DP = padded(D);
-  constexpr uint32_t kQBytes = kBr * DP * sizeof(T);
+  constexpr uint32_t kQBytes = BR * DP * sizeof(T);
   constexpr uint32_t kSlot = BC * DP * sizeof(T);
-  constexpr uint32_t kSlotB = BIAS ? kBr * BC * sizeof(T) : 0;
-  /* The registers each role keeps (FlashAttention-3's split for two
-   * consumers: 24 x 128 + 240 x 256 fits the SM's 64K). */
-  constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-  /* The consumers take turns on the tensor cores up to d = 128, as in
-   * FlashAttention-3 (at d = 256 its P V is long enough alone). */
-  constexpr bool PINGPONG = D <= 128;
-  static_assert(D % 32 == 0 && BC % 64 == 0, "k16 steps of Q K^T, whole 8-row groups");
+  constexpr uint32_t kSlotB = BIAS ? BR * BC * sizeof(T) : 0;
+  /* The registers each role keeps, FlashAttention-3's splits of the SM's
+   * 64K: 24 x 128 + 240 x 256 for two consumers, 24 x 128 + 160 x 384 for
+   * three. */
+  constexpr int kProducerRegs = 24, kConsumerRegs = NC == 2 ? 240 : 160;
+  /* Two consumers take turns on the tensor cores up to d = 128, as in
+   * FlashAttention-3 (at d = 256 its P V is long enough alone); three
+   * overlap without turns. */
+  constexpr bool PINGPONG = NC == 2 && D <= 128;
+  static_assert(NC == 2 || NC == 3, "the register splits above");
+  static_assert(D % 32 == 0 && BC % 16 == 0, "k16 steps of Q K^T and of P V");
+  static_assert(!BIAS || BC % 64 == 0, "a bias tile is 64-key column blocks");
   static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
-  static_assert(STAGES >= 2, "at least double buffering");
+  static_assert(STAGES >= 2 && QS >= 1, "at least double buffering");
 
   /* The swizzle works on shared addresses: every tile 1024-byte aligned
    * (the launcher asks 1024 bytes more than the tiles and barriers need). */
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sK = sQ + kQBytes;        /* [STAGES][DP / 64][Bc][64] */
+  const uint32_t sK = sQ + QS * kQBytes;   /* [STAGES][DP / 64][Bc][64]; Q: [QS][..] */
   const uint32_t sV = sK + STAGES * kSlot; /* [STAGES][DP / 64][Bc][64] */
   const uint32_t sB = sV + STAGES * kSlot; /* BIAS: [STAGES][Bc / 64][Br][64] */
-  /* mbarriers, 8 bytes each: Q landed, the consumers are done with it;
-   * slot s's K landed, its V landed, the consumers are done with it, and
-   * its bias landed (a barrier of its own, so that Q K^T starts on K alone
-   * and the bias's bytes arrive under it). */
-  const uint32_t barQ = sB + STAGES * kSlotB, emptyQ = barQ + 8;
-  const uint32_t fullK = emptyQ + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
+  /* mbarriers, 8 bytes each: Q slot q landed, the consumers are done with
+   * it; K/V slot s's K landed, its V landed, the consumers are done with
+   * it, and its bias landed (a barrier of its own, so that Q K^T starts on
+   * K alone and the bias's bytes arrive under it). */
+  const uint32_t barQ = sB + STAGES * kSlotB, emptyQ = barQ + 8 * QS;
+  const uint32_t fullK = emptyQ + 8 * QS, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
   const uint32_t fullB = empty + 8 * STAGES;
 
   const int tid = threadIdx.x, wgi = tid >> 7;
-  const int tiles = tiles_of(p), stride = tile_stride();
+  const int tiles = tiles_of<BR>(p), stride = tile_stride();
 
   if (tid == 0) {
-    wg::mbar_init(barQ, 1);
-    wg::mbar_init(emptyQ, 2 * 128); /* every consumer thread */
+#pragma unroll
+    for (int q = 0; q < QS; ++q) {
+      wg::mbar_init(barQ + 8 * q, 1);
+      wg::mbar_init(emptyQ + 8 * q, CT); /* every consumer thread */
+    }
 #pragma unroll
     for (int st = 0; st < STAGES; ++st) {
       wg::mbar_init(fullK + 8 * st, 1);
       wg::mbar_init(fullV + 8 * st, 1);
-      wg::mbar_init(empty + 8 * st, 2 * 128);
+      wg::mbar_init(empty + 8 * st, CT);
       wg::mbar_init(fullB + 8 * st, 1);
     }
     wg::mbar_init_fence();
@@ -448,21 +482,25 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
   __syncthreads();
 
   /*
-   * A block takes tiles first_tile(), + stride, ... (one when the grid is
-   * the tiles'). Both roles walk the same tiles and skip the same ones (no
+   * A block takes a tile a round (tile_in_round; one when the grid is the
+   * tiles'). Both roles walk the same tiles and skip the same ones (no
    * rows, no keys), so that they agree on two running counts: n, the tiles
-   * with keys so far (Q's phase), and kv, the K/V blocks so far (block kv
-   * takes slot kv % STAGES in round kv / STAGES). Q's slot is handed back
-   * once a tile's last Q K^T is done, so the next tile's Q and first K/V
-   * blocks land under this one's last P V and its stores.
+   * with keys so far (tile n takes Q slot n % QS in round n / QS), and kv,
+   * the K/V blocks so far (block kv takes slot kv % STAGES in round
+   * kv / STAGES). A Q slot is handed back once a tile's last Q K^T is done:
+   * the next tile's Q and first K/V blocks land under this one's last
+   * products and stores, and with two Q slots (and STAGES at least twice a
+   * tile's blocks) while it is computed.
    */
   if (wgi == 0) {
     /* Producer: one thread issues every copy. */
     wg::regs_dec<kProducerRegs>();
     if (tid != 0) return;
     int n = 0, kv = 0;
-    for (int tile = first_tile(); tile < tiles; tile += stride) {
-      const block_work w = work_of<BC>(p, tile);
+    for (int r = 0; r * stride < tiles; ++r) {
+      const int tile = tile_in_round(r, stride);
+      if (tile >= tiles) continue;
+      const block_work w = work_of<BC, BR>(p, tile);
       if (w.m0 >= w.sq.nq || w.nblocks == 0) continue;
       /* Varlen tensors are one sequence of all the rows (batch coordinate
        * 0); rows past a tensor's end arrive as zeros. */
@@ -470,13 +508,15 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
       const int q_row = (int)w.sq.q0 + w.m0, k_row = (int)w.sq.k0 + w.nb_min * BC;
       /* The bias's coordinates (broadcast dimensions: 0) and bytes a block. */
       const int b_row = p.bias_ss ? w.m0 : 0, b_h = p.bias_sh ? w.h : 0, b_b = p.bias_sb ? w.b : 0;
-      const uint32_t bias_bytes = p.bias_ss ? kSlotB : kSlotB / kBr;
-      if (n > 0) wg::mbar_wait(emptyQ, (uint32_t)(n - 1) & 1);
+      const uint32_t bias_bytes = p.bias_ss ? kSlotB : kSlotB / BR;
+      const int qs = n % QS, q_round = n / QS;
+      if (q_round > 0) wg::mbar_wait(emptyQ + 8 * qs, (uint32_t)(q_round - 1) & 1);
       ++n;
-      wg::mbar_expect_tx(barQ, kQBytes);
+      wg::mbar_expect_tx(barQ + 8 * qs, kQBytes);
 #pragma unroll
       for (int cb = 0; cb < DP / 64; ++cb)
-        wg::tma_load_4d(sQ + cb * kBr * 128, &tq, cb * 64, q_row, w.h, qb, barQ);
+        wg::tma_load_4d(sQ + qs * kQBytes + cb * BR * 128, &tq, cb * 64, q_row, w.h, qb,
+                        barQ + 8 * qs);
       for (int it = 0; it < w.nblocks; ++it, ++kv) {
         const int st = kv % STAGES, round = kv / STAGES;
         /* The slot's previous block (round - 1) is released. */
@@ -491,7 +531,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
           wg::mbar_expect_tx(fullB + 8 * st, bias_bytes);
 #pragma unroll
           for (int cb = 0; cb < BC / 64; ++cb)
-            wg::tma_load_4d(sB + st * kSlotB + cb * kBr * 128, &tb, (w.nb_min + it) * BC + cb * 64,
+            wg::tma_load_4d(sB + st * kSlotB + cb * BR * 128, &tb, (w.nb_min + it) * BC + cb * 64,
                             b_row, b_h, b_b, fullB + 8 * st);
         }
         wg::mbar_expect_tx(fullV + 8 * st, kSlot);
@@ -510,20 +550,23 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
    * packed only once P_(j-1)'s registers are free again. */
   wg::regs_inc<kConsumerRegs>();
   const int c = wgi - 1, lane = tid & 31, ctid = tid - 128;
-  const uint64_t dq = wg::desc_k_major(sQ + c * 64 * 128);
   auto stage = [](int g) { return (uint32_t)(g % STAGES); };
   auto parity = [](int g) { return (uint32_t)(g / STAGES) & 1; };
   int n = 0, kv = 0;
-  for (int tile = first_tile(); tile < tiles; tile += stride) {
-    const block_work w = work_of<BC>(p, tile);
+  for (int r = 0; r * stride < tiles; ++r) {
+    const int tile = tile_in_round(r, stride);
+    if (tile >= tiles) continue;
+    const block_work w = work_of<BC, BR>(p, tile);
     if (w.m0 >= w.sq.nq) continue;
     R rows(p, w.m0, w.sq.nq, w.sq.nk, c * 64 + ((tid >> 5) & 3) * 16, lane, w.h);
     if (w.nblocks > 0) {
       float s[R::NS][4];
       uint32_t pa[R::KB][4];
-      wg::mbar_wait(barQ, (uint32_t)n & 1);
+      const uint32_t qs = (uint32_t)(n % QS);
+      const uint64_t dq = wg::desc_k_major(sQ + qs * kQBytes + c * 64 * 128);
+      wg::mbar_wait(barQ + 8 * qs, (uint32_t)(n / QS) & 1);
       wg::mbar_wait(fullK + 8 * stage(kv), parity(kv));
-      rows.template scores<kBr>(s, dq, sK + stage(kv) * kSlot);
+      rows.template scores<BR>(s, dq, sK + stage(kv) * kSlot);
       if constexpr (BIAS) wg::mbar_wait(fullB + 8 * stage(kv), parity(kv));
       rows.softmax(p, s, w.nb_min, sB + stage(kv) * kSlotB);
       rows.rescale();
@@ -543,7 +586,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
         wg::pin(pa);
         wg::pin(rows.o);
         wg::fence();
-        rows.template issue_scores<kBr>(s, dq, sK + stage(cur) * kSlot);
+        rows.template issue_scores<BR>(s, dq, sK + stage(cur) * kSlot);
         wg::commit();
         rows.issue_pv(pa, sV + stage(prev) * kSlot);
         wg::commit();
@@ -559,8 +602,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
         rows.rescale();
         rows.pack(s, pa);
       }
-      /* Every Q K^T of the tile is done: Q's slot goes to the next tile. */
-      wg::mbar_arrive(emptyQ);
+      /* Every Q K^T of the tile is done: its Q slot goes to a next tile. */
+      wg::mbar_arrive(emptyQ + 8 * qs);
       const int last = kv + w.nblocks - 1, nb = w.nb_min + w.nblocks - 1;
       wg::mbar_wait(fullV + 8 * stage(last), parity(last));
       if ((p.cu_k || p.seqused) && (nb + 1) * BC > w.sq.nk) {
@@ -569,14 +612,14 @@ __global__ void __launch_bounds__(kThreadsWs, 1)
          * instead, so that P's zeros meet no inf or NaN
          * there. It is the last block, which both consumers reach. */
         const int z0 = w.sq.nk - nb * BC;
-        for (int i = ctid; i < (BC - z0) * (DP / 8); i += 256)
+        for (int i = ctid; i < (BC - z0) * (DP / 8); i += CT)
           asm volatile(
               "st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(
                   sV + stage(last) * kSlot + wg::swizzled(BC, z0 + i / (DP / 8), i % (DP / 8))),
               "r"(0)
               : "memory");
         wg::fence_proxy_async();
-        wg::named_sync(1, 256);
+        wg::named_sync(1, CT);
       }
       rows.accumulate(pa, sV + stage(last) * kSlot);
       wg::mbar_arrive(empty + 8 * stage(last));
@@ -626,7 +669,8 @@ __device__ __forceinline__ void load_tile(uint32_t s, const T *g, int64_t ss, in
  * 0 where the rows broadcast: then row 0 alone) into the swizzled tile at s
  * as the tensor map lays it out ([BC / 64][kBr][64]); rows at or past nrows
  * and keys at or past ncols are zeros (a chunk that straddles ncols is read
- * in part). */
+ * in part); rows of any length, which no tensor map describes, by
+ * cp_async16_any. */
 template <int BC, typename T>
 __device__ __forceinline__ void load_bias(uint32_t s, const T *g, int64_t ss, int row0, int nrows,
                                           int col0, int ncols, int tid) {
@@ -635,8 +679,9 @@ __device__ __forceinline__ void load_bias(uint32_t s, const T *g, int64_t ss, in
   for (int c = tid; c < rows * kChunks; c += kThreadsCp) {
     const int r = c / kChunks, ch = c % kChunks, left = ncols - (col0 + ch * 8);
     const int bytes = row0 + r >= nrows || left <= 0 ? 0 : left >= 8 ? 16 : left * 2;
-    attn_copy::cp_async16_n<false>(s + wg::swizzled(kBr, r, ch),
-                                   bytes ? g + (int64_t)(row0 + r) * ss + col0 + ch * 8 : g, bytes);
+    attn_copy::cp_async16_any<false, sizeof(T)>(
+        s + wg::swizzled(kBr, r, ch), bytes ? g + (int64_t)(row0 + r) * ss + col0 + ch * 8 : g,
+        bytes);
   }
 }
 
@@ -645,13 +690,14 @@ __device__ __forceinline__ void load_bias(uint32_t s, const T *g, int64_t ss, in
 template <typename T, int D, int BC, bool SCORED, bool BIAS>
 __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using R = rows64<T, D, BC, SCORED, BIAS>;
+  using R = rows64<T, D, BC, kBr, SCORED, BIAS>;
   constexpr int STAGES = 2;
   constexpr int DP = padded(D);
   constexpr uint32_t kQBytes = kBr * DP * sizeof(T);
   constexpr uint32_t kSlot = BC * DP * sizeof(T);
   constexpr uint32_t kSlotB = BIAS ? kBr * BC * sizeof(T) : 0;
-  static_assert(D % 32 == 0 && BC % 64 == 0, "k16 steps of Q K^T, whole 8-row groups");
+  static_assert(D % 32 == 0 && BC % 16 == 0, "k16 steps of Q K^T and of P V");
+  static_assert(!BIAS || BC % 64 == 0, "a bias tile is 64-key column blocks");
   static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -661,7 +707,7 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
   const uint32_t sB = sV + STAGES * kSlot; /* BIAS: [STAGES][Bc / 64][Br][64] */
 
   const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7;
-  const block_work w = work_of<BC>(p, first_tile());
+  const block_work w = work_of<BC, kBr>(p, first_tile());
   if (w.m0 >= w.sq.nq) return;
   const int nk = w.sq.nk;
   const T *gq = row_ptr<T>(p.q, w.b, w.sq.q0, w.h);
@@ -714,39 +760,37 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
 /* Launchers and rows                                                       */
 /* ---------------------------------------------------------------------- */
 
-/* Shared memory: the tiles, 4 STAGES + 2 mbarriers (the cp.async kernel has
+/* Shared memory: the tiles, 4 STAGES + 2 QS mbarriers (the cp.async kernel has
  * two slots and needs none), and the 1024 bytes that align the tiles; a
  * bias adds a Br x Bc tile a slot (bias_smem). */
-__host__ __device__ constexpr size_t bias_smem(int bc, int stages) {
-  return (size_t)stages * kBr * bc * 2;
+__host__ __device__ constexpr size_t bias_smem(int bc, int stages, int br) {
+  return (size_t)stages * br * bc * 2;
 }
-template <int D, int BC, int STAGES, bool BIAS = false>
+template <int D, int BC, int STAGES, int QS, int NC, bool BIAS = false>
 constexpr size_t smem_ws() {
-  return (size_t)(kBr + 2 * STAGES * BC) * padded(D) * 2 + 8 * (4 * STAGES + 2) + 1024 +
-         (BIAS ? bias_smem(BC, STAGES) : 0);
+  return (size_t)(QS * tile_rows(NC) + 2 * STAGES * BC) * padded(D) * 2 +
+         8 * (4 * STAGES + 2 * QS) + 1024 + (BIAS ? bias_smem(BC, STAGES, tile_rows(NC)) : 0);
 }
 template <int D, int BC, bool BIAS = false>
 constexpr size_t smem_cp() {
-  return (size_t)(kBr + 2 * 2 * BC) * padded(D) * 2 + 1024 + (BIAS ? bias_smem(BC, 2) : 0);
+  return (size_t)(kBr + 2 * 2 * BC) * padded(D) * 2 + 1024 + (BIAS ? bias_smem(BC, 2, kBr) : 0);
 }
 
-/* The grid: a block a tile, or, for the warp-specialized kernel when the
- * tiles are equally long (natural order) and more than fit at once, one
- * block a resident slot that walks the tiles (persistent), so that a tile's
- * loads land under the previous one's last products and stores instead of
- * after a block's start. Under a causal mask the tiles differ in length and
- * the hardware's dynamic start of blocks balances them better than a fixed
- * stride would. */
+/* The grid: a block a tile, or, for the warp-specialized kernel when more
+ * tiles than fit at once, one block a resident slot that walks the tiles
+ * (persistent, tile_in_round), so that a tile's loads land under the
+ * previous one's last products and stores instead of after a block's
+ * start. */
 template <typename K>
-static int launch_grid(const attn__cuda_launch *L, K kern, int threads, size_t smem, params *p,
-                       bool persistent, dim3 *grid) {
+static int launch_grid(const attn__cuda_launch *L, K kern, int threads, size_t smem, int br,
+                       params *p, bool persistent, dim3 *grid) {
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
       cudaSuccess)
     return ATTN_EDEVICE;
-  *grid = dim3((unsigned)((p->seqlen_q + kBr - 1) / kBr), (unsigned)p->heads_q, (unsigned)p->batch);
+  *grid = dim3((unsigned)((p->seqlen_q + br - 1) / br), (unsigned)p->heads_q, (unsigned)p->batch);
   p->order = attn_order_group(kern, threads, smem, *grid, L->dev->sm_count, p->window_left,
                               p->window_right);
-  if (persistent && p->order == 0) {
+  if (persistent) {
     const long long tiles = (long long)grid->x * grid->y * grid->z;
     const long long slots = attn_resident_blocks(kern, threads, smem, L->dev->sm_count);
     if (tiles > slots) *grid = dim3((unsigned)slots);
@@ -754,7 +798,7 @@ static int launch_grid(const attn__cuda_launch *L, K kern, int threads, size_t s
   return ATTN_OK;
 }
 
-template <typename T, int D, int BC, int STAGES, bool SCORED, bool BIAS>
+template <typename T, int D, int BC, int STAGES, int QS, int NC, bool SCORED, bool BIAS>
 static int launch_kernel(const attn__cuda_launch *L, params p) {
   const attn__problem *pb = L->pb;
   CUtensorMap tq, tk, tv, tb = {};
@@ -767,82 +811,121 @@ static int launch_kernel(const attn__cuda_launch *L, params p) {
   };
   /* The bias as [sequences][heads][rows][keys], a broadcast dimension of
    * one (its coordinate 0 in the kernel). */
+  constexpr int BR = tile_rows(NC);
   auto encode_bias = [&]() {
     const attn__tensor &b = pb->bias;
     const int64_t n[3] = {b.ss ? pb->seqlen_q : 1, b.sh ? pb->heads_q : 1, b.sb ? pb->batch : 1};
     return wg::encode_rows(&tb, const_cast<void *>(p.bias), pb->dtype == ATTN_BF16,
-                           (int)pb->seqlen_k, n[0], n[1], n[2], b.ss, b.sh, b.sb, b.ss ? kBr : 1);
+                           (int)pb->seqlen_k, n[0], n[1], n[2], b.ss, b.sh, b.sb, b.ss ? BR : 1);
   };
   dim3 grid;
   int st;
-  if (encode(&tq, p.q, rows_q, pb->heads_q, kBr) && encode(&tk, p.k, rows_k, pb->heads_kv, BC) &&
+  if (encode(&tq, p.q, rows_q, pb->heads_q, BR) && encode(&tk, p.k, rows_k, pb->heads_kv, BC) &&
       encode(&tv, p.v, rows_k, pb->heads_kv, BC) && (!BIAS || encode_bias())) {
-    auto kern = fwd_ws_kernel<T, D, BC, STAGES, SCORED, BIAS>;
-    constexpr size_t smem = smem_ws<D, BC, STAGES, BIAS>();
-    if ((st = launch_grid(L, kern, kThreadsWs, smem, &p, true, &grid)) != ATTN_OK) return st;
-    kern<<<grid, kThreadsWs, smem, L->stream>>>(tq, tk, tv, tb, p);
+    auto kern = fwd_ws_kernel<T, D, BC, STAGES, QS, NC, SCORED, BIAS>;
+    constexpr size_t smem = smem_ws<D, BC, STAGES, QS, NC, BIAS>();
+    constexpr int threads = threads_ws(NC);
+    if ((st = launch_grid(L, kern, threads, smem, BR, &p, true, &grid)) != ATTN_OK) return st;
+    kern<<<grid, threads, smem, L->stream>>>(tq, tk, tv, tb, p);
   } else {
     auto kern = fwd_kernel<T, D, BC, SCORED, BIAS>;
     constexpr size_t smem = smem_cp<D, BC, BIAS>();
-    if ((st = launch_grid(L, kern, kThreadsCp, smem, &p, false, &grid)) != ATTN_OK) return st;
+    if ((st = launch_grid(L, kern, kThreadsCp, smem, kBr, &p, false, &grid)) != ATTN_OK) return st;
     kern<<<grid, kThreadsCp, smem, L->stream>>>(p);
   }
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 
-template <typename T, int D, int BC, int STAGES>
+/* Whether a row's tiles leave room for a bias's in sm_90's 227 KB of
+ * shared memory a block, and its key blocks are whole 64-key column blocks
+ * of a bias tile: its bias kernels are compiled, and the row takes a bias
+ * (features), only then. */
+template <int D, int BC, int STAGES, int QS, int NC>
+constexpr bool bias_fits() {
+  return BC % 64 == 0 && smem_ws<D, BC, STAGES, QS, NC, true>() <= (size_t)227 * 1024;
+}
+
+template <typename T, int D, int BC, int STAGES, int QS, int NC>
 static int launch_fwd(const attn__cuda_launch *L, const attn__cuda_config *c) {
   (void)c;
   params p;
   make_params(L, 0, &p);
   const bool scored = p.softcap > 0.f || p.alibi;
-  if (L->pb->has_bias)
-    return scored ? launch_kernel<T, D, BC, STAGES, true, true>(L, p)
-                  : launch_kernel<T, D, BC, STAGES, false, true>(L, p);
-  return scored ? launch_kernel<T, D, BC, STAGES, true, false>(L, p)
-                : launch_kernel<T, D, BC, STAGES, false, false>(L, p);
+  if (L->pb->has_bias) {
+    if constexpr (bias_fits<D, BC, STAGES, QS, NC>())
+      return scored ? launch_kernel<T, D, BC, STAGES, QS, NC, true, true>(L, p)
+                    : launch_kernel<T, D, BC, STAGES, QS, NC, false, true>(L, p);
+    return ATTN_EINTERNAL; /* the plan gives this row no bias */
+  }
+  return scored ? launch_kernel<T, D, BC, STAGES, QS, NC, true, false>(L, p)
+                : launch_kernel<T, D, BC, STAGES, QS, NC, false, false>(L, p);
 }
 
-template <typename T, int D, int BC, int STAGES>
+template <typename T, int D, int BC, int STAGES, int QS, int NC, int MIN_K = 0, int MAX_K = 0>
 constexpr attn__cuda_config fwd_row(const char *name) {
-  static_assert(STAGES == kStages, "attn__cuda_hopper_fwd_bias_smem counts kStages bias tiles");
   return {.kernel = ATTN__CUDA_HOPPER_FORWARD,
           .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
           .dim = D,
           .cc = 90,
           .specific = 1,
           .tf32 = 0,
-          .threads = kThreadsWs,
-          .br = kBr,
+          .threads = threads_ws(NC),
+          .br = tile_rows(NC),
           .bc = BC,
-          .smem = smem_ws<D, BC, STAGES>() > smem_cp<D, BC>() ? smem_ws<D, BC, STAGES>()
-                                                              : smem_cp<D, BC>(),
+          .stages = STAGES,
+          .min_seqlen_q = NC == 3 ? kMinRows3 : 0,
+          .min_seqlen_k = MIN_K,
+          .max_seqlen_k = MAX_K,
+          .smem = smem_ws<D, BC, STAGES, QS, NC>() > smem_cp<D, BC>()
+                      ? smem_ws<D, BC, STAGES, QS, NC>()
+                      : smem_cp<D, BC>(),
           .smem_det = 0,
-          .features = ATTN__USES_BIAS | ATTN__USES_SEQUSED | ATTN__USES_APPEND | ATTN__USES_SINKS,
+          .features = (bias_fits<D, BC, STAGES, QS, NC>() ? (unsigned)ATTN__USES_BIAS : 0u) |
+                      ATTN__USES_SEQUSED | ATTN__USES_APPEND | ATTN__USES_SINKS,
           .nondeterministic = 0,
           .name = name,
-          .launch = launch_fwd<T, D, BC, STAGES>};
+          .launch = launch_fwd<T, D, BC, STAGES, QS, NC>};
 }
 
-/* The rows, <head dim, Bc, STAGES>. Bc = 128 for d <= 128 (FlashAttention-3's
- * tile for these dims) and 64 at d = 256, where O alone holds 128 registers a
- * thread; two stages fit every shape in the H200's 227 KB (d = 256: 193 KB).
- * d = 96 runs d = 128's tiles (its P V computes the padding's columns too). */
-constexpr attn__cuda_config fwd_rows[] = {
-    fwd_row<__half, 64, 128, 2>("Hopper forward (wgmma), f16, d = 64, 128 x 128 tiles"),
-    fwd_row<__half, 96, 128, 2>("Hopper forward (wgmma), f16, d = 96, 128 x 128 tiles"),
-    fwd_row<__half, 128, 128, 2>("Hopper forward (wgmma), f16, d = 128, 128 x 128 tiles"),
-    fwd_row<__half, 256, 64, 2>("Hopper forward (wgmma), f16, d = 256, 128 x 64 tiles"),
-    fwd_row<__nv_bfloat16, 64, 128, 2>("Hopper forward (wgmma), bf16, d = 64, 128 x 128 tiles"),
-    fwd_row<__nv_bfloat16, 96, 128, 2>("Hopper forward (wgmma), bf16, d = 96, 128 x 128 tiles"),
-    fwd_row<__nv_bfloat16, 128, 128, 2>("Hopper forward (wgmma), bf16, d = 128, 128 x 128 tiles"),
-    fwd_row<__nv_bfloat16, 256, 64, 2>("Hopper forward (wgmma), bf16, d = 256, 128 x 64 tiles"),
-};
+/* The rows, <head dim, Bc, STAGES (K/V slots), QS (Q slots), NC (consumer
+ * warpgroups, 64 query rows each), keys from, keys to>, the first that fits
+ * the problem taken. Bc = 128 for d <= 128 (FlashAttention-3's tile for
+ * these dims) and 64 at d = 256, where O alone holds 128 registers a
+ * thread. At d = 64:
+ *  - from kMinRows3 query rows on, three consumers share each K/V block
+ *    (192 query rows, FlashAttention-3's tile there): the block's bytes and
+ *    the producer's work spread over half as many rows again, and the
+ *    softmax of one consumer has two others' GEMMs to hide under;
+ *  - 129 to kShortBc keys take one block of kShortBc keys (no bias: its
+ *    tiles are 64-key blocks).
+ * Two Q slots let a tile's loads run under the previous tile (short
+ * sequences, persistent blocks): at d = 64 with four K/V slots, two tiles
+ * of two blocks; at d <= 128 two K/V slots (192 KB of the H200's 227). A
+ * bias's tiles (64 KB at two slots, 96 KB at 192 rows) leave d = 64 two
+ * K/V slots and d <= 128 one Q slot; d = 256 has one (193 KB). d = 96 runs
+ * d = 128's tiles (its P V computes the padding's columns too). */
+/* Each shape a row for f16 and one for bf16, in this order. */
+/* clang-format off */
+#define ATTN_HOPPER_FWD_ROWS(T, dtype) \
+  fwd_row<T, 64, 128, 4, 2, 3>("Hopper forward (wgmma), " dtype ", d = 64, 192 x 128 tiles, 4 K/V + 2 Q slots"), \
+  fwd_row<T, 64, 128, 2, 2, 3>("Hopper forward (wgmma), " dtype ", d = 64, 192 x 128 tiles, 2 K/V + 2 Q slots"), \
+  fwd_row<T, 64, kShortBc, 2, 2, 2, kBr + 1, kShortBc>("Hopper forward (wgmma), " dtype ", d = 64, 128 x 208 tiles (one key block), 2 K/V + 2 Q slots"), \
+  fwd_row<T, 64, 128, 4, 2, 2>("Hopper forward (wgmma), " dtype ", d = 64, 128 x 128 tiles, 4 K/V + 2 Q slots"), \
+  fwd_row<T, 64, 128, 2, 2, 2>("Hopper forward (wgmma), " dtype ", d = 64, 128 x 128 tiles, 2 K/V + 2 Q slots"), \
+  fwd_row<T, 96, 128, 2, 2, 2>("Hopper forward (wgmma), " dtype ", d = 96, 128 x 128 tiles, 2 K/V + 2 Q slots"), \
+  fwd_row<T, 96, 128, 2, 1, 2>("Hopper forward (wgmma), " dtype ", d = 96, 128 x 128 tiles, 2 K/V + 1 Q slot"), \
+  fwd_row<T, 128, 128, 2, 2, 2>("Hopper forward (wgmma), " dtype ", d = 128, 128 x 128 tiles, 2 K/V + 2 Q slots"), \
+  fwd_row<T, 128, 128, 2, 1, 2>("Hopper forward (wgmma), " dtype ", d = 128, 128 x 128 tiles, 2 K/V + 1 Q slot"), \
+  fwd_row<T, 256, 64, 2, 1, 2>("Hopper forward (wgmma), " dtype ", d = 256, 128 x 64 tiles, 2 K/V + 1 Q slot")
+/* clang-format on */
+constexpr attn__cuda_config fwd_rows[] = {ATTN_HOPPER_FWD_ROWS(__half, "f16"),
+                                          ATTN_HOPPER_FWD_ROWS(__nv_bfloat16, "bf16")};
+#undef ATTN_HOPPER_FWD_ROWS
 
 }  // namespace attn_hopper
 
 extern "C" size_t attn__cuda_hopper_fwd_bias_smem(const attn__cuda_config *c) {
-  return attn_hopper::bias_smem(c->bc, attn_hopper::kStages);
+  return attn_hopper::bias_smem(c->bc, c->stages, c->br);
 }
 
 extern "C" const attn__cuda_rows attn__cuda_hopper_forward_rows = {

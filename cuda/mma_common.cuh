@@ -408,7 +408,8 @@ __device__ __forceinline__ void tf32_tile(float *s, int tid) {
  * row0, key col0 into the tile at shared address s, of row stride BC + kPad:
  * rows at or past nrows and keys at or past ncols are zeros, and the chunk
  * that straddles ncols is read only up to it (past it may lie outside the
- * tensor). Each thread keeps one column of 16-byte chunks, as load_tile.
+ * tensor). Each thread keeps one column of 16-byte chunks, as load_tile;
+ * rows of any length (chunks not 16-byte aligned) by cp_async16_any.
  * Rows that broadcast (ss = 0) are one row for every block of the grid at
  * once: read through L1, so that one L2 slice does not serve them all. */
 template <int ROWS, int BC, int NT, typename BT>
@@ -425,16 +426,17 @@ __device__ __forceinline__ void load_bias_tile(uint32_t s, const BT *g, int64_t 
 #pragma unroll
     for (int i = 0; i < ROWS / kStep; ++i) {
       const bool ok = bytes > 0 && row0 + r0 + i * kStep < nrows;
-      attn_copy::cp_async16_n<true>(dst + (uint32_t)(i * kStep * (BC + kPad) * sizeof(BT)),
-                                    ok ? src : g, ok ? bytes : 0);
+      attn_copy::cp_async16_any<true, sizeof(BT)>(
+          dst + (uint32_t)(i * kStep * (BC + kPad) * sizeof(BT)), ok ? src : g, ok ? bytes : 0);
     }
     return;
   }
 #pragma unroll
   for (int i = 0; i < ROWS / kStep; ++i) {
     const bool ok = bytes > 0 && row0 + r0 + i * kStep < nrows;
-    attn_copy::cp_async16_n<false>(dst + (uint32_t)(i * kStep * (BC + kPad) * sizeof(BT)),
-                                   ok ? src + (int64_t)i * kStep * ss : g, ok ? bytes : 0);
+    attn_copy::cp_async16_any<false, sizeof(BT)>(
+        dst + (uint32_t)(i * kStep * (BC + kPad) * sizeof(BT)),
+        ok ? src + (int64_t)i * kStep * ss : g, ok ? bytes : 0);
   }
 }
 

@@ -29,13 +29,14 @@ static int family_covers(attn__cuda_kernel k, const attn__problem *pb) {
         ok = ok && attn__cuda_aligned16(&pb->dout) && attn__cuda_aligned16(&pb->dq) &&
              attn__cuda_aligned16(&pb->dk) && attn__cuda_aligned16(&pb->dv) && pb->lse.native;
       /* A bias of q's dtype or f32 loads as 16-byte chunks of contiguous
-       * keys; a dbias that sums over broadcast dimensions in a fixed order
-       * is the general kernels'. */
+       * keys, by cp.async where a chunk is 16-byte aligned and element by
+       * element where rows are not whole chunks (cp_async16_any); a dbias
+       * that sums over broadcast dimensions in a fixed order is the general
+       * kernels'. */
       if (pb->has_bias) {
         const attn__tensor *b = &pb->bias;
-        const int64_t e = 16 / (int64_t)attn_dtype_size(b->dtype);
         ok = ok && (b->dtype == pb->dtype || b->dtype == ATTN_F32) && b->sd == 1 &&
-             attn__cuda_base(b) % 16 == 0 && b->sb % e == 0 && b->sh % e == 0 && b->ss % e == 0;
+             attn__cuda_base(b) % attn_dtype_size(b->dtype) == 0;
         /* The Hopper forward reads its bias tiles with ldmatrix: 16 bits. */
         if (k == ATTN__CUDA_HOPPER_FORWARD) ok = ok && b->dtype == pb->dtype;
       }
@@ -82,6 +83,8 @@ static const attn__cuda_config *first_row(const attn__cuda_rows *t, const attn__
     if (pb->deterministic && c->smem_det > smem) smem = c->smem_det;
     smem += bias_smem(c, pb);
     if (bwd == backward && c->dtype == pb->dtype && (!c->tf32 || pb->allow_tf32) &&
+        pb->seqlen_q >= c->min_seqlen_q && pb->seqlen_k >= c->min_seqlen_k &&
+        (c->max_seqlen_k == 0 || pb->seqlen_k <= c->max_seqlen_k) &&
         c->dim == attn__cuda_dim_bucket(c->kernel, pb->head_dim) && code_runs(c, dev) &&
         smem <= dev->smem_optin && (attn__problem_uses(pb) & ~c->features) == 0 &&
         !(pb->deterministic && c->nondeterministic) && family_covers(c->kernel, pb))

@@ -72,28 +72,19 @@ static void the_library_knows_its_own_list(void **state) {
 }
 
 /* A 1024 x 1024 problem of 8 heads of d, its tensors 16-byte aligned in
- * device memory, planned for a device running code for `arch` with `kb` KB
- * of shared memory a block (48 on a P100, 64 on a T4, 96 on a V100, 163 on
- * an A100, 227 on an H200); tf32: ATTN_ALLOW_TF32. NULL when no row fits. */
-static const attn__cuda_config *planned(int arch, int kb, attn_dtype dt, int d, int backward,
-                                        int tf32) {
-  attn__cuda_device dev = {.sm_count = 40,
-                           .cc = arch,
-                           .smem_optin = (size_t)kb * 1024,
-                           .arch = arch,
-                           .arch_specific = 0};
-  attn__problem pb;
-  memset(&pb, 0, sizeof pb);
-  pb.dtype = dt;
-  pb.batch = 1;
-  pb.heads_q = pb.heads_kv = 8;
-  pb.head_dim = d;
-  pb.seqlen_q = pb.seqlen_k = pb.total_q = pb.total_k = 1024;
-  pb.scale = 0.125f;
-  pb.window_left = pb.window_right = -1;
-  pb.has_lse = 1;
-  pb.allow_tf32 = tf32;
-  attn__tensor *ts[] = {&pb.q, &pb.k, &pb.v, &pb.o, &pb.dout, &pb.dq, &pb.dk, &pb.dv};
+ * device memory; tf32: ATTN_ALLOW_TF32. */
+static void problem_of(attn__problem *pb, attn_dtype dt, int d, int tf32) {
+  memset(pb, 0, sizeof *pb);
+  pb->dtype = dt;
+  pb->batch = 1;
+  pb->heads_q = pb->heads_kv = 8;
+  pb->head_dim = d;
+  pb->seqlen_q = pb->seqlen_k = pb->total_q = pb->total_k = 1024;
+  pb->scale = 0.125f;
+  pb->window_left = pb->window_right = -1;
+  pb->has_lse = 1;
+  pb->allow_tf32 = tf32;
+  attn__tensor *ts[] = {&pb->q, &pb->k, &pb->v, &pb->o, &pb->dout, &pb->dq, &pb->dk, &pb->dv};
   for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
     ts[i]->native = (void *)(uintptr_t)4096;
     ts[i]->dtype = dt;
@@ -102,10 +93,30 @@ static const attn__cuda_config *planned(int arch, int kb, attn_dtype dt, int d, 
     ts[i]->ss = 8 * d;
     ts[i]->sb = 1024 * 8 * d;
   }
-  pb.lse.native = (void *)(uintptr_t)4096;
-  pb.lse.dtype = ATTN_F32;
+  pb->lse.native = (void *)(uintptr_t)4096;
+  pb->lse.dtype = ATTN_F32;
+}
+
+/* The plan for a device running code for `arch` (and its specific code,
+ * sm_90a, where `specific`) with `kb` KB of shared memory a block (48 on a
+ * P100, 64 on a T4, 96 on a V100, 163 on an A100, 227 on an H200); NULL
+ * when no row fits. */
+static const attn__cuda_config *plan_on(int arch, int kb, int specific, const attn__problem *pb,
+                                        int backward) {
+  attn__cuda_device dev = {.sm_count = 40,
+                           .cc = arch,
+                           .smem_optin = (size_t)kb * 1024,
+                           .arch = arch,
+                           .arch_specific = specific};
   char why[256];
-  return attn__cuda_plan(&dev, &pb, backward, why, sizeof why);
+  return attn__cuda_plan(&dev, pb, backward, why, sizeof why);
+}
+
+static const attn__cuda_config *planned(int arch, int kb, attn_dtype dt, int d, int backward,
+                                        int tf32) {
+  attn__problem pb;
+  problem_of(&pb, dt, d, tf32);
+  return plan_on(arch, kb, 0, &pb, backward);
 }
 
 static attn__cuda_kernel planned_kernel(int arch, int kb, attn_dtype dt, int backward) {
@@ -143,6 +154,72 @@ static void bf16_and_tf32_take_them_from_ampere_on(void **state) {
   assert_int_not_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
 }
 
+/* A bias whose rows are not whole 16-byte chunks (197 keys of bf16, at an
+ * odd element) stays on the tensor cores: the Hopper forward (its cp.async
+ * kernel, as no tensor map describes such rows) and the mma.sync forward
+ * and backward, not the general kernels. */
+static void bias_rows_of_any_length_take_the_tensor_cores(void **state) {
+  (void)state;
+  attn__problem pb;
+  problem_of(&pb, ATTN_BF16, 64, 0);
+  pb.seqlen_k = pb.total_k = 197;
+  pb.has_bias = 1;
+  pb.bias.native = (void *)(uintptr_t)(4096 + 2);
+  pb.bias.dtype = ATTN_BF16;
+  pb.bias.sd = 1;
+  pb.bias.ss = 197;
+  pb.bias.sh = 1024 * 197;
+  pb.bias.sb = 8 * 1024 * 197;
+  const attn__cuda_config *c = plan_on(90, 227, 1, &pb, 0);
+  assert_non_null(c);
+  assert_int_equal(c->kernel, ATTN__CUDA_HOPPER_FORWARD);
+  c = plan_on(80, 163, 0, &pb, 0);
+  assert_non_null(c);
+  assert_int_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
+  c = plan_on(80, 163, 0, &pb, 1);
+  assert_non_null(c);
+  assert_int_equal(c->kernel, ATTN__CUDA_MMA_BACKWARD);
+  /* An element split across two (an odd byte address) is still refused. */
+  pb.bias.native = (void *)(uintptr_t)(4096 + 1);
+  c = plan_on(80, 163, 0, &pb, 0);
+  assert_non_null(c);
+  assert_int_equal(c->kernel, ATTN__CUDA_GENERAL_FORWARD);
+}
+
+/* The sm_90a forward's tiles follow the lengths (the rows' bounds): one
+ * block of 208 keys from 129 to 208 keys at d = 64 (none with a bias),
+ * 192 query rows from 2048 on, 128 x 128 otherwise. */
+static void hopper_tiles_follow_the_lengths(void **state) {
+  (void)state;
+  static const struct {
+    int64_t nq, nk;
+    int bias, br, bc;
+  } cases[] = {{197, 197, 0, 128, 208},   {129, 129, 0, 128, 208},  {208, 208, 0, 128, 208},
+               {128, 128, 0, 128, 128},   {209, 209, 0, 128, 128},  {197, 197, 1, 128, 128},
+               {4096, 4096, 0, 192, 128}, {2047, 4096, 0, 128, 128}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    attn__problem pb;
+    problem_of(&pb, ATTN_BF16, 64, 0);
+    pb.seqlen_q = pb.total_q = cases[i].nq;
+    pb.seqlen_k = pb.total_k = cases[i].nk;
+    if (cases[i].bias) {
+      pb.has_bias = 1;
+      pb.bias.native = (void *)(uintptr_t)4096;
+      pb.bias.dtype = ATTN_BF16;
+      pb.bias.sd = 1;
+      pb.bias.ss = cases[i].nk;
+      pb.bias.sh = cases[i].nq * cases[i].nk;
+      pb.bias.sb = 8 * cases[i].nq * cases[i].nk;
+    }
+    const attn__cuda_config *c = plan_on(90, 227, 1, &pb, 0);
+    assert_non_null(c);
+    assert_int_equal(c->kernel, ATTN__CUDA_HOPPER_FORWARD);
+    if (c->br != cases[i].br || c->bc != cases[i].bc)
+      fail_msg("%lld x %lld keys, bias %d: %d x %d tiles, want %d x %d", (long long)cases[i].nq,
+               (long long)cases[i].nk, cases[i].bias, c->br, c->bc, cases[i].br, cases[i].bc);
+  }
+}
+
 /* Every dtype has a row in the shared memory a block of older GPUs: a
  * P100's 48 KB forward up to d = 192 and backward up to 128, a T4's 64 KB
  * forward at every d and backward up to 192, a V100's 96 KB both at every
@@ -174,6 +251,8 @@ int main(void) {
       cmocka_unit_test(the_library_knows_its_own_list),
       cmocka_unit_test(f16_takes_the_tensor_cores_from_turing_on),
       cmocka_unit_test(bf16_and_tf32_take_them_from_ampere_on),
+      cmocka_unit_test(bias_rows_of_any_length_take_the_tensor_cores),
+      cmocka_unit_test(hopper_tiles_follow_the_lengths),
       cmocka_unit_test(older_gpus_shared_memory_holds_a_row),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -633,13 +633,16 @@ static void bias_minus_inf_hides_a_whole_row(at_backend *b) {
  * kernels' head dims, holding every kind of value: finite ones, -inf, the
  * dtype's lowest value over a whole row (a mask written as the minimum,
  * under which the row is still a softmax of its scores) and a NaN that must
- * make its own row NaN and no other. */
+ * make its own row NaN and no other. A row of bf16's lowest value is beyond
+ * float32's softmax on CUDA's tensor cores (attn.h), which take rows of any
+ * length (150 keys): there bf16 plants the -inf and the NaN alone. */
 static void bias_of_every_kind_of_value(at_backend *b) {
   const attn_dtype dts[] = {ATTN_BF16, ATTN_F16};
   const int64_t dims[] = {64, 128};
   for (int i = 0; i < 2; i++)
     for (int j = 0; j < 2; j++)
-      for (int odd = 0; odd <= 2; odd++) {
+      for (int kind = 0; kind <= 2; kind++) {
+        const int odd = kind && dts[i] == ATTN_BF16 && b->kind == ATTN_BACKEND_CUDA ? 3 : kind;
         icase c = {.dt = dts[i],
                    .B = 2,
                    .Nq = 150,
@@ -720,12 +723,15 @@ static void cache_prefill_at_the_tensor_core_dims(at_backend *b) {
 /* More tiles than a GPU runs at once (the H200 holds 132 blocks of the
  * Hopper forward, which then walks several tiles a block): the pipelines
  * must carry over from one tile to the next, through tiles of different
- * lengths, tiles with no key (sequence 0's used length of 0) and a bias and
- * sinks; at d = 256 the consumers do not take turns. 2 query blocks x 72
- * heads x 2 sequences = 288 tiles. */
+ * lengths (causal among them), tiles with no key (sequence 0's used length
+ * of 0) and a bias and sinks; at d = 256 the consumers do not take turns.
+ * 2 query blocks x 72 heads x 2 sequences = 288 tiles. */
 static void more_tiles_than_blocks_at_once(at_backend *b) {
   icase c = {.dt = ATTN_BF16, .B = 2, .Nq = 130, .cap = 300, .Hq = 72, .Hkv = 8, .d = 64};
   run_forward(b, &c);
+  c.flags = ATTN_CAUSAL; /* tiles of different lengths, heaviest first */
+  run_forward(b, &c);
+  c.flags = 0;
   c.has_used = 1;
   c.used[0] = 0;
   c.used[1] = 290;
@@ -745,6 +751,64 @@ static void more_tiles_than_blocks_at_once(at_backend *b) {
              .has_used = 1,
              .used = {0, 200}};
   run_forward(b, &w);
+}
+
+/* Sequences long enough for the larger tiles some rows keep for them (the
+ * Hopper forward's 192 query rows at d = 64 from 2048 rows on), with a
+ * last tile of a few rows: plain, causal, and with a bias over the keys
+ * and sinks. */
+static void long_sequences_take_the_larger_tiles(at_backend *b) {
+  icase c = {.dt = ATTN_BF16, .B = 1, .Nq = 2118, .cap = 2118, .Hq = 2, .Hkv = 1, .d = 64};
+  run_forward(b, &c);
+  c.flags = ATTN_CAUSAL;
+  c.dt = ATTN_F16;
+  run_forward(b, &c);
+  c.flags = 0;
+  c.bias = 1 + BIAS_HEADS + BIAS_ROWS; /* [B, 1, 1, keys] */
+  c.bias_dt = c.dt;
+  c.sinks = 1;
+  run_forward(b, &c);
+}
+
+/* Sequences of 129 to 208 keys, which some rows take in one key block
+ * (the Hopper forward at d = 64, ViT's 197 tokens): both ends of the range,
+ * causal, a cache's used lengths with sinks, a window, and a bias (which
+ * those rows leave to others). */
+static void short_sequences_in_one_key_block(at_backend *b) {
+  const int64_t lengths[] = {129, 197, 208};
+  for (int j = 0; j < 3; j++) {
+    icase c = {.dt = j == 1 ? ATTN_F16 : ATTN_BF16,
+               .B = 3,
+               .Nq = lengths[j],
+               .cap = lengths[j],
+               .Hq = 4,
+               .Hkv = 2,
+               .d = 64};
+    run_forward(b, &c);
+    c.flags = ATTN_CAUSAL;
+    run_forward(b, &c);
+  }
+  icase c = {.dt = ATTN_BF16,
+             .B = 3,
+             .Nq = 197,
+             .cap = 208,
+             .Hq = 4,
+             .Hkv = 2,
+             .d = 64,
+             .has_used = 1,
+             .used = {197, 150, 200},
+             .sinks = 1};
+  run_forward(b, &c);
+  c.has_used = 0;
+  c.sinks = 0;
+  c.win = 1;
+  c.wl = 60;
+  c.wr = 20;
+  run_forward(b, &c);
+  c.win = 0;
+  c.bias = 1;
+  c.bias_dt = c.dt;
+  run_forward(b, &c);
 }
 
 static void sinks_join_the_denominator(at_backend *b) {
@@ -1075,6 +1139,8 @@ static const at_test tests[] = {
     AT_TEST(bias_in_aligned_rows),
     AT_TEST(cache_prefill_at_the_tensor_core_dims),
     AT_TEST(more_tiles_than_blocks_at_once),
+    AT_TEST(long_sequences_take_the_larger_tiles),
+    AT_TEST(short_sequences_in_one_key_block),
     AT_TEST(sinks_join_the_denominator),
     AT_TEST(bias_gradient_sums_over_broadcast),
     AT_TEST(sink_gradient),
