@@ -475,11 +475,19 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
       store_row_tile(Qr4, qreg, lid);
       store_row_tile(Gr4, greg, lid);
       barrier(CLK_LOCAL_MEM_FENCE);
-      if (ii + BJK < BQ && i0 + ii + BJK < nq) {
-        load_row_tile(qreg, t.qp, qs, i0 + ii + BJK, nq, d, lid);
-        load_row_tile(greg, t.gp, gs, i0 + ii + BJK, nq, d, lid);
-      } else if (step + 1 < steps) {
-        load_chunk(&next, &tn, 0, lid % BDK, lid / BDK);
+      /* The next rows while there are more, the next step's first chunk on
+       * the last pass: both loads every pass, the unwanted one reading
+       * nothing (no rows, no columns), because PoCL 5.0's compiler aborts
+       * (Kernel.cc:129, region_entry_barrier) on an if/else between these
+       * barriers. A chunk of zeros left in `next` is overwritten on the
+       * last pass, before the next step reads it. */
+      {
+        const int more = ii + BJK < BQ && i0 + ii + BJK < nq;
+        tile_src tc = tn;
+        tc.d = !more && step + 1 < steps ? tn.d : 0;
+        load_row_tile(qreg, t.qp, qs, i0 + ii + BJK, more ? nq : 0, d, lid);
+        load_row_tile(greg, t.gp, gs, i0 + ii + BJK, more ? nq : 0, d, lid);
+        load_chunk(&next, &tc, 0, lid % BDK, lid / BDK);
       }
 #pragma unroll
       for (int r = 0; r < BJK; ++r) {
@@ -625,11 +633,14 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
     for (int jj = 0; jj < BK && j0 + jj < nk; jj += BJK) {
       store_row_tile(Kr4, kreg, lid);
       barrier(CLK_LOCAL_MEM_FENCE);
-      if (jj + BJK < BK && j0 + jj + BJK < nk) {
-        load_row_tile(kreg, t.kp, ks, j0 + jj + BJK, nk, d, lid);
-      } else if (j0 + BK < hi) {
+      /* As attn_bwd_dkdv's: the next keys, or on the last pass the next
+       * block's first chunk, without an if/else between barriers. */
+      {
+        const int more = jj + BJK < BK && j0 + jj + BJK < nk;
         tile_src tn = t;
         tn.j0 = j0 + BK;
+        tn.d = !more && j0 + BK < hi ? d : 0;
+        load_row_tile(kreg, t.kp, ks, j0 + jj + BJK, more ? nk : 0, d, lid);
         load_chunk(&next, &tn, 0, lid % BDK, lid / BDK);
       }
 #pragma unroll
