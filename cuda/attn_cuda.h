@@ -106,17 +106,15 @@ typedef int (*attn__cuda_launcher)(const attn__cuda_launch *L, const attn__cuda_
 struct attn__cuda_config {
   attn__cuda_kernel kernel;
   attn_dtype dtype;
-  int dim;      /* head dims d with bucket(d) == dim (see attn__cuda_dim_bucket) */
-  int cc;       /* the lowest compute capability its code needs (attn__cuda_device.arch) */
-  int specific; /* and it needs cc's architecture-specific code (sm_90a) */
-  int tf32;     /* f32 through TF32 tensor cores: only where the problem allows it */
-  int threads;  /* a block */
-  int br, bc;   /* query rows and keys a block (or a step) */
-  int stages;   /* K/V slots in shared memory where the plan counts them, else 0 */
-  /* Taken only for problems of at least min_seqlen_q query rows and of
-   * min_seqlen_k to max_seqlen_k keys (0: no bound): tiles whose padding
-   * would cost other lengths more. */
-  int min_seqlen_q, min_seqlen_k, max_seqlen_k;
+  int dim;              /* head dims d with bucket(d) == dim (see attn__cuda_dim_bucket) */
+  int cc;               /* the lowest compute capability its code needs (attn__cuda_device.arch) */
+  int specific;         /* and it needs cc's architecture-specific code (sm_90a) */
+  int tf32;             /* f32 through TF32 tensor cores: only where the problem allows it */
+  int threads;          /* a block */
+  int br, bc;           /* query rows and keys a block (or a step) */
+  int stages;           /* K/V slots in shared memory where the plan counts them, else 0 */
+  int min_seqlen_q;     /* taken only for problems of at least this many query rows (a
+                         * larger tile whose padding would cost shorter ones more) */
   size_t smem;          /* dynamic shared memory, its largest kernel */
   size_t smem_det;      /* backward: and its deterministic pass's, 0 if none */
   unsigned features;    /* the ATTN__USES_* bits (attn_internal.h) its kernels implement */

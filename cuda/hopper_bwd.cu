@@ -536,8 +536,6 @@ constexpr attn__cuda_config bwd_row(const char *name) {
           .bc = kBc,
           .stages = 0,
           .min_seqlen_q = 0,
-          .min_seqlen_k = 0,
-          .max_seqlen_k = 0,
           .smem = smem > smem_64 ? smem : smem_64,
           .smem_det = 0,
           .features = 0,

@@ -69,11 +69,6 @@ __host__ __device__ constexpr int padded(int d) {
   return (d + 63) / 64 * 64;
 }
 
-/* Keys a block of the rows for short sequences: from 129 to 208 keys
- * (ViT's 197) in one block, a multiple of 8 (wgmma's N) rather than two
- * blocks of 128, which compute 256. */
-constexpr int kShortBc = 208;
-
 /* Three consumers' 192-row tiles pad a sequence to a multiple of 192 rows:
  * 12 % more rows than 128-row tiles at 1024, 50 % at ViT's 197, 3 % at
  * 2048 and beyond; they are taken from this length on (rows' min_seqlen_q). */
@@ -441,8 +436,7 @@ __global__ void __launch_bounds__(threads_ws(NC), 1)
    * overlap without turns. */
   constexpr bool PINGPONG = NC == 2 && D <= 128;
   static_assert(NC == 2 || NC == 3, "the register splits above");
-  static_assert(D % 32 == 0 && BC % 16 == 0, "k16 steps of Q K^T and of P V");
-  static_assert(!BIAS || BC % 64 == 0, "a bias tile is 64-key column blocks");
+  static_assert(D % 32 == 0 && BC % 64 == 0, "k16 steps of Q K^T, whole 8-row groups");
   static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
   static_assert(STAGES >= 2 && QS >= 1, "at least double buffering");
 
@@ -696,8 +690,7 @@ __global__ void __launch_bounds__(kThreadsCp, 1) fwd_kernel(const params p) {
   constexpr uint32_t kQBytes = kBr * DP * sizeof(T);
   constexpr uint32_t kSlot = BC * DP * sizeof(T);
   constexpr uint32_t kSlotB = BIAS ? kBr * BC * sizeof(T) : 0;
-  static_assert(D % 32 == 0 && BC % 16 == 0, "k16 steps of Q K^T and of P V");
-  static_assert(!BIAS || BC % 64 == 0, "a bias tile is 64-key column blocks");
+  static_assert(D % 32 == 0 && BC % 64 == 0, "k16 steps of Q K^T, whole 8-row groups");
   static_assert(sizeof(T) == 2, "16-bit elements: 64 a swizzled row");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -837,12 +830,11 @@ static int launch_kernel(const attn__cuda_launch *L, params p) {
 }
 
 /* Whether a row's tiles leave room for a bias's in sm_90's 227 KB of
- * shared memory a block, and its key blocks are whole 64-key column blocks
- * of a bias tile: its bias kernels are compiled, and the row takes a bias
- * (features), only then. */
+ * shared memory a block: its bias kernels are compiled, and the row takes
+ * a bias (features), only then. */
 template <int D, int BC, int STAGES, int QS, int NC>
 constexpr bool bias_fits() {
-  return BC % 64 == 0 && smem_ws<D, BC, STAGES, QS, NC, true>() <= (size_t)227 * 1024;
+  return smem_ws<D, BC, STAGES, QS, NC, true>() <= (size_t)227 * 1024;
 }
 
 template <typename T, int D, int BC, int STAGES, int QS, int NC>
@@ -861,7 +853,7 @@ static int launch_fwd(const attn__cuda_launch *L, const attn__cuda_config *c) {
                 : launch_kernel<T, D, BC, STAGES, QS, NC, false, false>(L, p);
 }
 
-template <typename T, int D, int BC, int STAGES, int QS, int NC, int MIN_K = 0, int MAX_K = 0>
+template <typename T, int D, int BC, int STAGES, int QS, int NC>
 constexpr attn__cuda_config fwd_row(const char *name) {
   return {.kernel = ATTN__CUDA_HOPPER_FORWARD,
           .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
@@ -874,8 +866,6 @@ constexpr attn__cuda_config fwd_row(const char *name) {
           .bc = BC,
           .stages = STAGES,
           .min_seqlen_q = NC == 3 ? kMinRows3 : 0,
-          .min_seqlen_k = MIN_K,
-          .max_seqlen_k = MAX_K,
           .smem = smem_ws<D, BC, STAGES, QS, NC>() > smem_cp<D, BC>()
                       ? smem_ws<D, BC, STAGES, QS, NC>()
                       : smem_cp<D, BC>(),
@@ -888,28 +878,24 @@ constexpr attn__cuda_config fwd_row(const char *name) {
 }
 
 /* The rows, <head dim, Bc, STAGES (K/V slots), QS (Q slots), NC (consumer
- * warpgroups, 64 query rows each), keys from, keys to>, the first that fits
- * the problem taken. Bc = 128 for d <= 128 (FlashAttention-3's tile for
- * these dims) and 64 at d = 256, where O alone holds 128 registers a
- * thread. At d = 64:
- *  - from kMinRows3 query rows on, three consumers share each K/V block
- *    (192 query rows, FlashAttention-3's tile there): the block's bytes and
- *    the producer's work spread over half as many rows again, and the
- *    softmax of one consumer has two others' GEMMs to hide under;
- *  - 129 to kShortBc keys take one block of kShortBc keys (no bias: its
- *    tiles are 64-key blocks).
- * Two Q slots let a tile's loads run under the previous tile (short
- * sequences, persistent blocks): at d = 64 with four K/V slots, two tiles
- * of two blocks; at d <= 128 two K/V slots (192 KB of the H200's 227). A
- * bias's tiles (64 KB at two slots, 96 KB at 192 rows) leave d = 64 two
- * K/V slots and d <= 128 one Q slot; d = 256 has one (193 KB). d = 96 runs
- * d = 128's tiles (its P V computes the padding's columns too). */
+ * warpgroups, 64 query rows each)>, the first whose shared memory fits
+ * taken. Bc = 128 for d <= 128 (FlashAttention-3's tile for these dims)
+ * and 64 at d = 256, where O alone holds 128 registers a thread. At d = 64
+ * and from kMinRows3 query rows on, three consumers share each K/V block
+ * (192 query rows, FlashAttention-3's tile there): the block's bytes and
+ * the producer's work spread over half as many rows again, and the softmax
+ * of one consumer has two others' GEMMs to hide under. Two Q slots let a
+ * tile's loads run under the previous tile (short sequences, persistent
+ * blocks): at d = 64 with four K/V slots, two tiles of two blocks; at
+ * d <= 128 two K/V slots (192 KB of the H200's 227). A bias's tiles (64 KB
+ * at two slots, 96 KB at d = 64's 192 rows) leave d = 64 two K/V slots and
+ * d <= 128 one Q slot; d = 256 has one (193 KB). d = 96 runs d = 128's
+ * tiles (its P V computes the padding's columns too). */
 /* Each shape a row for f16 and one for bf16, in this order. */
 /* clang-format off */
 #define ATTN_HOPPER_FWD_ROWS(T, dtype) \
   fwd_row<T, 64, 128, 4, 2, 3>("Hopper forward (wgmma), " dtype ", d = 64, 192 x 128 tiles, 4 K/V + 2 Q slots"), \
   fwd_row<T, 64, 128, 2, 2, 3>("Hopper forward (wgmma), " dtype ", d = 64, 192 x 128 tiles, 2 K/V + 2 Q slots"), \
-  fwd_row<T, 64, kShortBc, 2, 2, 2, kBr + 1, kShortBc>("Hopper forward (wgmma), " dtype ", d = 64, 128 x 208 tiles (one key block), 2 K/V + 2 Q slots"), \
   fwd_row<T, 64, 128, 4, 2, 2>("Hopper forward (wgmma), " dtype ", d = 64, 128 x 128 tiles, 4 K/V + 2 Q slots"), \
   fwd_row<T, 64, 128, 2, 2, 2>("Hopper forward (wgmma), " dtype ", d = 64, 128 x 128 tiles, 2 K/V + 2 Q slots"), \
   fwd_row<T, 96, 128, 2, 2, 2>("Hopper forward (wgmma), " dtype ", d = 96, 128 x 128 tiles, 2 K/V + 2 Q slots"), \

@@ -186,40 +186,6 @@ static void bias_rows_of_any_length_take_the_tensor_cores(void **state) {
   assert_int_equal(c->kernel, ATTN__CUDA_GENERAL_FORWARD);
 }
 
-/* The sm_90a forward's tiles follow the lengths (the rows' bounds): one
- * block of 208 keys from 129 to 208 keys at d = 64 (none with a bias),
- * 192 query rows from 2048 on, 128 x 128 otherwise. */
-static void hopper_tiles_follow_the_lengths(void **state) {
-  (void)state;
-  static const struct {
-    int64_t nq, nk;
-    int bias, br, bc;
-  } cases[] = {{197, 197, 0, 128, 208},   {129, 129, 0, 128, 208},  {208, 208, 0, 128, 208},
-               {128, 128, 0, 128, 128},   {209, 209, 0, 128, 128},  {197, 197, 1, 128, 128},
-               {4096, 4096, 0, 192, 128}, {2047, 4096, 0, 128, 128}};
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    attn__problem pb;
-    problem_of(&pb, ATTN_BF16, 64, 0);
-    pb.seqlen_q = pb.total_q = cases[i].nq;
-    pb.seqlen_k = pb.total_k = cases[i].nk;
-    if (cases[i].bias) {
-      pb.has_bias = 1;
-      pb.bias.native = (void *)(uintptr_t)4096;
-      pb.bias.dtype = ATTN_BF16;
-      pb.bias.sd = 1;
-      pb.bias.ss = cases[i].nk;
-      pb.bias.sh = cases[i].nq * cases[i].nk;
-      pb.bias.sb = 8 * cases[i].nq * cases[i].nk;
-    }
-    const attn__cuda_config *c = plan_on(90, 227, 1, &pb, 0);
-    assert_non_null(c);
-    assert_int_equal(c->kernel, ATTN__CUDA_HOPPER_FORWARD);
-    if (c->br != cases[i].br || c->bc != cases[i].bc)
-      fail_msg("%lld x %lld keys, bias %d: %d x %d tiles, want %d x %d", (long long)cases[i].nq,
-               (long long)cases[i].nk, cases[i].bias, c->br, c->bc, cases[i].br, cases[i].bc);
-  }
-}
-
 /* Every dtype has a row in the shared memory a block of older GPUs: a
  * P100's 48 KB forward up to d = 192 and backward up to 128, a T4's 64 KB
  * forward at every d and backward up to 192, a V100's 96 KB both at every
@@ -252,7 +218,6 @@ int main(void) {
       cmocka_unit_test(f16_takes_the_tensor_cores_from_turing_on),
       cmocka_unit_test(bf16_and_tf32_take_them_from_ampere_on),
       cmocka_unit_test(bias_rows_of_any_length_take_the_tensor_cores),
-      cmocka_unit_test(hopper_tiles_follow_the_lengths),
       cmocka_unit_test(older_gpus_shared_memory_holds_a_row),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

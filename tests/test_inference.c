@@ -770,47 +770,6 @@ static void long_sequences_take_the_larger_tiles(at_backend *b) {
   run_forward(b, &c);
 }
 
-/* Sequences of 129 to 208 keys, which some rows take in one key block
- * (the Hopper forward at d = 64, ViT's 197 tokens): both ends of the range,
- * causal, a cache's used lengths with sinks, a window, and a bias (which
- * those rows leave to others). */
-static void short_sequences_in_one_key_block(at_backend *b) {
-  const int64_t lengths[] = {129, 197, 208};
-  for (int j = 0; j < 3; j++) {
-    icase c = {.dt = j == 1 ? ATTN_F16 : ATTN_BF16,
-               .B = 3,
-               .Nq = lengths[j],
-               .cap = lengths[j],
-               .Hq = 4,
-               .Hkv = 2,
-               .d = 64};
-    run_forward(b, &c);
-    c.flags = ATTN_CAUSAL;
-    run_forward(b, &c);
-  }
-  icase c = {.dt = ATTN_BF16,
-             .B = 3,
-             .Nq = 197,
-             .cap = 208,
-             .Hq = 4,
-             .Hkv = 2,
-             .d = 64,
-             .has_used = 1,
-             .used = {197, 150, 200},
-             .sinks = 1};
-  run_forward(b, &c);
-  c.has_used = 0;
-  c.sinks = 0;
-  c.win = 1;
-  c.wl = 60;
-  c.wr = 20;
-  run_forward(b, &c);
-  c.win = 0;
-  c.bias = 1;
-  c.bias_dt = c.dt;
-  run_forward(b, &c);
-}
-
 static void sinks_join_the_denominator(at_backend *b) {
   icase c = {.dt = ATTN_F32,
              .B = 2,
@@ -1140,7 +1099,6 @@ static const at_test tests[] = {
     AT_TEST(cache_prefill_at_the_tensor_core_dims),
     AT_TEST(more_tiles_than_blocks_at_once),
     AT_TEST(long_sequences_take_the_larger_tiles),
-    AT_TEST(short_sequences_in_one_key_block),
     AT_TEST(sinks_join_the_denominator),
     AT_TEST(bias_gradient_sums_over_broadcast),
     AT_TEST(sink_gradient),
