@@ -72,6 +72,7 @@ const char *attn__cl_errname(cl_int err);
 extern const char attn__cl_src_common[];
 extern const char attn__cl_src_fwd[];
 extern const char attn__cl_src_fwd_rows[];
+extern const char attn__cl_src_fwd_mma[];
 extern const char attn__cl_src_bwd[];
 extern const char attn__cl_src_bwd_rows[];
 extern const char attn__cl_src_decode[];
@@ -109,12 +110,15 @@ typedef struct attn__cl_device {
   cl_ulong local_mem;
   cl_ulong max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
   size_t max_wg;
+  int nv_cc; /* NVIDIA's compute capability, major * 10 + minor; 0 on other devices */
 } attn__cl_device;
 
 /* The shape of the forward kernel (attn__cl_tiles.fwd). */
 enum attn__cl_fwd_shape {
   ATTN__CL_FWD_TILES, /* attn_fwd (fwd.cl): work-groups of 16 * Br / TM items over local tiles */
-  ATTN__CL_FWD_ROWS   /* attn_fwd_rows (fwd_rows.cl): one item per group, RB rows, for CPUs */
+  ATTN__CL_FWD_ROWS,  /* attn_fwd_rows (fwd_rows.cl): one item per group, RB rows, for CPUs */
+  ATTN__CL_FWD_MMA    /* attn_fwd_mma (fwd_mma.cl): NVIDIA's tensor cores through inline PTX,
+                       * f16 and bf16, 128 items over 64 rows and 64-key tiles */
 };
 
 /* The shape of the backward's dK/dV and dQ kernels (attn__cl_tiles.bwd). */
@@ -155,10 +159,10 @@ enum attn__cl_kernel {
  * a problem using an optional feature gets a program of its pass alone,
  * built with the feature's -D values (attn__cl_features). */
 enum attn__cl_prog_kind {
-  ATTN__CL_PROG_ATTN,   /* common.cl fwd.cl (or fwd_rows.cl) bwd.cl (and bwd_rows.cl), no
-                         * feature */
-  ATTN__CL_PROG_FWD,    /* common.cl fwd.cl (or fwd_rows.cl), and split.cl when split */
-  ATTN__CL_PROG_BWD,    /* common.cl bwd.cl (and bwd_rows.cl) */
+  ATTN__CL_PROG_ATTN, /* common.cl fwd.cl (or fwd_rows.cl, fwd_mma.cl) bwd.cl (and bwd_rows.cl), no
+                       * feature */
+  ATTN__CL_PROG_FWD,  /* common.cl fwd.cl (or fwd_rows.cl, fwd_mma.cl), and split.cl when split */
+  ATTN__CL_PROG_BWD,  /* common.cl bwd.cl (and bwd_rows.cl) */
   ATTN__CL_PROG_DECODE, /* common.cl decode.cl split.cl */
   ATTN__CL_PROG_APPEND, /* common.cl append.cl */
   ATTN__CL_PROG_MERGE,  /* common.cl merge.cl */
@@ -184,6 +188,7 @@ enum {
 enum attn__cl_kernel_slot {
   ATTN__CL_K_FWD,
   ATTN__CL_K_FWD_ROWS,
+  ATTN__CL_K_FWD_MMA,
   ATTN__CL_K_PRE,
   ATTN__CL_K_DKDV,
   ATTN__CL_K_DQ,
@@ -207,6 +212,7 @@ enum attn__cl_kernel_slot {
 typedef struct attn__cl_config {
   int valid;
   int dtype, hd;
+  int cls;    /* the tiles table's device class of the row (cl/plan.c) */
   int narrow; /* the device's 128-work-item row rather than its GPU row */
   attn__cl_tiles t;
   char name[ATTN__CL_FAMILIES][96]; /* by kernel family, for attn__plan.name */
@@ -292,6 +298,10 @@ void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const att
  * bucket, chosen once per context. */
 int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn__plan *out);
 
+/* A config of the tensor-core forward (fwd_mma.cl) whose program the
+ * device's compiler did not build: the device's GPU row in its place (or
+ * its own tiles for attn_fwd where none fits). 0 for other configs. */
+int attn__cl_config_portable(attn_context *ctx, attn__cl_config *config);
 /* Replaces a GPU config by the device's 128-work-item row, where the
  * compiled forward kernel cannot run the GPU row's work-group: the plan's
  * config pointer then names what runs. 0 when no narrower row fits. */

@@ -15,6 +15,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <pthread.h>
 
 /* ---------------------------------------------------------------------- */
@@ -27,6 +28,21 @@ static attn__cl_device g_devs[MAX_DEVICES];
 static int g_ndev;
 static char g_why[512];
 static pthread_once_t g_probe_once = PTHREAD_ONCE_INIT;
+
+/* cl_nv_device_attribute_query's CL_DEVICE_COMPUTE_CAPABILITY_{MAJOR,MINOR}_NV
+ * (cl_ext.h's values, not every header has them): the tensor-core forward
+ * (fwd_mma.cl) needs sm_80's mma.sync shapes. 0 where the extension is
+ * absent. */
+static int nv_compute_capability(const attn__cl_api *cl, cl_device_id id) {
+  char ext[4096] = "";
+  cl->clGetDeviceInfo(id, CL_DEVICE_EXTENSIONS, sizeof ext - 1, ext, NULL);
+  if (!strstr(ext, "cl_nv_device_attribute_query")) return 0;
+  cl_uint major = 0, minor = 0;
+  if (cl->clGetDeviceInfo(id, 0x4000, sizeof major, &major, NULL) != CL_SUCCESS ||
+      cl->clGetDeviceInfo(id, 0x4001, sizeof minor, &minor, NULL) != CL_SUCCESS)
+    return 0;
+  return (int)(major * 10 + minor);
+}
 
 static void probe(void) {
   const char *why = "";
@@ -80,6 +96,7 @@ static void probe(void) {
       d->info.is_gpu = (type & (CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR)) != 0;
       d->info.memory_bytes = mem;
       d->info.compute_units = (int)cus;
+      d->nv_cc = nv_compute_capability(cl, ids[i]);
       ++n;
     }
   }

@@ -25,6 +25,7 @@
 static const char *const kernel_names[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_FWD] = "attn_fwd",
     [ATTN__CL_K_FWD_ROWS] = "attn_fwd_rows",
+    [ATTN__CL_K_FWD_MMA] = "attn_fwd_mma",
     [ATTN__CL_K_PRE] = "attn_bwd_pre",
     [ATTN__CL_K_DKDV] = "attn_bwd_dkdv",
     [ATTN__CL_K_DQ] = "attn_bwd_dq",
@@ -45,12 +46,12 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
  * the decode's and bwd.cl's dK/dV and dQ kernels' depend on their tiles:
  * 0 here). */
 static const size_t kernel_items[ATTN__CL_K_COUNT] = {
-    [ATTN__CL_K_FWD] = 0,      [ATTN__CL_K_FWD_ROWS] = 1,  [ATTN__CL_K_PRE] = 64,
-    [ATTN__CL_K_DKDV] = 0,     [ATTN__CL_K_DQ] = 0,        [ATTN__CL_K_DKDV_ROWS] = 1,
-    [ATTN__CL_K_DQ_ROWS] = 1,  [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,
-    [ATTN__CL_K_DSINKS] = 64,  [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 64,
-    [ATTN__CL_K_APPEND] = 64,  [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,
-    [ATTN__CL_K_OFFSETS] = 64,
+    [ATTN__CL_K_FWD] = 0,          [ATTN__CL_K_FWD_ROWS] = 1, [ATTN__CL_K_FWD_MMA] = 128,
+    [ATTN__CL_K_PRE] = 64,         [ATTN__CL_K_DKDV] = 0,     [ATTN__CL_K_DQ] = 0,
+    [ATTN__CL_K_DKDV_ROWS] = 1,    [ATTN__CL_K_DQ_ROWS] = 1,  [ATTN__CL_K_ZERO] = 64,
+    [ATTN__CL_K_DBIAS_SUM] = 64,   [ATTN__CL_K_DSINKS] = 64,  [ATTN__CL_K_DECODE] = 0,
+    [ATTN__CL_K_SPLIT_MERGE] = 64, [ATTN__CL_K_APPEND] = 64,  [ATTN__CL_K_MERGE_MAX] = 1,
+    [ATTN__CL_K_MERGE_ADD] = 64,   [ATTN__CL_K_OFFSETS] = 64,
 };
 
 static void release_one(attn__cl_impl *im, attn__cl_program *p) {
@@ -102,6 +103,9 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
       if (kind != ATTN__CL_PROG_BWD && t->fwd == ATTN__CL_FWD_ROWS) {
         srcs[ns++] = attn__cl_src_fwd_rows;
         slots[nk++] = ATTN__CL_K_FWD_ROWS;
+      } else if (kind != ATTN__CL_PROG_BWD && t->fwd == ATTN__CL_FWD_MMA) {
+        srcs[ns++] = attn__cl_src_fwd_mma;
+        slots[nk++] = ATTN__CL_K_FWD_MMA;
       } else if (kind != ATTN__CL_PROG_BWD) {
         srcs[ns++] = attn__cl_src_fwd;
         slots[nk++] = ATTN__CL_K_FWD;
@@ -234,13 +238,15 @@ int attn__cl_program_of(attn_context *ctx, attn__cl_config *c, int kind, unsigne
   int narrow = 0;
   int st = build_program(ctx, c, kind, features, &narrow, out);
   /* A forward or backward the device's compiler cannot build in the CPU
-   * shape is built in the tiled one (ATTN_DEBUG says why); like a narrowed
+   * shape or on the tensor cores is built in the tiled one (ATTN_DEBUG says
+   * why); like a narrowed
    * config, the changed config is another: programs built for the old one
    * go, so that none is found for it again. */
   const int shaped =
       kind == ATTN__CL_PROG_ATTN || kind == ATTN__CL_PROG_FWD || kind == ATTN__CL_PROG_BWD;
   int other = 0;
-  if ((st == ATTN_EBUILD || st == ATTN_EUNSUPPORTED) && shaped && attn__cl_config_tiles(c)) {
+  if ((st == ATTN_EBUILD || st == ATTN_EUNSUPPORTED) && shaped &&
+      (attn__cl_config_portable(ctx, c) || attn__cl_config_tiles(c))) {
     attn__debug("opencl: %s; attn_fwd and bwd.cl run the context's passes", ctx->errmsg);
     ctx->errmsg[0] = 0;
     other = 1;
@@ -590,7 +596,10 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
   attn__tensor no_lse;
   memset(&no_lse, 0, sizeof no_lse);
   const int rows = !decode && c.t->fwd == ATTN__CL_FWD_ROWS;
-  const int slot = decode ? ATTN__CL_K_DECODE : rows ? ATTN__CL_K_FWD_ROWS : ATTN__CL_K_FWD;
+  const int slot = decode                         ? ATTN__CL_K_DECODE
+                   : rows                         ? ATTN__CL_K_FWD_ROWS
+                   : c.t->fwd == ATTN__CL_FWD_MMA ? ATTN__CL_K_FWD_MMA
+                                                  : ATTN__CL_K_FWD;
   args a = args_of(im, p->k[slot]);
   arg_tensor(&a, &pb->q, es);
   arg_tensor(&a, &pb->k, es);

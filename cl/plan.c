@@ -29,11 +29,13 @@ static int hd_bucket(int64_t d) {
   return (int)((d + 31) / 32 * 32);
 }
 
-/* Device classes. GPU: a GPU or accelerator running 256-item work-groups.
- * CPU: the rest; PoCL runs a work-group as loops over its items, and PoCL
- * 5.0's compiler aborts on the 256-item program. A small local memory is
+/* Device classes. NV_MMA: an NVIDIA GPU of compute capability 8.0 or
+ * later, whose driver takes inline PTX: its f16 and bf16 rows up to
+ * HD = 128 run the tensor-core forward (fwd_mma.cl), the rest its GPU rows.
+ * GPU: a GPU or accelerator running 256-item work-groups. CPU: the rest;
+ * PoCL runs a work-group as loops over its items. A small local memory is
  * not a class: the fitting rule below shrinks any row to it. */
-enum { CLASS_GPU, CLASS_CPU };
+enum { CLASS_NV_MMA, CLASS_GPU, CLASS_CPU };
 #define ANY_DTYPE (-1)
 
 /* The tuning table: the first row of the device's class whose dtype matches
@@ -73,6 +75,14 @@ static const struct tiles_row {
   attn__cl_tiles t; /* in attn__cl_tiles's order */
 } tiles_table[] = {
     /* br, bc, tm, dk, jk; bq, bk, btm, bdk, bjk; dr, ntd; the shapes; rb, kb */
+    {CLASS_NV_MMA,
+     ATTN_F16,
+     128,
+     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_TILES, 0, 0}},
+    {CLASS_NV_MMA,
+     ATTN_BF16,
+     128,
+     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_TILES, 0, 0}},
     {CLASS_GPU,
      ANY_DTYPE,
      128,
@@ -117,6 +127,13 @@ static int fwd_staging_fits(const attn__cl_tiles *t) {
          (t->dk * t->bc) % nt == 0;
 }
 
+/* fwd_mma.cl's local memory: K rows and V^T of a 64-key tile, 16-bit,
+ * each row 8 elements longer. Its tiles are fixed; the row's br, bc, tm,
+ * dk and jk are attn_fwd's, for the fallback (attn__cl_config_tiles). */
+static size_t mma_local_bytes(int hd) {
+  return 2u * (64u * (size_t)(hd + 8) + (size_t)hd * (64u + 8u));
+}
+
 /* bwd.cl's local memory, the larger of its two kernels': the chunks of S
  * and dP, or the tiles of the sums (attn_bwd_dkdv: P, dS, Q and dO rows;
  * attn_bwd_dq: dS, dbias's dR under DBIAS 2, K rows) that share their
@@ -159,6 +176,7 @@ static size_t decode_local_bytes(int hd, int es, int dr, int ntd) {
  * the device's work-group. 0 when nothing fits the device. */
 static int fit(const attn__cl_device *dev, int dtype, int hd, attn__cl_tiles *t) {
   size_t lmem = (size_t)dev->local_mem;
+  if (t->fwd == ATTN__CL_FWD_MMA && (mma_local_bytes(hd) > lmem || dev->max_wg < 128)) return 0;
   while (fwd_local_bytes(hd, t) > lmem || !fwd_staging_fits(t)) {
     if (t->jk > 4)
       t->jk /= 2;
@@ -194,7 +212,10 @@ static int fit(const attn__cl_device *dev, int dtype, int hd, attn__cl_tiles *t)
 
 static void name_fwd(attn__cl_config *c) {
   const attn__cl_tiles *t = &c->t;
-  if (t->fwd == ATTN__CL_FWD_ROWS)
+  if (t->fwd == ATTN__CL_FWD_MMA)
+    snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
+             "opencl attn_fwd_mma HD=%d Br=64 Bc=64 (tensor cores, inline PTX)", c->hd);
+  else if (t->fwd == ATTN__CL_FWD_ROWS)
     snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0], "opencl attn_fwd_rows HD=%d RB=%d KB=%d",
              c->hd, t->rb, t->kb);
   else
@@ -241,14 +262,15 @@ static int choose(attn_context *ctx, int cls, int dtype, int hd, attn__cl_config
   c->valid = 1;
   c->dtype = dtype;
   c->hd = hd;
-  c->narrow = cls != CLASS_GPU;
+  c->cls = cls;
+  c->narrow = cls == CLASS_CPU;
   c->t = t;
   name_all(c);
   return 1;
 }
 
 const attn__cl_tiles *attn__cl_table_row(const attn__cl_config *c) {
-  return table_row(c->narrow ? CLASS_CPU : CLASS_GPU, c->dtype, c->hd);
+  return table_row(c->cls, c->dtype, c->hd);
 }
 
 int attn__cl_config_use(attn_context *ctx, attn__cl_config *c, const attn__cl_tiles *t) {
@@ -259,6 +281,16 @@ int attn__cl_config_use(attn_context *ctx, attn__cl_config *c, const attn__cl_ti
   c->t = f;
   name_all(c);
   return ATTN_OK;
+}
+
+int attn__cl_config_portable(attn_context *ctx, attn__cl_config *config) {
+  if (config->t.fwd != ATTN__CL_FWD_MMA) return 0;
+  attn__cl_config c;
+  if (choose(ctx, CLASS_GPU, config->dtype, config->hd, &c)) {
+    *config = c;
+    return 1;
+  }
+  return attn__cl_config_tiles(config);
 }
 
 int attn__cl_config_narrow(attn_context *ctx, attn__cl_config *config) {
@@ -277,8 +309,9 @@ static attn__cl_config *config_for(attn_context *ctx, int dtype, int hd) {
   if (c->valid) return c;
   const attn__cl_device *dev = im->dev;
   int gpu = dev->info.is_gpu && dev->max_wg >= 256;
-  /* A GPU row that does not fit falls back to the narrower one. */
-  if ((gpu && choose(ctx, CLASS_GPU, dtype, hd, c)) || choose(ctx, CLASS_CPU, dtype, hd, c))
+  /* A class's row that does not fit falls back to the next one. */
+  if ((dev->nv_cc >= 80 && choose(ctx, CLASS_NV_MMA, dtype, hd, c)) ||
+      (gpu && choose(ctx, CLASS_GPU, dtype, hd, c)) || choose(ctx, CLASS_CPU, dtype, hd, c))
     return c;
   return NULL;
 }

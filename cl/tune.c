@@ -45,8 +45,11 @@ static const struct {
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 #define LINE_INTS 18
 
+/* The tensor-core forward's tiles are fixed: its rows vary the backward's. */
 static int tune_count_of(const attn__cl_tiles *row) {
-  return row->fwd == ATTN__CL_FWD_ROWS ? COUNT(rows_tiles) : COUNT(fwd_tiles) * COUNT(bwd_tiles);
+  return row->fwd == ATTN__CL_FWD_ROWS  ? COUNT(rows_tiles)
+         : row->fwd == ATTN__CL_FWD_MMA ? COUNT(bwd_tiles)
+                                        : COUNT(fwd_tiles) * COUNT(bwd_tiles);
 }
 
 /* Variation i of a row. */
@@ -58,11 +61,13 @@ static attn__cl_tiles variation(const attn__cl_tiles *row, int i) {
     return t;
   }
   const int f = i / COUNT(bwd_tiles), b = i % COUNT(bwd_tiles);
-  t.br = fwd_tiles[f].br;
-  t.tm = fwd_tiles[f].tm;
-  t.bc = fwd_tiles[f].bc;
-  t.dk = fwd_tiles[f].dk;
-  t.jk = fwd_tiles[f].jk;
+  if (row->fwd != ATTN__CL_FWD_MMA) {
+    t.br = fwd_tiles[f].br;
+    t.tm = fwd_tiles[f].tm;
+    t.bc = fwd_tiles[f].bc;
+    t.dk = fwd_tiles[f].dk;
+    t.jk = fwd_tiles[f].jk;
+  }
   t.bq = bwd_tiles[b].bq;
   t.bk = bwd_tiles[b].bk;
   t.btm = bwd_tiles[b].btm;

@@ -39,10 +39,48 @@ int at_cl_force_tiles(attn_context *ctx, const char *spec) {
   ctx->errmsg[0] = 0;
   return n;
 }
+
+int at_cl_nv_cc(attn_context *ctx) {
+  return attn_context_backend(ctx) == ATTN_BACKEND_OPENCL ? attn__cl_impl_of(ctx)->dev->nv_cc : 0;
+}
+
+int at_cl_fwd_mma(attn_context *ctx, attn_dtype dtype, int64_t head_dim) {
+  const attn__cl_config *c = attn__cl_config_for(ctx, dtype, head_dim);
+  ctx->errmsg[0] = 0;
+  return c ? c->t.fwd == ATTN__CL_FWD_MMA : -1;
+}
+
+int at_cl_portable(attn_context *ctx) {
+  int n = 0;
+  for (int dt = ATTN_F32; dt <= ATTN_BF16; ++dt)
+    for (int hd = 32; hd <= ATTN_MAX_HEAD_DIM; hd += 32) {
+      attn__cl_config *c = attn__cl_config_for(ctx, (attn_dtype)dt, hd);
+      if (c) n += attn__cl_config_portable(ctx, c);
+    }
+  ctx->errmsg[0] = 0;
+  return n;
+}
 #else
 int at_cl_force_tiles(attn_context *ctx, const char *spec) {
   (void)ctx;
   (void)spec;
+  return 0;
+}
+
+int at_cl_nv_cc(attn_context *ctx) {
+  (void)ctx;
+  return 0;
+}
+
+int at_cl_fwd_mma(attn_context *ctx, attn_dtype dtype, int64_t head_dim) {
+  (void)ctx;
+  (void)dtype;
+  (void)head_dim;
+  return -1;
+}
+
+int at_cl_portable(attn_context *ctx) {
+  (void)ctx;
   return 0;
 }
 #endif

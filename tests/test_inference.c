@@ -753,6 +753,78 @@ static void more_tiles_than_blocks_at_once(at_backend *b) {
   run_forward(b, &w);
 }
 
+/* The cases of the OpenCL tensor-core test, on one context. */
+static void tensor_core_cases(at_backend *b) {
+  const int64_t dims[] = {32, 64, 96, 128};
+  for (int j = 0; j < 4; j++) {
+    icase c = {.dt = j % 2 ? ATTN_F16 : ATTN_BF16,
+               .B = 2,
+               .Nq = 130,
+               .cap = 200,
+               .Hq = 8,
+               .Hkv = 2,
+               .d = dims[j]};
+    run_forward(b, &c);
+    c.flags = ATTN_CAUSAL;
+    run_forward(b, &c);
+  }
+  icase c = {.dt = ATTN_BF16,
+             .B = 2,
+             .Nq = 77,
+             .cap = 300,
+             .Hq = 8,
+             .Hkv = 2,
+             .d = 128,
+             .has_used = 1,
+             .used = {0, 290},
+             .page = 16,
+             .bias = 1,
+             .bias_dt = ATTN_BF16,
+             .sinks = 1,
+             .softcap = 30,
+             .alibi = 1};
+  run_forward(b, &c);
+  icase s = {.dt = ATTN_F16, .B = 1, .Nq = 3, .cap = 2000, .Hq = 8, .Hkv = 8, .d = 64, .splits = 3};
+  run_forward(b, &s);
+  s.win = 1;
+  s.wl = 700;
+  s.wr = 0;
+  run_forward(b, &s);
+}
+
+/* NVIDIA GPUs of compute capability 8.0 and later run f16 and bf16
+ * forwards up to d = 128 on their tensor cores through OpenCL (fwd_mma.cl,
+ * inline PTX), f32 and d = 256 on the portable kernels; the portable path
+ * stays beside it (a driver that cannot build the tensor-core program gets
+ * it): both agree with the reference over every head dim bucket, causal,
+ * a cache with pages, a bias with sinks, softcap and ALiBi, and splits. */
+static void opencl_tensor_cores_where_nvidia_has_them(at_backend *b) {
+  if (b->kind != ATTN_BACKEND_OPENCL) {
+    at_skip("the OpenCL backend's vendor path");
+    return;
+  }
+  const int cc = at_cl_nv_cc(b->ctx);
+  if (cc < 80) {
+    at_skip("the OpenCL device is not an NVIDIA GPU of compute capability 8.0 or later");
+    return;
+  }
+  assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_F16, 128), 1);
+  assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_BF16, 32), 1);
+  assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_F32, 64), 0);
+  assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_F16, 256), 0);
+  tensor_core_cases(b);
+  assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_BF16, 128), 1); /* it built: no fallback */
+
+  char spec[32];
+  snprintf(spec, sizeof spec, "opencl:%d", attn_context_device(b->ctx));
+  at_backend p = *b;
+  assert_int_equal(attn_context_create(spec, &p.ctx), ATTN_OK);
+  assert_true(at_cl_portable(p.ctx) > 0);
+  assert_int_equal(at_cl_fwd_mma(p.ctx, ATTN_F16, 128), 0);
+  tensor_core_cases(&p);
+  attn_context_free(p.ctx);
+}
+
 /* Sequences long enough for the larger tiles some rows keep for them (the
  * Hopper forward's 192 query rows at d = 64 from 2048 rows on), with a
  * last tile of a few rows: plain, causal, and with a bias over the keys
@@ -1098,6 +1170,7 @@ static const at_test tests[] = {
     AT_TEST(bias_in_aligned_rows),
     AT_TEST(cache_prefill_at_the_tensor_core_dims),
     AT_TEST(more_tiles_than_blocks_at_once),
+    AT_TEST(opencl_tensor_cores_where_nvidia_has_them),
     AT_TEST(long_sequences_take_the_larger_tiles),
     AT_TEST(sinks_join_the_denominator),
     AT_TEST(bias_gradient_sums_over_broadcast),

@@ -60,6 +60,14 @@ int at_main(int argc, char **argv, const char *suite, const at_test *tests, size
  * "BQ,BK,BTM,BDK,BJK"). How many configs it switched: 0 on a GPU device,
  * and where the OpenCL backend is not built. */
 int at_cl_force_tiles(attn_context *ctx, const char *spec);
+/* The OpenCL device's NVIDIA compute capability (major * 10 + minor; 0
+ * elsewhere, and on other backends), whether the plan gives (dtype,
+ * head_dim) the tensor-core forward there (fwd_mma.cl; -1: no config), and
+ * every tensor-core config of the context replaced by the portable one, as
+ * when the driver cannot build it (returns how many). tests/cl_tiles.c. */
+int at_cl_nv_cc(attn_context *ctx);
+int at_cl_fwd_mma(attn_context *ctx, attn_dtype dtype, int64_t head_dim);
+int at_cl_portable(attn_context *ctx);
 
 /* Skips the running test with a reason (shown by cmocka). */
 #define at_skip(...)           \

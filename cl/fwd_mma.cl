@@ -1,0 +1,292 @@
+/*
+ * Forward pass on NVIDIA's tensor cores (sm_80 and later), through inline
+ * PTX: the vendor path beside fwd.cl for f16 and bf16, with fwd.cl's
+ * arguments, steps and rules (common.cl). One work-group of 4 warps takes
+ * BR = 64 query rows of one (sequence, head), 16 rows a warp, over key
+ * tiles of BC = 64:
+ *   S = Q K^T      mma.sync m16n8k16, Q's fragments held in registers, K
+ *                  row-major in local memory (a fragment is a 32-bit read)
+ *   S -> scale, softcap, ALiBi, bias, mask, online softmax (common.cl), the
+ *        row maxima and sums over the 4 lanes that share a row (shfl.sync)
+ *   O += P V       P packed to 16 bits from S's accumulators, which already
+ *                  lie as the next product's A fragments; V transposed in
+ *                  local memory so that its fragments are 32-bit reads too
+ * Lane (g, t) = (lane / 4, lane % 4) of warp w holds rows 16 w + g and
+ * 16 w + g + 8, and of each 8 columns of S or O the columns 2 t, 2 t + 1:
+ * the m16n8k16 layout of C and D.
+ *
+ * Built only for a device whose driver takes PTX in OpenCL C (NVIDIA, the
+ * plan checks the compute capability); a build that fails falls back to
+ * fwd.cl (cl/launch.c). HD at most 128: O, S and Q's fragments take
+ * HD / 2 + 32 + HD / 4 registers a lane.
+ */
+#ifndef HD
+#define HD 64
+#endif
+#define MR 64     /* query rows per work-group */
+#define MC 64     /* keys per tile */
+#define MT 128    /* work-items: 4 warps */
+#define KST (HD + 8)  /* K and Q rows in local memory, in 16-bit elements: 4 words apart per row */
+#define VST (MC + 8)  /* rows of V^T: 4 words apart per column */
+#define NSN (MC / 8)  /* 8-column tiles of S a warp holds */
+#define NON (HD / 8)  /* of O */
+#define NQK (HD / 16) /* k16 steps of Q K^T */
+
+#if DTYPE == 1
+#define MMA_TYPES "f32.f16.f16.f32"
+#define CVT_PAIR "cvt.rn.f16x2.f32"
+#else
+#define MMA_TYPES "f32.bf16.bf16.f32"
+#define CVT_PAIR "cvt.rn.bf16x2.f32"
+#endif
+
+/* d = a b + d for one m16n8k16 tile (fragments as the PTX ISA lays them). */
+inline void mma_tile(float *d, const uint *a, uint b0, uint b1) {
+  float e0, e1, e2, e3;
+  __asm__ __volatile__("mma.sync.aligned.m16n8k16.row.col." MMA_TYPES
+                       " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+                       : "=f"(e0), "=f"(e1), "=f"(e2), "=f"(e3)
+                       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1),
+                         "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]));
+  d[0] = e0;
+  d[1] = e1;
+  d[2] = e2;
+  d[3] = e3;
+}
+
+/* x and y rounded to the element type, x in the low half. */
+inline uint pack_pair(float x, float y) {
+  uint r;
+  __asm__ __volatile__(CVT_PAIR " %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
+  return r;
+}
+
+/* x from the lane whose id differs from this one's by the bits of m. */
+inline float lane_xor(float x, int m) {
+  uint r;
+  __asm__ __volatile__("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;"
+                       : "=r"(r)
+                       : "r"(as_uint(x)), "r"(m));
+  return as_float(r);
+}
+
+/* Over the 4 lanes that share a row. */
+inline float quad_max(float x) {
+  x = fmax(x, lane_xor(x, 1));
+  return fmax(x, lane_xor(x, 2));
+}
+
+inline float quad_sum(float x) {
+  x += lane_xor(x, 1);
+  return x + lane_xor(x, 2);
+}
+
+/* Rows j0 .. j0 + MC - 1 of a [.., HD] operand (n rows, d columns) into
+ * local memory, zero past the ends: key rows (keyed, through KEY_ROW) or
+ * query rows; row-major (stride KST) or, for V, transposed (column c's
+ * keys at c * VST). Consecutive items take consecutive columns, so that a
+ * warp reads a row's run of elements. */
+inline void stage_tile(__local ushort *dst, __global const ushort *p, long4 s, int j0, int n, int d,
+                       int keyed, int transposed, int lid KEY_PAGES_PARAM) {
+  for (int e = lid; e < MC * HD; e += MT) {
+    const int j = e / HD, c = e % HD;
+    const long row = keyed ? KEY_ROW(j0 + j, s) : (long)(j0 + j) * s.s1;
+    const ushort x = j0 + j < n && c < d ? p[row + c * s.s3] : (ushort)0;
+    dst[transposed ? c * VST + j : j * KST + c] = x;
+  }
+}
+
+/* The 32-bit word of two elements at (row, col) of a local tile. */
+inline uint word_at(__local const ushort *t, int row, int stride, int col) {
+  return *(__local const uint *)(t + row * stride + col);
+}
+
+__kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(
+    __global const T *q, long qo, long4 qs, __global const T *k, long ko, long4 ks,
+    __global const T *v, long vo, long4 vs, __global T *o, long oo, long4 os, __global float *lse,
+    long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k,
+    __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,
+    float softcap, int wl, int wr KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS SPLIT_ARGS) {
+  /* Q passes through Ks before the first tile. Words, for the fragments'
+   * 32-bit reads. */
+  __local uint Ks_w[MC * KST / 2], Vt_w[HD * VST / 2];
+  __local ushort *Ks = (__local ushort *)Ks_w, *Vt = (__local ushort *)Vt_w;
+
+  const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
+  const int b = get_group_id(2), h = get_group_id(1);
+  ROW_BLOCK(MR);
+  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
+  const int nq = seq.nq, nk = seq_keys(seq, b KV_USED_VALS);
+  if (r0 >= nq) return; /* the whole group leaves: no barrier is skipped */
+  const int hk = h / group;
+  __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
+  KV_HEADS(T);
+#if HAS_BIAS
+  const long bias_h = bias_o + b * bias_s.s0 + h * bias_s.s1;
+#endif
+
+  int lo, hi;
+  key_block_range(r0, min(r0 + MR, nq), nq, nk, wl, wr, &lo, &hi);
+  const float slope = alibi ? alibi[h] : 0.0f;
+  /* As fwd.cl: a tile that every row sees whole needs the scale alone. */
+  const int plain = softcap == 0.0f && slope == 0.0f && r0 + MR <= nq;
+  int all_lo, all_hi, unused;
+  key_range(diag(r0 + MR - 1, nq, nk), nk, wl, wr, &all_lo, &unused);
+  key_range(diag(r0, nq, nk), nk, wl, wr, &unused, &all_hi);
+
+  /* The warp's rows of Q as A fragments, for the whole pass. */
+  stage_tile(Ks, (__global const ushort *)qp, qs, r0, nq, d, 0, 0, lid KEY_PAGES);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  uint qa[NQK][4];
+  const int qr = 16 * w + g;
+#pragma unroll
+  for (int kk = 0; kk < NQK; ++kk) {
+    qa[kk][0] = word_at(Ks, qr, KST, 16 * kk + 2 * t);
+    qa[kk][1] = word_at(Ks, qr + 8, KST, 16 * kk + 2 * t);
+    qa[kk][2] = word_at(Ks, qr, KST, 16 * kk + 8 + 2 * t);
+    qa[kk][3] = word_at(Ks, qr + 8, KST, 16 * kk + 8 + 2 * t);
+  }
+
+  /* The lane's two rows: their running max and (partial) sum, and O. */
+  const int ra = r0 + qr, rb = ra + 8;
+  const int dga = diag(ra, nq, nk), dgb = diag(rb, nq, nk);
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+  float acc[NON][4];
+#pragma unroll
+  for (int n = 0; n < NON; ++n)
+    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+  int j0, jend;
+  split_keys(lo, hi, MC, split, nsplit, &j0, &jend);
+  for (; j0 < jend; j0 += MC) {
+    barrier(CLK_LOCAL_MEM_FENCE); /* the last tile's (or Q's) reads are done */
+    stage_tile(Ks, (__global const ushort *)kp, ks, j0, nk, d, 1, 0, lid KEY_PAGES);
+    stage_tile(Vt, (__global const ushort *)vp, vs, j0, nk, d, 1, 1, lid KEY_PAGES);
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    float s[NSN][4];
+#pragma unroll
+    for (int n = 0; n < NSN; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < NQK; ++kk)
+        mma_tile(s[n], qa[kk], word_at(Ks, 8 * n + g, KST, 16 * kk + 2 * t),
+                 word_at(Ks, 8 * n + g, KST, 16 * kk + 8 + 2 * t));
+    }
+
+    /* Scores and mask by the rules, as fwd.cl takes them; e: 0, 1 row a,
+     * 2, 3 row b; key j0 + 8 n + 2 t + (e & 1). */
+    const int whole = plain && j0 >= all_lo && j0 + MC <= all_hi;
+    float mx_a = m_a, mx_b = m_b;
+#pragma unroll
+    for (int n = 0; n < NSN; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e < 2 ? ra : rb, dg = e < 2 ? dga : dgb, j = j0 + 8 * n + 2 * t + (e & 1);
+        const float x = s[n][e] * scale;
+        float tt, y;
+#if HAS_BIAS
+        const float bv = r < nq && j < nk
+                             ? load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + j * bias_s.s3)
+                             : 0.0f;
+        if (whole)
+          y = x + bv;
+        else
+          y = r < nq && j < nk && key_visible(dg, j, wl, wr)
+                  ? score_scaled(x, softcap, slope, dg - j, &tt) + bv
+                  : -INFINITY;
+#else
+        if (whole)
+          y = x;
+        else
+          y = r < nq && j < nk && key_visible(dg, j, wl, wr)
+                  ? score_scaled(x, softcap, slope, dg - j, &tt)
+                  : -INFINITY;
+#endif
+        s[n][e] = y;
+        if (e < 2)
+          mx_a = fmax(mx_a, y);
+        else
+          mx_b = fmax(mx_b, y);
+      }
+    mx_a = quad_max(mx_a);
+    mx_b = quad_max(mx_b);
+
+    /* Online softmax; a row with no visible key so far keeps m = -inf and
+     * subtracts 0, so that exp() gives 0 rather than NaN. */
+    const float mu_a = mx_a == -INFINITY ? 0.0f : mx_a, mu_b = mx_b == -INFINITY ? 0.0f : mx_b;
+    const float al_a = exp(m_a - mu_a), al_b = exp(m_b - mu_b);
+    m_a = mx_a;
+    m_b = mx_b;
+    l_a *= al_a;
+    l_b *= al_b;
+#pragma unroll
+    for (int n = 0; n < NON; ++n) {
+      acc[n][0] *= al_a;
+      acc[n][1] *= al_a;
+      acc[n][2] *= al_b;
+      acc[n][3] *= al_b;
+    }
+#pragma unroll
+    for (int n = 0; n < NSN; ++n) {
+      s[n][0] = exp(s[n][0] - mu_a);
+      s[n][1] = exp(s[n][1] - mu_a);
+      s[n][2] = exp(s[n][2] - mu_b);
+      s[n][3] = exp(s[n][3] - mu_b);
+      l_a += s[n][0] + s[n][1];
+      l_b += s[n][2] + s[n][3];
+    }
+
+    /* O += P V, 16 keys a step: S's tiles 2 kk and 2 kk + 1 are P's A
+     * fragment. */
+#pragma unroll
+    for (int kk = 0; kk < MC / 16; ++kk) {
+      const uint pa[4] = {pack_pair(s[2 * kk][0], s[2 * kk][1]),
+                          pack_pair(s[2 * kk][2], s[2 * kk][3]),
+                          pack_pair(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                          pack_pair(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int n = 0; n < NON; ++n)
+        mma_tile(acc[n], pa, word_at(Vt, 8 * n + g, VST, 16 * kk + 2 * t),
+                 word_at(Vt, 8 * n + g, VST, 16 * kk + 8 + 2 * t));
+    }
+  }
+
+  /* The rows' ends (fwd_rows.cl's), each row's sum over its 4 lanes. */
+  l_a = quad_sum(l_a);
+  l_b = quad_sum(l_b);
+  __global T *op = HEAD_ROWS(o, oo, os, b, h, seq.q0);
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = hr ? rb : ra;
+    const float m = hr ? m_b : m_a, l = hr ? l_b : l_a;
+    if (r >= nq) continue;
+#if SPLIT
+    const long pr = PART_ROW(split, h, get_num_groups(1), tq, seq.qflat + r);
+#pragma unroll
+    for (int n = 0; n < NON; ++n) {
+      part_o[pr * HD + 8 * n + 2 * t] = acc[n][2 * hr];
+      part_o[pr * HD + 8 * n + 2 * t + 1] = acc[n][2 * hr + 1];
+    }
+    if (t == 0) {
+      part_ml[2 * pr] = m;
+      part_ml[2 * pr + 1] = l;
+    }
+#else
+    float div, lse_hi, lse_lo;
+    const float fold = row_end_at(r, nq, nk, wl, wr, SINK_OF(h), m, l, &div, &lse_hi, &lse_lo);
+#pragma unroll
+    for (int n = 0; n < NON; ++n)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int c = 8 * n + 2 * t + u;
+        if (c < d) STORE(op, r * os.s1 + c * os.s3, acc[n][2 * hr + u] * fold / div);
+      }
+    if (lse && t == 0) {
+      __global float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + r);
+      lp[0] = lse_hi;
+      if (ls.s3) lp[ls.s3] = lse_lo;
+    }
+#endif
+  }
+}
