@@ -84,15 +84,35 @@ inline float quad_sum(float x) {
 /* Rows j0 .. j0 + MC - 1 of a [.., HD] operand (n rows, d columns) into
  * local memory, zero past the ends: key rows (keyed, through KEY_ROW) or
  * query rows; row-major (stride KST) or, for V, transposed (column c's
- * keys at c * VST). Consecutive items take consecutive columns, so that a
- * warp reads a row's run of elements. */
+ * keys at c * VST). An item moves 8 columns at a time, one 16-byte read
+ * where the run is contiguous and aligned. Row-major: consecutive items
+ * take consecutive runs of a row (whole 16-byte stores); transposed:
+ * consecutive keys, so that a warp's 16-bit stores fill whole words. */
 inline void stage_tile(__local ushort *dst, __global const ushort *p, long4 s, int j0, int n, int d,
                        int keyed, int transposed, int lid KEY_PAGES_PARAM) {
-  for (int e = lid; e < MC * HD; e += MT) {
-    const int j = e / HD, c = e % HD;
-    const long row = keyed ? KEY_ROW(j0 + j, s) : (long)(j0 + j) * s.s1;
-    const ushort x = j0 + j < n && c < d ? p[row + c * s.s3] : (ushort)0;
-    dst[transposed ? c * VST + j : j * KST + c] = x;
+  for (int e = lid; e < MC * HD / 8; e += MT) {
+    const int j = transposed ? e % MC : e / (HD / 8), c = 8 * (transposed ? e / MC : e % (HD / 8));
+    uint4 x = (uint4)(0u);
+    if (j0 + j < n) {
+      const long row = keyed ? KEY_ROW(j0 + j, s) : (long)(j0 + j) * s.s1;
+      __global const ushort *src = p + row + c * s.s3;
+      if (s.s3 == 1 && c + 8 <= d && ((ulong)src & 15u) == 0u) {
+        x = *(__global const uint4 *)src;
+      } else {
+        uint w[4] = {0u, 0u, 0u, 0u};
+        for (int u = 0; u < 8 && c + u < d; ++u)
+          w[u / 2] |= (uint)src[u * s.s3] << (16 * (u % 2));
+        x = (uint4)(w[0], w[1], w[2], w[3]);
+      }
+    }
+    if (transposed) {
+      const uint xs[4] = {x.s0, x.s1, x.s2, x.s3};
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        dst[(c + u) * VST + j] = (ushort)(xs[u / 2] >> (16 * (u % 2)));
+    } else {
+      *(__local uint4 *)(dst + j * KST + c) = x;
+    }
   }
 }
 
@@ -107,9 +127,9 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(
     long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k,
     __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,
     float softcap, int wl, int wr KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS SPLIT_ARGS) {
-  /* Q passes through Ks before the first tile. Words, for the fragments'
-   * 32-bit reads. */
-  __local uint Ks_w[MC * KST / 2], Vt_w[HD * VST / 2];
+  /* Q passes through Ks before the first tile. 16-byte units, for the
+   * staging's stores (KST and VST keep rows whole units apart). */
+  __local uint4 Ks_w[MC * KST / 8], Vt_w[HD * VST / 8];
   __local ushort *Ks = (__local ushort *)Ks_w, *Vt = (__local ushort *)Vt_w;
 
   const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
