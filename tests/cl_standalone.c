@@ -3,7 +3,8 @@
  * -D option: every parameter has a default (CLBlast's #ifndef NAME style),
  * so a reader can build and read one file without the host's option list.
  * Runs on the device an "opencl" context gets; exits 77 (skipped) where
- * there is none.
+ * there is none. fwd_mma.cl (inline PTX) only where the device is an
+ * NVIDIA GPU of compute capability 8.0 or later, which alone takes it.
  */
 #include "attn_cl.h"
 
@@ -28,15 +29,21 @@ int main(void) {
   } files[] = {{"common.cl", ""},
                {"fwd.cl", attn__cl_src_fwd},
                {"fwd_rows.cl", attn__cl_src_fwd_rows},
+               {"fwd_mma.cl", attn__cl_src_fwd_mma},
                {"bwd.cl", attn__cl_src_bwd},
                {"bwd_rows.cl", attn__cl_src_bwd_rows},
                {"decode.cl", attn__cl_src_decode},
                {"split.cl", attn__cl_src_split},
                {"append.cl", attn__cl_src_append},
                {"merge.cl", attn__cl_src_merge},
+               {"meta.cl", attn__cl_src_meta},
                {"selftest.cl", attn__cl_src_selftest}};
   int failed = 0;
   for (size_t i = 0; i < sizeof files / sizeof files[0]; ++i) {
+    if (files[i].src == attn__cl_src_fwd_mma && im->dev->nv_cc < 80) {
+      printf("fwd_mma.cl not compiled: the device takes no sm_80 PTX\n");
+      continue;
+    }
     const char *srcs[2] = {attn__cl_src_common, files[i].src};
     cl_program prog = cl->clCreateProgramWithSource(ctx, 2, srcs, NULL, &err);
     if (prog) err = cl->clBuildProgram(prog, 1, &dev, "-cl-std=CL1.2", NULL, NULL);

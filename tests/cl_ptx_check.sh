@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The OpenCL tensor-core forward (cl/fwd_mma.cl, inline PTX) assembles for
+# sm_80 and sm_90 in every dtype, head-dim bucket and feature set the plan
+# builds it with, on a machine without an NVIDIA GPU: clang compiles
+# common.cl + fwd_mma.cl for the nvptx64 OpenCL target against libclc's
+# builtins, and ptxas assembles the PTX, inline assembly included. NVIDIA's
+# own OpenCL compiler is not here; this is the nearest check of the PTX
+# operands and constraints. Exits 77 (skipped) without clang, libclc's
+# nvptx64 library or ptxas.
+#   tests/cl_ptx_check.sh SOURCE_DIR [PTXAS]
+set -u -o pipefail
+src=${1:?source dir}
+ptxas=${2:-ptxas}
+command -v "$ptxas" >/dev/null 2>&1 || { echo "skipped: no ptxas"; exit 77; }
+command -v clang >/dev/null 2>&1 || { echo "skipped: no clang"; exit 77; }
+major=$(clang -dumpversion | cut -d. -f1)
+clc=""
+for f in "/usr/lib/llvm-$major/lib/clc/nvptx64--nvidiacl.bc" /usr/lib/clc/nvptx64--nvidiacl.bc \
+         /usr/share/clc/nvptx64--nvidiacl.bc; do
+  [ -f "$f" ] && { clc=$f; break; }
+done
+[ -n "$clc" ] || { echo "skipped: no libclc nvptx64 library (libclc-$major)"; exit 77; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cat "$src/cl/common.cl" "$src/cl/fwd_mma.cl" >"$tmp/k.cl"
+failed=0
+for v in "-DDTYPE=1 -DHD=32" "-DDTYPE=2 -DHD=64" "-DDTYPE=1 -DHD=96" "-DDTYPE=2 -DHD=128" \
+         "-DDTYPE=2 -DHD=128 -DKV_USED=1 -DPAGED=1 -DHAS_BIAS=1 -DBIAS_DTYPE=2 -DHAS_SINKS=1" \
+         "-DDTYPE=1 -DHD=64 -DSPLIT=1 -DHAS_BIAS=1 -DBIAS_DTYPE=0 -DKV_USED=1"; do
+  # shellcheck disable=SC2086
+  if ! clang -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -Xclang -finclude-default-header \
+      -Xclang -cl-ext=+cl_khr_fp16 -Xclang -target-cpu -Xclang sm_80 -O2 -Wno-linker-warnings \
+      -Xclang -mlink-builtin-bitcode -Xclang "$clc" $v -S "$tmp/k.cl" -o "$tmp/k.ptx" 2>"$tmp/clang.log"; then
+    echo "FAIL clang $v"; head -20 "$tmp/clang.log"; failed=1; continue
+  fi
+  for arch in sm_80 sm_90; do
+    if ! "$ptxas" -arch=$arch -v "$tmp/k.ptx" -o "$tmp/k.cubin" >"$tmp/ptxas.log" 2>&1; then
+      echo "FAIL ptxas $arch $v"; head -20 "$tmp/ptxas.log"; failed=1; continue
+    fi
+    echo "ok $arch $v: $(grep -oE "Used [0-9]+ registers|[0-9]+ bytes spill stores" "$tmp/ptxas.log" | tr '\n' ' ')"
+  done
+done
+exit $failed
