@@ -299,9 +299,8 @@ inline void tile_p_ds(float (*s)[BTN], float (*dp)[BTN], row_stats st, const til
    * (the last row's first key to the first row's last, as in fwd.cl): the
    * score is S * scale alone and the mask passes, which skips both on most
    * tiles of a long sequence. */
-  int all_lo, all_hi, unused;
-  key_range(diag(t->i0 + BQ - 1, t->nq, t->nk), t->nk, wl, wr, &all_lo, &unused);
-  key_range(diag(t->i0, t->nq, t->nk), t->nk, wl, wr, &unused, &all_hi);
+  int all_lo, all_hi;
+  key_block_common(t->i0, t->i0 + BQ, t->nq, t->nk, wl, wr, &all_lo, &all_hi);
   const int whole = !HAS_BIAS && softcap == 0.0f && slope == 0.0f && t->i0 + BQ <= t->nq &&
                     t->j0 >= all_lo && t->j0 + BK <= all_hi;
 #pragma unroll

@@ -219,6 +219,15 @@ inline void key_block_range(int i0, int i1, int nq, int nk, int wl, int wr, int 
   key_range(diag(i1 - 1, nq, nk), nk, wl, wr, &a, hi);
 }
 
+/* The keys every row of [i0, i1) sees: the last row's first and the first
+ * row's last, as both ends grow with the row. A tile of keys inside them is
+ * whole, no key of it hidden from any row: a test of two compares. */
+inline void key_block_common(int i0, int i1, int nq, int nk, int wl, int wr, int *lo, int *hi) {
+  int a, z;
+  key_range(diag(i1 - 1, nq, nk), nk, wl, wr, lo, &z);
+  key_range(diag(i0, nq, nk), nk, wl, wr, &a, hi);
+}
+
 /* The rows that see some key of [j0, j1), likewise from its two ends. */
 inline void query_block_range(int j0, int j1, int nq, int nk, int wl, int wr, int *lo, int *hi) {
   int a, z;
@@ -314,6 +323,35 @@ typedef struct key_pages {
   __global const KT *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0); \
   __global const KT *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0)
 #endif
+
+/* The forward kernels' arguments (fwd.cl, fwd_rows.cl, fwd_mma.cl: the
+ * host sets them alike). */
+#define FWD_ARGS                                                                                   \
+  __global const T *q, long qo, long4 qs, __global const T *k, long ko, long4 ks,                  \
+      __global const T *v, long vo, long4 vs, __global T *o, long oo, long4 os,                    \
+      __global float *lse, long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k, \
+      __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,          \
+      float softcap, int wl, int wr KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS SPLIT_ARGS
+
+/* A forward work-group's block of ROWS query rows (ROW_BLOCK) of head h of
+ * sequence b, with nq rows and nk keys; qp, kp and vp (KV_HEADS); with a
+ * bias, its (sequence, head) at bias_h (row i, key j: + i s2 + j s3). The
+ * whole group leaves past the sequence's rows, so no barrier is skipped. */
+#if HAS_BIAS
+#define BIAS_HEAD const long bias_h = bias_o + b * bias_s.s0 + h * bias_s.s1
+#else
+#define BIAS_HEAD (void)0
+#endif
+#define FWD_BLOCK(ROWS)                                            \
+  const int b = get_group_id(2), h = get_group_id(1);              \
+  ROW_BLOCK(ROWS);                                                 \
+  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all); \
+  const int nq = seq.nq, nk = seq_keys(seq, b KV_USED_VALS);       \
+  if (r0 >= nq) return;                                            \
+  const int hk = h / group;                                        \
+  __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);       \
+  KV_HEADS(T);                                                     \
+  BIAS_HEAD
 
 /* The score terms after the epilogue: an additive bias (score += bias,
  * after scale, softcap and ALiBi) and attention sinks. */

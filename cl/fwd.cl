@@ -119,12 +119,7 @@ inline void load_v(float *vreg, __global const T *vp, long4 vs, int jv, int lid,
   }
 }
 
-__kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
-    __global const T *q, long qo, long4 qs, __global const T *k, long ko, long4 ks,
-    __global const T *v, long vo, long4 vs, __global T *o, long oo, long4 os, __global float *lse,
-    long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k,
-    __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,
-    float softcap, int wl, int wr KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS SPLIT_ARGS) {
+__kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(FWD_ARGS) {
   /* Q and K chunks live only during Q K^T, P and V only during P V, with a
    * barrier between the phases: they share one buffer. */
   __local float4 tiles4[MAX4(QK4, PV4)];
@@ -138,17 +133,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
   __local float *Vs = (__local float *)Vs4;
 
   const int lid = get_local_id(0), tx = lid % TX, ty = lid / TX;
-  const int b = get_group_id(2), h = get_group_id(1);
-  ROW_BLOCK(BR);
-  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
-  const int nq = seq.nq, nk = seq_keys(seq, b KV_USED_VALS);
-  if (r0 >= nq) return; /* the whole group leaves: no barrier is skipped */
-  const int hk = h / group;
-  __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
-  KV_HEADS(T);
-#if HAS_BIAS
-  const long bias_h = bias_o + b * bias_s.s0 + h * bias_s.s1; /* row i, key j: + i s2 + j s3 */
-#endif
+  FWD_BLOCK(BR);
 
   /* The keys some row of the block can see. */
   int lo, hi;
@@ -157,12 +142,8 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(
   /* No softcap and no ALiBi: a tile that every row sees whole needs only
    * the scale, which skips the mask on most tiles of a long sequence. */
   const int plain = softcap == 0.0f && slope == 0.0f && r0 + BR <= nq;
-  /* The keys every row of the block sees, [all_lo, all_hi): the last row's
-   * first and the first row's last, as both ends grow with the row. A tile
-   * inside them is whole, a test of two compares per tile. */
-  int all_lo, all_hi, unused;
-  key_range(diag(r0 + BR - 1, nq, nk), nk, wl, wr, &all_lo, &unused);
-  key_range(diag(r0, nq, nk), nk, wl, wr, &unused, &all_hi);
+  int all_lo, all_hi;
+  key_block_common(r0, r0 + BR, nq, nk, wl, wr, &all_lo, &all_hi);
 
   float m_i[TM], l_i[TM], acc[TM][TD];
 #pragma unroll

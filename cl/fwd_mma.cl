@@ -23,9 +23,9 @@
 #ifndef HD
 #define HD 64
 #endif
-#define MR 64     /* query rows per work-group */
-#define MC 64     /* keys per tile */
-#define MT 128    /* work-items: 4 warps */
+#define MR 64         /* query rows per work-group */
+#define MC 64         /* keys per tile */
+#define MT 128        /* work-items: 4 warps */
 #define KST (HD + 8)  /* K and Q rows in local memory, in 16-bit elements: 4 words apart per row */
 #define VST (MC + 8)  /* rows of V^T: 4 words apart per column */
 #define NSN (MC / 8)  /* 8-column tiles of S a warp holds */
@@ -46,8 +46,8 @@ inline void mma_tile(float *d, const uint *a, uint b0, uint b1) {
   __asm__ __volatile__("mma.sync.aligned.m16n8k16.row.col." MMA_TYPES
                        " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
                        : "=f"(e0), "=f"(e1), "=f"(e2), "=f"(e3)
-                       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1),
-                         "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]));
+                       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(d[0]),
+                         "f"(d[1]), "f"(d[2]), "f"(d[3]));
   d[0] = e0;
   d[1] = e1;
   d[2] = e2;
@@ -121,38 +121,22 @@ inline uint word_at(__local const ushort *t, int row, int stride, int col) {
   return *(__local const uint *)(t + row * stride + col);
 }
 
-__kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(
-    __global const T *q, long qo, long4 qs, __global const T *k, long ko, long4 ks,
-    __global const T *v, long vo, long4 vs, __global T *o, long oo, long4 os, __global float *lse,
-    long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k,
-    __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,
-    float softcap, int wl, int wr KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS SPLIT_ARGS) {
+__kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_ARGS) {
   /* Q passes through Ks before the first tile. 16-byte units, for the
    * staging's stores (KST and VST keep rows whole units apart). */
   __local uint4 Ks_w[MC * KST / 8], Vt_w[HD * VST / 8];
   __local ushort *Ks = (__local ushort *)Ks_w, *Vt = (__local ushort *)Vt_w;
 
   const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
-  const int b = get_group_id(2), h = get_group_id(1);
-  ROW_BLOCK(MR);
-  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
-  const int nq = seq.nq, nk = seq_keys(seq, b KV_USED_VALS);
-  if (r0 >= nq) return; /* the whole group leaves: no barrier is skipped */
-  const int hk = h / group;
-  __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
-  KV_HEADS(T);
-#if HAS_BIAS
-  const long bias_h = bias_o + b * bias_s.s0 + h * bias_s.s1;
-#endif
+  FWD_BLOCK(MR);
 
   int lo, hi;
   key_block_range(r0, min(r0 + MR, nq), nq, nk, wl, wr, &lo, &hi);
   const float slope = alibi ? alibi[h] : 0.0f;
   /* As fwd.cl: a tile that every row sees whole needs the scale alone. */
   const int plain = softcap == 0.0f && slope == 0.0f && r0 + MR <= nq;
-  int all_lo, all_hi, unused;
-  key_range(diag(r0 + MR - 1, nq, nk), nk, wl, wr, &all_lo, &unused);
-  key_range(diag(r0, nq, nk), nk, wl, wr, &unused, &all_hi);
+  int all_lo, all_hi;
+  key_block_common(r0, r0 + MR, nq, nk, wl, wr, &all_lo, &all_hi);
 
   /* The warp's rows of Q as A fragments, for the whole pass. */
   stage_tile(Ks, (__global const ushort *)qp, qs, r0, nq, d, 0, 0, lid KEY_PAGES);

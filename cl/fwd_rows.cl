@@ -27,23 +27,8 @@
 /* HD, NV, RB, KB and the rows' helpers (load_row, transpose8, rows_dot_keys):
  * common.cl. */
 
-__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(
-    __global const T *q, long qo, long4 qs, __global const T *k, long ko, long4 ks,
-    __global const T *v, long vo, long4 vs, __global T *o, long oo, long4 os, __global float *lse,
-    long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k,
-    __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,
-    float softcap, int wl, int wr KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS SPLIT_ARGS) {
-  const int b = get_group_id(2), h = get_group_id(1);
-  ROW_BLOCK(RB);
-  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
-  const int nq = seq.nq, nk = seq_keys(seq, b KV_USED_VALS);
-  if (r0 >= nq) return;
-  const int hk = h / group;
-  __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
-  KV_HEADS(T);
-#if HAS_BIAS
-  const long bias_h = bias_o + b * bias_s.s0 + h * bias_s.s1; /* row i, key j: + i s2 + j s3 */
-#endif
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_ARGS) {
+  FWD_BLOCK(RB);
   const float slope = alibi ? alibi[h] : 0.0f;
   /* No softcap and no ALiBi: a run of keys that a row sees whole needs only
    * the scale. */
