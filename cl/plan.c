@@ -69,7 +69,8 @@ enum { CLASS_NV_MMA, CLASS_GPU, CLASS_CPU };
  * HD) within a core's L1 and L2 caches: RB = 32 up to HD = 128, 16 above.
  * Its backward's dK/dV and dQ kernels are bwd_rows.cl's, for the same
  * reasons, with the same RB and KB (bwd.cl's tiles stay for the fallback,
- * at 128 work-items: PoCL 5.0 aborts on some 256-item programs). */
+ * at 128 work-items: PoCL runs a group as loops over its items, so a larger
+ * one gains nothing). */
 static const struct tiles_row {
   int cls, dtype, hd_max;
   attn__cl_tiles t; /* in attn__cl_tiles's order */
