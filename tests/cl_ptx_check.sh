@@ -5,7 +5,8 @@
 # common.cl + fwd_mma.cl for the nvptx64 OpenCL target against libclc's
 # builtins, and ptxas assembles the PTX, inline assembly included. NVIDIA's
 # own OpenCL compiler is not here; this is the nearest check of the PTX
-# operands and constraints. Exits 77 (skipped) without clang, libclc's
+# operands and constraints. "" is the file's defaults, as the
+# standalone-compile test builds it. Exits 77 (skipped) without clang, libclc's
 # nvptx64 library or ptxas.
 #   tests/cl_ptx_check.sh SOURCE_DIR [PTXAS]
 set -u -o pipefail
@@ -24,7 +25,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cat "$src/cl/common.cl" "$src/cl/fwd_mma.cl" >"$tmp/k.cl"
 failed=0
-for v in "-DDTYPE=1 -DHD=32" "-DDTYPE=2 -DHD=64" "-DDTYPE=1 -DHD=96" "-DDTYPE=2 -DHD=128" \
+for v in "" "-DDTYPE=1 -DHD=32" "-DDTYPE=2 -DHD=64" "-DDTYPE=1 -DHD=96" "-DDTYPE=2 -DHD=128" \
          "-DDTYPE=2 -DHD=128 -DKV_USED=1 -DPAGED=1 -DHAS_BIAS=1 -DBIAS_DTYPE=2 -DHAS_SINKS=1" \
          "-DDTYPE=1 -DHD=64 -DSPLIT=1 -DHAS_BIAS=1 -DBIAS_DTYPE=0 -DKV_USED=1"; do
   # shellcheck disable=SC2086
