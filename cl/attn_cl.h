@@ -72,7 +72,9 @@ const char *attn__cl_errname(cl_int err);
 extern const char attn__cl_src_common[];
 extern const char attn__cl_src_fwd[];
 extern const char attn__cl_src_fwd_rows[];
+extern const char attn__cl_src_mma[];
 extern const char attn__cl_src_fwd_mma[];
+extern const char attn__cl_src_bwd_mma[];
 extern const char attn__cl_src_bwd[];
 extern const char attn__cl_src_bwd_rows[];
 extern const char attn__cl_src_decode[];
@@ -125,8 +127,10 @@ enum attn__cl_fwd_shape {
 enum attn__cl_bwd_shape {
   ATTN__CL_BWD_TILES, /* attn_bwd_dkdv, attn_bwd_dq (bwd.cl): 16 * bq / btm items over
                        * register tiles of bq x bk tiles */
-  ATTN__CL_BWD_ROWS   /* attn_bwd_dkdv_rows, attn_bwd_dq_rows (bwd_rows.cl): one item per
+  ATTN__CL_BWD_ROWS,  /* attn_bwd_dkdv_rows, attn_bwd_dq_rows (bwd_rows.cl): one item per
                        * group, KB keys or RB rows, for CPUs */
+  ATTN__CL_BWD_MMA_DQ /* attn_bwd_dkdv (bwd.cl) with attn_bwd_dq_mma (bwd_mma.cl): dQ on
+                       * NVIDIA's tensor cores, 128 items over 64 rows */
 };
 
 /* The tiles one program is built with (fwd.cl's, fwd_rows.cl's and bwd.cl's
@@ -194,6 +198,7 @@ enum attn__cl_kernel_slot {
   ATTN__CL_K_DQ,
   ATTN__CL_K_DKDV_ROWS,
   ATTN__CL_K_DQ_ROWS,
+  ATTN__CL_K_DQ_MMA,
   ATTN__CL_K_ZERO,
   ATTN__CL_K_DBIAS_SUM,
   ATTN__CL_K_DSINKS,
@@ -302,6 +307,9 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
  * device's compiler did not build: the device's GPU row in its place (or
  * its own tiles for attn_fwd where none fits). 0 for other configs. */
 int attn__cl_config_portable(attn_context *ctx, attn__cl_config *config);
+/* The query rows a work-group of the config's dQ kernel takes (RB, BQ, or
+ * bwd_mma.cl's 64): its grid, and DBIAS 2's row-block sums. */
+int attn__cl_dq_rows(const attn__cl_tiles *t);
 /* Replaces a GPU config by the device's 128-work-item row, where the
  * compiled forward kernel cannot run the GPU row's work-group: the plan's
  * config pointer then names what runs. 0 when no narrower row fits. */

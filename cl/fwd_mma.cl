@@ -15,9 +15,10 @@
  * 16 w + g + 8, and of each 8 columns of S or O the columns 2 t, 2 t + 1:
  * the m16n8k16 layout of C and D.
  *
- * Built only for a device whose driver takes PTX in OpenCL C (NVIDIA, the
- * plan checks the compute capability); a build that fails falls back to
- * fwd.cl (cl/launch.c). HD at most 128: O, S and Q's fragments take
+ * The PTX and the staging: mma.cl, which precedes this file. Built only
+ * for a device whose driver takes PTX in OpenCL C (NVIDIA, the plan checks
+ * the compute capability); a build that fails falls back to fwd.cl
+ * (cl/launch.c). HD at most 128: O, S and Q's fragments take
  * HD / 2 + 32 + HD / 4 registers a lane.
  */
 #ifndef HD
@@ -25,101 +26,12 @@
 #endif
 #define MR 64         /* query rows per work-group */
 #define MC 64         /* keys per tile */
-#define MT 128        /* work-items: 4 warps */
+#define MT MMA_ITEMS
 #define KST (HD + 8)  /* K and Q rows in local memory, in 16-bit elements: 4 words apart per row */
 #define VST (MC + 8)  /* rows of V^T: 4 words apart per column */
 #define NSN (MC / 8)  /* 8-column tiles of S a warp holds */
 #define NON (HD / 8)  /* of O */
 #define NQK (HD / 16) /* k16 steps of Q K^T */
-
-#if DTYPE == 1
-#define MMA_TYPES "f32.f16.f16.f32"
-#define CVT_PAIR "cvt.rn.f16x2.f32"
-#else
-#define MMA_TYPES "f32.bf16.bf16.f32"
-#define CVT_PAIR "cvt.rn.bf16x2.f32"
-#endif
-
-/* d = a b + d for one m16n8k16 tile (fragments as the PTX ISA lays them). */
-inline void mma_tile(float *d, const uint *a, uint b0, uint b1) {
-  float e0, e1, e2, e3;
-  __asm__ __volatile__("mma.sync.aligned.m16n8k16.row.col." MMA_TYPES
-                       " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
-                       : "=f"(e0), "=f"(e1), "=f"(e2), "=f"(e3)
-                       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(d[0]),
-                         "f"(d[1]), "f"(d[2]), "f"(d[3]));
-  d[0] = e0;
-  d[1] = e1;
-  d[2] = e2;
-  d[3] = e3;
-}
-
-/* x and y rounded to the element type, x in the low half. */
-inline uint pack_pair(float x, float y) {
-  uint r;
-  __asm__ __volatile__(CVT_PAIR " %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
-  return r;
-}
-
-/* x from the lane whose id differs from this one's by the bits of m. */
-inline float lane_xor(float x, int m) {
-  uint r;
-  __asm__ __volatile__("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;"
-                       : "=r"(r)
-                       : "r"(as_uint(x)), "r"(m));
-  return as_float(r);
-}
-
-/* Over the 4 lanes that share a row. */
-inline float quad_max(float x) {
-  x = fmax(x, lane_xor(x, 1));
-  return fmax(x, lane_xor(x, 2));
-}
-
-inline float quad_sum(float x) {
-  x += lane_xor(x, 1);
-  return x + lane_xor(x, 2);
-}
-
-/* Rows j0 .. j0 + MC - 1 of a [.., HD] operand (n rows, d columns) into
- * local memory, zero past the ends: key rows (keyed, through KEY_ROW) or
- * query rows; row-major (stride KST) or, for V, transposed (column c's
- * keys at c * VST). An item moves 8 columns at a time, one 16-byte read
- * where the run is contiguous and aligned. Row-major: consecutive items
- * take consecutive runs of a row (whole 16-byte stores); transposed:
- * consecutive keys, so that a warp's 16-bit stores fill whole words. */
-inline void stage_tile(__local ushort *dst, __global const ushort *p, long4 s, int j0, int n, int d,
-                       int keyed, int transposed, int lid KEY_PAGES_PARAM) {
-  for (int e = lid; e < MC * HD / 8; e += MT) {
-    const int j = transposed ? e % MC : e / (HD / 8), c = 8 * (transposed ? e / MC : e % (HD / 8));
-    uint4 x = (uint4)(0u);
-    if (j0 + j < n) {
-      const long row = keyed ? KEY_ROW(j0 + j, s) : (long)(j0 + j) * s.s1;
-      __global const ushort *src = p + row + c * s.s3;
-      if (s.s3 == 1 && c + 8 <= d && ((ulong)src & 15u) == 0u) {
-        x = *(__global const uint4 *)src;
-      } else {
-        uint w[4] = {0u, 0u, 0u, 0u};
-        for (int u = 0; u < 8 && c + u < d; ++u)
-          w[u / 2] |= (uint)src[u * s.s3] << (16 * (u % 2));
-        x = (uint4)(w[0], w[1], w[2], w[3]);
-      }
-    }
-    if (transposed) {
-      const uint xs[4] = {x.s0, x.s1, x.s2, x.s3};
-#pragma unroll
-      for (int u = 0; u < 8; ++u)
-        dst[(c + u) * VST + j] = (ushort)(xs[u / 2] >> (16 * (u % 2)));
-    } else {
-      *(__local uint4 *)(dst + j * KST + c) = x;
-    }
-  }
-}
-
-/* The 32-bit word of two elements at (row, col) of a local tile. */
-inline uint word_at(__local const ushort *t, int row, int stride, int col) {
-  return *(__local const uint *)(t + row * stride + col);
-}
 
 __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_ARGS) {
   /* Q passes through Ks before the first tile. 16-byte units, for the
@@ -139,7 +51,7 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
   key_block_common(r0, r0 + MR, nq, nk, wl, wr, &all_lo, &all_hi);
 
   /* The warp's rows of Q as A fragments, for the whole pass. */
-  stage_tile(Ks, (__global const ushort *)qp, qs, r0, nq, d, 0, 0, lid KEY_PAGES);
+  stage_tile(Ks, KST, MR, (__global const ushort *)qp, qs, r0, nq, d, 0, 0, lid KEY_PAGES);
   barrier(CLK_LOCAL_MEM_FENCE);
   uint qa[NQK][4];
   const int qr = 16 * w + g;
@@ -164,8 +76,8 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
   split_keys(lo, hi, MC, split, nsplit, &j0, &jend);
   for (; j0 < jend; j0 += MC) {
     barrier(CLK_LOCAL_MEM_FENCE); /* the last tile's (or Q's) reads are done */
-    stage_tile(Ks, (__global const ushort *)kp, ks, j0, nk, d, 1, 0, lid KEY_PAGES);
-    stage_tile(Vt, (__global const ushort *)vp, vs, j0, nk, d, 1, 1, lid KEY_PAGES);
+    stage_tile(Ks, KST, MC, (__global const ushort *)kp, ks, j0, nk, d, 1, 0, lid KEY_PAGES);
+    stage_tile(Vt, VST, MC, (__global const ushort *)vp, vs, j0, nk, d, 1, 1, lid KEY_PAGES);
     barrier(CLK_LOCAL_MEM_FENCE);
 
     float s[NSN][4];

@@ -31,6 +31,7 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_DQ] = "attn_bwd_dq",
     [ATTN__CL_K_DKDV_ROWS] = "attn_bwd_dkdv_rows",
     [ATTN__CL_K_DQ_ROWS] = "attn_bwd_dq_rows",
+    [ATTN__CL_K_DQ_MMA] = "attn_bwd_dq_mma",
     [ATTN__CL_K_ZERO] = "attn_bwd_zero",
     [ATTN__CL_K_DBIAS_SUM] = "attn_bwd_dbias_sum",
     [ATTN__CL_K_DSINKS] = "attn_bwd_dsinks",
@@ -46,12 +47,12 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
  * the decode's and bwd.cl's dK/dV and dQ kernels' depend on their tiles:
  * 0 here). */
 static const size_t kernel_items[ATTN__CL_K_COUNT] = {
-    [ATTN__CL_K_FWD] = 0,          [ATTN__CL_K_FWD_ROWS] = 1, [ATTN__CL_K_FWD_MMA] = 128,
-    [ATTN__CL_K_PRE] = 64,         [ATTN__CL_K_DKDV] = 0,     [ATTN__CL_K_DQ] = 0,
-    [ATTN__CL_K_DKDV_ROWS] = 1,    [ATTN__CL_K_DQ_ROWS] = 1,  [ATTN__CL_K_ZERO] = 64,
-    [ATTN__CL_K_DBIAS_SUM] = 64,   [ATTN__CL_K_DSINKS] = 64,  [ATTN__CL_K_DECODE] = 0,
-    [ATTN__CL_K_SPLIT_MERGE] = 64, [ATTN__CL_K_APPEND] = 64,  [ATTN__CL_K_MERGE_MAX] = 1,
-    [ATTN__CL_K_MERGE_ADD] = 64,   [ATTN__CL_K_OFFSETS] = 64,
+    [ATTN__CL_K_FWD] = 0,       [ATTN__CL_K_FWD_ROWS] = 1,     [ATTN__CL_K_FWD_MMA] = 128,
+    [ATTN__CL_K_PRE] = 64,      [ATTN__CL_K_DKDV] = 0,         [ATTN__CL_K_DQ] = 0,
+    [ATTN__CL_K_DKDV_ROWS] = 1, [ATTN__CL_K_DQ_ROWS] = 1,      [ATTN__CL_K_DQ_MMA] = 128,
+    [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,   [ATTN__CL_K_DSINKS] = 64,
+    [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 64, [ATTN__CL_K_APPEND] = 64,
+    [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,   [ATTN__CL_K_OFFSETS] = 64,
 };
 
 static void release_one(attn__cl_impl *im, attn__cl_program *p) {
@@ -87,7 +88,7 @@ static size_t bwd_items(const attn__cl_tiles *t) {
 static int program_parts(const attn__cl_config *c, int kind, unsigned f, const char **srcs,
                          int *nsrc, char *opts, size_t n, int *slots) {
   const attn__cl_tiles *t = &c->t;
-  int ns = 1, nk = 0;
+  int ns = 1, nk = 0, mma = 0; /* mma: mma.cl is in */
   srcs[0] = attn__cl_src_common;
   int len = snprintf(opts, n, "-cl-std=CL1.2 -DDTYPE=%d -DHD=%d", c->dtype, c->hd);
   switch (kind) {
@@ -104,6 +105,8 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
         srcs[ns++] = attn__cl_src_fwd_rows;
         slots[nk++] = ATTN__CL_K_FWD_ROWS;
       } else if (kind != ATTN__CL_PROG_BWD && t->fwd == ATTN__CL_FWD_MMA) {
+        srcs[ns++] = attn__cl_src_mma;
+        mma = 1;
         srcs[ns++] = attn__cl_src_fwd_mma;
         slots[nk++] = ATTN__CL_K_FWD_MMA;
       } else if (kind != ATTN__CL_PROG_BWD) {
@@ -121,6 +124,11 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
           srcs[ns++] = attn__cl_src_bwd_rows;
           slots[nk++] = ATTN__CL_K_DKDV_ROWS;
           slots[nk++] = ATTN__CL_K_DQ_ROWS;
+        } else if (t->bwd == ATTN__CL_BWD_MMA_DQ) {
+          if (!mma) srcs[ns++] = attn__cl_src_mma;
+          srcs[ns++] = attn__cl_src_bwd_mma;
+          slots[nk++] = ATTN__CL_K_DKDV;
+          slots[nk++] = ATTN__CL_K_DQ_MMA;
         } else {
           slots[nk++] = ATTN__CL_K_DKDV;
           slots[nk++] = ATTN__CL_K_DQ;
@@ -179,7 +187,7 @@ static int build_program(attn_context *ctx, const attn__cl_config *c, int kind, 
   p.features = f;
   *narrow = 0;
   char opts[320];
-  const char *srcs[5];
+  const char *srcs[8];
   int slots[ATTN__CL_K_COUNT];
   int nsrc;
   const int nk = program_parts(c, kind, f, srcs, &nsrc, opts, sizeof opts, slots);
@@ -656,10 +664,12 @@ static int zero(attn_context *ctx, const call *c, cl_mem mem, int64_t off, const
  * launch's row-block sums then added to it (DBIAS 2). */
 static int backward_dq(attn_context *ctx, const attn__problem *pb, const call *c, args *b) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
-  const int rows = c->t->bwd == ATTN__CL_BWD_ROWS;
-  const int block = rows ? c->t->rb : c->t->bq;
-  const size_t items = rows ? 1 : bwd_items(c->t);
-  const char *name = kernel_names[rows ? ATTN__CL_K_DQ_ROWS : ATTN__CL_K_DQ];
+  const int rows = c->t->bwd == ATTN__CL_BWD_ROWS, mma = c->t->bwd == ATTN__CL_BWD_MMA_DQ;
+  const int block = attn__cl_dq_rows(c->t);
+  const size_t items = rows ? 1 : mma ? kernel_items[ATTN__CL_K_DQ_MMA] : bwd_items(c->t);
+  const char *name = kernel_names[rows  ? ATTN__CL_K_DQ_ROWS
+                                  : mma ? ATTN__CL_K_DQ_MMA
+                                        : ATTN__CL_K_DQ];
   const size_t blocks = (size_t)((pb->seqlen_q + block - 1) / block);
   arg_tensor(b, &pb->dq, c->es);
   if (!(c->features & (ATTN__CL_F_DBIAS1 | ATTN__CL_F_DBIAS2)))
@@ -734,7 +744,9 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
 
   const int rows = c.t->bwd == ATTN__CL_BWD_ROWS;
   const int slots[2] = {rows ? ATTN__CL_K_DKDV_ROWS : ATTN__CL_K_DKDV,
-                        rows ? ATTN__CL_K_DQ_ROWS : ATTN__CL_K_DQ};
+                        rows                              ? ATTN__CL_K_DQ_ROWS
+                        : c.t->bwd == ATTN__CL_BWD_MMA_DQ ? ATTN__CL_K_DQ_MMA
+                                                          : ATTN__CL_K_DQ};
   for (int w = 0; w < 2; ++w) {
     args b = args_of(im, p->k[slots[w]]);
     arg_tensor(&b, &pb->q, es);

@@ -79,11 +79,11 @@ static const struct tiles_row {
     {CLASS_NV_MMA,
      ATTN_F16,
      128,
-     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_TILES, 0, 0}},
+     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA_DQ, 0, 0}},
     {CLASS_NV_MMA,
      ATTN_BF16,
      128,
-     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_TILES, 0, 0}},
+     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA_DQ, 0, 0}},
     {CLASS_GPU,
      ANY_DTYPE,
      128,
@@ -129,8 +129,10 @@ static int fwd_staging_fits(const attn__cl_tiles *t) {
 }
 
 /* fwd_mma.cl's local memory: K rows and V^T of a 64-key tile, 16-bit,
- * each row 8 elements longer. Its tiles are fixed; the row's br, bc, tm,
- * dk and jk are attn_fwd's, for the fallback (attn__cl_config_tiles). */
+ * each row 8 elements longer; bwd_mma.cl's (64 rows of Q and dO, or 32
+ * keys of K, V and K^T, and 512 bytes of sums) is less at every HD. Their
+ * tiles are fixed; the row's br, bc, tm, dk and jk are attn_fwd's, for the
+ * fallback (attn__cl_config_tiles). */
 static size_t mma_local_bytes(int hd) {
   return 2u * (64u * (size_t)(hd + 8) + (size_t)hd * (64u + 8u));
 }
@@ -227,7 +229,11 @@ static void name_fwd(attn__cl_config *c) {
 
 static void name_bwd(attn__cl_config *c) {
   const attn__cl_tiles *t = &c->t;
-  if (t->bwd == ATTN__CL_BWD_ROWS)
+  if (t->bwd == ATTN__CL_BWD_MMA_DQ)
+    snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0],
+             "opencl attn_bwd HD=%d BQ=%d BK=%d BTM=%d BDK=%d BJK=%d, dQ on the tensor cores",
+             c->hd, t->bq, t->bk, t->btm, t->bdk, t->bjk);
+  else if (t->bwd == ATTN__CL_BWD_ROWS)
     snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd_rows HD=%d RB=%d KB=%d",
              c->hd, t->rb, t->kb);
   else
@@ -282,6 +288,10 @@ int attn__cl_config_use(attn_context *ctx, attn__cl_config *c, const attn__cl_ti
   c->t = f;
   name_all(c);
   return ATTN_OK;
+}
+
+int attn__cl_dq_rows(const attn__cl_tiles *t) {
+  return t->bwd == ATTN__CL_BWD_ROWS ? t->rb : t->bwd == ATTN__CL_BWD_MMA_DQ ? 64 : t->bq;
 }
 
 int attn__cl_config_portable(attn_context *ctx, attn__cl_config *config) {
@@ -459,7 +469,7 @@ void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const att
   if (plan->backward && pb->has_dbias && dbias_over_rows(pb)) {
     /* A row-block sum per work-group of one launch of attn_bwd_dq, which
      * covers one sequence or head where dbias sums over them. */
-    const int block = c->t.bwd == ATTN__CL_BWD_ROWS ? c->t.rb : c->t.bq;
+    const int block = attn__cl_dq_rows(&c->t);
     const size_t nqb = (size_t)((pb->seqlen_q + block - 1) / block);
     const size_t gb = pb->dbias.sb ? (size_t)pb->batch : 1,
                  gh = pb->dbias.sh ? (size_t)pb->heads_q : 1;

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The OpenCL tensor-core forward (cl/fwd_mma.cl, inline PTX) assembles for
+# The OpenCL tensor-core kernels (cl/mma.cl, fwd_mma.cl, bwd_mma.cl: inline PTX) assemble for
 # sm_80 and sm_90 in every dtype, head-dim bucket and feature set the plan
-# builds it with, on a machine without an NVIDIA GPU: clang compiles
-# common.cl + fwd_mma.cl for the nvptx64 OpenCL target against libclc's
-# builtins, and ptxas assembles the PTX, inline assembly included. NVIDIA's
+# builds them with, on a machine without an NVIDIA GPU: clang compiles the
+# forward's and the backward's programs (common.cl, mma.cl, fwd_mma.cl;
+# common.cl, bwd.cl, mma.cl, bwd_mma.cl) for the nvptx64 OpenCL target
+# against libclc's builtins, and ptxas assembles the PTX, inline assembly
+# included. NVIDIA's
 # own OpenCL compiler is not here; this is the nearest check of the PTX
 # operands and constraints. "" is the file's defaults, as the
 # standalone-compile test builds it. Exits 77 (skipped) without clang, libclc's
@@ -23,22 +25,37 @@ done
 [ -n "$clc" ] || { echo "skipped: no libclc nvptx64 library (libclc-$major)"; exit 77; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cat "$src/cl/common.cl" "$src/cl/fwd_mma.cl" >"$tmp/k.cl"
+cat "$src/cl/common.cl" "$src/cl/mma.cl" "$src/cl/fwd_mma.cl" >"$tmp/fwd.cl"
+cat "$src/cl/common.cl" "$src/cl/bwd.cl" "$src/cl/mma.cl" "$src/cl/bwd_mma.cl" >"$tmp/bwd.cl"
 failed=0
-for v in "" "-DDTYPE=1 -DHD=32" "-DDTYPE=2 -DHD=64" "-DDTYPE=1 -DHD=96" "-DDTYPE=2 -DHD=128" \
-         "-DDTYPE=2 -DHD=128 -DKV_USED=1 -DPAGED=1 -DHAS_BIAS=1 -DBIAS_DTYPE=2 -DHAS_SINKS=1" \
-         "-DDTYPE=1 -DHD=64 -DSPLIT=1 -DHAS_BIAS=1 -DBIAS_DTYPE=0 -DKV_USED=1"; do
-  # shellcheck disable=SC2086
-  if ! clang -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -Xclang -finclude-default-header \
-      -Xclang -cl-ext=+cl_khr_fp16 -Xclang -target-cpu -Xclang sm_80 -O2 -Wno-linker-warnings \
-      -Xclang -mlink-builtin-bitcode -Xclang "$clc" $v -S "$tmp/k.cl" -o "$tmp/k.ptx" 2>"$tmp/clang.log"; then
-    echo "FAIL clang $v"; head -20 "$tmp/clang.log"; failed=1; continue
-  fi
-  for arch in sm_80 sm_90; do
-    if ! "$ptxas" -arch=$arch -v "$tmp/k.ptx" -o "$tmp/k.cubin" >"$tmp/ptxas.log" 2>&1; then
-      echo "FAIL ptxas $arch $v"; head -20 "$tmp/ptxas.log"; failed=1; continue
+# check PROGRAM OPTIONS...: the program with each set of options, for sm_80 and sm_90.
+check() {
+  local prog=$1 v
+  shift
+  for v in "$@"; do
+    # -Dinline=: every function defined in the one translation unit, as
+    # OpenCL compilers treat them (C99's inline alone would leave external
+    # references to what clang does not inline).
+    # shellcheck disable=SC2086
+    if ! clang -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -Xclang -finclude-default-header \
+        -Xclang -cl-ext=+cl_khr_fp16 -Xclang -target-cpu -Xclang sm_80 -O2 -Wno-linker-warnings \
+        -Dinline= -Xclang -mlink-builtin-bitcode -Xclang "$clc" $v -S "$tmp/$prog.cl" \
+        -o "$tmp/k.ptx" 2>"$tmp/clang.log"; then
+      echo "FAIL clang $prog $v"; head -20 "$tmp/clang.log"; failed=1; continue
     fi
-    echo "ok $arch $v: $(grep -oE "Used [0-9]+ registers|[0-9]+ bytes spill stores" "$tmp/ptxas.log" | tr '\n' ' ')"
+    for arch in sm_80 sm_90; do
+      if ! "$ptxas" -arch=$arch -v "$tmp/k.ptx" -o "$tmp/k.cubin" >"$tmp/ptxas.log" 2>&1; then
+        echo "FAIL ptxas $arch $prog $v"; head -20 "$tmp/ptxas.log"; failed=1; continue
+      fi
+      echo "ok $arch $prog $v: $(grep -A4 -E "Compiling entry function '[a-z_]*_mma'" "$tmp/ptxas.log" |
+        grep -oE "Used [0-9]+ registers|[0-9]+ bytes spill stores" | tr '\n' ' ')"
+    done
   done
-done
+}
+check fwd "" "-DDTYPE=1 -DHD=32" "-DDTYPE=2 -DHD=64" "-DDTYPE=1 -DHD=96" "-DDTYPE=2 -DHD=128" \
+  "-DDTYPE=2 -DHD=128 -DKV_USED=1 -DPAGED=1 -DHAS_BIAS=1 -DBIAS_DTYPE=2 -DHAS_SINKS=1" \
+  "-DDTYPE=1 -DHD=64 -DSPLIT=1 -DHAS_BIAS=1 -DBIAS_DTYPE=0 -DKV_USED=1"
+check bwd "" "-DDTYPE=1 -DHD=32" "-DDTYPE=2 -DHD=64" "-DDTYPE=2 -DHD=128" \
+  "-DDTYPE=2 -DHD=128 -DHAS_BIAS=1 -DBIAS_DTYPE=2 -DDBIAS=2 -DHAS_SINKS=1" \
+  "-DDTYPE=1 -DHD=96 -DHAS_BIAS=1 -DBIAS_DTYPE=1 -DDBIAS=1"
 exit $failed

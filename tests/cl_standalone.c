@@ -3,8 +3,10 @@
  * -D option: every parameter has a default (CLBlast's #ifndef NAME style),
  * so a reader can build and read one file without the host's option list.
  * Runs on the device an "opencl" context gets; exits 77 (skipped) where
- * there is none. fwd_mma.cl (inline PTX) only where the device is an
- * NVIDIA GPU of compute capability 8.0 or later, which alone takes it.
+ * there is none. The tensor-core files (inline PTX) only where the device
+ * is an NVIDIA GPU of compute capability 8.0 or later, which alone takes
+ * them, each after the files it names as its predecessors (mma.cl; and
+ * bwd.cl, whose arguments bwd_mma.cl shares).
  */
 #include "attn_cl.h"
 
@@ -26,26 +28,34 @@ int main(void) {
   struct {
     const char *name;
     const char *src;
-  } files[] = {{"common.cl", ""},
-               {"fwd.cl", attn__cl_src_fwd},
-               {"fwd_rows.cl", attn__cl_src_fwd_rows},
-               {"fwd_mma.cl", attn__cl_src_fwd_mma},
-               {"bwd.cl", attn__cl_src_bwd},
-               {"bwd_rows.cl", attn__cl_src_bwd_rows},
-               {"decode.cl", attn__cl_src_decode},
-               {"split.cl", attn__cl_src_split},
-               {"append.cl", attn__cl_src_append},
-               {"merge.cl", attn__cl_src_merge},
-               {"meta.cl", attn__cl_src_meta},
-               {"selftest.cl", attn__cl_src_selftest}};
+    int ptx;            /* inline PTX: NVIDIA sm_80+ alone */
+    const char *pre[2]; /* the files it follows, after common.cl */
+  } files[] = {{"common.cl", "", 0, {NULL, NULL}},
+               {"fwd.cl", attn__cl_src_fwd, 0, {NULL, NULL}},
+               {"fwd_rows.cl", attn__cl_src_fwd_rows, 0, {NULL, NULL}},
+               {"mma.cl", attn__cl_src_mma, 1, {NULL, NULL}},
+               {"fwd_mma.cl", attn__cl_src_fwd_mma, 1, {attn__cl_src_mma, NULL}},
+               {"bwd.cl", attn__cl_src_bwd, 0, {NULL, NULL}},
+               {"bwd_rows.cl", attn__cl_src_bwd_rows, 0, {NULL, NULL}},
+               {"bwd_mma.cl", attn__cl_src_bwd_mma, 1, {attn__cl_src_bwd, attn__cl_src_mma}},
+               {"decode.cl", attn__cl_src_decode, 0, {NULL, NULL}},
+               {"split.cl", attn__cl_src_split, 0, {NULL, NULL}},
+               {"append.cl", attn__cl_src_append, 0, {NULL, NULL}},
+               {"merge.cl", attn__cl_src_merge, 0, {NULL, NULL}},
+               {"meta.cl", attn__cl_src_meta, 0, {NULL, NULL}},
+               {"selftest.cl", attn__cl_src_selftest, 0, {NULL, NULL}}};
   int failed = 0;
   for (size_t i = 0; i < sizeof files / sizeof files[0]; ++i) {
-    if (files[i].src == attn__cl_src_fwd_mma && im->dev->nv_cc < 80) {
-      printf("fwd_mma.cl not compiled: the device takes no sm_80 PTX\n");
+    if (files[i].ptx && im->dev->nv_cc < 80) {
+      printf("%s not compiled: the device takes no sm_80 PTX\n", files[i].name);
       continue;
     }
-    const char *srcs[2] = {attn__cl_src_common, files[i].src};
-    cl_program prog = cl->clCreateProgramWithSource(ctx, 2, srcs, NULL, &err);
+    const char *srcs[4] = {attn__cl_src_common};
+    cl_uint ns = 1;
+    for (int j = 0; j < 2 && files[i].pre[j]; ++j)
+      srcs[ns++] = files[i].pre[j];
+    srcs[ns++] = files[i].src;
+    cl_program prog = cl->clCreateProgramWithSource(ctx, ns, srcs, NULL, &err);
     if (prog) err = cl->clBuildProgram(prog, 1, &dev, "-cl-std=CL1.2", NULL, NULL);
     if (err != CL_SUCCESS) {
       static char log[8192];

@@ -753,6 +753,8 @@ static void more_tiles_than_blocks_at_once(at_backend *b) {
   run_forward(b, &w);
 }
 
+static void run_backward(at_backend *b, const icase *c);
+
 /* The cases of the OpenCL tensor-core test, on one context. */
 static void tensor_core_cases(at_backend *b) {
   const int64_t dims[] = {32, 64, 96, 128};
@@ -790,14 +792,33 @@ static void tensor_core_cases(at_backend *b) {
   s.wl = 700;
   s.wr = 0;
   run_forward(b, &s);
+  /* The backward, dQ on the tensor cores beside bwd.cl's dK/dV: a bias's
+   * gradient added per element and summed over broadcast rows, softcap,
+   * sinks, a causal mask over more rows than keys. */
+  for (int i = 0; i < 2; i++) {
+    icase g = {.dt = i ? ATTN_F16 : ATTN_BF16,
+               .B = 2,
+               .Nq = 100,
+               .cap = 90,
+               .Hq = 4,
+               .Hkv = 2,
+               .d = i ? 128 : 64,
+               .bias = i ? 1 + BIAS_ROWS : 1,
+               .bias_dt = i ? ATTN_F16 : ATTN_BF16,
+               .softcap = i ? 0 : 15,
+               .sinks = i,
+               .flags = ATTN_CAUSAL};
+    run_backward(b, &g);
+  }
 }
 
 /* NVIDIA GPUs of compute capability 8.0 and later run f16 and bf16
- * forwards up to d = 128 on their tensor cores through OpenCL (fwd_mma.cl,
- * inline PTX), f32 and d = 256 on the portable kernels; the portable path
- * stays beside it (a driver that cannot build the tensor-core program gets
- * it): both agree with the reference over every head dim bucket, causal,
- * a cache with pages, a bias with sinks, softcap and ALiBi, and splits. */
+ * forwards and the backward's dQ up to d = 128 on their tensor cores
+ * through OpenCL (fwd_mma.cl, bwd_mma.cl: inline PTX), f32 and d = 256 on
+ * the portable kernels; the portable path stays beside it (a driver that
+ * cannot build the tensor-core program gets it): both agree with the
+ * reference over every head dim bucket, causal, a cache with pages, a bias
+ * with sinks, softcap and ALiBi, splits, and gradients with dbias. */
 static void opencl_tensor_cores_where_nvidia_has_them(at_backend *b) {
   if (b->kind != ATTN_BACKEND_OPENCL) {
     at_skip("the OpenCL backend's vendor path");

@@ -1,0 +1,206 @@
+/*
+ * The backward's dQ on NVIDIA's tensor cores (sm_80 and later), beside
+ * bwd.cl's attn_bwd_dkdv: attn_bwd_dq_mma takes attn_bwd_dq's arguments
+ * and writes the same dQ (and dbias) by the same rules (common.cl,
+ * bwd.cl's tile_p_ds). One work-group of 4 warps takes BQ = 64 query rows
+ * of one (sequence, head), 16 a warp, over key blocks of MK = 32:
+ *   S = Q K^T, dP = dO V^T     Q's and dO's fragments held in registers, K
+ *                              and V row-major in local memory
+ *   P = exp((S scale - lse_hi) - lse_lo), dS = P (dP - delta) (softcap's
+ *                              derivative, bias, mask: the rules)
+ *   dQ += dS K                 dS packed to 16 bits from the accumulators
+ *                              (the A fragment's layout), K transposed in
+ *                              local memory
+ * dbias: added element by element (DBIAS 1), or the block's rows summed
+ * per key into the work-group's slot (DBIAS 2), over the lanes of a warp
+ * and then the warps, in a fixed order. The PTX and the staging: mma.cl;
+ * the arguments: bwd.cl. HD at most 128.
+ */
+#define QR 64                /* query rows per work-group (BQ) */
+#define MK 32                /* keys per block */
+#define QST (HD + 8)         /* Q, dO, K and V rows in local memory */
+#define KTS (MK + 8)         /* rows of K^T */
+#define NDN (HD / 8)         /* 8-column tiles of dQ a warp holds */
+#define NDK (HD / 16)        /* k16 steps of Q K^T */
+#define NSK (MK / 8)         /* 8-column tiles of S */
+#define QUNITS (2 * QR * QST / 8)                  /* Q and dO, in 16-byte units */
+#define KUNITS ((2 * MK * QST + HD * KTS) / 8)     /* K, V and K^T */
+#define BUNITS (QUNITS > KUNITS ? QUNITS : KUNITS) /* they share the buffer */
+
+__kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq_mma(
+    BWD_ARGS, __global T *dq, long dqo, long4 dqs DBIAS_ARGS) {
+  /* S * scale rounded before lse is taken from it, as the forward and
+   * bwd.cl round it (see tile_p_ds). */
+#pragma OPENCL FP_CONTRACT OFF
+  __local uint4 buf[BUNITS];
+  __local ushort *Qs = (__local ushort *)buf, *Gs = Qs + QR * QST;
+  __local ushort *Ks = (__local ushort *)buf, *Vs = Ks + MK * QST, *Kt = Vs + MK * QST;
+#if DBIAS == 2
+  __local float colsum[4 * MK];
+#endif
+
+  const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
+#if DBIAS
+  const int b = get_group_id(2) + b0, h = get_group_id(1) + h0, i0 = get_group_id(0) * QR;
+#else
+  const int b = get_group_id(2), h = get_group_id(1), i0 = get_group_id(0) * QR;
+#endif
+  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
+  const int nq = seq.nq, nk = seq.nk;
+  if (i0 >= nq) return; /* the whole group leaves: no barrier is skipped */
+  const int hk = h / group;
+  const float slope = alibi ? alibi[h] : 0.0f;
+  __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
+  __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
+#if HAS_BIAS
+  const long bias_bh = bias_o + b * bias_s.s0 + h * bias_s.s1;
+#endif
+#if DBIAS == 1
+  __global float *dbp = dbias + dbias_o + b * dbias_s.s0 + h * dbias_s.s1;
+#elif DBIAS == 2
+  __global float *dbp = part + PART_SLOT(get_group_id(0), get_group_id(1), get_group_id(2),
+                                         get_num_groups(0), get_num_groups(1));
+#endif
+
+  /* The warp's rows of Q and dO as A fragments, for the whole pass. */
+  stage_tile(Qs, QST, QR, (__global const ushort *)HEAD_ROWS(q, qo, qs, b, h, seq.q0), qs, i0, nq,
+             d, 0, 0, lid);
+  stage_tile(Gs, QST, QR, (__global const ushort *)HEAD_ROWS(dout, go, gs, b, h, seq.q0), gs, i0,
+             nq, d, 0, 0, lid);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  uint qa[NDK][4], ga[NDK][4];
+  const int qr = 16 * w + g;
+#pragma unroll
+  for (int kk = 0; kk < NDK; ++kk)
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      const int row = qr + 8 * (f & 1), col = 16 * kk + 8 * (f >> 1) + 2 * t;
+      qa[kk][f] = word_at(Qs, row, QST, col);
+      ga[kk][f] = word_at(Gs, row, QST, col);
+    }
+
+  /* The lane's two rows: lse (hi, lo) and delta; -inf past the sequence,
+   * which marks a row as passing no gradient. */
+  int rr[2], dg[2];
+  float li[2], lo2[2], dl[2];
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    rr[u] = i0 + qr + 8 * u;
+    dg[u] = diag(rr[u], nq, nk);
+    __global const float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + rr[u]);
+    li[u] = rr[u] < nq ? lp[0] : -INFINITY;
+    lo2[u] = rr[u] < nq && ls.s3 ? lp[ls.s3] : 0.0f;
+    dl[u] = rr[u] < nq ? delta[h * (long)tq + seq.qflat + rr[u]] : 0.0f;
+  }
+
+  float acc[NDN][4];
+#pragma unroll
+  for (int n = 0; n < NDN; ++n)
+    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+  /* The keys some row of the block sees, and those every row sees. */
+  int lo, hi, all_lo, all_hi;
+  key_block_range(i0, min(i0 + QR, nq), nq, nk, wl, wr, &lo, &hi);
+  key_block_common(i0, i0 + QR, nq, nk, wl, wr, &all_lo, &all_hi);
+  const int plain = !HAS_BIAS && softcap == 0.0f && slope == 0.0f && i0 + QR <= nq;
+  for (int j0 = lo / MK * MK; j0 < hi; j0 += MK) {
+    barrier(CLK_LOCAL_MEM_FENCE); /* the last block's (or Q's and dO's) reads are done */
+    stage_tile(Ks, QST, MK, (__global const ushort *)kp, ks, j0, nk, d, 0, 0, lid);
+    stage_tile(Vs, QST, MK, (__global const ushort *)vp, vs, j0, nk, d, 0, 0, lid);
+    stage_tile(Kt, KTS, MK, (__global const ushort *)kp, ks, j0, nk, d, 0, 1, lid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    float s[NSK][4], dp[NSK][4];
+#pragma unroll
+    for (int n = 0; n < NSK; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < NDK; ++kk) {
+        mma_tile(s[n], qa[kk], word_at(Ks, 8 * n + g, QST, 16 * kk + 2 * t),
+                 word_at(Ks, 8 * n + g, QST, 16 * kk + 8 + 2 * t));
+        mma_tile(dp[n], ga[kk], word_at(Vs, 8 * n + g, QST, 16 * kk + 2 * t),
+                 word_at(Vs, 8 * n + g, QST, 16 * kk + 8 + 2 * t));
+      }
+    }
+
+    /* P, dS (into s) and dbias's term g (into dp) by the rules, as
+     * tile_p_ds; e: 0, 1 the lane's first row, 2, 3 its second; key
+     * j0 + 8 n + 2 t + (e & 1). */
+    const int whole = plain && j0 >= all_lo && j0 + MK <= all_hi;
+#pragma unroll
+    for (int n = 0; n < NSK; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int u = e >> 1, r = rr[u], kj = j0 + 8 * n + 2 * t + (e & 1);
+        float p = 0.0f, ds = 0.0f, gr = 0.0f;
+        if (whole) {
+          p = li[u] != -INFINITY ? exp((s[n][e] * scale - li[u]) - lo2[u]) : 0.0f;
+          ds = gr = p * (dp[n][e] - dl[u]);
+        } else if (r < nq && kj < nk && key_visible(dg[u], kj, wl, wr) && li[u] != -INFINITY) {
+          float th;
+#if HAS_BIAS
+          const float x = score(s[n][e], scale, softcap, slope, dg[u] - kj, &th) +
+                          load_any(bias, BIAS_DTYPE, bias_bh + r * bias_s.s2 + kj * bias_s.s3);
+#else
+          const float x = score(s[n][e], scale, softcap, slope, dg[u] - kj, &th);
+#endif
+          p = exp((x - li[u]) - lo2[u]); /* see lse_split */
+          gr = p * (dp[n][e] - dl[u]);
+          ds = score_grad(gr, th, softcap);
+        }
+        s[n][e] = ds;
+        dp[n][e] = gr;
+#if DBIAS == 1
+        /* The launch's only adder of this element. */
+        if (r < nq && kj < nk) dbp[r * dbias_s.s2 + kj * dbias_s.s3] += gr;
+#endif
+      }
+
+#if DBIAS == 2
+    /* Each key's sum over the block's rows: the lane's two, the warp's 8
+     * lanes of a column, then the 4 warps in order, into the work-group's
+     * own slot. */
+#pragma unroll
+    for (int n = 0; n < NSK; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float x = dp[n][c] + dp[n][2 + c];
+        x += lane_xor(x, 4);
+        x += lane_xor(x, 8);
+        x += lane_xor(x, 16);
+        if (g == 0) colsum[w * MK + 8 * n + 2 * t + c] = x;
+      }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < MK && j0 + lid < nk)
+      dbp[j0 + lid] = ((colsum[lid] + colsum[MK + lid]) + colsum[2 * MK + lid]) + colsum[3 * MK + lid];
+#endif
+
+    /* dQ += dS K, 16 keys a step: S's tiles 2 kk and 2 kk + 1 are dS's A
+     * fragment. */
+#pragma unroll
+    for (int kk = 0; kk < MK / 16; ++kk) {
+      const uint pa[4] = {pack_pair(s[2 * kk][0], s[2 * kk][1]),
+                          pack_pair(s[2 * kk][2], s[2 * kk][3]),
+                          pack_pair(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                          pack_pair(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int n = 0; n < NDN; ++n)
+        mma_tile(acc[n], pa, word_at(Kt, 8 * n + g, KTS, 16 * kk + 2 * t),
+                 word_at(Kt, 8 * n + g, KTS, 16 * kk + 8 + 2 * t));
+    }
+  }
+
+  __global T *dqp = HEAD_ROWS(dq, dqo, dqs, b, h, seq.q0);
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    if (rr[u] >= nq) continue;
+#pragma unroll
+    for (int n = 0; n < NDN; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = 8 * n + 2 * t + c;
+        if (col < d) STORE(dqp, rr[u] * dqs.s1 + col * dqs.s3, acc[n][2 * u + c] * scale);
+      }
+  }
+}

@@ -1,0 +1,106 @@
+/*
+ * NVIDIA's tensor cores from OpenCL C, through inline PTX (sm_80 and
+ * later), for the kernels that run on them (fwd_mma.cl, bwd_mma.cl, which
+ * follow this file): mma.sync m16n8k16 on f16 or bf16 (DTYPE) with f32
+ * accumulators, the pack of two floats into one 16-bit pair, the lane
+ * exchange of a warp, and the staging of 16-bit tiles into local memory
+ * laid out so that every fragment is one 32-bit read. Fragments follow
+ * the PTX ISA: lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8,
+ * and of each 8 columns the columns 2 t, 2 t + 1, of C and D.
+ */
+#ifndef HD
+#define HD 64
+#endif
+#ifndef MMA_ITEMS
+#define MMA_ITEMS 128 /* work-items of a work-group: 4 warps */
+#endif
+
+#if DTYPE == 1
+#define MMA_TYPES "f32.f16.f16.f32"
+#define CVT_PAIR "cvt.rn.f16x2.f32"
+#else
+#define MMA_TYPES "f32.bf16.bf16.f32"
+#define CVT_PAIR "cvt.rn.bf16x2.f32"
+#endif
+
+/* d = a b + d for one m16n8k16 tile (fragments as the PTX ISA lays them). */
+inline void mma_tile(float *d, const uint *a, uint b0, uint b1) {
+  float e0, e1, e2, e3;
+  __asm__ __volatile__("mma.sync.aligned.m16n8k16.row.col." MMA_TYPES
+                       " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+                       : "=f"(e0), "=f"(e1), "=f"(e2), "=f"(e3)
+                       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(d[0]),
+                         "f"(d[1]), "f"(d[2]), "f"(d[3]));
+  d[0] = e0;
+  d[1] = e1;
+  d[2] = e2;
+  d[3] = e3;
+}
+
+/* x and y rounded to the element type, x in the low half. */
+inline uint pack_pair(float x, float y) {
+  uint r;
+  __asm__ __volatile__(CVT_PAIR " %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
+  return r;
+}
+
+/* x from the lane whose id differs from this one's by the bits of m. */
+inline float lane_xor(float x, int m) {
+  uint r;
+  __asm__ __volatile__("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;"
+                       : "=r"(r)
+                       : "r"(as_uint(x)), "r"(m));
+  return as_float(r);
+}
+
+/* Over the 4 lanes that share a row. */
+inline float quad_max(float x) {
+  x = fmax(x, lane_xor(x, 1));
+  return fmax(x, lane_xor(x, 2));
+}
+
+inline float quad_sum(float x) {
+  x += lane_xor(x, 1);
+  return x + lane_xor(x, 2);
+}
+
+/* Rows j0 .. j0 + rows - 1 of a [.., HD] operand (n rows, d columns) into
+ * local memory, zero past the ends: key rows (keyed, through KEY_ROW) or
+ * query rows; row-major (row j at j * ld) or transposed (column c's rows
+ * at c * ld); ld a multiple of 8, so that rows are whole 16-byte units. An item moves 8 columns at a time, one 16-byte read
+ * where the run is contiguous and aligned. Row-major: consecutive items
+ * take consecutive runs of a row (whole 16-byte stores); transposed:
+ * consecutive keys, so that a warp's 16-bit stores fill whole words. */
+inline void stage_tile(__local ushort *dst, int ld, int rows, __global const ushort *p, long4 s,
+                       int j0, int n, int d, int keyed, int transposed, int lid KEY_PAGES_PARAM) {
+  for (int e = lid; e < rows * HD / 8; e += MMA_ITEMS) {
+    const int j = transposed ? e % rows : e / (HD / 8), c = 8 * (transposed ? e / rows : e % (HD / 8));
+    uint4 x = (uint4)(0u);
+    if (j0 + j < n) {
+      const long row = keyed ? KEY_ROW(j0 + j, s) : (long)(j0 + j) * s.s1;
+      __global const ushort *src = p + row + c * s.s3;
+      if (s.s3 == 1 && c + 8 <= d && ((ulong)src & 15u) == 0u) {
+        x = *(__global const uint4 *)src;
+      } else {
+        uint w[4] = {0u, 0u, 0u, 0u};
+        for (int u = 0; u < 8 && c + u < d; ++u)
+          w[u / 2] |= (uint)src[u * s.s3] << (16 * (u % 2));
+        x = (uint4)(w[0], w[1], w[2], w[3]);
+      }
+    }
+    if (transposed) {
+      const uint xs[4] = {x.s0, x.s1, x.s2, x.s3};
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        dst[(c + u) * ld + j] = (ushort)(xs[u / 2] >> (16 * (u % 2)));
+    } else {
+      *(__local uint4 *)(dst + j * ld + c) = x;
+    }
+  }
+}
+
+/* The 32-bit word of two elements at (row, col) of a local tile. */
+inline uint word_at(__local const ushort *t, int row, int stride, int col) {
+  return *(__local const uint *)(t + row * stride + col);
+}
+
