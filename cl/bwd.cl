@@ -267,9 +267,9 @@ typedef struct row_stats {
 } row_stats;
 
 #if HAS_BIAS
-/* The bias rows of one (sequence, head): element (i, j) at bias_bh + i s2 +
+/* The bias rows of one (sequence, head): element (i, j) at bias_h + i s2 +
  * j s3. */
-#define TILE_BIAS_PARAM , __global const uchar *bias, long bias_bh, long4 bias_s
+#define TILE_BIAS_PARAM , __global const uchar *bias, long bias_h, long4 bias_s
 #define TILE_BIAS(bh) , bias, (bh), bias_s
 #else
 #define TILE_BIAS_PARAM
@@ -318,7 +318,7 @@ inline void tile_p_ds(float (*s)[BTN], float (*dp)[BTN], row_stats st, const til
         float th;
 #if HAS_BIAS
         const float x = score(s[i][n], scale, softcap, slope, dg - kj, &th) +
-                        load_any(bias, BIAS_DTYPE, bias_bh + r * bias_s.s2 + kj * bias_s.s3);
+                        load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + kj * bias_s.s3);
 #else
         const float x = score(s[i][n], scale, softcap, slope, dg - kj, &th);
 #endif
@@ -442,9 +442,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
   for (int step = 0; step < steps; ++step) {
     const int h = hk * group + step / nib, i0 = t.i0;
     const float slope = alibi ? alibi[h] : 0.0f;
-#if HAS_BIAS
-    const long bias_bh = bias_o + b * bias_s.s0 + h * bias_s.s1;
-#endif
+    BIAS_HEAD;
     const int hn = hk * group + (step + 1) / nib, inx = ib0 + (step + 1) % nib * BQ;
     const tile_src tn = step + 1 < steps ? tile_src_of(q, qo, qs, k, ko, ks, v, vo, vs, dout, go,
                                                        gs, b, hn, hk, seq, d, inx, j0)
@@ -460,7 +458,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
     float4 qreg[RW4], greg[RW4];
     load_row_tile(qreg, t.qp, qs, i0, nq, d, lid);
     load_row_tile(greg, t.gp, gs, i0, nq, d, lid);
-    tile_p_ds(s, dp, st, &t, scale, softcap, slope, wl, wr, lid TILE_BIAS(bias_bh) TILE_DR(dr));
+    tile_p_ds(s, dp, st, &t, scale, softcap, slope, wl, wr, lid TILE_BIAS(bias_h) TILE_DR(dr));
 #pragma unroll
     for (int i = 0; i < BTM; ++i)
 #pragma unroll
@@ -554,25 +552,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
   const row_stats st = {lse_s, lo_s, delta_s};
 
   const int lid = get_local_id(0), tx = lid % 16, ty = lid / 16;
-#if DBIAS
-  const int b = get_group_id(2) + b0, h = get_group_id(1) + h0, i0 = get_group_id(0) * BQ;
-#else
-  const int b = get_group_id(2), h = get_group_id(1), i0 = get_group_id(0) * BQ;
-#endif
-  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
-  const int nq = seq.nq, nk = seq.nk;
-  if (i0 >= nq) return;
-  const int hk = h / group;
-  const float slope = alibi ? alibi[h] : 0.0f;
-#if HAS_BIAS
-  const long bias_bh = bias_o + b * bias_s.s0 + h * bias_s.s1;
-#endif
-#if DBIAS == 1
-  __global float *dbp = dbias + dbias_o + b * dbias_s.s0 + h * dbias_s.s1;
-#elif DBIAS == 2
-  __global float *dbp = part + PART_SLOT(get_group_id(0), get_group_id(1), get_group_id(2),
-                                         get_num_groups(0), get_num_groups(1));
-#endif
+  DQ_BLOCK(BQ);
   /* Read after the first step's barriers. */
   stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, lid);
 
@@ -602,7 +582,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
     tile_products(s, dp, tiles4, &t, &next, lid);
     float4 kreg[RW4];
     load_row_tile(kreg, t.kp, ks, j0, nk, d, lid);
-    tile_p_ds(s, dp, st, &t, scale, softcap, slope, wl, wr, lid TILE_BIAS(bias_bh) TILE_DR(dr));
+    tile_p_ds(s, dp, st, &t, scale, softcap, slope, wl, wr, lid TILE_BIAS(bias_h) TILE_DR(dr));
 #pragma unroll
     for (int i = 0; i < BTM; ++i)
 #pragma unroll

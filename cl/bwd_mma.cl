@@ -16,13 +16,13 @@
  * and then the warps, in a fixed order. The PTX and the staging: mma.cl;
  * the arguments: bwd.cl. HD at most 128.
  */
-#define QR 64                /* query rows per work-group (BQ) */
-#define MK 32                /* keys per block */
-#define QST (HD + 8)         /* Q, dO, K and V rows in local memory */
-#define KTS (MK + 8)         /* rows of K^T */
-#define NDN (HD / 8)         /* 8-column tiles of dQ a warp holds */
-#define NDK (HD / 16)        /* k16 steps of Q K^T */
-#define NSK (MK / 8)         /* 8-column tiles of S */
+#define QR 64                                      /* query rows per work-group (BQ) */
+#define MK 32                                      /* keys per block */
+#define QST (HD + 8)                               /* Q, dO, K and V rows in local memory */
+#define KTS (MK + 8)                               /* rows of K^T */
+#define NDN (HD / 8)                               /* 8-column tiles of dQ a warp holds */
+#define NDK (HD / 16)                              /* k16 steps of Q K^T */
+#define NSK (MK / 8)                               /* 8-column tiles of S */
 #define QUNITS (2 * QR * QST / 8)                  /* Q and dO, in 16-byte units */
 #define KUNITS ((2 * MK * QST + HD * KTS) / 8)     /* K, V and K^T */
 #define BUNITS (QUNITS > KUNITS ? QUNITS : KUNITS) /* they share the buffer */
@@ -40,27 +40,9 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
 #endif
 
   const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
-#if DBIAS
-  const int b = get_group_id(2) + b0, h = get_group_id(1) + h0, i0 = get_group_id(0) * QR;
-#else
-  const int b = get_group_id(2), h = get_group_id(1), i0 = get_group_id(0) * QR;
-#endif
-  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
-  const int nq = seq.nq, nk = seq.nk;
-  if (i0 >= nq) return; /* the whole group leaves: no barrier is skipped */
-  const int hk = h / group;
-  const float slope = alibi ? alibi[h] : 0.0f;
+  DQ_BLOCK(QR);
   __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
   __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
-#if HAS_BIAS
-  const long bias_bh = bias_o + b * bias_s.s0 + h * bias_s.s1;
-#endif
-#if DBIAS == 1
-  __global float *dbp = dbias + dbias_o + b * dbias_s.s0 + h * dbias_s.s1;
-#elif DBIAS == 2
-  __global float *dbp = part + PART_SLOT(get_group_id(0), get_group_id(1), get_group_id(2),
-                                         get_num_groups(0), get_num_groups(1));
-#endif
 
   /* The warp's rows of Q and dO as A fragments, for the whole pass. */
   stage_tile(Qs, QST, QR, (__global const ushort *)HEAD_ROWS(q, qo, qs, b, h, seq.q0), qs, i0, nq,
@@ -141,7 +123,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
           float th;
 #if HAS_BIAS
           const float x = score(s[n][e], scale, softcap, slope, dg[u] - kj, &th) +
-                          load_any(bias, BIAS_DTYPE, bias_bh + r * bias_s.s2 + kj * bias_s.s3);
+                          load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + kj * bias_s.s3);
 #else
           const float x = score(s[n][e], scale, softcap, slope, dg[u] - kj, &th);
 #endif
@@ -158,9 +140,9 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
       }
 
 #if DBIAS == 2
-    /* Each key's sum over the block's rows: the lane's two, the warp's 8
-     * lanes of a column, then the 4 warps in order, into the work-group's
-     * own slot. */
+      /* Each key's sum over the block's rows: the lane's two, the warp's 8
+       * lanes of a column, then the 4 warps in order, into the work-group's
+       * own slot. */
 #pragma unroll
     for (int n = 0; n < NSK; ++n)
 #pragma unroll
@@ -173,11 +155,12 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
       }
     barrier(CLK_LOCAL_MEM_FENCE);
     if (lid < MK && j0 + lid < nk)
-      dbp[j0 + lid] = ((colsum[lid] + colsum[MK + lid]) + colsum[2 * MK + lid]) + colsum[3 * MK + lid];
+      dbp[j0 + lid] =
+          ((colsum[lid] + colsum[MK + lid]) + colsum[2 * MK + lid]) + colsum[3 * MK + lid];
 #endif
 
-    /* dQ += dS K, 16 keys a step: S's tiles 2 kk and 2 kk + 1 are dS's A
-     * fragment. */
+      /* dQ += dS K, 16 keys a step: S's tiles 2 kk and 2 kk + 1 are dS's A
+       * fragment. */
 #pragma unroll
     for (int kk = 0; kk < MK / 16; ++kk) {
       const uint pa[4] = {pack_pair(s[2 * kk][0], s[2 * kk][1]),

@@ -88,7 +88,7 @@ inline void stage_rows_block(rows_block *rb, __global const T *qp, long4 qs, __g
 }
 
 #if HAS_BIAS
-#define ROWS_BIAS_PARAM , __global const uchar *bias, long bias_bh, long4 bias_s
+#define ROWS_BIAS_PARAM , __global const uchar *bias, long bias_h, long4 bias_s
 #define ROWS_BIAS(bh) , bias, (bh), bias_s
 #else
 #define ROWS_BIAS_PARAM
@@ -146,7 +146,7 @@ inline void rows_p_ds(const rows_block *rb, float8 (*kt)[KG], float8 (*vt)[KG], 
           float t;
 #if HAS_BIAS
           const float x = score(p[i][j + e], scale, softcap, slope, dg - jj, &t) +
-                          load_any(bias, BIAS_DTYPE, bias_bh + r * bias_s.s2 + jj * bias_s.s3);
+                          load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + jj * bias_s.s3);
 #else
           const float x = score(p[i][j + e], scale, softcap, slope, dg - jj, &t);
 #endif
@@ -207,15 +207,13 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dkdv_rows(
   for (int hh = 0; hh < group; ++hh) {
     const int h = hk * group + hh;
     const float slope = alibi ? alibi[h] : 0.0f;
-#if HAS_BIAS
-    const long bias_bh = bias_o + b * bias_s.s0 + h * bias_s.s1;
-#endif
+    BIAS_HEAD;
     __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
     __global const T *gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
     for (int i0 = ilo; i0 < ihi; i0 += RB) {
       stage_rows_block(&rb, qp, qs, gp, gs, lse, lo_, ls, delta, b, h, seq, i0, tq, d);
       rows_p_ds(&rb, kt, vt, p, ds, i0, j0, kn, nq, nk, scale, softcap, slope, wl,
-                wr ROWS_BIAS(bias_bh) ROWS_DR(dr));
+                wr ROWS_BIAS(bias_h) ROWS_DR(dr));
       /* Keys rounded up to 2: p and ds are zero past kn. */
       sum_products(dv_acc, (kn + 1) & ~1, &p[0][0], 1, KB, rb.g, RB);
       sum_products(dk_acc, (kn + 1) & ~1, &ds[0][0], 1, KB, rb.q, RB);
@@ -235,27 +233,9 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dkdv_rows(
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dq_rows(
     ROWS_BWD_ARGS, __global T *dq, long dqo, long4 dqs ROWS_DBIAS_ARGS) {
-#if DBIAS
-  const int b = get_group_id(2) + b0, h = get_group_id(1) + h0, i0 = get_group_id(0) * RB;
-#else
-  const int b = get_group_id(2), h = get_group_id(1), i0 = get_group_id(0) * RB;
-#endif
-  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
-  const int nq = seq.nq, nk = seq.nk;
-  if (i0 >= nq) return;
-  const int hk = h / group;
-  const float slope = alibi ? alibi[h] : 0.0f;
+  DQ_BLOCK(RB);
   __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
   __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
-#if HAS_BIAS
-  const long bias_bh = bias_o + b * bias_s.s0 + h * bias_s.s1;
-#endif
-#if DBIAS == 1
-  __global float *dbp = dbias + dbias_o + b * dbias_s.s0 + h * dbias_s.s1;
-#elif DBIAS == 2
-  __global float *dbp = part + PART_SLOT(get_group_id(0), get_group_id(1), get_group_id(2),
-                                         get_num_groups(0), get_num_groups(1));
-#endif
   float8 kt[HD][KG], vt[HD][KG], kr[KB][NV], dq_acc[RB][NV];
   float p[RB][KB], ds[RB][KB];
 #if DBIAS
@@ -284,7 +264,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dq_rows(
           kr[j][c] = 0.0f;
       }
     rows_p_ds(&rb, kt, vt, p, ds, i0, j0, kn, nq, nk, scale, softcap, slope, wl,
-              wr ROWS_BIAS(bias_bh) ROWS_DR(dr));
+              wr ROWS_BIAS(bias_h) ROWS_DR(dr));
 #if DBIAS == 1
     /* The launch's only adder of these elements. */
     for (int i = 0; i < RB && i0 + i < nq; ++i)

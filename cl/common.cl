@@ -353,6 +353,36 @@ typedef struct key_pages {
   KV_HEADS(T);                                                     \
   BIAS_HEAD
 
+/* A dQ work-group's block of ROWS query rows of head h of sequence b (of
+ * the launch's first sequence and head b0, h0 where dbias sums over them),
+ * with nq rows and nk keys; ALiBi's slope, the bias's (sequence, head) at
+ * bias_h, and dbias's rows at dbp (DBIAS 1) or the work-group's slot of
+ * row-block sums (DBIAS 2). The whole group leaves past the sequence's
+ * rows, so no barrier is skipped. */
+#if DBIAS
+#define DQ_HEAD const int b = get_group_id(2) + b0, h = get_group_id(1) + h0
+#else
+#define DQ_HEAD const int b = get_group_id(2), h = get_group_id(1)
+#endif
+#if DBIAS == 1
+#define DBIAS_ROWS __global float *dbp = dbias + dbias_o + b * dbias_s.s0 + h * dbias_s.s1
+#elif DBIAS == 2
+#define DBIAS_ROWS                                                                          \
+  __global float *dbp = part + PART_SLOT(get_group_id(0), get_group_id(1), get_group_id(2), \
+                                         get_num_groups(0), get_num_groups(1))
+#else
+#define DBIAS_ROWS (void)0
+#endif
+#define DQ_BLOCK(ROWS)                                             \
+  DQ_HEAD, i0 = get_group_id(0) * (ROWS);                          \
+  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all); \
+  const int nq = seq.nq, nk = seq.nk;                              \
+  if (i0 >= nq) return;                                            \
+  const int hk = h / group;                                        \
+  const float slope = alibi ? alibi[h] : 0.0f;                     \
+  BIAS_HEAD;                                                       \
+  DBIAS_ROWS
+
 /* The score terms after the epilogue: an additive bias (score += bias,
  * after scale, softcap and ALiBi) and attention sinks. */
 

@@ -24,8 +24,8 @@
 #ifndef HD
 #define HD 64
 #endif
-#define MR 64         /* query rows per work-group */
-#define MC 64         /* keys per tile */
+#define MR 64 /* query rows per work-group */
+#define MC 64 /* keys per tile */
 #define MT MMA_ITEMS
 #define KST (HD + 8)  /* K and Q rows in local memory, in 16-bit elements: 4 words apart per row */
 #define VST (MC + 8)  /* rows of V^T: 4 words apart per column */

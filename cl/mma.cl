@@ -67,14 +67,15 @@ inline float quad_sum(float x) {
 /* Rows j0 .. j0 + rows - 1 of a [.., HD] operand (n rows, d columns) into
  * local memory, zero past the ends: key rows (keyed, through KEY_ROW) or
  * query rows; row-major (row j at j * ld) or transposed (column c's rows
- * at c * ld); ld a multiple of 8, so that rows are whole 16-byte units. An item moves 8 columns at a time, one 16-byte read
- * where the run is contiguous and aligned. Row-major: consecutive items
+ * at c * ld); ld a multiple of 8, so that rows are whole 16-byte units. An item moves 8 columns at
+ * a time, one 16-byte read where the run is contiguous and aligned. Row-major: consecutive items
  * take consecutive runs of a row (whole 16-byte stores); transposed:
  * consecutive keys, so that a warp's 16-bit stores fill whole words. */
 inline void stage_tile(__local ushort *dst, int ld, int rows, __global const ushort *p, long4 s,
                        int j0, int n, int d, int keyed, int transposed, int lid KEY_PAGES_PARAM) {
   for (int e = lid; e < rows * HD / 8; e += MMA_ITEMS) {
-    const int j = transposed ? e % rows : e / (HD / 8), c = 8 * (transposed ? e / rows : e % (HD / 8));
+    const int j = transposed ? e % rows : e / (HD / 8),
+              c = 8 * (transposed ? e / rows : e % (HD / 8));
     uint4 x = (uint4)(0u);
     if (j0 + j < n) {
       const long row = keyed ? KEY_ROW(j0 + j, s) : (long)(j0 + j) * s.s1;
@@ -103,4 +104,3 @@ inline void stage_tile(__local ushort *dst, int ld, int rows, __global const ush
 inline uint word_at(__local const ushort *t, int row, int stride, int col) {
   return *(__local const uint *)(t + row * stride + col);
 }
-
