@@ -159,19 +159,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
           ((colsum[lid] + colsum[MK + lid]) + colsum[2 * MK + lid]) + colsum[3 * MK + lid];
 #endif
 
-      /* dQ += dS K, 16 keys a step: S's tiles 2 kk and 2 kk + 1 are dS's A
-       * fragment. */
-#pragma unroll
-    for (int kk = 0; kk < MK / 16; ++kk) {
-      const uint pa[4] = {pack_pair(s[2 * kk][0], s[2 * kk][1]),
-                          pack_pair(s[2 * kk][2], s[2 * kk][3]),
-                          pack_pair(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                          pack_pair(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int n = 0; n < NDN; ++n)
-        mma_tile(acc[n], pa, word_at(Kt, 8 * n + g, KTS, 16 * kk + 2 * t),
-                 word_at(Kt, 8 * n + g, KTS, 16 * kk + 8 + 2 * t));
-    }
+    /* dQ += dS K, dS from the accumulators. */
+    acc_times_tile(acc, NDN, s, MK, Kt, KTS, g, t);
   }
 
   __global T *dqp = HEAD_ROWS(dq, dqo, dqs, b, h, seq.q0);

@@ -153,19 +153,8 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
       l_b += s[n][2] + s[n][3];
     }
 
-    /* O += P V, 16 keys a step: S's tiles 2 kk and 2 kk + 1 are P's A
-     * fragment. */
-#pragma unroll
-    for (int kk = 0; kk < MC / 16; ++kk) {
-      const uint pa[4] = {pack_pair(s[2 * kk][0], s[2 * kk][1]),
-                          pack_pair(s[2 * kk][2], s[2 * kk][3]),
-                          pack_pair(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                          pack_pair(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int n = 0; n < NON; ++n)
-        mma_tile(acc[n], pa, word_at(Vt, 8 * n + g, VST, 16 * kk + 2 * t),
-                 word_at(Vt, 8 * n + g, VST, 16 * kk + 8 + 2 * t));
-    }
+    /* O += P V, P from S's accumulators. */
+    acc_times_tile(acc, NON, s, MC, Vt, VST, g, t);
   }
 
   /* The rows' ends (fwd_rows.cl's), each row's sum over its 4 lanes. */

@@ -104,3 +104,21 @@ inline void stage_tile(__local ushort *dst, int ld, int rows, __global const ush
 inline uint word_at(__local const ushort *t, int row, int stride, int col) {
   return *(__local const uint *)(t + row * stride + col);
 }
+
+/* acc += A B over k keys, for the nn 8-column tiles of acc: A the 16 x k
+ * product whose accumulators s holds (S's or dS's: tiles 2 kk and 2 kk + 1
+ * are k16 step kk's A fragment, packed to 16 bits), B a tile stored
+ * transposed in local memory (column n's k values at n * ld). */
+inline void acc_times_tile(float (*acc)[4], int nn, float (*s)[4], int k, __local const ushort *bt,
+                           int ld, int g, int t) {
+#pragma unroll
+  for (int kk = 0; kk < k / 16; ++kk) {
+    const uint a[4] = {pack_pair(s[2 * kk][0], s[2 * kk][1]), pack_pair(s[2 * kk][2], s[2 * kk][3]),
+                       pack_pair(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                       pack_pair(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+    for (int n = 0; n < nn; ++n)
+      mma_tile(acc[n], a, word_at(bt, 8 * n + g, ld, 16 * kk + 2 * t),
+               word_at(bt, 8 * n + g, ld, 16 * kk + 8 + 2 * t));
+  }
+}
