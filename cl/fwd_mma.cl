@@ -2,8 +2,8 @@
  * Forward pass on NVIDIA's tensor cores (sm_80 and later), through inline
  * PTX: the vendor path beside fwd.cl for f16 and bf16, with fwd.cl's
  * arguments, steps and rules (common.cl). One work-group of 4 warps takes
- * BR = 64 query rows of one (sequence, head), 16 rows a warp, over key
- * tiles of BC = 64:
+ * MR = 64 query rows of one (sequence, head), 16 rows a warp, over key
+ * tiles of MC = 64:
  *   S = Q K^T      mma.sync m16n8k16, Q's fragments held in registers, K
  *                  row-major in local memory (a fragment is a 32-bit read)
  *   S -> scale, softcap, ALiBi, bias, mask, online softmax (common.cl), the
@@ -17,8 +17,8 @@
  *
  * The PTX and the staging: mma.cl, which precedes this file. Built only
  * for a device whose driver takes PTX in OpenCL C (NVIDIA, the plan checks
- * the compute capability); a build that fails falls back to fwd.cl
- * (cl/launch.c). HD at most 128: O, S and Q's fragments take
+ * the compute capability); a build that fails falls back to the device's
+ * GPU row, fwd.cl (attn__cl_config_portable). HD at most 128: O, S and Q's fragments take
  * HD / 2 + 32 + HD / 4 registers a lane.
  */
 #ifndef HD
