@@ -133,6 +133,10 @@ enum attn__cl_bwd_shape {
                        * NVIDIA's tensor cores, 128 items over 64 rows */
 };
 
+/* The query rows of a work-group of fwd_mma.cl and bwd_mma.cl (their MR
+ * and QR; 128 items, MMA_ITEMS), which the host's grids and sizes follow. */
+#define ATTN__CL_MMA_ROWS 64
+
 /* The tiles one program is built with (fwd.cl's, fwd_rows.cl's and bwd.cl's
  * -D parameters). */
 typedef struct attn__cl_tiles {

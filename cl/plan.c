@@ -134,7 +134,8 @@ static int fwd_staging_fits(const attn__cl_tiles *t) {
  * tiles are fixed; the row's br, bc, tm, dk and jk are attn_fwd's, for the
  * fallback (attn__cl_config_tiles). */
 static size_t mma_local_bytes(int hd) {
-  return 2u * (64u * (size_t)(hd + 8) + (size_t)hd * (64u + 8u));
+  const size_t keys = ATTN__CL_MMA_ROWS; /* fwd_mma.cl's MC, as its MR */
+  return 2u * (keys * (size_t)(hd + 8) + (size_t)hd * (keys + 8u));
 }
 
 /* bwd.cl's local memory, the larger of its two kernels': the chunks of S
@@ -217,7 +218,8 @@ static void name_fwd(attn__cl_config *c) {
   const attn__cl_tiles *t = &c->t;
   if (t->fwd == ATTN__CL_FWD_MMA)
     snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
-             "opencl attn_fwd_mma HD=%d Br=64 Bc=64 (tensor cores, inline PTX)", c->hd);
+             "opencl attn_fwd_mma HD=%d Br=%d Bc=%d (tensor cores, inline PTX)", c->hd,
+             ATTN__CL_MMA_ROWS, ATTN__CL_MMA_ROWS);
   else if (t->fwd == ATTN__CL_FWD_ROWS)
     snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0], "opencl attn_fwd_rows HD=%d RB=%d KB=%d",
              c->hd, t->rb, t->kb);
@@ -291,7 +293,9 @@ int attn__cl_config_use(attn_context *ctx, attn__cl_config *c, const attn__cl_ti
 }
 
 int attn__cl_dq_rows(const attn__cl_tiles *t) {
-  return t->bwd == ATTN__CL_BWD_ROWS ? t->rb : t->bwd == ATTN__CL_BWD_MMA_DQ ? 64 : t->bq;
+  return t->bwd == ATTN__CL_BWD_ROWS     ? t->rb
+         : t->bwd == ATTN__CL_BWD_MMA_DQ ? ATTN__CL_MMA_ROWS
+                                         : t->bq;
 }
 
 int attn__cl_config_portable(attn_context *ctx, attn__cl_config *config) {
