@@ -6,18 +6,25 @@
  *                      rows, key/value head, sequence). The rows are those
  *                      of every query head sharing the key/value head (GQA),
  *                      so K and V are read once per key/value head, not per
- *                      query head. Per tile of NTD keys:
- *                        K, V tiles -> local memory (16-byte loads, each
- *                                      row's chunks on neighbouring items)
- *                        S = Q K^T    (item: two keys against half the rows)
+ *                      query head. Per tile of NTD keys, one per item:
+ *                        S = Q K^T    item j: key j against every row, its
+ *                                     K row read straight into registers
+ *                                     (16-byte loads, all of a row at once)
  *                        S -> scale, softcap, ALiBi, bias, mask
- *                        m_i' = max(m_i, rowmax S), P = exp(S - m_i')
+ *                        m_i' = max(m_i, rowmax S): partial maxima over DR
+ *                                     keys, then each item over those
+ *                        P = exp(S - m_i')
  *                        O = O e^(m_i - m_i') + P V (item: a 16-byte chunk
- *                                      of columns of every row, for a slice
- *                                      of the keys)
- *                      With one split the work-group ends its rows (O / l_i,
- *                      lse, sinks) as fwd.cl does; with several each writes
- *                      its part (O, m_i, l_i) to the workspace.
+ *                                     of columns of every row, for a slice
+ *                                     of the keys, V read straight into
+ *                                     registers)
+ *                      K and V never pass through local memory: a tile is
+ *                      three barriers, and each item has a whole K row, then
+ *                      a whole V slice, in flight at once, which is what
+ *                      keeps the memory busy. With one split the work-group
+ *                      ends its rows (O / l_i, lse, sinks) as fwd.cl does;
+ *                      with several each writes its part (O, m_i, l_i) to
+ *                      the workspace.
  *   attn_split_merge   (split.cl) the parts merged, the rows ended.
  *
  * Splitting the keys (flash-decoding) is what fills the device when the
@@ -59,23 +66,14 @@ inline FV unpack(uint4 u) {
 #endif
 
 #define NCH (HD / CH) /* chunks per row */
-/* Local rows are a chunk longer than the data: the 16-byte reads of the
- * items of a quarter warp, one row each, then fall in distinct banks. */
-#define KSTR4 (NCH + 1)
 /* P V: item lid owns chunks lid % NCH (+ NTD ..) of keys lid / NCH +
  * NKS k of the tile. */
 #define CPI (NCH > NTD ? (NCH + NTD - 1) / NTD : 1)
 #define NKS (NCH < NTD ? NTD / NCH : 1)
-/* The row maximum: IPR items per row, each over DR keys. */
-#define IPR (NTD / DR)
-/* S and P: item lid owns keys lid % KG + KG u (u < KPI) against rows
- * lid / KG * RPI .. + RPI - 1: two keys per item read each Q chunk for
- * two, and neighbouring items still read neighbouring K rows. */
-#define KPI (DR > 1 ? 2 : 1)
-#define RPI (DR / KPI)
-#define KG (NTD / KPI)
-#define TILES4 MAX4(2 * NTD * KSTR4, NKS * DR * HD / 4)
-#define MAX4(a, b) ((a) > (b) ? (a) : (b))
+/* The row maxima: NSEG partial maxima per row, each over DR keys. */
+#define NSEG (NTD / DR)
+/* Chunks an item loads before it uses them. */
+#define LB 8
 
 /* acc + a . b, column by column: S then comes out as the backward pass
  * recomputes it (bwd.cl's tile_p_ds), bit for bit, which exp(S - lse)
@@ -108,44 +106,19 @@ inline float fv_at(FV a, int e) {
 #endif
 }
 
-/* Where key jj of the tile (key j) is in a tensor of strides s: through
- * the tile's pages (page, row in it), found once per key and tile, when
- * paged. */
-#if PAGED
-#define TILE_PAGES_PARAM , __local const int2 *pg
-#define TILE_PAGES , pg
-#define TILE_ROW(jj, j, s) (pg[jj].x * (s).s0 + pg[jj].y * (s).s1)
-#else
-#define TILE_PAGES_PARAM
-#define TILE_PAGES
-#define TILE_ROW(jj, j, s) ((j) * (s).s1)
-#endif
-
-/* Keys j0 .. j0 + NTD - 1 of one head of k or v (p: its row 0 of the head,
- * as raw elements) into a local tile, zero past nk and past d. vec: the
- * host found every row 16-byte aligned with contiguous columns and d a
- * multiple of CH, so a chunk is one load. */
-inline void stage_tile(__local uint4 *dst, __global const RAW *p, long4 s, int j0, int nk, int d,
-                       int vec, int lid TILE_PAGES_PARAM) {
-  for (int e = lid; e < NTD * NCH; e += NTD) {
-    const int jj = e / NCH, c = e % NCH, j = j0 + jj;
-    uint4 u = (uint4)(0u);
-    if (j < nk && c * CH < d) {
-      __global const RAW *row = p + TILE_ROW(jj, j, s);
-      if (vec) {
-        u = *(__global const uint4 *)(row + c * CH);
-      } else {
-        /* Element t in the bits a 16-byte load would put it in. */
-        uint wv[4] = {0u, 0u, 0u, 0u};
-        for (int t = 0; t < CH; ++t)
-          if (c * CH + t < d)
-            wv[t * sizeof(RAW) / 4] |= (uint)row[(c * CH + t) * s.s3]
-                                       << (8 * sizeof(RAW) * (t % (4 / sizeof(RAW))));
-        u = (uint4)(wv[0], wv[1], wv[2], wv[3]);
-      }
-    }
-    dst[jj * KSTR4 + c] = u;
-  }
+/* Chunk c of a K or V row (row: its element 0, as raw elements), zero
+ * past d. vec: the host found every row 16-byte aligned with contiguous
+ * columns and d a multiple of CH, so a chunk is one load. */
+inline uint4 load_chunk(__global const RAW *row, int c, int d, long s3, int vec) {
+  if (c * CH >= d) return (uint4)(0u);
+  if (vec) return *(__global const uint4 *)(row + c * CH);
+  /* Element t in the bits a 16-byte load would put it in. */
+  uint wv[4] = {0u, 0u, 0u, 0u};
+  for (int t = 0; t < CH; ++t)
+    if (c * CH + t < d)
+      wv[t * sizeof(RAW) / 4] |= (uint)row[(c * CH + t) * s3]
+                                 << (8 * sizeof(RAW) * (t % (4 / sizeof(RAW))));
+  return (uint4)(wv[0], wv[1], wv[2], wv[3]);
 }
 
 /* What a work-group's rows are: row rr is query row ri[rr] of head hh[rr],
@@ -185,15 +158,13 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
     __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,
     float softcap, int wl, int wr, int nsplit, int nrb, int vec, __global float *part_o,
     __global float *part_ml, int tq KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS) {
-  /* The K and V tiles, and at the end the key slices' sums. */
-  __local uint4 tiles[TILES4];
-  __local uint4 *Ks4 = tiles, *Vs4 = tiles + NTD * KSTR4;
-  __local FV Qv[DR * NCH];
-  __local float4 Ss4[(NTD * DR + 3) / 4]; /* S, then P, key-major */
+  __local FV Qv[DR * NCH];                /* Q as floats; at the end the key slices' sums */
+  __local float4 Ss4[(NTD * DR + 3) / 4]; /* S, key-major */
   __local float *Ss = (__local float *)Ss4;
-  __local float red[NTD]; /* the rows' partial maxima, then their new m_i */
+  __local float red[NTD]; /* the rows' partial maxima, segment-major */
+  __local float lsum[DR];
 #if PAGED
-  __local int2 pg[NTD]; /* the tile's keys' pages and rows in them */
+  __local long vrow[NTD]; /* the tile's keys' V rows */
 #endif
 
   const int lid = get_local_id(0);
@@ -222,10 +193,15 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
   const int first = lo / NTD, ntiles = lo < hi ? (hi + NTD - 1) / NTD - first : 0;
   const int t0 = first + split * ntiles / nsplit, t1 = first + (split + 1) * ntiles / nsplit;
 
-  /* Per row: the running m_i, l_i (over this item's key slice) and O; per
-   * row of the item's S: its diagonal, ALiBi slope and bias row. */
-  const int kg = lid % KG, rg = lid / KG * RPI;
+  /* Per row: the running m_i, l_i (over this item's key slice) and O, its
+   * diagonal, ALiBi slope and bias row. */
+  const int slice = lid / NCH % NKS;
   float m[DR], l[DR], acc[DR][CPI * CH];
+  int dg[DR];
+  float slope[DR];
+#if HAS_BIAS
+  long brow[DR];
+#endif
 #pragma unroll
   for (int rr = 0; rr < DR; ++rr) {
     m[rr] = -INFINITY;
@@ -233,184 +209,157 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
 #pragma unroll
     for (int e = 0; e < CPI * CH; ++e)
       acc[rr][e] = 0.0f;
-  }
-  int dg[RPI], live[RPI];
-  float slope[RPI];
+    dg[rr] = diag(w.ri[rr], nq, nk);
+    slope[rr] = alibi ? alibi[w.hh[rr]] : 0.0f;
 #if HAS_BIAS
-  long brow[RPI];
-#endif
-#pragma unroll
-  for (int v = 0; v < RPI; ++v) {
-    dg[v] = diag(w.ri[rg + v], nq, nk);
-    live[v] = rg + v < w.nr;
-    slope[v] = alibi ? alibi[w.hh[rg + v]] : 0.0f;
-#if HAS_BIAS
-    brow[v] = bias_o + b * bias_s.s0 + w.hh[rg + v] * bias_s.s1 + w.ri[rg + v] * bias_s.s2;
+    brow[rr] = bias_o + b * bias_s.s0 + w.hh[rr] * bias_s.s1 + w.ri[rr] * bias_s.s2;
 #endif
   }
 
   for (int t = t0; t < t1; ++t) {
-    const int j0 = t * NTD;
+    const int j0 = t * NTD, j = j0 + lid;
+    barrier(CLK_LOCAL_MEM_FENCE); /* the last tile's reads of S and the maxima are done */
+
+    /* S of key j against every row, masked; the row's chunks loaded
+     * before they are used. */
+    {
+      float s[DR];
+#pragma unroll
+      for (int rr = 0; rr < DR; ++rr)
+        s[rr] = 0.0f;
+      if (j < hi) {
+        __global const RAW *kr = kp + KEY_ROW(j, ks);
 #if PAGED
-    if (j0 + lid < nk) /* the page alone: paged_row with t_sb 1, t_ss 0 */
-      pg[lid] = (int2)((int)paged_row(kpg.bt, kpg.bt_sb, kpg.bt_ss, b, j0 + lid, kpg.size,
-                                      kpg.count, 1, 0),
-                       (j0 + lid) % kpg.size);
+        vrow[lid] = KEY_ROW(j, vs);
 #endif
-    barrier(CLK_LOCAL_MEM_FENCE); /* the last tile's reads are done */
-    stage_tile(Ks4, kp, ks, j0, nk, d, vec, lid TILE_PAGES);
-    stage_tile(Vs4, vp, vs, j0, nk, d, vec, lid TILE_PAGES);
-    barrier(CLK_LOCAL_MEM_FENCE);
-
-    /* S of the item's keys and rows, masked. */
-    float s[KPI][RPI];
+        for (int c0 = 0; c0 < NCH; c0 += LB) {
+          uint4 kc[LB];
 #pragma unroll
-    for (int u = 0; u < KPI; ++u)
+          for (int u = 0; u < LB; ++u)
+            kc[u] = c0 + u < NCH ? load_chunk(kr, c0 + u, d, ks.s3, vec) : (uint4)(0u);
 #pragma unroll
-      for (int v = 0; v < RPI; ++v)
-        s[u][v] = 0.0f;
-    for (int c = 0; c < NCH; ++c) {
-      FV kf[KPI];
+          for (int u = 0; u < LB; ++u) {
+            const FV kf = unpack(kc[u]);
 #pragma unroll
-      for (int u = 0; u < KPI; ++u)
-        kf[u] = unpack(Ks4[(kg + u * KG) * KSTR4 + c]);
-#pragma unroll
-      for (int v = 0; v < RPI; ++v) {
-        const FV qf = Qv[(rg + v) * NCH + c];
-#pragma unroll
-        for (int u = 0; u < KPI; ++u)
-          s[u][v] = dot_fv(qf, kf[u], s[u][v]);
+            for (int rr = 0; rr < DR; ++rr)
+              if (c0 + u < NCH) s[rr] = dot_fv(Qv[rr * NCH + c0 + u], kf, s[rr]);
+          }
+        }
       }
-    }
 #pragma unroll
-    for (int u = 0; u < KPI; ++u) {
-      const int jj = kg + u * KG, j = j0 + jj;
-#pragma unroll
-      for (int v = 0; v < RPI; ++v) {
+      for (int rr = 0; rr < DR; ++rr) {
         float th;
-        const float x = score(s[u][v], scale, softcap, slope[v], dg[v] - j, &th);
-        const int in = live[v] && j >= lo && j < hi && key_visible(dg[v], j, wl, wr);
+        const float x = score(s[rr], scale, softcap, slope[rr], dg[rr] - j, &th);
+        const int in = rr < w.nr && j >= lo && j < hi && key_visible(dg[rr], j, wl, wr);
 #if HAS_BIAS
-        Ss[jj * DR + rg + v] =
-            in ? x + load_any(bias, BIAS_DTYPE, brow[v] + j * bias_s.s3) : -INFINITY;
+        Ss[lid * DR + rr] =
+            in ? x + load_any(bias, BIAS_DTYPE, brow[rr] + j * bias_s.s3) : -INFINITY;
 #else
-        Ss[jj * DR + rg + v] = in ? x : -INFINITY;
+        Ss[lid * DR + rr] = in ? x : -INFINITY;
 #endif
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 
-    /* Each row's maximum: IPR items per row over DR keys each, then one
-     * item per row over those. */
+    /* Each row's maximum: NSEG items per row over DR keys each, then every
+     * item over those. */
     {
       const int rr = lid % DR, seg = lid / DR;
       float mt = -INFINITY;
       for (int u = 0; u < DR; ++u)
-        mt = fmax(mt, Ss[(seg + u * IPR) * DR + rr]);
+        mt = fmax(mt, Ss[(seg + u * NSEG) * DR + rr]);
       red[seg * DR + rr] = mt;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    float mx = -INFINITY;
-    if (lid < DR) {
-      mx = m[lid];
-      for (int seg = 0; seg < IPR; ++seg)
-        mx = fmax(mx, red[seg * DR + lid]);
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (lid < DR) red[lid] = mx;
-    barrier(CLK_LOCAL_MEM_FENCE);
+    float mu[DR];
+#pragma unroll
+    for (int rr = 0; rr < DR; ++rr)
+      mu[rr] = m[rr];
+    for (int seg = 0; seg < NSEG; ++seg)
+#pragma unroll
+      for (int rr = 0; rr < DR; ++rr)
+        mu[rr] = fmax(mu[rr], red[seg * DR + rr]);
 
-    /* P of the item's keys and rows; every row's accumulators rescaled. A
-     * row with no visible key yet keeps m_i = -inf and subtracts 0 (exp
-     * stays 0). */
-#pragma unroll
-    for (int v = 0; v < RPI; ++v) {
-      const float mn = red[rg + v], mu = mn == -INFINITY ? 0.0f : mn;
-#pragma unroll
-      for (int u = 0; u < KPI; ++u) {
-        const int e = (kg + u * KG) * DR + rg + v;
-        Ss[e] = exp(Ss[e] - mu);
-      }
-    }
+        /* Every row's accumulators rescaled. A row with no visible key yet
+         * keeps m_i = -inf and subtracts 0 (exp stays 0). */
 #pragma unroll
     for (int rr = 0; rr < DR; ++rr) {
-      const float mn = red[rr], mu = mn == -INFINITY ? 0.0f : mn;
-      const float alpha = exp(m[rr] - mu);
+      const float mn = mu[rr];
+      mu[rr] = mn == -INFINITY ? 0.0f : mn;
+      const float alpha = exp(m[rr] - mu[rr]);
       m[rr] = mn;
       l[rr] *= alpha;
 #pragma unroll
       for (int e = 0; e < CPI * CH; ++e)
         acc[rr][e] *= alpha;
     }
-    barrier(CLK_LOCAL_MEM_FENCE);
 
-    /* O += P V over this item's chunks and key slice. */
-    for (int jj = lid / NCH % NKS; jj < NTD; jj += NKS) {
-      float p[DR];
-#if DR % 4 == 0
-#pragma unroll
-      for (int u = 0; u < DR / 4; ++u) {
-        const float4 p4 = Ss4[jj * (DR / 4) + u];
-        p[4 * u] = p4.s0;
-        p[4 * u + 1] = p4.s1;
-        p[4 * u + 2] = p4.s2;
-        p[4 * u + 3] = p4.s3;
-      }
-#else
-#pragma unroll
-      for (int rr = 0; rr < DR; ++rr)
-        p[rr] = Ss[jj * DR + rr];
-#endif
+    /* O += P V over this item's chunks and key slice, LB keys' V chunks
+     * loaded before they are used. */
+    for (int jb = slice; jb < NTD; jb += LB * NKS) {
 #pragma unroll
       for (int cc = 0; cc < CPI; ++cc) {
         const int c = lid % NCH + cc * NTD;
-        if (c < NCH) {
-          const FV vf = unpack(Vs4[jj * KSTR4 + c]);
+        uint4 vc[LB];
 #pragma unroll
-          for (int rr = 0; rr < DR; ++rr)
+        for (int u = 0; u < LB; ++u) {
+          const int jj = jb + u * NKS, jv = j0 + jj;
+          vc[u] = (uint4)(0u);
+#if PAGED
+          if (jj < NTD && jv < hi && c < NCH) vc[u] = load_chunk(vp + vrow[jj], c, d, vs.s3, vec);
+#else
+          if (jj < NTD && jv < hi && c < NCH)
+            vc[u] = load_chunk(vp + (long)jv * vs.s1, c, d, vs.s3, vec);
+#endif
+        }
+#pragma unroll
+        for (int u = 0; u < LB; ++u) {
+          const int jj = jb + u * NKS;
+          if (jj >= NTD) break;
+          const FV vf = unpack(vc[u]);
+#pragma unroll
+          for (int rr = 0; rr < DR; ++rr) {
+            const float p = exp(Ss[jj * DR + rr] - mu[rr]);
+            if (cc == 0) l[rr] += p;
 #pragma unroll
             for (int e = 0; e < CH; ++e)
-              acc[rr][cc * CH + e] = fma(p[rr], fv_at(vf, e), acc[rr][cc * CH + e]);
+              acc[rr][cc * CH + e] = fma(p, fv_at(vf, e), acc[rr][cc * CH + e]);
+          }
         }
       }
-#pragma unroll
-      for (int rr = 0; rr < DR; ++rr)
-        l[rr] += p[rr];
     }
   }
 
-  /* The key slices' sums added in order: each slice's accumulators and l_i
-   * through local memory (the tiles' space), then item lid ends outputs
-   * lid, lid + NTD, .. of the DR x HD. */
-  __local float *sum = (__local float *)tiles;
-  __local float *lsum = Ss;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  {
-    const int ks = lid / NCH % NKS;
+  /* The key slices' sums added in order, through local memory (Q's
+   * space): slice 0 writes, the others add in turn; then item lid ends
+   * outputs lid, lid + NTD, .. of the DR x HD. */
+  __local float *sum = Qs;
+  for (int ks2 = 0; ks2 < NKS; ++ks2) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (slice == ks2 && lid < NCH * NKS) {
 #pragma unroll
-    for (int cc = 0; cc < CPI; ++cc) {
-      const int c = lid % NCH + cc * NTD;
-      if (c < NCH && lid < NCH * NKS)
+      for (int cc = 0; cc < CPI; ++cc) {
+        const int c = lid % NCH + cc * NTD;
+        if (c < NCH)
+#pragma unroll
+          for (int rr = 0; rr < DR; ++rr)
+#pragma unroll
+            for (int e = 0; e < CH; ++e) {
+              const int i = rr * HD + c * CH + e;
+              sum[i] = ks2 ? sum[i] + acc[rr][cc * CH + e] : acc[rr][cc * CH + e];
+            }
+      }
+      if (lid % NCH == 0)
 #pragma unroll
         for (int rr = 0; rr < DR; ++rr)
-#pragma unroll
-          for (int e = 0; e < CH; ++e)
-            sum[(ks * DR + rr) * HD + c * CH + e] = acc[rr][cc * CH + e];
+          lsum[rr] = ks2 ? lsum[rr] + l[rr] : l[rr];
     }
-    if (lid % NCH == 0 && lid < NCH * NKS)
-#pragma unroll
-      for (int rr = 0; rr < DR; ++rr)
-        lsum[ks * DR + rr] = l[rr];
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int e = lid; e < DR * HD; e += NTD) {
     const int rr = e / HD, c = e % HD;
     if (rr >= w.nr || c >= d) continue;
-    float a = 0.0f, lr = 0.0f;
-    for (int ks = 0; ks < NKS; ++ks) {
-      a += sum[(ks * DR + rr) * HD + c];
-      lr += lsum[ks * DR + rr];
-    }
+    const float a = sum[e], lr = lsum[rr];
     const int h = w.hh[rr], i = w.ri[rr];
     const float mr = m[rr];
     if (nsplit == 1) {

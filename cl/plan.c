@@ -51,7 +51,9 @@ enum { CLASS_NV_MMA, CLASS_GPU, CLASS_CPU };
  * work-group holds a GQA group of 8 query heads at one query row (Llama's
  * 64/8) in one work-group, and costs 2 * 8 FMAs per K and V element, which
  * an H200 issues faster than it reads f16 K/V; NTD = 64 keys per tile,
- * halved until the tiles fit (see fit()).
+ * one per work-item (K and V go straight to registers, 8 16-byte loads in
+ * flight an item), halved until the work-group fits (see fit()). 128 items
+ * read pages of 16 rows faster but contiguous caches slower (bench/NOTES.md).
  *
  * Backward (bwd.cl): tiles of BQ = 64 query rows by BK = 64 keys, 16 * BQ /
  * BTM = 256 work-items of BTM = 4 rows by 4 keys in S and dP (8 FMAs per
@@ -162,15 +164,11 @@ static int bwd_shape_fits(const attn__cl_tiles *t) {
          (t->bdk * t->bk) % nt == 0;
 }
 
-/* decode.cl's local memory for elements of es bytes: the K and V tiles
- * (rows of 16-byte chunks, one spare) or the key slices' sums, whichever
- * is larger; Q; S; the row maxima; the tile's pages when paged. */
-static size_t decode_local_bytes(int hd, int es, int dr, int ntd) {
-  const size_t ch = 16u / (size_t)es, nch = (size_t)hd / ch;
-  const size_t nks = nch < (size_t)ntd ? (size_t)ntd / nch : 1;
-  const size_t tiles = 2u * (size_t)ntd * (nch + 1) * 16u, sums = nks * (size_t)dr * hd * 4u;
-  return (tiles > sums ? tiles : sums) + (size_t)dr * hd * 4u + (size_t)ntd * dr * 4u +
-         (size_t)ntd * 4u + (size_t)ntd * 8u;
+/* decode.cl's local memory: Q (as floats, later
+ * the key slices' sums), S, the rows' partial maxima and sums, and the
+ * tile's V rows when paged (K and V themselves go straight to registers). */
+static size_t decode_local_bytes(int hd, int dr, int ntd) {
+  return 4u * ((size_t)dr * hd + (size_t)ntd * dr + (size_t)ntd + (size_t)dr) + 8u * (size_t)ntd;
 }
 
 /* The local-memory fitting rule: smaller local memories shrink the
@@ -206,9 +204,8 @@ static int fit(const attn__cl_device *dev, int dtype, int hd, attn__cl_tiles *t)
   }
   /* The decode kernel is an option, not a need: without it, the forward
    * kernel runs every problem. */
-  const int es = dtype == ATTN_F32 ? 4 : 2;
   while (t->ntd >= 16 &&
-         ((size_t)t->ntd > dev->max_wg || decode_local_bytes(hd, es, t->dr, t->ntd) > lmem))
+         ((size_t)t->ntd > dev->max_wg || decode_local_bytes(hd, t->dr, t->ntd) > lmem))
     t->ntd /= 2;
   if (t->ntd < 16 || t->ntd < t->dr) t->dr = t->ntd = 0;
   return dev->max_wg >= 128 && dev->max_wg >= (size_t)(16 * (t->br / t->tm));
