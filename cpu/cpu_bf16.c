@@ -72,42 +72,15 @@ void attn__cpu_bf16_pairs_t(const uint16_t *q, int64_t ldq, int nr, int d, uint3
   }
 }
 
-/* Round to nearest even, NaN kept NaN, without a branch (the loops below
- * vectorize): attn__f32_to_bf16's result. */
-static inline uint32_t cpu_bf16_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
-  return (u & 0x7fffffffu) > 0x7f800000u ? q : r;
-}
-
 static ATTN__CPU_SIMD_CLONES void cpu_bf16_round_clones(const float *pt, int rows, int cols, int ld,
                                                         uint16_t *out, int ldo) {
   for (int a = 0; a < rows; a++)
     for (int r = 0; r < cols; r++)
-      out[(size_t)a * ldo + r] = (uint16_t)cpu_bf16_bits(pt[(size_t)a * ld + r]);
+      out[(size_t)a * ldo + r] = (uint16_t)attn__cpu_bf16_bits(pt[(size_t)a * ld + r]);
 }
 
 void attn__cpu_bf16_round(const float *pt, int rows, int cols, int ld, uint16_t *out, int ldo) {
   cpu_bf16_round_clones(pt, rows, cols, ld, out, ldo);
-}
-
-static ATTN__CPU_SIMD_CLONES void cpu_bf16_pairs_f32_clones(const float *pt, int rows, int cols,
-                                                            int ld, uint32_t *out, int ldo) {
-  for (int p = 0; 2 * p < rows; p++) {
-    const float *lo = pt + (size_t)(2 * p) * ld, *hi = lo + ld;
-    uint32_t *o = out + (size_t)p * ldo;
-    if (2 * p + 1 < rows)
-      for (int r = 0; r < cols; r++)
-        o[r] = cpu_bf16_bits(lo[r]) | cpu_bf16_bits(hi[r]) << 16;
-    else
-      for (int r = 0; r < cols; r++)
-        o[r] = cpu_bf16_bits(lo[r]);
-  }
-}
-
-void attn__cpu_bf16_pairs_f32(const float *pt, int rows, int cols, int ld, uint32_t *out, int ldo) {
-  cpu_bf16_pairs_f32_clones(pt, rows, cols, ld, out, ldo);
 }
 
 void attn__cpu_bf16_transpose(const uint16_t *v, int64_t ldv, int rows, int d, uint16_t *vt,

@@ -278,7 +278,6 @@ static void cpu_fwd_pv_bf16(const cpu_fwd_work *w, const cpu_fwd_tiles *t, const
     const int bcp = (bc + 1) / 2 * 2, ldt = (t->bc + 1) / 2 * 2;
     const uint16_t *vt =
         w->vt + (size_t)((x->b * w->kblocks + j0 / t->bc) * pb->heads_kv + x->hk) * w->slot;
-    attn__cpu_bf16_pairs_f32(t->st, bc, br, Br, t->pb, Br);
     w->kernel(d, br, bcp / 2, 1.0f, vt, ldt, t->pb, Br, 1.0f, t->ot, Br);
   }
 #if defined(ATTN_HAVE_SBGEMM)
@@ -355,7 +354,11 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
     }
     for (int hx = 0; hx < x.nh; hx++)
       attn__cpu_scores(pb, x.b, x.h0 + hx, x.i0, nr, j0, bc, nq, nk, t->st + hx * nr, ld, NULL);
-    attn__cpu_softmax_cols(t->st, bc, br, ld, t->m, t->l, t->alpha);
+    /* The CPU's bf16 instructions take P in pairs, which the softmax
+     * writes. */
+    const int pairs = !few && products == ATTN__CPU_PRODUCTS_BF16;
+    attn__cpu_softmax_cols(t->st, bc, br, ld, t->m, t->l, t->alpha,
+                           pairs ? (uint32_t *)t->pb : NULL, ld);
     if (ot)
       for (int c = 0; c < d; c++) /* O^T: each row of d takes every row's alpha */
         for (int r = 0; r < br; r++)

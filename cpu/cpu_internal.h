@@ -200,9 +200,23 @@ void attn__cpu_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i0,
 /* One step of the online softmax on a transposed score tile st (bc rows of
  * keys x br columns of queries, row stride ld): with m, l the running row
  * max and sum of each query, sets m = max(m, column max), alpha = exp(m_old
- * - m), st = P = exp(st - m) and l = alpha l + column sum of P. A query
- * that has seen no key keeps m = -inf, l = 0 and gets P = 0, alpha = 0. */
-void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *l, float *alpha);
+ * - m), P = exp(st - m) and l = alpha l + column sum of P. A query that has
+ * seen no key keeps m = -inf, l = 0 and gets P = 0, alpha = 0. P goes to st
+ * itself, or with pairs (bf16 products: the CPU's instructions) straight
+ * into the P V product's operand, rounded to bf16 in pairs of keys as
+ * attn__cpu_bf16_kernel takes it (pairs[p * ldp + r] = (P^T[2p][r],
+ * P^T[2p + 1][r]), zero past the last key), st left as it was. */
+void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *l, float *alpha,
+                            uint32_t *pairs, int ldp);
+
+/* Round to nearest even, NaN kept NaN, without a branch (loops over it
+ * vectorize): attn__f32_to_bf16's result, in the low 16 bits. */
+static inline uint32_t attn__cpu_bf16_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? q : r;
+}
 
 /* P^T = exp((S^T - hi) - lo) in place, for a transposed tile (rows of keys
  * x cols of queries, lse = hi + lo per column); queries with lse = -inf (no
@@ -304,12 +318,11 @@ const uint16_t *attn__cpu_view_keys_bf16(const attn__problem *pb, const attn__te
 void attn__cpu_bf16_pairs_t(const uint16_t *q, int64_t ldq, int nr, int d, uint32_t *qp, int ldp);
 /* The P V product of the bf16 products is taken as O^T += V^T P^T, whose
  * operands need no transposing per tile: P^T (rows of keys, row stride ld,
- * f32) rounded to bf16 as it is (out[a * ldo + r]), or in pairs of rows
- * for the CPU's instructions (out[p * ldo + r] = (P^T[2p][r], P^T[2p +
- * 1][r]), zero past the last row); and V^T of `rows` rows of v (vt[c * ldt
- * + a], zero for a in [rows, ldt)), made once per call. */
+ * f32) rounded to bf16 as it is (out[a * ldo + r]) for sbgemm, or in pairs
+ * of rows for the CPU's instructions by the softmax itself
+ * (attn__cpu_softmax_cols); and V^T of `rows` rows of v (vt[c * ldt + a],
+ * zero for a in [rows, ldt)), made once per call. */
 void attn__cpu_bf16_round(const float *pt, int rows, int cols, int ld, uint16_t *out, int ldo);
-void attn__cpu_bf16_pairs_f32(const float *pt, int rows, int cols, int ld, uint32_t *out, int ldo);
 void attn__cpu_bf16_transpose(const uint16_t *v, int64_t ldv, int rows, int d, uint16_t *vt,
                               int ldt);
 /* The kernel of the CPU's bf16 instructions (AMX's tiles where the CPU has

@@ -948,7 +948,8 @@ static inline float cpu_exp(float x) {
 }
 
 static CPU_SIMD_CLONES void cpu_softmax_cols_clones(float *st, int bc, int br, int ld, float *m,
-                                                    float *l, float *alpha) {
+                                                    float *l, float *alpha, uint32_t *pairs,
+                                                    int ldp) {
   float mx[ATTN__CPU_TILE_MAX], sub[ATTN__CPU_TILE_MAX], sum[ATTN__CPU_TILE_MAX];
   for (int r = 0; r < br; r++) {
     mx[r] = m[r];
@@ -969,12 +970,33 @@ static CPU_SIMD_CLONES void cpu_softmax_cols_clones(float *st, int bc, int br, i
     alpha[r] = cpu_exp(m[r] - sub[r]);
     m[r] = mx[r];
   }
-  for (int c = 0; c < bc; c++) {
-    float *x = st + (size_t)c * ld;
-    for (int r = 0; r < br; r++) {
-      float p = cpu_exp(x[r] - sub[r]);
-      x[r] = p;
-      sum[r] += p;
+  if (pairs) {
+    /* Keys two at a time, each row's sum still in key order. */
+    for (int c = 0; c < bc; c += 2) {
+      const float *x0 = st + (size_t)c * ld, *x1 = x0 + ld;
+      uint32_t *o = pairs + (size_t)(c / 2) * ldp;
+      if (c + 1 < bc)
+        for (int r = 0; r < br; r++) {
+          const float p0 = cpu_exp(x0[r] - sub[r]), p1 = cpu_exp(x1[r] - sub[r]);
+          sum[r] += p0;
+          sum[r] += p1;
+          o[r] = attn__cpu_bf16_bits(p0) | attn__cpu_bf16_bits(p1) << 16;
+        }
+      else
+        for (int r = 0; r < br; r++) {
+          const float p0 = cpu_exp(x0[r] - sub[r]);
+          sum[r] += p0;
+          o[r] = attn__cpu_bf16_bits(p0);
+        }
+    }
+  } else {
+    for (int c = 0; c < bc; c++) {
+      float *x = st + (size_t)c * ld;
+      for (int r = 0; r < br; r++) {
+        float p = cpu_exp(x[r] - sub[r]);
+        x[r] = p;
+        sum[r] += p;
+      }
     }
   }
   for (int r = 0; r < br; r++)
@@ -1074,11 +1096,13 @@ CPU_FMA static void cpu_exp_cols_fma(float *st, int rows, int cols, int ld, cons
 #define cpu_exp_cols_fma(st, rows, cols, ld, hi, lo) ((void)0)
 #endif
 
-void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *l, float *alpha) {
-  if (CPU_SOFTMAX_FMA())
+void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *l, float *alpha,
+                            uint32_t *pairs, int ldp) {
+  /* Pairs come with bf16 instructions, hence AVX-512 and its clone. */
+  if (!pairs && CPU_SOFTMAX_FMA())
     cpu_softmax_cols_fma(st, bc, br, ld, m, l, alpha);
   else
-    cpu_softmax_cols_clones(st, bc, br, ld, m, l, alpha);
+    cpu_softmax_cols_clones(st, bc, br, ld, m, l, alpha, pairs, ldp);
 }
 
 static CPU_SIMD_CLONES void cpu_exp_cols_clones(float *st, int rows, int cols, int ld,
