@@ -947,6 +947,11 @@ static inline float cpu_exp(float x) {
   return x < -87.0f ? 0.0f : y * scale;
 }
 
+/* The pairs pass on AVX512_BF16 (below), where the CPU has it: 0 done, 1
+ * not available. */
+static int cpu_exp_pairs_avx512(const float *st, int bc, int br, int ld, const float *sub,
+                                float *sum, uint32_t *pairs, int ldp);
+
 static CPU_SIMD_CLONES void cpu_softmax_cols_clones(float *st, int bc, int br, int ld, float *m,
                                                     float *l, float *alpha, uint32_t *pairs,
                                                     int ldp) {
@@ -970,7 +975,9 @@ static CPU_SIMD_CLONES void cpu_softmax_cols_clones(float *st, int bc, int br, i
     alpha[r] = cpu_exp(m[r] - sub[r]);
     m[r] = mx[r];
   }
-  if (pairs) {
+  /* The pairs pass on AVX512_BF16 where the CPU has it, else here. */
+  const int paired = pairs && cpu_exp_pairs_avx512(st, bc, br, ld, sub, sum, pairs, ldp) == 0;
+  if (pairs && !paired) {
     /* Keys two at a time, each row's sum still in key order. */
     for (int c = 0; c < bc; c += 2) {
       const float *x0 = st + (size_t)c * ld, *x1 = x0 + ld;
@@ -989,7 +996,7 @@ static CPU_SIMD_CLONES void cpu_softmax_cols_clones(float *st, int bc, int br, i
           o[r] = attn__cpu_bf16_bits(p0);
         }
     }
-  } else {
+  } else if (!pairs) {
     for (int c = 0; c < bc; c++) {
       float *x = st + (size_t)c * ld;
       for (int r = 0; r < br; r++) {
@@ -1011,27 +1018,37 @@ static CPU_SIMD_CLONES void cpu_softmax_cols_clones(float *st, int bc, int br, i
  * twice as wide. NaN stays NaN: the clamps are selects on compares, which
  * a NaN fails, as cpu_exp's. */
 #if defined(__x86_64__) && defined(__GNUC__)
+/* cpu_exp's steps on a vector of W bits (256, 512) whose lanes xc are
+ * already clamped, with fused multiply-adds: the one body of cpu_exp8 and
+ * cpu_exp16, whose clamps and selects differ (AVX-512's take masks). */
+#define CPU_EXP_STEPS(W, xc, out)                                                            \
+  do {                                                                                       \
+    const __m##W magic_ = _mm##W##_set1_ps(12582912.0f);                                     \
+    const __m##W t_ = _mm##W##_fmadd_ps(xc, _mm##W##_set1_ps(1.44269504088896341f), magic_); \
+    const __m##W n_ = _mm##W##_sub_ps(t_, magic_);                                           \
+    __m##W r_ = _mm##W##_fnmadd_ps(n_, _mm##W##_set1_ps(0.693359375f), xc);                  \
+    r_ = _mm##W##_fnmadd_ps(n_, _mm##W##_set1_ps(-2.12194440e-4f), r_);                      \
+    __m##W y_ = _mm##W##_set1_ps(1.9875691500e-4f);                                          \
+    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(1.3981999507e-3f));                      \
+    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(8.3334519073e-3f));                      \
+    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(4.1665795894e-2f));                      \
+    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(1.6666665459e-1f));                      \
+    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(5.0000001201e-1f));                      \
+    y_ = _mm##W##_add_ps(_mm##W##_fmadd_ps(y_, _mm##W##_mul_ps(r_, r_), r_),                 \
+                         _mm##W##_set1_ps(1.0f));                                            \
+    const __m##W##i bits_ = _mm##W##_slli_epi32(                                             \
+        _mm##W##_add_epi32(                                                                  \
+            _mm##W##_sub_epi32(_mm##W##_castps_si##W(t_), _mm##W##_set1_epi32(0x4b400000)),  \
+            _mm##W##_set1_epi32(127)),                                                       \
+        23);                                                                                 \
+    out = _mm##W##_mul_ps(y_, _mm##W##_castsi##W##_ps(bits_));                               \
+  } while (0)
+
 CPU_FMA static inline __m256 cpu_exp8(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
-  const __m256 magic = _mm256_set1_ps(12582912.0f);
-  __m256 xc = _mm256_blendv_ps(x, lo, _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+  __m256 xc = _mm256_blendv_ps(x, lo, _mm256_cmp_ps(x, lo, _CMP_LT_OQ)), e;
   xc = _mm256_blendv_ps(xc, hi, _mm256_cmp_ps(xc, hi, _CMP_GT_OQ));
-  const __m256 t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), magic);
-  const __m256 n = _mm256_sub_ps(t, magic);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4b400000)),
-                       _mm256_set1_epi32(127)),
-      23);
-  const __m256 e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+  CPU_EXP_STEPS(256, xc, e);
   return _mm256_blendv_ps(e, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
 }
 
@@ -1094,6 +1111,78 @@ CPU_FMA static void cpu_exp_cols_fma(float *st, int rows, int cols, int ld, cons
 #define CPU_SOFTMAX_FMA() 0
 #define cpu_softmax_cols_fma(st, bc, br, ld, m, l, alpha) ((void)0)
 #define cpu_exp_cols_fma(st, rows, cols, ld, hi, lo) ((void)0)
+#endif
+
+/* The bf16 pairs pass of the softmax where the CPU has AVX512_BF16 (every
+ * CPU whose bf16 instructions take pairs): cpu_exp's steps sixteen at a
+ * time with fused multiply-adds, as cpu_exp8's, and the rounding by
+ * VCVTNEPS2BF16, which is attn__cpu_bf16_bits's (to nearest even, NaN made
+ * quiet; it flushes subnormals, which P never is: exp gives 0 below e^-87).
+ * It was most of the softmax in a bf16 forward (perf: the AVX-512 clone's
+ * integer rounding and separate multiplies and adds). Each row's sum still
+ * adds its keys in order. */
+#if defined(ATTN_CPU_HAVE_AVX512BF16) && defined(__x86_64__) && defined(__GNUC__)
+#define CPU_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16,fma")))
+CPU_AVX512_BF16 static inline __m512 cpu_exp16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.0f);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  __m512 xc = _mm512_mask_blend_ps(under, x, lo), e;
+  xc = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(xc, hi, _CMP_GT_OQ), xc, hi);
+  CPU_EXP_STEPS(512, xc, e);
+  return _mm512_mask_blend_ps(under, e, _mm512_setzero_ps());
+}
+
+/* Up to 64 rows at a time, their sums in registers across the tile's keys;
+ * a pair of keys' 16 + 16 values rounded by one instruction and
+ * interleaved into 16 pairs by one permutation. */
+CPU_AVX512_BF16 static void cpu_exp_pairs_bf16(const float *st, int bc, int br, int ld,
+                                               const float *sub, float *sum, uint32_t *pairs,
+                                               int ldp) {
+  static const uint16_t order[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i ilv = _mm512_loadu_si512(order);
+  for (int r0 = 0; r0 < br; r0 += 64) {
+    __mmask16 k[4];
+    __m512 s[4], acc[4];
+    for (int q = 0; q < 4; q++) {
+      const int left = br - r0 - 16 * q;
+      k[q] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1u) : 0;
+      s[q] = _mm512_maskz_loadu_ps(k[q], sub + r0 + 16 * q);
+      acc[q] = _mm512_maskz_loadu_ps(k[q], sum + r0 + 16 * q);
+    }
+    for (int c = 0; c < bc; c += 2) {
+      const float *x0 = st + (size_t)c * ld + r0, *x1 = x0 + ld;
+      uint32_t *o = pairs + (size_t)(c / 2) * ldp + r0;
+      for (int q = 0; q < 4; q++) {
+        if (!k[q]) break;
+        const __m512 p0 = cpu_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k[q], x0 + 16 * q), s[q]));
+        __m512 p1 = _mm512_setzero_ps();
+        acc[q] = _mm512_add_ps(acc[q], p0);
+        if (c + 1 < bc) {
+          p1 = cpu_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k[q], x1 + 16 * q), s[q]));
+          acc[q] = _mm512_add_ps(acc[q], p1);
+        }
+        const __m512i w = _mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+        _mm512_mask_storeu_epi32(o + 16 * q, k[q], w);
+      }
+    }
+    for (int q = 0; q < 4; q++)
+      _mm512_mask_storeu_ps(sum + r0 + 16 * q, k[q], acc[q]);
+  }
+}
+
+static int cpu_exp_pairs_avx512(const float *st, int bc, int br, int ld, const float *sub,
+                                float *sum, uint32_t *pairs, int ldp) {
+  if (!__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512bf16")) return 1;
+  cpu_exp_pairs_bf16(st, bc, br, ld, sub, sum, pairs, ldp);
+  return 0;
+}
+#else
+static int cpu_exp_pairs_avx512(const float *st, int bc, int br, int ld, const float *sub,
+                                float *sum, uint32_t *pairs, int ldp) {
+  (void)st, (void)bc, (void)br, (void)ld, (void)sub, (void)sum, (void)pairs, (void)ldp;
+  return 1;
+}
 #endif
 
 void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *l, float *alpha,
