@@ -275,13 +275,14 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
 #pragma unroll
     for (int rr = 0; rr < DR; ++rr)
       mu[rr] = m[rr];
-    for (int seg = 0; seg < NSEG; ++seg)
+    for (int seg = 0; seg < NSEG; ++seg) {
 #pragma unroll
       for (int rr = 0; rr < DR; ++rr)
         mu[rr] = fmax(mu[rr], red[seg * DR + rr]);
+    }
 
-        /* Every row's accumulators rescaled. A row with no visible key yet
-         * keeps m_i = -inf and subtracts 0 (exp stays 0). */
+    /* Every row's accumulators rescaled. A row with no visible key yet
+     * keeps m_i = -inf and subtracts 0 (exp stays 0). */
 #pragma unroll
     for (int rr = 0; rr < DR; ++rr) {
       const float mn = mu[rr];

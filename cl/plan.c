@@ -164,9 +164,9 @@ static int bwd_shape_fits(const attn__cl_tiles *t) {
          (t->bdk * t->bk) % nt == 0;
 }
 
-/* decode.cl's local memory: Q (as floats, later
- * the key slices' sums), S, the rows' partial maxima and sums, and the
- * tile's V rows when paged (K and V themselves go straight to registers). */
+/* decode.cl's local memory: Q (as floats, later the key slices' sums), S,
+ * the rows' partial maxima and sums, and the tile's V rows when paged (K
+ * and V themselves go straight to registers). */
 static size_t decode_local_bytes(int hd, int dr, int ntd) {
   return 4u * ((size_t)dr * hd + (size_t)ntd * dr + (size_t)ntd + (size_t)dr) + 8u * (size_t)ntd;
 }
@@ -176,7 +176,7 @@ static size_t decode_local_bytes(int hd, int dr, int ntd) {
  * first (its P and dS tiles are most of its local memory), then its
  * staging steps and query tile, which must also keep its work-items within
  * the device's work-group. 0 when nothing fits the device. */
-static int fit(const attn__cl_device *dev, int dtype, int hd, attn__cl_tiles *t) {
+static int fit(const attn__cl_device *dev, int hd, attn__cl_tiles *t) {
   size_t lmem = (size_t)dev->local_mem;
   if (t->fwd == ATTN__CL_FWD_MMA && (mma_local_bytes(hd) > lmem || dev->max_wg < 128)) return 0;
   while (fwd_local_bytes(hd, t) > lmem || !fwd_staging_fits(t)) {
@@ -264,7 +264,7 @@ static int choose(attn_context *ctx, int cls, int dtype, int hd, attn__cl_config
   if (!row) return 0;
   attn__cl_tiles t = *row;
   attn__cl_tuned_tiles(ctx, dtype, hd, &t);
-  if (!fit(im->dev, dtype, hd, &t)) return 0;
+  if (!fit(im->dev, hd, &t)) return 0;
   c->valid = 1;
   c->dtype = dtype;
   c->hd = hd;
@@ -282,7 +282,7 @@ const attn__cl_tiles *attn__cl_table_row(const attn__cl_config *c) {
 int attn__cl_config_use(attn_context *ctx, attn__cl_config *c, const attn__cl_tiles *t) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
   attn__cl_tiles f = *t;
-  if (!fit(im->dev, c->dtype, c->hd, &f)) return ATTN_EUNSUPPORTED;
+  if (!fit(im->dev, c->hd, &f)) return ATTN_EUNSUPPORTED;
   attn__cl_drop_programs(im, c);
   c->t = f;
   name_all(c);

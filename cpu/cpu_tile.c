@@ -947,8 +947,8 @@ static inline float cpu_exp(float x) {
   return x < -87.0f ? 0.0f : y * scale;
 }
 
-/* The pairs pass on AVX512_BF16 (below), where the CPU has it: 0 done, 1
- * not available. */
+/* The pairs pass on AVX512_BF16 (below): 1 where it ran, 0 where the CPU
+ * lacks the instructions. */
 static int cpu_exp_pairs_avx512(const float *st, int bc, int br, int ld, const float *sub,
                                 float *sum, uint32_t *pairs, int ldp);
 
@@ -976,8 +976,7 @@ static CPU_SIMD_CLONES void cpu_softmax_cols_clones(float *st, int bc, int br, i
     m[r] = mx[r];
   }
   /* The pairs pass on AVX512_BF16 where the CPU has it, else here. */
-  const int paired = pairs && cpu_exp_pairs_avx512(st, bc, br, ld, sub, sum, pairs, ldp) == 0;
-  if (pairs && !paired) {
+  if (pairs && !cpu_exp_pairs_avx512(st, bc, br, ld, sub, sum, pairs, ldp)) {
     /* Keys two at a time, each row's sum still in key order. */
     for (int c = 0; c < bc; c += 2) {
       const float *x0 = st + (size_t)c * ld, *x1 = x0 + ld;
@@ -1173,15 +1172,15 @@ CPU_AVX512_BF16 static void cpu_exp_pairs_bf16(const float *st, int bc, int br, 
 
 static int cpu_exp_pairs_avx512(const float *st, int bc, int br, int ld, const float *sub,
                                 float *sum, uint32_t *pairs, int ldp) {
-  if (!__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512bf16")) return 1;
+  if (!__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512bf16")) return 0;
   cpu_exp_pairs_bf16(st, bc, br, ld, sub, sum, pairs, ldp);
-  return 0;
+  return 1;
 }
 #else
 static int cpu_exp_pairs_avx512(const float *st, int bc, int br, int ld, const float *sub,
                                 float *sum, uint32_t *pairs, int ldp) {
   (void)st, (void)bc, (void)br, (void)ld, (void)sub, (void)sum, (void)pairs, (void)ldp;
-  return 1;
+  return 0;
 }
 #endif
 
