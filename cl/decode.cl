@@ -21,7 +21,8 @@
  *                      K and V never pass through local memory: a tile is
  *                      three barriers, and each item has a whole K row, then
  *                      a whole V slice, in flight at once, which is what
- *                      keeps the memory busy. With one split the work-group
+ *                      keeps the memory busy; the next tile's K row is
+ *                      loaded under this tile's softmax and P V. With one split the work-group
  *                      ends its rows (O / l_i, lse, sinks) as fwd.cl does;
  *                      with several each writes its part (O, m_i, l_i) to
  *                      the workspace.
@@ -73,7 +74,7 @@ inline FV unpack(uint4 u) {
 /* The row maxima: NSEG partial maxima per row, each over DR keys. */
 #define NSEG (NTD / DR)
 /* Chunks an item loads before it uses them. */
-#define LB 8
+#define LB 16
 
 /* acc + a . b, column by column: S then comes out as the backward pass
  * recomputes it (bwd.cl's tile_p_ds), bit for bit, which exp(S - lse)
@@ -119,6 +120,14 @@ inline uint4 load_chunk(__global const RAW *row, int c, int d, long s3, int vec)
       wv[t * sizeof(RAW) / 4] |= (uint)row[(c * CH + t) * s3]
                                  << (8 * sizeof(RAW) * (t % (4 / sizeof(RAW))));
   return (uint4)(wv[0], wv[1], wv[2], wv[3]);
+}
+
+/* Chunks c0 .. c0 + LB - 1 of key row kr into kc, zero past the row or
+ * for no row (kr NULL). */
+inline void load_k(uint4 *kc, __global const RAW *kr, int c0, int d, long s3, int vec) {
+#pragma unroll
+  for (int u = 0; u < LB; ++u)
+    kc[u] = kr && c0 + u < NCH ? load_chunk(kr, c0 + u, d, s3, vec) : (uint4)(0u);
 }
 
 /* What a work-group's rows are: row rr is query row ri[rr] of head hh[rr],
@@ -216,6 +225,11 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
 #endif
   }
 
+  /* The first LB chunks of each tile's key row are loaded a tile ahead,
+   * under the softmax and P V of the tile before. */
+  uint4 kn[LB];
+  load_k(kn, t0 < t1 && t0 * NTD + lid < hi ? kp + KEY_ROW(t0 * NTD + lid, ks) : 0, 0, d, ks.s3,
+         vec);
   for (int t = t0; t < t1; ++t) {
     const int j0 = t * NTD, j = j0 + lid;
     barrier(CLK_LOCAL_MEM_FENCE); /* the last tile's reads of S and the maxima are done */
@@ -234,9 +248,13 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
 #endif
         for (int c0 = 0; c0 < NCH; c0 += LB) {
           uint4 kc[LB];
+          if (c0 == 0) {
 #pragma unroll
-          for (int u = 0; u < LB; ++u)
-            kc[u] = c0 + u < NCH ? load_chunk(kr, c0 + u, d, ks.s3, vec) : (uint4)(0u);
+            for (int u = 0; u < LB; ++u)
+              kc[u] = kn[u];
+          } else {
+            load_k(kc, kr, c0, d, ks.s3, vec);
+          }
 #pragma unroll
           for (int u = 0; u < LB; ++u) {
             const FV kf = unpack(kc[u]);
@@ -246,6 +264,7 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
           }
         }
       }
+      load_k(kn, t + 1 < t1 && j + NTD < hi ? kp + KEY_ROW(j + NTD, ks) : 0, 0, d, ks.s3, vec);
 #pragma unroll
       for (int rr = 0; rr < DR; ++rr) {
         float th;

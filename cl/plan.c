@@ -51,7 +51,7 @@ enum { CLASS_NV_MMA, CLASS_GPU, CLASS_CPU };
  * work-group holds a GQA group of 8 query heads at one query row (Llama's
  * 64/8) in one work-group, and costs 2 * 8 FMAs per K and V element, which
  * an H200 issues faster than it reads f16 K/V; NTD = 64 keys per tile,
- * one per work-item (K and V go straight to registers, 8 16-byte loads in
+ * one per work-item (K and V go straight to registers, 16 16-byte loads in
  * flight an item), halved until the work-group fits (see fit()). 128 items
  * read pages of 16 rows faster but contiguous caches slower (bench/NOTES.md).
  *
@@ -443,6 +443,10 @@ void attn__cl_split_of(attn_context *ctx, const attn__problem *pb, const attn__p
   } else if (pb->num_splits > 1) {
     n = pb->num_splits;
     most = tiles > 1 ? tiles : 1;
+  } else if (plan->kernel == ATTN__CL_DECODE) {
+    /* At most the work-groups that run at once: one past them would run as
+     * a wave of its own, a whole part's time for a sliver of the keys. */
+    n = groups >= want ? 1 : want / groups;
   } else {
     n = groups >= want ? 1 : (want + groups - 1) / groups;
   }
