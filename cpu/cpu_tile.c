@@ -1013,9 +1013,10 @@ static CPU_SIMD_CLONES void cpu_softmax_cols_clones(float *st, int bc, int br, i
  * AVX2 and FMA but not AVX-512: the AVX2 clone of the loops above cannot
  * use FMA (the clone's target lacks it, and ISO C does not contract), and
  * their polynomial was most of the 18 % the softmax took of a forward
- * (perf, N 2048, d 64, one thread). AVX-512 machines keep their clone,
- * twice as wide. NaN stays NaN: the clamps are selects on compares, which
- * a NaN fails, as cpu_exp's. */
+ * (perf, N 2048, d 64, one thread). AVX-512 machines take the same steps
+ * sixteen at a time: their clone had no FMA either (19 % of an f32 forward
+ * in the softmax, N 4096, d 64, one thread). NaN stays NaN: the clamps are selects on compares,
+ * which a NaN fails, as cpu_exp's. */
 #if defined(__x86_64__) && defined(__GNUC__)
 /* cpu_exp's steps on a vector of W bits (256, 512) whose lanes xc are
  * already clamped, with fused multiply-adds: the one body of cpu_exp8 and
@@ -1051,65 +1052,90 @@ CPU_FMA static inline __m256 cpu_exp8(__m256 x) {
   return _mm256_blendv_ps(e, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
 }
 
-CPU_FMA static void cpu_softmax_cols_fma(float *st, int bc, int br, int ld, float *m, float *l,
-                                         float *alpha) {
-  float mx[ATTN__CPU_TILE_MAX], sub[ATTN__CPU_TILE_MAX], sum[ATTN__CPU_TILE_MAX];
-  const int r8 = br / 8 * 8;
-  for (int r = 0; r < br; r++) {
-    mx[r] = m[r];
-    sum[r] = 0.0f;
-  }
-  for (int c = 0; c < bc; c++) {
-    const float *x = st + (size_t)c * ld;
-    for (int r = 0; r < br; r++)
-      mx[r] = x[r] > mx[r] ? x[r] : mx[r];
-  }
-  for (int r = 0; r < br; r++) {
-    sub[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
-    alpha[r] = cpu_exp(m[r] - sub[r]);
-    m[r] = mx[r];
-  }
-  for (int c = 0; c < bc; c++) {
-    float *x = st + (size_t)c * ld;
-    for (int r = 0; r < r8; r += 8) {
-      const __m256 p = cpu_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + r), _mm256_loadu_ps(sub + r)));
-      _mm256_storeu_ps(x + r, p);
-      _mm256_storeu_ps(sum + r, _mm256_add_ps(_mm256_loadu_ps(sum + r), p));
-    }
-    for (int r = r8; r < br; r++) {
-      const float p = cpu_exp(x[r] - sub[r]);
-      x[r] = p;
-      sum[r] += p;
-    }
-  }
-  for (int r = 0; r < br; r++)
-    l[r] = alpha[r] * l[r] + sum[r];
+/* cpu_exp16: cpu_exp8 on AVX-512 (AVX512F has the 512-bit FMAs). */
+#define CPU_AVX512 __attribute__((target("avx512f")))
+CPU_AVX512 static inline __m512 cpu_exp16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.0f);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  __m512 xc = _mm512_mask_blend_ps(under, x, lo), e;
+  xc = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(xc, hi, _CMP_GT_OQ), xc, hi);
+  CPU_EXP_STEPS(512, xc, e);
+  return _mm512_mask_blend_ps(under, e, _mm512_setzero_ps());
 }
 
-CPU_FMA static void cpu_exp_cols_fma(float *st, int rows, int cols, int ld, const float *hi,
-                                     const float *lo) {
-  float sub[ATTN__CPU_TILE_MAX], keep[ATTN__CPU_TILE_MAX];
-  const int r8 = cols / 8 * 8;
-  for (int r = 0; r < cols; r++) {
-    keep[r] = hi[r] == -INFINITY ? 0.0f : 1.0f;
-    sub[r] = hi[r] == -INFINITY ? 0.0f : hi[r];
+/* The softmax's and the backward's exponentials N = W / 32 rows at a time
+ * through EXP (cpu_exp8, cpu_exp16), the rows past a multiple of N by
+ * cpu_exp: the same steps as the portable loops, one function per width. */
+#define CPU_EXP_COLS_SIMD(W, N, EXP, TARGET, SOFTMAX, EXPCOLS)                                     \
+  TARGET static void SOFTMAX(float *st, int bc, int br, int ld, float *m, float *l,                \
+                             float *alpha) {                                                       \
+    float mx[ATTN__CPU_TILE_MAX], sub[ATTN__CPU_TILE_MAX], sum[ATTN__CPU_TILE_MAX];                \
+    const int rv = br / (N) * (N);                                                                 \
+    for (int r = 0; r < br; r++) {                                                                 \
+      mx[r] = m[r];                                                                                \
+      sum[r] = 0.0f;                                                                               \
+    }                                                                                              \
+    for (int c = 0; c < bc; c++) {                                                                 \
+      const float *x = st + (size_t)c * ld;                                                        \
+      for (int r = 0; r < br; r++)                                                                 \
+        mx[r] = x[r] > mx[r] ? x[r] : mx[r];                                                       \
+    }                                                                                              \
+    for (int r = 0; r < br; r++) {                                                                 \
+      sub[r] = mx[r] == -INFINITY ? 0.0f : mx[r];                                                  \
+      alpha[r] = cpu_exp(m[r] - sub[r]);                                                           \
+      m[r] = mx[r];                                                                                \
+    }                                                                                              \
+    for (int c = 0; c < bc; c++) {                                                                 \
+      float *x = st + (size_t)c * ld;                                                              \
+      for (int r = 0; r < rv; r += (N)) {                                                          \
+        const __m##W p =                                                                           \
+            EXP(_mm##W##_sub_ps(_mm##W##_loadu_ps(x + r), _mm##W##_loadu_ps(sub + r)));            \
+        _mm##W##_storeu_ps(x + r, p);                                                              \
+        _mm##W##_storeu_ps(sum + r, _mm##W##_add_ps(_mm##W##_loadu_ps(sum + r), p));               \
+      }                                                                                            \
+      for (int r = rv; r < br; r++) {                                                              \
+        const float p = cpu_exp(x[r] - sub[r]);                                                    \
+        x[r] = p;                                                                                  \
+        sum[r] += p;                                                                               \
+      }                                                                                            \
+    }                                                                                              \
+    for (int r = 0; r < br; r++)                                                                   \
+      l[r] = alpha[r] * l[r] + sum[r];                                                             \
+  }                                                                                                \
+  TARGET static void EXPCOLS(float *st, int rows, int cols, int ld, const float *hi,               \
+                             const float *lo) {                                                    \
+    float sub[ATTN__CPU_TILE_MAX], keep[ATTN__CPU_TILE_MAX];                                       \
+    const int rv = cols / (N) * (N);                                                               \
+    for (int r = 0; r < cols; r++) {                                                               \
+      keep[r] = hi[r] == -INFINITY ? 0.0f : 1.0f;                                                  \
+      sub[r] = hi[r] == -INFINITY ? 0.0f : hi[r];                                                  \
+    }                                                                                              \
+    for (int c = 0; c < rows; c++) {                                                               \
+      float *x = st + (size_t)c * ld;                                                              \
+      for (int r = 0; r < rv; r += (N)) {                                                          \
+        const __m##W d =                                                                           \
+            _mm##W##_sub_ps(_mm##W##_sub_ps(_mm##W##_loadu_ps(x + r), _mm##W##_loadu_ps(sub + r)), \
+                            _mm##W##_loadu_ps(lo + r));                                            \
+        _mm##W##_storeu_ps(x + r, _mm##W##_mul_ps(EXP(d), _mm##W##_loadu_ps(keep + r)));           \
+      }                                                                                            \
+      for (int r = rv; r < cols; r++)                                                              \
+        x[r] = cpu_exp((x[r] - sub[r]) - lo[r]) * keep[r];                                         \
+    }                                                                                              \
   }
-  for (int c = 0; c < rows; c++) {
-    float *x = st + (size_t)c * ld;
-    for (int r = 0; r < r8; r += 8) {
-      const __m256 d = _mm256_sub_ps(
-          _mm256_sub_ps(_mm256_loadu_ps(x + r), _mm256_loadu_ps(sub + r)), _mm256_loadu_ps(lo + r));
-      _mm256_storeu_ps(x + r, _mm256_mul_ps(cpu_exp8(d), _mm256_loadu_ps(keep + r)));
-    }
-    for (int r = r8; r < cols; r++)
-      x[r] = cpu_exp((x[r] - sub[r]) - lo[r]) * keep[r];
-  }
+CPU_EXP_COLS_SIMD(256, 8, cpu_exp8, CPU_FMA, cpu_softmax_cols_fma, cpu_exp_cols_fma)
+CPU_EXP_COLS_SIMD(512, 16, cpu_exp16, CPU_AVX512, cpu_softmax_cols_512, cpu_exp_cols_512)
+#undef CPU_EXP_COLS_SIMD
+/* Which of them the CPU runs: 2 (AVX-512), 1 (AVX2 and FMA), 0 (neither:
+ * the portable loops' clones). */
+static int cpu_exp_width(void) {
+  return __builtin_cpu_supports("avx512f") ? 2 : CPU_HAVE_FMA() ? 1 : 0;
 }
-#define CPU_SOFTMAX_FMA() (CPU_HAVE_FMA() && !__builtin_cpu_supports("avx512f"))
 #else
-#define CPU_SOFTMAX_FMA() 0
+#define cpu_exp_width() 0
 #define cpu_softmax_cols_fma(st, bc, br, ld, m, l, alpha) ((void)0)
 #define cpu_exp_cols_fma(st, rows, cols, ld, hi, lo) ((void)0)
+#define cpu_softmax_cols_512(st, bc, br, ld, m, l, alpha) ((void)0)
+#define cpu_exp_cols_512(st, rows, cols, ld, hi, lo) ((void)0)
 #endif
 
 /* The bf16 pairs pass of the softmax where the CPU has AVX512_BF16 (every
@@ -1122,15 +1148,6 @@ CPU_FMA static void cpu_exp_cols_fma(float *st, int rows, int cols, int ld, cons
  * adds its keys in order. */
 #if defined(ATTN_CPU_HAVE_AVX512BF16) && defined(__x86_64__) && defined(__GNUC__)
 #define CPU_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16,fma")))
-CPU_AVX512_BF16 static inline __m512 cpu_exp16(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.0f);
-  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  __m512 xc = _mm512_mask_blend_ps(under, x, lo), e;
-  xc = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(xc, hi, _CMP_GT_OQ), xc, hi);
-  CPU_EXP_STEPS(512, xc, e);
-  return _mm512_mask_blend_ps(under, e, _mm512_setzero_ps());
-}
-
 /* Up to 64 rows at a time, their sums in registers across the tile's keys;
  * a pair of keys' 16 + 16 values rounded by one instruction and
  * interleaved into 16 pairs by one permutation. */
@@ -1187,7 +1204,10 @@ static int cpu_exp_pairs_avx512(const float *st, int bc, int br, int ld, const f
 void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *l, float *alpha,
                             uint32_t *pairs, int ldp) {
   /* Pairs come with bf16 instructions, hence AVX-512 and its clone. */
-  if (!pairs && CPU_SOFTMAX_FMA())
+  const int width = pairs ? 0 : cpu_exp_width();
+  if (width == 2)
+    cpu_softmax_cols_512(st, bc, br, ld, m, l, alpha);
+  else if (width == 1)
     cpu_softmax_cols_fma(st, bc, br, ld, m, l, alpha);
   else
     cpu_softmax_cols_clones(st, bc, br, ld, m, l, alpha, pairs, ldp);
@@ -1211,7 +1231,10 @@ static CPU_SIMD_CLONES void cpu_exp_cols_clones(float *st, int rows, int cols, i
 }
 
 void attn__cpu_exp_cols(float *st, int rows, int cols, int ld, const float *hi, const float *lo) {
-  if (CPU_SOFTMAX_FMA())
+  const int width = cpu_exp_width();
+  if (width == 2)
+    cpu_exp_cols_512(st, rows, cols, ld, hi, lo);
+  else if (width == 1)
     cpu_exp_cols_fma(st, rows, cols, ld, hi, lo);
   else
     cpu_exp_cols_clones(st, rows, cols, ld, hi, lo);
