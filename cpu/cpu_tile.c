@@ -1019,36 +1019,36 @@ static CPU_SIMD_CLONES void cpu_softmax_cols_clones(float *st, int bc, int br, i
  * which a NaN fails, as cpu_exp's. */
 #if defined(__x86_64__) && defined(__GNUC__)
 /* cpu_exp's steps on a vector of W bits (256, 512) whose lanes xc are
- * already clamped, with fused multiply-adds: the one body of cpu_exp8 and
- * cpu_exp16, whose clamps and selects differ (AVX-512's take masks). */
-#define CPU_EXP_STEPS(W, xc, out)                                                            \
-  do {                                                                                       \
-    const __m##W magic_ = _mm##W##_set1_ps(12582912.0f);                                     \
-    const __m##W t_ = _mm##W##_fmadd_ps(xc, _mm##W##_set1_ps(1.44269504088896341f), magic_); \
-    const __m##W n_ = _mm##W##_sub_ps(t_, magic_);                                           \
-    __m##W r_ = _mm##W##_fnmadd_ps(n_, _mm##W##_set1_ps(0.693359375f), xc);                  \
-    r_ = _mm##W##_fnmadd_ps(n_, _mm##W##_set1_ps(-2.12194440e-4f), r_);                      \
-    __m##W y_ = _mm##W##_set1_ps(1.9875691500e-4f);                                          \
-    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(1.3981999507e-3f));                      \
-    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(8.3334519073e-3f));                      \
-    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(4.1665795894e-2f));                      \
-    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(1.6666665459e-1f));                      \
-    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(5.0000001201e-1f));                      \
-    y_ = _mm##W##_add_ps(_mm##W##_fmadd_ps(y_, _mm##W##_mul_ps(r_, r_), r_),                 \
-                         _mm##W##_set1_ps(1.0f));                                            \
-    const __m##W##i bits_ = _mm##W##_slli_epi32(                                             \
-        _mm##W##_add_epi32(                                                                  \
-            _mm##W##_sub_epi32(_mm##W##_castps_si##W(t_), _mm##W##_set1_epi32(0x4b400000)),  \
-            _mm##W##_set1_epi32(127)),                                                       \
-        23);                                                                                 \
-    out = _mm##W##_mul_ps(y_, _mm##W##_castsi##W##_ps(bits_));                               \
+ * already clamped, with fused multiply-adds, up to y and n of e^x = y 2^n:
+ * the one body of cpu_exp8 and cpu_exp16, whose clamps, selects and 2^n
+ * differ (AVX-512 takes masks, and scales by 2^n in one instruction). */
+#define CPU_EXP_STEPS(W, xc, y_, n_)                                                            \
+  do {                                                                                          \
+    const __m##W magic_ = _mm##W##_set1_ps(12582912.0f);                                        \
+    n_ = _mm##W##_sub_ps(_mm##W##_fmadd_ps(xc, _mm##W##_set1_ps(1.44269504088896341f), magic_), \
+                         magic_);                                                               \
+    __m##W r_ = _mm##W##_fnmadd_ps(n_, _mm##W##_set1_ps(0.693359375f), xc);                     \
+    r_ = _mm##W##_fnmadd_ps(n_, _mm##W##_set1_ps(-2.12194440e-4f), r_);                         \
+    y_ = _mm##W##_set1_ps(1.9875691500e-4f);                                                    \
+    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(1.3981999507e-3f));                         \
+    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(8.3334519073e-3f));                         \
+    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(4.1665795894e-2f));                         \
+    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(1.6666665459e-1f));                         \
+    y_ = _mm##W##_fmadd_ps(y_, r_, _mm##W##_set1_ps(5.0000001201e-1f));                         \
+    y_ = _mm##W##_add_ps(_mm##W##_fmadd_ps(y_, _mm##W##_mul_ps(r_, r_), r_),                    \
+                         _mm##W##_set1_ps(1.0f));                                               \
   } while (0)
 
 CPU_FMA static inline __m256 cpu_exp8(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
   __m256 xc = _mm256_blendv_ps(x, lo, _mm256_cmp_ps(x, lo, _CMP_LT_OQ)), e;
   xc = _mm256_blendv_ps(xc, hi, _mm256_cmp_ps(xc, hi, _CMP_GT_OQ));
-  CPU_EXP_STEPS(256, xc, e);
+  __m256 n;
+  CPU_EXP_STEPS(256, xc, e, n);
+  /* 2^n from its exponent bits (n is a whole number in [-126, 127]). */
+  const __m256i p2 =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  e = _mm256_mul_ps(e, _mm256_castsi256_ps(p2));
   return _mm256_blendv_ps(e, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
 }
 
@@ -1059,8 +1059,10 @@ CPU_AVX512 static inline __m512 cpu_exp16(__m512 x) {
   const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
   __m512 xc = _mm512_mask_blend_ps(under, x, lo), e;
   xc = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(xc, hi, _CMP_GT_OQ), xc, hi);
-  CPU_EXP_STEPS(512, xc, e);
-  return _mm512_mask_blend_ps(under, e, _mm512_setzero_ps());
+  __m512 n;
+  CPU_EXP_STEPS(512, xc, e, n);
+  /* e 2^n, rounded as the product by 2^n is; 0 below -87. */
+  return _mm512_maskz_scalef_ps((__mmask16)~under, e, n);
 }
 
 /* The softmax's and the backward's exponentials N = W / 32 rows at a time
