@@ -359,18 +359,7 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
     const int pairs = !few && products == ATTN__CPU_PRODUCTS_BF16;
     attn__cpu_softmax_cols(t->st, bc, br, ld, t->m, t->l, t->alpha,
                            pairs ? (uint32_t *)t->pb : NULL, ld);
-    if (ot)
-      for (int c = 0; c < d; c++) /* O^T: each row of d takes every row's alpha */
-        for (int r = 0; r < br; r++)
-          ot[(size_t)c * ld + r] *= t->alpha[r];
-    else
-      for (int r = 0; r < br; r++) {
-        if (t->alpha[r] == 1.0f) continue;
-        float *orow = t->o + (size_t)r * d;
-        const float alpha = t->alpha[r];
-        for (int c = 0; c < d; c++)
-          orow[c] *= alpha;
-      }
+    attn__cpu_rescale_o(ot, t->o, d, br, ld, t->alpha);
     if (few)
       attn__cpu_pv_few(pb, &pb->v, x.b, j0, bc, x.h0, x.nh, nr, t->st, ld, t->o);
     else if (products != ATTN__CPU_PRODUCTS_F32)

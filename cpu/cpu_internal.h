@@ -208,6 +208,10 @@ void attn__cpu_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i0,
  * P^T[2p + 1][r]), zero past the last key), st left as it was. */
 void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *l, float *alpha,
                             uint32_t *pairs, int ldp);
+/* O's correction by each query row's alpha after a softmax step: O^T (ot:
+ * d rows of br, ld apart) column by column, else O (o: br rows of d) row
+ * by row, rows whose alpha is 1 left as they are. */
+void attn__cpu_rescale_o(float *ot, float *o, int d, int br, int ld, const float *alpha);
 
 /* Round to nearest even, NaN kept NaN, without a branch (loops over it
  * vectorize): attn__f32_to_bf16's result, in the low 16 bits. */

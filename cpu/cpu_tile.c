@@ -1215,6 +1215,29 @@ void attn__cpu_softmax_cols(float *st, int bc, int br, int ld, float *m, float *
     cpu_softmax_cols_clones(st, bc, br, ld, m, l, alpha, pairs, ldp);
 }
 
+static CPU_SIMD_CLONES void cpu_rescale_o_clones(float *ot, float *o, int d, int br, int ld,
+                                                 const float *alpha) {
+  if (ot) {
+    for (int c = 0; c < d; c++) {
+      float *x = ot + (size_t)c * ld;
+      for (int r = 0; r < br; r++)
+        x[r] *= alpha[r];
+    }
+    return;
+  }
+  for (int r = 0; r < br; r++) {
+    if (alpha[r] == 1.0f) continue;
+    float *x = o + (size_t)r * d;
+    const float a = alpha[r];
+    for (int c = 0; c < d; c++)
+      x[c] *= a;
+  }
+}
+
+void attn__cpu_rescale_o(float *ot, float *o, int d, int br, int ld, const float *alpha) {
+  cpu_rescale_o_clones(ot, o, d, br, ld, alpha);
+}
+
 static CPU_SIMD_CLONES void cpu_exp_cols_clones(float *st, int rows, int cols, int ld,
                                                 const float *hi, const float *lo) {
   float sub[ATTN__CPU_TILE_MAX], keep[ATTN__CPU_TILE_MAX];
