@@ -22,10 +22,10 @@
  *                      three barriers, and each item has a whole K row, then
  *                      a whole V slice, in flight at once, which is what
  *                      keeps the memory busy; the next tile's K row is
- *                      loaded under this tile's softmax and P V. With one split the work-group
- *                      ends its rows (O / l_i, lse, sinks) as fwd.cl does;
- *                      with several each writes its part (O, m_i, l_i) to
- *                      the workspace.
+ *                      loaded under this tile's softmax and P V. With one
+ *                      split the work-group ends its rows (O / l_i, lse,
+ *                      sinks) as fwd.cl does; with several each writes its
+ *                      part (O, m_i, l_i) to the workspace.
  *   attn_split_merge   (split.cl) the parts merged, the rows ended.
  *
  * Splitting the keys (flash-decoding) is what fills the device when the

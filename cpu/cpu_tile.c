@@ -1015,8 +1015,8 @@ static CPU_SIMD_CLONES void cpu_softmax_cols_clones(float *st, int bc, int br, i
  * their polynomial was most of the 18 % the softmax took of a forward
  * (perf, N 2048, d 64, one thread). AVX-512 machines take the same steps
  * sixteen at a time: their clone had no FMA either (19 % of an f32 forward
- * in the softmax, N 4096, d 64, one thread). NaN stays NaN: the clamps are selects on compares,
- * which a NaN fails, as cpu_exp's. */
+ * in the softmax, N 4096, d 64, one thread). NaN stays NaN: the clamps are
+ * selects on compares, which a NaN fails, as cpu_exp's. */
 #if defined(__x86_64__) && defined(__GNUC__)
 /* cpu_exp's steps on a vector of W bits (256, 512) whose lanes xc are
  * already clamped, with fused multiply-adds, up to y and n of e^x = y 2^n:
