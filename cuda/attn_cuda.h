@@ -115,6 +115,8 @@ struct attn__cuda_config {
   int stages;           /* K/V slots in shared memory where the plan counts them, else 0 */
   int min_seqlen_q;     /* taken only for problems of at least this many query rows (a
                          * larger tile whose padding would cost shorter ones more) */
+  int min_keys_masked;  /* and, where a window masks keys (causal), of at least this many
+                         * keys (a wider key block whose diagonal costs shorter ones more) */
   size_t smem;          /* dynamic shared memory, its largest kernel */
   size_t smem_det;      /* backward: and its deterministic pass's, 0 if none */
   unsigned features;    /* the ATTN__USES_* bits (attn_internal.h) its kernels implement */

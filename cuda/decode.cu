@@ -452,6 +452,7 @@ constexpr attn__cuda_config mma_row(const char *name) {
           .bc = kWarps * kTile,
           .stages = 0,
           .min_seqlen_q = 0,
+          .min_keys_masked = 0,
           .smem = mma_smem<T, D>(),
           .smem_det = 0,
           .features = ATTN__USES_SEQUSED | ATTN__USES_PAGED | ATTN__USES_APPEND | ATTN__USES_BIAS |

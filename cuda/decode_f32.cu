@@ -275,6 +275,7 @@ constexpr attn__cuda_config f32_row(const char *name) {
           .bc = f32_warps<D>() * kTile,
           .stages = 0,
           .min_seqlen_q = 0,
+          .min_keys_masked = 0,
           .smem = f32_smem<D>(),
           .smem_det = 0,
           .features = ATTN__USES_SEQUSED | ATTN__USES_PAGED | ATTN__USES_APPEND | ATTN__USES_BIAS |

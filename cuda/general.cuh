@@ -1252,6 +1252,7 @@ constexpr attn__cuda_config general_row(attn__cuda_kernel kernel, int dim, size_
           .bc = C::Bc,
           .stages = 0,
           .min_seqlen_q = 0,
+          .min_keys_masked = 0,
           .smem = smem,
           .smem_det = smem_det,
           .features = features,

@@ -227,6 +227,7 @@ constexpr attn__cuda_config fwd32_row(const char *name) {
           .bc = C::Bc,
           .stages = 0,
           .min_seqlen_q = 0,
+          .min_keys_masked = 0,
           .smem = C::smem,
           .smem_det = 0,
           .features = 0,

@@ -536,6 +536,7 @@ constexpr attn__cuda_config bwd_row(const char *name) {
           .bc = kBc,
           .stages = 0,
           .min_seqlen_q = 0,
+          .min_keys_masked = 0,
           .smem = smem > smem_64 ? smem : smem_64,
           .smem_det = 0,
           .features = 0,

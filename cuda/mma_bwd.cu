@@ -631,6 +631,7 @@ constexpr attn__cuda_config bwd_row(const char *name) {
           .bc = C::KBC,
           .stages = 0,
           .min_seqlen_q = 0,
+          .min_keys_masked = 0,
           .smem = C::smem_kv,
           .smem_det = C::smem_q,
           .features = ATTN__USES_BIAS | ATTN__USES_SINKS | ATTN__USES_DBIAS | ATTN__USES_DSINKS,

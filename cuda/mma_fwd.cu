@@ -574,6 +574,7 @@ constexpr attn__cuda_config fwd_row(const char *name) {
           .bc = BC,
           .stages = 0,
           .min_seqlen_q = 0,
+          .min_keys_masked = 0,
           .smem = (size_t)(BR + 2 * STAGES * BC) * (D + kChunk<T>)*sizeof(T),
           .smem_det = 0,
           .features = ATTN__USES_SEQUSED | ATTN__USES_PAGED | ATTN__USES_APPEND | ATTN__USES_BIAS |

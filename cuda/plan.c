@@ -84,6 +84,7 @@ static const attn__cuda_config *first_row(const attn__cuda_rows *t, const attn__
     smem += bias_smem(c, pb);
     if (bwd == backward && c->dtype == pb->dtype && (!c->tf32 || pb->allow_tf32) &&
         pb->seqlen_q >= c->min_seqlen_q &&
+        ((pb->window_left < 0 && pb->window_right < 0) || pb->seqlen_k >= c->min_keys_masked) &&
         c->dim == attn__cuda_dim_bucket(c->kernel, pb->head_dim) && code_runs(c, dev) &&
         smem <= dev->smem_optin && (attn__problem_uses(pb) & ~c->features) == 0 &&
         !(pb->deterministic && c->nondeterministic) && family_covers(c->kernel, pb))

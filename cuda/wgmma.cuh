@@ -161,6 +161,9 @@ __device__ __forceinline__ void stash(uint32_t tile, int rows, int row0,
 #define ATTN_WG_ACC64                                                      \
   "{" ATTN_WG_10() ATTN_WG_10(1) ATTN_WG_10(2) ATTN_WG_10(3) ATTN_WG_10(4) \
       ATTN_WG_10(5) "%60, %61, %62, %63}"
+#define ATTN_WG_ACC88                                                                    \
+  "{" ATTN_WG_10() ATTN_WG_10(1) ATTN_WG_10(2) ATTN_WG_10(3) ATTN_WG_10(4) ATTN_WG_10(5) \
+      ATTN_WG_10(6) ATTN_WG_10(7) "%80, %81, %82, %83, %84, %85, %86, %87}"
 #define ATTN_WG_ACC128                                                                   \
   "{" ATTN_WG_10() ATTN_WG_10(1) ATTN_WG_10(2) ATTN_WG_10(3) ATTN_WG_10(4) ATTN_WG_10(5) \
       ATTN_WG_10(6) ATTN_WG_10(7) ATTN_WG_10(8) ATTN_WG_10(9) ATTN_WG_10(10)             \
@@ -199,6 +202,13 @@ struct mma;
                                               int scale_d) {                                \
       asm volatile(ATTN_WG_SS(128, TY, ATTN_WG_ACC64, 64, 65, 66, "0")                      \
                    : ATTN_WG_F32(0), ATTN_WG_F32(8)                                         \
+                   : "l"(a), "l"(b), "r"(scale_d));                                         \
+    }                                                                                       \
+    static __device__ __forceinline__ void ss(float (&d)[22][4], uint64_t a, uint64_t b,    \
+                                              int scale_d) {                                \
+      asm volatile(ATTN_WG_SS(176, TY, ATTN_WG_ACC88, 88, 89, 90, "0")                      \
+                   : ATTN_WG_F32(0), ATTN_WG_F32(8), ATTN_WG_F4(16), ATTN_WG_F4(17),        \
+                     ATTN_WG_F4(18), ATTN_WG_F4(19), ATTN_WG_F4(20), ATTN_WG_F4(21)         \
                    : "l"(a), "l"(b), "r"(scale_d));                                         \
     }                                                                                       \
     static __device__ __forceinline__ void ss_mn(float (&d)[8][4], uint64_t a, uint64_t b,  \
@@ -242,6 +252,7 @@ ATTN_WG_DEFINE(true, "bf16")
 #undef ATTN_WG_F32
 #undef ATTN_WG_F4
 #undef ATTN_WG_ACC128
+#undef ATTN_WG_ACC88
 #undef ATTN_WG_ACC64
 #undef ATTN_WG_ACC32
 #undef ATTN_WG_10

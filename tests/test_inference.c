@@ -847,9 +847,10 @@ static void opencl_tensor_cores_where_nvidia_has_them(at_backend *b) {
 }
 
 /* Sequences long enough for the larger tiles some rows keep for them (the
- * Hopper forward's 192 query rows at d = 64 from 2048 rows on), with a
- * last tile of a few rows: plain, causal, and with a bias over the keys
- * and sinks. */
+ * Hopper forward's 192 query rows at d = 64 from 2048 rows on, its 176-key
+ * blocks at d = 128 under a causal mask from 8192 keys on), with a last
+ * tile of a few rows: plain, causal, and with a bias over the keys and
+ * sinks. */
 static void long_sequences_take_the_larger_tiles(at_backend *b) {
   icase c = {.dt = ATTN_BF16, .B = 1, .Nq = 2118, .cap = 2118, .Hq = 2, .Hkv = 1, .d = 64};
   run_forward(b, &c);
@@ -861,6 +862,11 @@ static void long_sequences_take_the_larger_tiles(at_backend *b) {
   c.bias_dt = c.dt;
   c.sinks = 1;
   run_forward(b, &c);
+  /* 130 queries at the end of 8300 keys: the diagonal inside a key block,
+   * the last block 28 keys past 47 whole ones of 176. */
+  icase w = {.dt = ATTN_BF16, .B = 1, .Nq = 130, .cap = 8300, .Hq = 2, .Hkv = 1, .d = 128};
+  w.flags = ATTN_CAUSAL;
+  run_forward(b, &w);
 }
 
 static void sinks_join_the_denominator(at_backend *b) {
