@@ -457,11 +457,13 @@ __global__ void __launch_bounds__(threads_ws(NC), 1)
   const uint32_t sB = sV + STAGES * kSlot; /* BIAS: [STAGES][Bc / 64][Br][64] */
   /* mbarriers, 8 bytes each: Q slot q landed, the consumers are done with
    * it; K/V slot s's K landed, its V landed, the consumers are done with
-   * it, and its bias landed (a barrier of its own, so that Q K^T starts on
-   * K alone and the bias's bytes arrive under it). */
+   * its K (and bias: after the block's softmax), with its V (after the
+   * block's P V), and its bias landed (a barrier of its own, so that Q K^T
+   * starts on K alone and the bias's bytes arrive under it). */
   const uint32_t barQ = sB + STAGES * kSlotB, emptyQ = barQ + 8 * QS;
-  const uint32_t fullK = emptyQ + 8 * QS, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
-  const uint32_t fullB = empty + 8 * STAGES;
+  const uint32_t fullK = emptyQ + 8 * QS, fullV = fullK + 8 * STAGES;
+  const uint32_t emptyK = fullV + 8 * STAGES, emptyV = emptyK + 8 * STAGES;
+  const uint32_t fullB = emptyV + 8 * STAGES;
 
   const int tid = threadIdx.x, wgi = tid >> 7;
   const int tiles = tiles_of<BR>(p), stride = tile_stride();
@@ -476,7 +478,8 @@ __global__ void __launch_bounds__(threads_ws(NC), 1)
     for (int st = 0; st < STAGES; ++st) {
       wg::mbar_init(fullK + 8 * st, 1);
       wg::mbar_init(fullV + 8 * st, 1);
-      wg::mbar_init(empty + 8 * st, CT);
+      wg::mbar_init(emptyK + 8 * st, CT);
+      wg::mbar_init(emptyV + 8 * st, CT);
       wg::mbar_init(fullB + 8 * st, 1);
     }
     wg::mbar_init_fence();
@@ -519,10 +522,24 @@ __global__ void __launch_bounds__(threads_ws(NC), 1)
       for (int cb = 0; cb < DP / 64; ++cb)
         wg::tma_load_4d(sQ + qs * kQBytes + cb * BR * 128, &tq, cb * 64, q_row, w.h, qb,
                         barQ + 8 * qs);
+      /* Block g's V into its slot once the consumers' P V of the slot's
+       * previous block is done. V runs a block behind K: the consumers
+       * release a K slot after the block's softmax, a V slot only after the
+       * next block's P V, so K of block j + 1 is free to load before V of
+       * block j. */
+      auto load_v = [&](int g, int row) {
+        const int st = g % STAGES, round = g / STAGES;
+        if (round > 0) wg::mbar_wait(emptyV + 8 * st, (uint32_t)(round - 1) & 1);
+        wg::mbar_expect_tx(fullV + 8 * st, kSlot);
+#pragma unroll
+        for (int cb = 0; cb < DP / 64; ++cb)
+          wg::tma_load_4d(sV + st * kSlot + cb * BC * 128, &tv, cb * 64, row, w.hk, kb,
+                          fullV + 8 * st);
+      };
       for (int it = 0; it < w.nblocks; ++it, ++kv) {
         const int st = kv % STAGES, round = kv / STAGES;
-        /* The slot's previous block (round - 1) is released. */
-        if (round > 0) wg::mbar_wait(empty + 8 * st, (uint32_t)(round - 1) & 1);
+        /* The slot's previous K (and bias) block (round - 1) is released. */
+        if (round > 0) wg::mbar_wait(emptyK + 8 * st, (uint32_t)(round - 1) & 1);
         const int row = k_row + it * BC;
         wg::mbar_expect_tx(fullK + 8 * st, kSlot);
 #pragma unroll
@@ -536,12 +553,9 @@ __global__ void __launch_bounds__(threads_ws(NC), 1)
             wg::tma_load_4d(sB + st * kSlotB + cb * BR * 128, &tb, (w.nb_min + it) * BC + cb * 64,
                             b_row, b_h, b_b, fullB + 8 * st);
         }
-        wg::mbar_expect_tx(fullV + 8 * st, kSlot);
-#pragma unroll
-        for (int cb = 0; cb < DP / 64; ++cb)
-          wg::tma_load_4d(sV + st * kSlot + cb * BC * 128, &tv, cb * 64, row, w.hk, kb,
-                          fullV + 8 * st);
+        if (it > 0) load_v(kv - 1, row - BC);
       }
+      load_v(kv - 1, k_row + (w.nblocks - 1) * BC);
     }
     return;
   }
@@ -571,6 +585,7 @@ __global__ void __launch_bounds__(threads_ws(NC), 1)
       rows.template scores<BR>(s, dq, sK + stage(kv) * kSlot);
       if constexpr (BIAS) wg::mbar_wait(fullB + 8 * stage(kv), parity(kv));
       rows.softmax(p, s, w.nb_min, sB + stage(kv) * kSlotB);
+      wg::mbar_arrive(emptyK + 8 * stage(kv));
       rows.rescale();
       rows.pack(s, pa);
       /* Ping-pong (FlashAttention-3's scheduler barriers, ids 2 and 3): the
@@ -597,10 +612,11 @@ __global__ void __launch_bounds__(threads_ws(NC), 1)
         wg::pin(s);
         if constexpr (BIAS) wg::mbar_wait(fullB + 8 * stage(cur), parity(cur));
         rows.softmax(p, s, w.nb_min + it, sB + stage(cur) * kSlotB);
+        wg::mbar_arrive(emptyK + 8 * stage(cur));
         wg::wait<0>();
         wg::pin(rows.o);
         wg::pin(pa);
-        wg::mbar_arrive(empty + 8 * stage(prev));
+        wg::mbar_arrive(emptyV + 8 * stage(prev));
         rows.rescale();
         rows.pack(s, pa);
       }
@@ -624,7 +640,7 @@ __global__ void __launch_bounds__(threads_ws(NC), 1)
         wg::named_sync(1, CT);
       }
       rows.accumulate(pa, sV + stage(last) * kSlot);
-      wg::mbar_arrive(empty + 8 * stage(last));
+      wg::mbar_arrive(emptyV + 8 * stage(last));
       kv += w.nblocks;
       ++n;
     }
@@ -771,7 +787,7 @@ __host__ __device__ constexpr size_t bias_smem(int bc, int stages, int br) {
 template <int D, int BC, int STAGES, int QS, int NC, bool BIAS = false>
 constexpr size_t smem_ws() {
   return (size_t)(QS * tile_rows(NC) + 2 * STAGES * BC) * padded(D) * 2 +
-         8 * (4 * STAGES + 2 * QS) + 1024 + (BIAS ? bias_smem(BC, STAGES, tile_rows(NC)) : 0);
+         8 * (5 * STAGES + 2 * QS) + 1024 + (BIAS ? bias_smem(BC, STAGES, tile_rows(NC)) : 0);
 }
 template <int D, int BC, bool BIAS = false>
 constexpr size_t smem_cp() {
