@@ -479,28 +479,99 @@ static CPU_SIMD_CLONES void cpu_pv_few_clones(const attn__problem *pb, const att
 }
 
 /* The same with AVX2 and FMA where the CPU has them and d is a multiple of
- * 8 (a fixed choice per machine and head dimension, so the forward and the
- * backward still agree): fused multiply-adds halve the arithmetic of the
- * portable loops, which gcc may not contract (the library is built as ISO
- * C, -ffp-contract=off), 16-bit rows are converted in registers, and P V
+ * 8, or with AVX-512 where it has that and d is a multiple of 16 (a fixed
+ * choice per machine and head dimension, so the forward and the backward
+ * still agree): fused multiply-adds halve the arithmetic of the portable
+ * loops, which gcc may not contract (the library is built as ISO C,
+ * -ffp-contract=off), 16-bit rows are converted in registers, and P V
  * keeps its output rows in registers across keys. Measured on the build
  * host, one thread, B=1 Hq=32 Hkv=8 d=128, 256 keys (in cache), least of 5
- * runs: 0.103 ms in bf16 and in f32, against 0.165 and 0.175 for the
- * portable loops. */
+ * runs: AVX2 0.103 ms in bf16 and in f32, against 0.165 and 0.175 for the
+ * portable loops. AVX-512 doubles the lanes again, which decoding several
+ * query rows needs: with 4 rows and a GQA group of 4 a key row meets 16
+ * query columns, 16 flops per byte of a bf16 cache, more than 8-lane FMAs
+ * keep up with at memory speed. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define CPU_FMA __attribute__((target("avx2,fma,f16c")))
 #define CPU_HAVE_FMA() (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+#define CPU_FEW512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define CPU_HAVE_AVX512() __builtin_cpu_supports("avx512f")
+#define CPU_INLINE static inline __attribute__((always_inline))
+
+/* call(dt) with the dtype dt as a constant, so that the loops call()
+ * inlines convert their rows in registers without a branch. */
+#define CPU_WITH_DTYPE(dt, call) \
+  switch (dt) {                  \
+    case ATTN_F16:               \
+      call(ATTN_F16);            \
+      break;                     \
+    case ATTN_BF16:              \
+      call(ATTN_BF16);           \
+      break;                     \
+    default:                     \
+      call(ATTN_F32);            \
+      break;                     \
+  }
+
+/* call(n) with a column count n (1..4, or 1..8) as a constant, so that the
+ * loops call() inlines keep their accumulators in registers. */
+#define CPU_COLS_1_3(call) \
+  case 1:                  \
+    call(1);               \
+    break;                 \
+  case 2:                  \
+    call(2);               \
+    break;                 \
+  case 3:                  \
+    call(3);               \
+    break;
+#define CPU_WITH_COLS4(n, call) \
+  switch (n) {                  \
+    CPU_COLS_1_3(call)          \
+    default:                    \
+      call(4);                  \
+      break;                    \
+  }
+#define CPU_WITH_COLS8(n, call) \
+  switch (n) {                  \
+    CPU_COLS_1_3(call)          \
+    case 4:                     \
+      call(4);                  \
+      break;                    \
+    case 5:                     \
+      call(5);                  \
+      break;                    \
+    case 6:                     \
+      call(6);                  \
+      break;                    \
+    case 7:                     \
+      call(7);                  \
+      break;                    \
+    default:                    \
+      call(8);                  \
+      break;                    \
+  }
+
+/* A key row read by more than one group of n columns is converted once
+ * into kf, and so is one of another column stride; one read by a single
+ * group, in registers. The sums are the same either way. */
+static inline const char *cpu_qk_row_src(const char *k, attn_dtype *dt, int64_t sd, int64_t d,
+                                         int cols, int n, float *kf) {
+  if (sd == 1 && (*dt == ATTN_F32 || cols <= n)) return k;
+  cpu_row_f32(k, *dt, sd, d, *dt == ATTN_F16, kf);
+  *dt = ATTN_F32;
+  return (const char *)kf;
+}
 
 /* The sums of four vectors' lanes, in lanes 0..3. */
-CPU_FMA static inline __m128 cpu_hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+CPU_FMA CPU_INLINE __m128 cpu_hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
   return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
 /* Eight elements from x of a row of dtype dt with unit column stride, as
  * f32. Inlined where dt is fixed per loop. */
-CPU_FMA static inline __attribute__((always_inline)) __m256 cpu_load8(const char *row,
-                                                                      attn_dtype dt, int64_t x) {
+CPU_FMA CPU_INLINE __m256 cpu_load8(const char *row, attn_dtype dt, int64_t x) {
   switch (dt) {
     case ATTN_F16:
       return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + x)));
@@ -517,9 +588,9 @@ CPU_FMA static inline __attribute__((always_inline)) __m256 cpu_load8(const char
  * elements a step) so that eight are in flight, as two FMA units of 4
  * cycles' latency need: with one chain per row the loop ran at half the
  * rate. k is a row of dtype kdt (unit stride), converted in registers. */
-CPU_FMA static inline __attribute__((always_inline)) __m128 cpu_dot4_fma(
-    const char *k, attn_dtype kdt, const float *q0, const float *q1, const float *q2,
-    const float *q3, int64_t d) {
+CPU_FMA CPU_INLINE __m128 cpu_dot4_fma(const char *k, attn_dtype kdt, const float *q0,
+                                       const float *q1, const float *q2, const float *q3,
+                                       int64_t d) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
   int64_t x = 0;
   for (; x + 16 <= d; x += 16) {
@@ -544,17 +615,24 @@ CPU_FMA static inline __attribute__((always_inline)) __m128 cpu_dot4_fma(
                    _mm256_add_ps(a3, b3));
 }
 
-/* The columns [c0, c1) of one key row k (dtype kdt, unit stride). */
-CPU_FMA static inline __attribute__((always_inline)) void cpu_qk_row_fma(
-    const char *k, attn_dtype kdt, const float *q, int64_t ldq, int c0, int c1, int64_t d,
-    __m128 sc, float *srow) {
+/* The columns [c0, c1) of one key row k of dtype dt and column stride sd:
+ * srow[c] = scale k.q[c]. */
+CPU_FMA static void cpu_qk_row_fma(const char *k, attn_dtype dt, int64_t sd, int64_t d,
+                                   const float *q, int64_t ldq, int c0, int c1, float scale,
+                                   float *srow) {
+  float kf[ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
+  k = cpu_qk_row_src(k, &dt, sd, d, c1 - c0, 4, kf);
+  const __m128 sc = _mm_set1_ps(scale);
   for (int c = c0; c < c1; c += 4) {
     /* Past the last column, the last one again (see cpu_qk_few_clones). */
     const float *q0 = q + c * ldq;
     const float *q1 = c + 1 < c1 ? q0 + ldq : q0;
     const float *q2 = c + 2 < c1 ? q0 + 2 * ldq : q1;
     const float *q3 = c + 3 < c1 ? q0 + 3 * ldq : q2;
-    const __m128 s4 = _mm_mul_ps(sc, cpu_dot4_fma(k, kdt, q0, q1, q2, q3, d));
+    __m128 s4;
+#define CPU_QK_DOT4(kdt) s4 = _mm_mul_ps(sc, cpu_dot4_fma(k, kdt, q0, q1, q2, q3, d))
+    CPU_WITH_DTYPE(dt, CPU_QK_DOT4)
+#undef CPU_QK_DOT4
     if (c + 4 <= c1) {
       _mm_storeu_ps(srow + c, s4);
     } else {
@@ -566,55 +644,96 @@ CPU_FMA static inline __attribute__((always_inline)) void cpu_qk_row_fma(
   }
 }
 
-CPU_FMA static void cpu_qk_few_fma(const attn__problem *pb, const attn__tensor *t,
-                                   const attn__tensor *v, int64_t b, int64_t j0, int bc, int64_t h0,
-                                   int nh, int nr, const float *q, int64_t ldq, float scale,
-                                   float *st, int ld) {
-  const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
-  const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
-  const attn_dtype dt = t->dtype;
-  const ptrdiff_t hstep = (ptrdiff_t)t->sh * (ptrdiff_t)attn_dtype_size(dt);
-  float kf[ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
-  const __m128 sc = _mm_set1_ps(scale);
-  /* With 16-bit keys, the value rows of the block are fetched meanwhile
-   * (pv, when not NULL), so that attn__cpu_pv_few finds them in cache:
-   * measured, one thread, least CPU time of 8 runs decoding B=1 Hq=32
-   * Hkv=8 d=128 32k keys: bf16 15.8 ms against 17.7; f32 24.7 against
-   * 21.6 (twice the lines in flight beside the keys' own), so not there. */
-  const attn__tensor *pv = attn_dtype_size(dt) == 2 && t->sd == 1 && pb->v.sd == 1 ? v : NULL;
-  const int64_t span = (hk1 - hk0) * t->sh * (int64_t)attn_dtype_size(dt) + d * 2;
-  for (int a = 0; a < bc; a++) {
-    float *srow = st + (size_t)a * ld;
-    const char *base = cpu_key_at(pb, t, b, j0 + a, 0);
-    if (pv) {
-      const char *r = cpu_key_at(pb, pv, b, j0 + a, hk0);
-      for (int64_t x = 0; x < span; x += 64)
-        __builtin_prefetch(r + x);
+/* Sixteen elements from x of a row of dtype dt with unit column stride, as
+ * f32 (cpu_load8's twice as wide). */
+CPU_FEW512 CPU_INLINE __m512 cpu_load16(const char *row, attn_dtype dt, int64_t x) {
+  switch (dt) {
+    case ATTN_F16:
+      return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + x)));
+    case ATTN_BF16:
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + x))),
+          16));
+    default:
+      return _mm512_loadu_ps((const float *)row + x);
+  }
+}
+
+/* The sums of the lanes of a[0..7], in lanes 0..7, as a transpose: the
+ * shuffles put the vectors' halves, then quarters, side by side, so that
+ * eight sums take 4 adds. Every sum takes the same tree whichever its
+ * place: lane i is added to lane i + 8, those to the pair 4 lanes further,
+ * and the four partials pairwise, (p0 + p1) + (p2 + p3). */
+CPU_FEW512 CPU_INLINE __m256 cpu_hsum8_avx512(const __m512 *a) {
+  /* t[y]: a[2y]'s lanes i + (i + 8) in its low half, a[2y + 1]'s in the
+   * high one. */
+  __m512 t[4];
+  for (int y = 0; y < 4; y++)
+    t[y] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * y], a[2 * y + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a[2 * y], a[2 * y + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  /* u[y]: quarter x holds a[4y + x]'s four partials. */
+  __m512 u[2];
+  for (int y = 0; y < 2; y++)
+    u[y] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * y], t[2 * y + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(t[2 * y], t[2 * y + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  /* v: quarter x holds a[x]'s two pair sums in lanes 0, 1 and a[4 + x]'s
+   * in lanes 2, 3; w: their sums in lanes 0 and 2. */
+  const __m512 v = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 w = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m512i at = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps256(_mm512_permutexvar_ps(at, w));
+}
+
+/* The scores of key row k (dtype kdt, unit stride) with n (1..8) columns
+ * from c, in two chains of 16 lanes per column (32 elements a step, a last
+ * 16 into the first chain): up to 16 FMAs in flight and 18 of the 32
+ * registers. A column's steps are the same whatever n and its place among
+ * the n, so the forward's many heads and the backward's one agree. */
+CPU_FEW512 CPU_INLINE void cpu_qk_cols_avx512(const char *k, attn_dtype kdt, const float *q,
+                                              int64_t ldq, int c, int n, int64_t d, float scale,
+                                              float *srow) {
+  __m512 a[8], b[8];
+  for (int y = 0; y < n; y++)
+    a[y] = b[y] = _mm512_setzero_ps();
+  int64_t x = 0;
+  for (; x + 32 <= d; x += 32) {
+    const __m512 k0 = cpu_load16(k, kdt, x), k1 = cpu_load16(k, kdt, x + 16);
+    for (int y = 0; y < n; y++) {
+      const float *qy = q + (c + y) * ldq + x;
+      a[y] = _mm512_fmadd_ps(k0, _mm512_loadu_ps(qy), a[y]);
+      b[y] = _mm512_fmadd_ps(k1, _mm512_loadu_ps(qy + 16), b[y]);
     }
-    for (int64_t hk = hk0; hk <= hk1; hk++) {
-      int c0, c1;
-      cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
-      const char *row = base + hk * hstep;
-      /* A row read by one group of four columns is converted in
-       * registers; one read by more, once into kf. The sums are the same
-       * either way. */
-      if (t->sd == 1 && (dt == ATTN_F32 || c1 - c0 <= 4)) {
-        switch (dt) {
-          case ATTN_F16:
-            cpu_qk_row_fma(row, ATTN_F16, q, ldq, c0, c1, d, sc, srow);
-            break;
-          case ATTN_BF16:
-            cpu_qk_row_fma(row, ATTN_BF16, q, ldq, c0, c1, d, sc, srow);
-            break;
-          default:
-            cpu_qk_row_fma(row, ATTN_F32, q, ldq, c0, c1, d, sc, srow);
-            break;
-        }
-      } else {
-        cpu_row_f32(row, dt, t->sd, d, dt == ATTN_F16, kf);
-        cpu_qk_row_fma((const char *)kf, ATTN_F32, q, ldq, c0, c1, d, sc, srow);
-      }
-    }
+  }
+  if (x < d) {
+    const __m512 k0 = cpu_load16(k, kdt, x);
+    for (int y = 0; y < n; y++)
+      a[y] = _mm512_fmadd_ps(k0, _mm512_loadu_ps(q + (c + y) * ldq + x), a[y]);
+  }
+  /* Past the last column, the last one again: each lane's sum is its own. */
+  for (int y = 0; y < 8; y++)
+    a[y] = y < n ? _mm512_add_ps(a[y], b[y]) : a[n - 1];
+  const __m256 s = _mm256_mul_ps(_mm256_set1_ps(scale), cpu_hsum8_avx512(a));
+  _mm512_mask_storeu_ps(srow + c, (__mmask16)((1u << n) - 1), _mm512_castps256_ps512(s));
+}
+
+/* cpu_qk_row_fma's product, eight columns at a time. */
+CPU_FEW512 static void cpu_qk_row_avx512(const char *k, attn_dtype dt, int64_t sd, int64_t d,
+                                         const float *q, int64_t ldq, int c0, int c1, float scale,
+                                         float *srow) {
+  float kf[ATTN_MAX_HEAD_DIM] __attribute__((aligned(64)));
+  k = cpu_qk_row_src(k, &dt, sd, d, c1 - c0, 8, kf);
+  for (int c = c0; c < c1; c += 8) {
+    const int n = c1 - c < 8 ? c1 - c : 8;
+#define CPU_QK_COLS(kdt) cpu_qk_cols_avx512(k, kdt, q, ldq, c, n_, d, scale, srow)
+#define CPU_QK_N(cols)              \
+  {                                 \
+    const int n_ = (cols);          \
+    CPU_WITH_DTYPE(dt, CPU_QK_COLS) \
+  }
+    CPU_WITH_COLS8(n, CPU_QK_N)
+#undef CPU_QK_N
+#undef CPU_QK_COLS
   }
 }
 
@@ -622,9 +741,9 @@ CPU_FMA static void cpu_qk_few_fma(const attn__problem *pb, const attn__tensor *
  * from c, the output rows held in registers over those keys: sixteen
  * elements of four columns are eight accumulators. Each V row (dtype dt,
  * unit stride) is converted in registers as it is read. */
-CPU_FMA static inline __attribute__((always_inline)) void cpu_pv_cols_fma(
-    const char *const *rows, ptrdiff_t off, attn_dtype dt, int a0, int a1, const float *pt, int ld,
-    int c, int n, float *o, int64_t d) {
+CPU_FMA CPU_INLINE void cpu_pv_cols_fma(const char *const *rows, ptrdiff_t off, attn_dtype dt,
+                                        int a0, int a1, const float *pt, int ld, int c, int n,
+                                        float *o, int64_t d) {
   int64_t x = 0;
   for (; x + 16 <= d; x += 16) {
     __m256 acc[4][2];
@@ -660,23 +779,138 @@ CPU_FMA static inline __attribute__((always_inline)) void cpu_pv_cols_fma(
   }
 }
 
-/* The columns count and the dtype as constants, so that the loops above
- * keep their accumulators in registers. */
-#define CPU_PV_N(dt)                                              \
-  switch (n) {                                                    \
-    case 1:                                                       \
-      cpu_pv_cols_fma(rows, off, dt, a0, a1, pt, ld, c, 1, o, d); \
-      break;                                                      \
-    case 2:                                                       \
-      cpu_pv_cols_fma(rows, off, dt, a0, a1, pt, ld, c, 2, o, d); \
-      break;                                                      \
-    case 3:                                                       \
-      cpu_pv_cols_fma(rows, off, dt, a0, a1, pt, ld, c, 3, o, d); \
-      break;                                                      \
-    default:                                                      \
-      cpu_pv_cols_fma(rows, off, dt, a0, a1, pt, ld, c, 4, o, d); \
-      break;                                                      \
+/* The columns [c0, c1) of one kv head over keys [a0, a1): V's rows at
+ * rows[a] + off, dtype dt, unit stride. */
+CPU_FMA static void cpu_pv_keys_fma(const char *const *rows, ptrdiff_t off, attn_dtype dt, int a0,
+                                    int a1, const float *pt, int ld, int c0, int c1, float *o,
+                                    int64_t d) {
+  for (int c = c0; c < c1; c += 4) {
+    const int n = c1 - c < 4 ? c1 - c : 4;
+#define CPU_PV_COLS(vdt) cpu_pv_cols_fma(rows, off, vdt, a0, a1, pt, ld, c, n_, o, d)
+#define CPU_PV_N(cols)              \
+  {                                 \
+    const int n_ = (cols);          \
+    CPU_WITH_DTYPE(dt, CPU_PV_COLS) \
   }
+    CPU_WITH_COLS4(n, CPU_PV_N)
+#undef CPU_PV_N
+#undef CPU_PV_COLS
+  }
+}
+
+/* Elements [x, x + 16 w) of O's rows c..c + n - 1 (n up to 8, w 1 or 2)
+ * += P V over keys [a0, a1), held in registers over those keys: eight
+ * columns of 32 elements are 16 accumulators, each V row's two vectors
+ * meet eight broadcast P values. */
+CPU_FEW512 CPU_INLINE void cpu_pv_part_avx512(const char *const *rows, ptrdiff_t off, attn_dtype dt,
+                                              int a0, int a1, const float *pt, int ld, int c, int n,
+                                              float *o, int64_t d, int64_t x, int w) {
+  __m512 acc[8][2];
+  for (int y = 0; y < n; y++)
+    for (int z = 0; z < w; z++)
+      acc[y][z] = _mm512_loadu_ps(o + (size_t)(c + y) * d + x + 16 * z);
+  for (int a = a0; a < a1; a++) {
+    __m512 v[2];
+    for (int z = 0; z < w; z++)
+      v[z] = cpu_load16(rows[a] + off, dt, x + 16 * z);
+    for (int y = 0; y < n; y++) {
+      const __m512 p = _mm512_set1_ps(pt[(size_t)a * ld + c + y]);
+      for (int z = 0; z < w; z++)
+        acc[y][z] = _mm512_fmadd_ps(p, v[z], acc[y][z]);
+    }
+  }
+  for (int y = 0; y < n; y++)
+    for (int z = 0; z < w; z++)
+      _mm512_storeu_ps(o + (size_t)(c + y) * d + x + 16 * z, acc[y][z]);
+}
+
+CPU_FEW512 CPU_INLINE void cpu_pv_cols_avx512(const char *const *rows, ptrdiff_t off, attn_dtype dt,
+                                              int a0, int a1, const float *pt, int ld, int c, int n,
+                                              float *o, int64_t d) {
+  int64_t x = 0;
+  for (; x + 32 <= d; x += 32)
+    cpu_pv_part_avx512(rows, off, dt, a0, a1, pt, ld, c, n, o, d, x, 2);
+  if (x < d) cpu_pv_part_avx512(rows, off, dt, a0, a1, pt, ld, c, n, o, d, x, 1);
+}
+
+/* cpu_pv_keys_fma's product, eight columns at a time. */
+CPU_FEW512 static void cpu_pv_keys_avx512(const char *const *rows, ptrdiff_t off, attn_dtype dt,
+                                          int a0, int a1, const float *pt, int ld, int c0, int c1,
+                                          float *o, int64_t d) {
+  for (int c = c0; c < c1; c += 8) {
+    const int n = c1 - c < 8 ? c1 - c : 8;
+#define CPU_PV_COLS(vdt) cpu_pv_cols_avx512(rows, off, vdt, a0, a1, pt, ld, c, n_, o, d)
+#define CPU_PV_N(cols)              \
+  {                                 \
+    const int n_ = (cols);          \
+    CPU_WITH_DTYPE(dt, CPU_PV_COLS) \
+  }
+    CPU_WITH_COLS8(n, CPU_PV_N)
+#undef CPU_PV_N
+#undef CPU_PV_COLS
+  }
+}
+#else
+#define CPU_HAVE_FMA() 0
+#define CPU_HAVE_AVX512() 0
+#define cpu_qk_row_fma NULL
+#define cpu_qk_row_avx512 NULL
+#define cpu_pv_keys_fma NULL
+#define cpu_pv_keys_avx512 NULL
+#endif
+
+/* One key row's scores (cpu_qk_row_fma), and one kv head's P V over a run
+ * of keys (cpu_pv_keys_fma), in one instruction set. */
+typedef void cpu_qk_row_fn(const char *k, attn_dtype dt, int64_t sd, int64_t d, const float *q,
+                           int64_t ldq, int c0, int c1, float scale, float *srow);
+typedef void cpu_pv_keys_fn(const char *const *rows, ptrdiff_t off, attn_dtype dt, int a0, int a1,
+                            const float *pt, int ld, int c0, int c1, float *o, int64_t d);
+
+/* The instruction set of the products of few rows: 2 AVX-512, 1 AVX2 and
+ * FMA, 0 the portable loops. One fixed choice per machine and head
+ * dimension, so that attn__cpu_qk_few gives the backward the forward's
+ * scores to the bit. */
+static int cpu_few_isa(const attn__problem *pb) {
+  if (pb->head_dim % 16 == 0 && CPU_HAVE_AVX512()) return 2;
+  if (pb->head_dim % 8 == 0 && CPU_HAVE_FMA()) return 1;
+  return 0;
+}
+
+void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn__tensor *v,
+                      int64_t b, int64_t j0, int bc, int64_t h0, int nh, int nr, const float *q,
+                      int64_t ldq, float *st, int ld) {
+  const int isa = cpu_few_isa(pb);
+  if (!isa) {
+    cpu_qk_few_clones(pb, t, b, j0, bc, h0, nh, nr, q, ldq, pb->scale, st, ld);
+    return;
+  }
+  cpu_qk_row_fn *row = isa == 2 ? cpu_qk_row_avx512 : cpu_qk_row_fma;
+  const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
+  const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
+  const attn_dtype dt = t->dtype;
+  const ptrdiff_t hstep = (ptrdiff_t)t->sh * (ptrdiff_t)attn_dtype_size(dt);
+  /* With 16-bit keys, the value rows of the block are fetched meanwhile
+   * (pv, when not NULL), so that attn__cpu_pv_few finds them in cache:
+   * measured, one thread, least CPU time of 8 runs decoding B=1 Hq=32
+   * Hkv=8 d=128 32k keys: bf16 15.8 ms against 17.7; f32 24.7 against
+   * 21.6 (twice the lines in flight beside the keys' own), so not there. */
+  const attn__tensor *pv = attn_dtype_size(dt) == 2 && t->sd == 1 && pb->v.sd == 1 ? v : NULL;
+  const int64_t span = (hk1 - hk0) * t->sh * (int64_t)attn_dtype_size(dt) + d * 2;
+  for (int a = 0; a < bc; a++) {
+    float *srow = st + (size_t)a * ld;
+    const char *base = cpu_key_at(pb, t, b, j0 + a, 0);
+    if (pv) {
+      const char *r = cpu_key_at(pb, pv, b, j0 + a, hk0);
+      for (int64_t x = 0; x < span; x += 64)
+        __builtin_prefetch(r + x);
+    }
+    for (int64_t hk = hk0; hk <= hk1; hk++) {
+      int c0, c1;
+      cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
+      row(base + hk * hstep, dt, t->sd, d, q, ldq, c0, c1, pb->scale, srow);
+    }
+  }
+}
 
 /* Keys are taken 8 at a time, all kv heads of the tile before the next 8:
  * the cache is read in address order, and the 8 rows a pass over a chunk
@@ -686,9 +920,16 @@ CPU_FMA static inline __attribute__((always_inline)) void cpu_pv_cols_fma(
  * slower). */
 #define CPU_PV_KEYS 8
 
-CPU_FMA static void cpu_pv_few_fma(const attn__problem *pb, const attn__tensor *t, int64_t b,
-                                   int64_t j0, int bc, int64_t h0, int nh, int nr, const float *pt,
-                                   int ld, float *o) {
+void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,
+                      int64_t h0, int nh, int nr, const float *pt, int ld, float *o) {
+  /* Any rounding does here (no pass recomputes O), so the portable loops
+   * take only what these cannot: rows of other strides. */
+  const int isa = t->sd == 1 ? cpu_few_isa(pb) : 0;
+  if (!isa) {
+    cpu_pv_few_clones(pb, t, b, j0, bc, h0, nh, nr, pt, ld, o);
+    return;
+  }
+  cpu_pv_keys_fn *keys = isa == 2 ? cpu_pv_keys_avx512 : cpu_pv_keys_fma;
   const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
   const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
   const ptrdiff_t hstep = (ptrdiff_t)t->sh * (ptrdiff_t)attn_dtype_size(t->dtype);
@@ -700,52 +941,9 @@ CPU_FMA static void cpu_pv_few_fma(const attn__problem *pb, const attn__tensor *
     for (int64_t hk = hk0; hk <= hk1; hk++) {
       int c0, c1;
       cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
-      const ptrdiff_t off = hk * hstep;
-      for (int c = c0; c < c1; c += 4) {
-        const int n = c1 - c < 4 ? c1 - c : 4;
-        switch (t->dtype) {
-          case ATTN_F16:
-            CPU_PV_N(ATTN_F16);
-            break;
-          case ATTN_BF16:
-            CPU_PV_N(ATTN_BF16);
-            break;
-          default:
-            CPU_PV_N(ATTN_F32);
-            break;
-        }
-      }
+      keys(rows, hk * hstep, t->dtype, a0, a1, pt, ld, c0, c1, o, d);
     }
   }
-}
-#undef CPU_PV_N
-#else
-#define CPU_HAVE_FMA() 0
-#define cpu_qk_few_fma(pb, t, v, b, j0, bc, h0, nh, nr, q, ldq, scale, st, ld) ((void)0)
-#define cpu_pv_few_fma(pb, t, b, j0, bc, h0, nh, nr, pt, ld, o) ((void)0)
-#endif
-
-static int cpu_few_fma(const attn__problem *pb) {
-  return pb->head_dim % 8 == 0 && CPU_HAVE_FMA();
-}
-
-void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn__tensor *v,
-                      int64_t b, int64_t j0, int bc, int64_t h0, int nh, int nr, const float *q,
-                      int64_t ldq, float *st, int ld) {
-  if (cpu_few_fma(pb))
-    cpu_qk_few_fma(pb, t, v, b, j0, bc, h0, nh, nr, q, ldq, pb->scale, st, ld);
-  else
-    cpu_qk_few_clones(pb, t, b, j0, bc, h0, nh, nr, q, ldq, pb->scale, st, ld);
-}
-
-void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,
-                      int64_t h0, int nh, int nr, const float *pt, int ld, float *o) {
-  /* Any rounding does here (no pass recomputes O), so the portable loops
-   * take only what these cannot: rows of other strides. */
-  if (cpu_few_fma(pb) && t->sd == 1)
-    cpu_pv_few_fma(pb, t, b, j0, bc, h0, nh, nr, pt, ld, o);
-  else
-    cpu_pv_few_clones(pb, t, b, j0, bc, h0, nh, nr, pt, ld, o);
 }
 
 /* ---------------------------------------------------------------------- */
