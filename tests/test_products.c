@@ -8,7 +8,9 @@
  * built on portable definitions of the intrinsics (SIMDe's; AMX's tile
  * operations in amx_emulation.h), the same sources linked into this test,
  * so that their indexing, tails and packing are checked on any machine.
- * OpenBLAS's sbgemm runs where the library was linked with it.
+ * OpenBLAS's sbgemm runs where the library was linked with it. The
+ * products of few query rows (decoding) are checked here too, through the
+ * path this CPU takes.
  */
 #include "cpu_internal.h"
 #include "golden.h"
@@ -341,6 +343,131 @@ static void other_dtypes_keep_f32_products(at_backend *b) {
   attn_context_free(ctx);
 }
 
+/* The products of few query rows (attn__cpu_qk_few, attn__cpu_pv_few)
+ * against double sums, and the scores' bits across tilings: the forward
+ * takes a tile of many heads (a kv head's key row meeting 4 to 16
+ * columns), the backward one head at a time (1 to 4), and the backward's
+ * P = exp(S - lse) needs the forward's S to the bit. Head dimensions for
+ * each path a CPU may take: multiples of 16 (AVX-512), of 8 (AVX2), and
+ * others (the portable loops), each a fixed choice per d. */
+static void few_row_products_agree_across_tiles(at_backend *b) {
+  (void)b;
+  enum { HQ = 8, HKV = 2, NK = 37, MAXD = 256 };
+  static const attn_dtype dts[] = {ATTN_F32, ATTN_BF16, ATTN_F16};
+  static const int ds[] = {16, 40, 48, 64, 72, 128, 256};
+  /* Tiles of the forward's kind (heads [h0, h0 + nh)), beside the
+   * backward's single heads: all heads, and a part cutting a group. */
+  static const int tiles[][2] = {{0, HQ}, {1, 5}};
+  const size_t nkv = (size_t)NK * HKV * MAXD;
+  float *kf = at_malloc(nkv * sizeof *kf), *vf = at_malloc(nkv * sizeof *vf);
+  void *kn = at_malloc(nkv * 4), *vn = at_malloc(nkv * 4);
+  float *q = at_malloc((size_t)HQ * 4 * MAXD * sizeof *q);
+  float *st = at_malloc((size_t)NK * HQ * 4 * sizeof *st),
+        *sb = at_malloc(NK * HQ * 4 * sizeof *sb);
+  float *o = at_malloc((size_t)HQ * 4 * MAXD * sizeof *o);
+  uint32_t s = 777;
+  for (size_t di = 0; di < sizeof dts / sizeof *dts; di++)
+    for (size_t xi = 0; xi < sizeof ds / sizeof *ds; xi++)
+      for (int nr = 1; nr <= 4; nr++) {
+        const attn_dtype dt = dts[di];
+        const int d = ds[xi], ld = HQ * nr, g = HQ / HKV;
+        attn__problem pb;
+        memset(&pb, 0, sizeof pb);
+        pb.dtype = dt;
+        pb.batch = 1;
+        pb.heads_q = HQ;
+        pb.heads_kv = HKV;
+        pb.head_dim = d;
+        pb.seqlen_q = pb.total_q = nr;
+        pb.seqlen_k = pb.total_k = NK;
+        pb.scale = 1.0f / sqrtf((float)d);
+        pb.window_left = pb.window_right = -1;
+        attn__tensor *ts[] = {&pb.k, &pb.v};
+        void *native[] = {kn, vn};
+        float *vals[] = {kf, vf};
+        for (int t = 0; t < 2; t++) {
+          ts[t]->native = native[t];
+          ts[t]->dtype = dt;
+          ts[t]->sd = 1;
+          ts[t]->sh = d;
+          ts[t]->ss = HKV * d;
+          ts[t]->sb = NK * HKV * d;
+          /* Values the dtype holds, so that the sums below see the same. */
+          for (int x = 0; x < NK * HKV * d; x++) {
+            s = s * 1664525u + 1013904223u;
+            const float f = (float)((double)(s >> 8) / 8388608.0 - 1.0);
+            if (dt == ATTN_F32) {
+              ((float *)native[t])[x] = vals[t][x] = f;
+            } else {
+              uint16_t *h = (uint16_t *)native[t] + x;
+              *h = dt == ATTN_BF16 ? attn__f32_to_bf16(f) : attn__f32_to_f16(f);
+              vals[t][x] = dt == ATTN_BF16 ? attn__bf16_to_f32(*h) : attn__f16_to_f32(*h);
+            }
+          }
+        }
+        for (int x = 0; x < ld * d; x++) {
+          s = s * 1664525u + 1013904223u;
+          q[x] = (float)((double)(s >> 8) / 8388608.0 - 1.0);
+        }
+        /* Column c = h nr + r of the scores holds query row r of head h. */
+        for (int h = 0; h < HQ; h++)
+          attn__cpu_qk_few(&pb, &pb.k, NULL, 0, 0, NK, h, 1, nr, q + (size_t)h * nr * d, d,
+                           sb + h * nr, ld);
+        for (size_t ti = 0; ti < sizeof tiles / sizeof *tiles; ti++) {
+          const int h0 = tiles[ti][0], nh = tiles[ti][1];
+          attn__cpu_qk_few(&pb, &pb.k, &pb.v, 0, 0, NK, h0, nh, nr, q + (size_t)h0 * nr * d, d, st,
+                           ld);
+          for (int a = 0; a < NK; a++)
+            for (int c = 0; c < nh * nr; c++) {
+              const float got = st[a * ld + c], one = sb[a * ld + h0 * nr + c];
+              if (memcmp(&got, &one, sizeof got) != 0)
+                fail_msg(
+                    "%s d %d rows %d heads [%d, %d): score %d,%d %.9g, one head at a time %.9g",
+                    attn_dtype_name(dt), d, nr, h0, h0 + nh, a, c, got, one);
+            }
+        }
+        for (int a = 0; a < NK; a++)
+          for (int c = 0; c < ld; c++) {
+            const float *kr = kf + ((size_t)a * HKV + c / nr / g) * d, *qr = q + (size_t)c * d;
+            double want = 0, mag = 0;
+            for (int x = 0; x < d; x++) {
+              want += (double)kr[x] * qr[x];
+              mag += fabs((double)kr[x] * qr[x]);
+            }
+            want *= pb.scale;
+            const double got = sb[a * ld + c], tol = (d + 2) * 0x1p-24 * pb.scale * mag;
+            if (!(fabs(got - want) <= tol))
+              fail_msg("%s d %d rows %d: score %d,%d %.9g, want %.9g", attn_dtype_name(dt), d, nr,
+                       a, c, got, want);
+          }
+        /* O += P V with the scores for P, onto an O of ones. */
+        for (int x = 0; x < ld * d; x++)
+          o[x] = 1.0f;
+        attn__cpu_pv_few(&pb, &pb.v, 0, 0, NK, 0, HQ, nr, sb, ld, o);
+        for (int c = 0; c < ld; c++)
+          for (int x = 0; x < d; x++) {
+            double want = 1, mag = 1;
+            for (int a = 0; a < NK; a++) {
+              const double p = (double)sb[a * ld + c] * vf[((size_t)a * HKV + c / nr / g) * d + x];
+              want += p;
+              mag += fabs(p);
+            }
+            const double got = o[(size_t)c * d + x], tol = (NK + 2) * 0x1p-24 * mag;
+            if (!(fabs(got - want) <= tol))
+              fail_msg("%s d %d rows %d: O %d,%d %.9g, want %.9g", attn_dtype_name(dt), d, nr, c, x,
+                       got, want);
+          }
+      }
+  at_free(kf);
+  at_free(vf);
+  at_free(kn);
+  at_free(vn);
+  at_free(q);
+  at_free(st);
+  at_free(sb);
+  at_free(o);
+}
+
 static void forcing_a_missing_path_says_why(void) {
   attn_context *ctx = NULL;
   assert_int_equal(attn_context_create("cpu", &ctx), ATTN_OK);
@@ -380,6 +507,7 @@ int main(int argc, char **argv) {
   const at_test common[] = {
       {"bf16_kernel_sums_pairs_of_products", bf16_kernel_sums_pairs_of_products, NULL},
       {"f32_kernels_sum_products", f32_kernels_sum_products, NULL},
+      {"few_row_products_agree_across_tiles", few_row_products_agree_across_tiles, NULL},
       {"forcing_a_missing_path_says_why", common_forcing, NULL}};
-  return at_main(argc, argv, "products", tests, nt, common, 3);
+  return at_main(argc, argv, "products", tests, nt, common, 4);
 }
