@@ -354,7 +354,7 @@ static void few_row_products_agree_across_tiles(at_backend *b) {
   (void)b;
   enum { HQ = 8, HKV = 2, NK = 37, MAXD = 256 };
   static const attn_dtype dts[] = {ATTN_F32, ATTN_BF16, ATTN_F16};
-  static const int ds[] = {16, 40, 48, 64, 72, 128, 256};
+  static const int ds[] = {16, 36, 40, 48, 64, 72, 128, 256};
   /* Tiles of the forward's kind (heads [h0, h0 + nh)), beside the
    * backward's single heads: all heads, and a part cutting a group. */
   static const int tiles[][2] = {{0, HQ}, {1, 5}};
