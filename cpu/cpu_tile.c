@@ -513,43 +513,38 @@ static CPU_SIMD_CLONES void cpu_pv_few_clones(const attn__problem *pb, const att
       break;                     \
   }
 
-/* call(n) with a column count n (1..4, or 1..8) as a constant, so that the
- * loops call() inlines keep their accumulators in registers. */
-#define CPU_COLS_1_3(call) \
-  case 1:                  \
-    call(1);               \
-    break;                 \
-  case 2:                  \
-    call(2);               \
-    break;                 \
-  case 3:                  \
-    call(3);               \
+/* call(n) with a column count n (1..g, g 4 or 8) as a constant, so that
+ * the loops call() inlines keep their accumulators in registers. */
+#define CPU_COLS_CASE(k, g, call) \
+  case k:                         \
+    call((k) < (g) ? (k) : (g));  \
     break;
-#define CPU_WITH_COLS4(n, call) \
-  switch (n) {                  \
-    CPU_COLS_1_3(call)          \
-    default:                    \
-      call(4);                  \
-      break;                    \
+#define CPU_WITH_COLS(n, g, call) \
+  switch (n) {                    \
+    CPU_COLS_CASE(1, g, call)     \
+    CPU_COLS_CASE(2, g, call)     \
+    CPU_COLS_CASE(3, g, call)     \
+    CPU_COLS_CASE(4, g, call)     \
+    CPU_COLS_CASE(5, g, call)     \
+    CPU_COLS_CASE(6, g, call)     \
+    CPU_COLS_CASE(7, g, call)     \
+    default:                      \
+      call(g);                    \
+      break;                      \
   }
-#define CPU_WITH_COLS8(n, call) \
-  switch (n) {                  \
-    CPU_COLS_1_3(call)          \
-    case 4:                     \
-      call(4);                  \
-      break;                    \
-    case 5:                     \
-      call(5);                  \
-      break;                    \
-    case 6:                     \
-      call(6);                  \
-      break;                    \
-    case 7:                     \
-      call(7);                  \
-      break;                    \
-    default:                    \
-      call(8);                  \
-      break;                    \
+
+/* The columns [c0, c1) in groups of up to g (4 or 8): CPU_COLS_CALL(dt_),
+ * which the caller defines, with the group's first column c, its count n_
+ * and the dtype dt_ (of the variable dt) as constants. */
+#define CPU_FOR_COLS(c0, c1, g)                \
+  for (int c = (c0); c < (c1); c += (g)) {     \
+    const int n = (c1)-c < (g) ? (c1)-c : (g); \
+    CPU_WITH_COLS(n, g, CPU_COLS_N)            \
+  }
+#define CPU_COLS_N(cols)              \
+  {                                   \
+    const int n_ = (cols);            \
+    CPU_WITH_DTYPE(dt, CPU_COLS_CALL) \
   }
 
 /* A key row read by more than one group of n columns is converted once
@@ -569,20 +564,23 @@ CPU_FMA CPU_INLINE __m128 cpu_hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) 
   return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
-/* Eight elements from x of a row of dtype dt with unit column stride, as
- * f32. Inlined where dt is fixed per loop. */
-CPU_FMA CPU_INLINE __m256 cpu_load8(const char *row, attn_dtype dt, int64_t x) {
-  switch (dt) {
-    case ATTN_F16:
-      return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + x)));
-    case ATTN_BF16:
-      return _mm256_castsi256_ps(_mm256_slli_epi32(
-          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + x))),
-          16));
-    default:
-      return _mm256_loadu_ps((const float *)row + x);
+/* W / 32 elements from x of a row of dtype dt with unit column stride, as
+ * f32 in a vector of W bits (the 16-bit ones loaded as HB bits, with the
+ * intrinsics of prefix _mm##HW). Inlined where dt is fixed per loop. */
+#define CPU_LOAD_ROW(name, attr, W, HW, HB)                                               \
+  attr CPU_INLINE __m##W name(const char *row, attn_dtype dt, int64_t x) {                \
+    const __m##HB##i *h = (const __m##HB##i *)((const uint16_t *)row + x);                \
+    switch (dt) {                                                                         \
+      case ATTN_F16:                                                                      \
+        return _mm##W##_cvtph_ps(_mm##HW##_loadu_si##HB(h));                              \
+      case ATTN_BF16:                                                                     \
+        return _mm##W##_castsi##W##_ps(                                                   \
+            _mm##W##_slli_epi32(_mm##W##_cvtepu16_epi32(_mm##HW##_loadu_si##HB(h)), 16)); \
+      default:                                                                            \
+        return _mm##W##_loadu_ps((const float *)row + x);                                 \
+    }                                                                                     \
   }
-}
+CPU_LOAD_ROW(cpu_load8, CPU_FMA, 256, , 128)
 
 /* cpu_dot4's sums with fused multiply-adds, in two chains per row (16
  * elements a step) so that eight are in flight, as two FMA units of 4
@@ -644,20 +642,7 @@ CPU_FMA static void cpu_qk_row_fma(const char *k, attn_dtype dt, int64_t sd, int
   }
 }
 
-/* Sixteen elements from x of a row of dtype dt with unit column stride, as
- * f32 (cpu_load8's twice as wide). */
-CPU_FEW512 CPU_INLINE __m512 cpu_load16(const char *row, attn_dtype dt, int64_t x) {
-  switch (dt) {
-    case ATTN_F16:
-      return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + x)));
-    case ATTN_BF16:
-      return _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + x))),
-          16));
-    default:
-      return _mm512_loadu_ps((const float *)row + x);
-  }
-}
+CPU_LOAD_ROW(cpu_load16, CPU_FEW512, 512, 256, 256)
 
 /* The sums of the lanes of a[0..7], in lanes 0..7, as a transpose: the
  * shuffles put the vectors' halves, then quarters, side by side, so that
@@ -723,18 +708,9 @@ CPU_FEW512 static void cpu_qk_row_avx512(const char *k, attn_dtype dt, int64_t s
                                          float *srow) {
   float kf[ATTN_MAX_HEAD_DIM] __attribute__((aligned(64)));
   k = cpu_qk_row_src(k, &dt, sd, d, c1 - c0, 8, kf);
-  for (int c = c0; c < c1; c += 8) {
-    const int n = c1 - c < 8 ? c1 - c : 8;
-#define CPU_QK_COLS(kdt) cpu_qk_cols_avx512(k, kdt, q, ldq, c, n_, d, scale, srow)
-#define CPU_QK_N(cols)              \
-  {                                 \
-    const int n_ = (cols);          \
-    CPU_WITH_DTYPE(dt, CPU_QK_COLS) \
-  }
-    CPU_WITH_COLS8(n, CPU_QK_N)
-#undef CPU_QK_N
-#undef CPU_QK_COLS
-  }
+#define CPU_COLS_CALL(kdt) cpu_qk_cols_avx512(k, kdt, q, ldq, c, n_, d, scale, srow)
+  CPU_FOR_COLS(c0, c1, 8)
+#undef CPU_COLS_CALL
 }
 
 /* O[c] += sum_a P[a][c] V[a] over keys [a0, a1) for n (1..4) columns
@@ -783,19 +759,10 @@ CPU_FMA CPU_INLINE void cpu_pv_cols_fma(const char *const *rows, ptrdiff_t off, 
  * rows[a] + off, dtype dt, unit stride. */
 CPU_FMA static void cpu_pv_keys_fma(const char *const *rows, ptrdiff_t off, attn_dtype dt, int a0,
                                     int a1, const float *pt, int ld, int c0, int c1, float *o,
-                                    int64_t d) {
-  for (int c = c0; c < c1; c += 4) {
-    const int n = c1 - c < 4 ? c1 - c : 4;
-#define CPU_PV_COLS(vdt) cpu_pv_cols_fma(rows, off, vdt, a0, a1, pt, ld, c, n_, o, d)
-#define CPU_PV_N(cols)              \
-  {                                 \
-    const int n_ = (cols);          \
-    CPU_WITH_DTYPE(dt, CPU_PV_COLS) \
-  }
-    CPU_WITH_COLS4(n, CPU_PV_N)
-#undef CPU_PV_N
-#undef CPU_PV_COLS
-  }
+                                    int64_t d){
+#define CPU_COLS_CALL(vdt) cpu_pv_cols_fma(rows, off, vdt, a0, a1, pt, ld, c, n_, o, d)
+    CPU_FOR_COLS(c0, c1, 4)
+#undef CPU_COLS_CALL
 }
 
 /* Elements [x, x + 16 w) of O's rows c..c + n - 1 (n up to 8, w 1 or 2)
@@ -837,18 +804,9 @@ CPU_FEW512 CPU_INLINE void cpu_pv_cols_avx512(const char *const *rows, ptrdiff_t
 CPU_FEW512 static void cpu_pv_keys_avx512(const char *const *rows, ptrdiff_t off, attn_dtype dt,
                                           int a0, int a1, const float *pt, int ld, int c0, int c1,
                                           float *o, int64_t d) {
-  for (int c = c0; c < c1; c += 8) {
-    const int n = c1 - c < 8 ? c1 - c : 8;
-#define CPU_PV_COLS(vdt) cpu_pv_cols_avx512(rows, off, vdt, a0, a1, pt, ld, c, n_, o, d)
-#define CPU_PV_N(cols)              \
-  {                                 \
-    const int n_ = (cols);          \
-    CPU_WITH_DTYPE(dt, CPU_PV_COLS) \
-  }
-    CPU_WITH_COLS8(n, CPU_PV_N)
-#undef CPU_PV_N
-#undef CPU_PV_COLS
-  }
+#define CPU_COLS_CALL(vdt) cpu_pv_cols_avx512(rows, off, vdt, a0, a1, pt, ld, c, n_, o, d)
+  CPU_FOR_COLS(c0, c1, 8)
+#undef CPU_COLS_CALL
 }
 #else
 #define CPU_HAVE_FMA() 0
