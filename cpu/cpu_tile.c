@@ -615,9 +615,9 @@ CPU_FMA CPU_INLINE __m128 cpu_dot4_fma(const char *k, attn_dtype kdt, const floa
 
 /* The columns [c0, c1) of one key row k of dtype dt and column stride sd:
  * srow[c] = scale k.q[c]. */
-CPU_FMA static void cpu_qk_row_fma(const char *k, attn_dtype dt, int64_t sd, int64_t d,
-                                   const float *q, int64_t ldq, int c0, int c1, float scale,
-                                   float *srow) {
+CPU_FMA CPU_INLINE void cpu_qk_one_fma(const char *k, attn_dtype dt, int64_t sd, int64_t d,
+                                       const float *q, int64_t ldq, int c0, int c1, float scale,
+                                       float *srow) {
   float kf[ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
   k = cpu_qk_row_src(k, &dt, sd, d, c1 - c0, 4, kf);
   const __m128 sc = _mm_set1_ps(scale);
@@ -640,6 +640,15 @@ CPU_FMA static void cpu_qk_row_fma(const char *k, attn_dtype dt, int64_t sd, int
         srow[c + x] = out[x];
     }
   }
+}
+
+/* The columns [c0, c1) of nk (1 or 2) key rows k[i] of dtype dt and column
+ * stride sd: srow[i ld + c] = scale k[i].q[c]. */
+CPU_FMA static void cpu_qk_row_fma(const char *const *k, int nk, attn_dtype dt, int64_t sd,
+                                   int64_t d, const float *q, int64_t ldq, int c0, int c1,
+                                   float scale, float *srow, int ld) {
+  for (int i = 0; i < nk; i++)
+    cpu_qk_one_fma(k[i], dt, sd, d, q, ldq, c0, c1, scale, srow + (size_t)i * ld);
 }
 
 CPU_LOAD_ROW(cpu_load16, CPU_FEW512, 512, 256, 256)
@@ -670,46 +679,60 @@ CPU_FEW512 CPU_INLINE __m256 cpu_hsum8_avx512(const __m512 *a) {
   return _mm512_castps512_ps256(_mm512_permutexvar_ps(at, w));
 }
 
-/* The scores of key row k (dtype kdt, unit stride) with n (1..8) columns
- * from c, in two chains of 16 lanes per column (32 elements a step, a last
- * 16 into the first chain): up to 16 FMAs in flight and 18 of the 32
- * registers. A column's steps are the same whatever n and its place among
- * the n, so the forward's many heads and the backward's one agree. */
-CPU_FEW512 CPU_INLINE void cpu_qk_cols_avx512(const char *k, attn_dtype kdt, const float *q,
-                                              int64_t ldq, int c, int n, int64_t d, float scale,
-                                              float *srow) {
-  __m512 a[8], b[8];
-  for (int y = 0; y < n; y++)
-    a[y] = b[y] = _mm512_setzero_ps();
-  int64_t x = 0;
-  for (; x + 32 <= d; x += 32) {
-    const __m512 k0 = cpu_load16(k, kdt, x), k1 = cpu_load16(k, kdt, x + 16);
+/* The scores of r (1 or 2) key rows k[i] (dtype kdt, unit stride) with n
+ * (1..8) columns from c, one chain of 16 lanes per row and column: each
+ * query vector loaded meets both rows, two rows of eight columns keep 16
+ * FMAs in flight, and 16 + 3 registers of 32. A score's steps are the same
+ * whatever r, n and its place among the n, so the forward's many heads and
+ * the backward's one agree. */
+CPU_FEW512 CPU_INLINE void cpu_qk_cols_avx512(const char *const *k, int r, attn_dtype kdt,
+                                              const float *q, int64_t ldq, int c, int n, int64_t d,
+                                              float scale, float *srow, int ld) {
+  __m512 a[2][8];
+  for (int i = 0; i < r; i++)
+    for (int y = 0; y < n; y++)
+      a[i][y] = _mm512_setzero_ps();
+  for (int64_t x = 0; x < d; x += 16) {
+    __m512 kv[2];
+    for (int i = 0; i < r; i++)
+      kv[i] = cpu_load16(k[i], kdt, x);
     for (int y = 0; y < n; y++) {
-      const float *qy = q + (c + y) * ldq + x;
-      a[y] = _mm512_fmadd_ps(k0, _mm512_loadu_ps(qy), a[y]);
-      b[y] = _mm512_fmadd_ps(k1, _mm512_loadu_ps(qy + 16), b[y]);
+      const __m512 qv = _mm512_loadu_ps(q + (c + y) * ldq + x);
+      for (int i = 0; i < r; i++)
+        a[i][y] = _mm512_fmadd_ps(kv[i], qv, a[i][y]);
     }
   }
-  if (x < d) {
-    const __m512 k0 = cpu_load16(k, kdt, x);
-    for (int y = 0; y < n; y++)
-      a[y] = _mm512_fmadd_ps(k0, _mm512_loadu_ps(q + (c + y) * ldq + x), a[y]);
+  for (int i = 0; i < r; i++) {
+    /* Past the last column, the last one again: each lane's sum is its
+     * own. */
+    for (int y = n; y < 8; y++)
+      a[i][y] = a[i][n - 1];
+    const __m256 s = _mm256_mul_ps(_mm256_set1_ps(scale), cpu_hsum8_avx512(a[i]));
+    _mm512_mask_storeu_ps(srow + (size_t)i * ld + c, (__mmask16)((1u << n) - 1),
+                          _mm512_castps256_ps512(s));
   }
-  /* Past the last column, the last one again: each lane's sum is its own. */
-  for (int y = 0; y < 8; y++)
-    a[y] = y < n ? _mm512_add_ps(a[y], b[y]) : a[n - 1];
-  const __m256 s = _mm256_mul_ps(_mm256_set1_ps(scale), cpu_hsum8_avx512(a));
-  _mm512_mask_storeu_ps(srow + c, (__mmask16)((1u << n) - 1), _mm512_castps256_ps512(s));
 }
 
-/* cpu_qk_row_fma's product, eight columns at a time. */
-CPU_FEW512 static void cpu_qk_row_avx512(const char *k, attn_dtype dt, int64_t sd, int64_t d,
-                                         const float *q, int64_t ldq, int c0, int c1, float scale,
-                                         float *srow) {
-  float kf[ATTN_MAX_HEAD_DIM] __attribute__((aligned(64)));
-  k = cpu_qk_row_src(k, &dt, sd, d, c1 - c0, 8, kf);
-#define CPU_COLS_CALL(kdt) cpu_qk_cols_avx512(k, kdt, q, ldq, c, n_, d, scale, srow)
-  CPU_FOR_COLS(c0, c1, 8)
+/* cpu_qk_row_fma's product, eight columns and both rows at a time. */
+CPU_FEW512 static void cpu_qk_row_avx512(const char *const *k, int nk, attn_dtype dt, int64_t sd,
+                                         int64_t d, const float *q, int64_t ldq, int c0, int c1,
+                                         float scale, float *srow, int ld) {
+  float kf[2][ATTN_MAX_HEAD_DIM] __attribute__((aligned(64)));
+  const char *rows[2];
+  attn_dtype rdt = dt;
+  for (int i = 0; i < nk; i++) {
+    rdt = dt;
+    rows[i] = cpu_qk_row_src(k[i], &rdt, sd, d, c1 - c0, 8, kf[i]);
+  }
+  dt = rdt;
+#define CPU_COLS_CALL(kdt) cpu_qk_cols_avx512(rows, r_, kdt, q, ldq, c, n_, d, scale, srow, ld)
+  if (nk == 2) {
+    const int r_ = 2;
+    CPU_FOR_COLS(c0, c1, 8)
+  } else {
+    const int r_ = 1;
+    CPU_FOR_COLS(c0, c1, 8)
+  }
 #undef CPU_COLS_CALL
 }
 
@@ -819,8 +842,9 @@ CPU_FEW512 static void cpu_pv_keys_avx512(const char *const *rows, ptrdiff_t off
 
 /* One key row's scores (cpu_qk_row_fma), and one kv head's P V over a run
  * of keys (cpu_pv_keys_fma), in one instruction set. */
-typedef void cpu_qk_row_fn(const char *k, attn_dtype dt, int64_t sd, int64_t d, const float *q,
-                           int64_t ldq, int c0, int c1, float scale, float *srow);
+typedef void cpu_qk_row_fn(const char *const *k, int nk, attn_dtype dt, int64_t sd, int64_t d,
+                           const float *q, int64_t ldq, int c0, int c1, float scale, float *srow,
+                           int ld);
 typedef void cpu_pv_keys_fn(const char *const *rows, ptrdiff_t off, attn_dtype dt, int a0, int a1,
                             const float *pt, int ld, int c0, int c1, float *o, int64_t d);
 
@@ -854,18 +878,23 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
    * 21.6 (twice the lines in flight beside the keys' own), so not there. */
   const attn__tensor *pv = attn_dtype_size(dt) == 2 && t->sd == 1 && pb->v.sd == 1 ? v : NULL;
   const int64_t span = (hk1 - hk0) * t->sh * (int64_t)attn_dtype_size(dt) + d * 2;
-  for (int a = 0; a < bc; a++) {
-    float *srow = st + (size_t)a * ld;
-    const char *base = cpu_key_at(pb, t, b, j0 + a, 0);
-    if (pv) {
-      const char *r = cpu_key_at(pb, pv, b, j0 + a, hk0);
-      for (int64_t x = 0; x < span; x += 64)
-        __builtin_prefetch(r + x);
+  /* Key rows two at a time, which the AVX-512 products take together. */
+  for (int a = 0; a < bc; a += 2) {
+    const int nk = bc - a < 2 ? bc - a : 2;
+    const char *base[2];
+    for (int i = 0; i < nk; i++) {
+      base[i] = cpu_key_at(pb, t, b, j0 + a + i, 0);
+      if (pv) {
+        const char *r = cpu_key_at(pb, pv, b, j0 + a + i, hk0);
+        for (int64_t x = 0; x < span; x += 64)
+          __builtin_prefetch(r + x);
+      }
     }
     for (int64_t hk = hk0; hk <= hk1; hk++) {
       int c0, c1;
       cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
-      row(base + hk * hstep, dt, t->sd, d, q, ldq, c0, c1, pb->scale, srow);
+      const char *rows[2] = {base[0] + hk * hstep, nk > 1 ? base[1] + hk * hstep : NULL};
+      row(rows, nk, dt, t->sd, d, q, ldq, c0, c1, pb->scale, st + (size_t)a * ld, ld);
     }
   }
 }

@@ -410,9 +410,11 @@ static void few_row_products_agree_across_tiles(at_backend *b) {
           q[x] = (float)((double)(s >> 8) / 8388608.0 - 1.0);
         }
         /* Column c = h nr + r of the scores holds query row r of head h. */
+        /* And one key at a time. */
         for (int h = 0; h < HQ; h++)
-          attn__cpu_qk_few(&pb, &pb.k, NULL, 0, 0, NK, h, 1, nr, q + (size_t)h * nr * d, d,
-                           sb + h * nr, ld);
+          for (int a = 0; a < NK; a++)
+            attn__cpu_qk_few(&pb, &pb.k, NULL, 0, a, 1, h, 1, nr, q + (size_t)h * nr * d, d,
+                             sb + a * ld + h * nr, ld);
         for (size_t ti = 0; ti < sizeof tiles / sizeof *tiles; ti++) {
           const int h0 = tiles[ti][0], nh = tiles[ti][1];
           attn__cpu_qk_few(&pb, &pb.k, &pb.v, 0, 0, NK, h0, nh, nr, q + (size_t)h0 * nr * d, d, st,
