@@ -77,12 +77,13 @@ __host__ __device__ constexpr int padded(int d) {
  * 2048 and beyond; they are taken from this length on (rows' min_seqlen_q). */
 constexpr int kMinRows3 = 2048;
 
-/* A causal (windowed) row's last key block is part padding: with 176-key
- * blocks at 1024 keys the diagonal's blocks do 15 % more work than with 128
- * (10 % slower on the H200), at 4096 about 4 % (even), at 16384 under 1 %
- * (4-6 % faster). Masked problems take the 176-key rows from this length on
- * (rows' min_keys_masked); unmasked ones from any length. */
-constexpr int kMinKeysMasked176 = 8192;
+/* A causal (windowed) row's last key block is part padding, the more the
+ * wider the block: with 176-key blocks at 1024 keys the diagonal's blocks
+ * do 15 % more work than with 128 (10 % slower on the H200), at 4096 about
+ * 4 % (even), at 16384 under 1 % (4-6 % faster); 208-key blocks pad more
+ * still. Masked problems take the rows of key blocks wider than 128 from
+ * this length on (rows' min_keys_masked); unmasked ones from any length. */
+constexpr int kMinKeysMaskedWide = 8192;
 
 /* The warp-specialized kernel: a producer warpgroup and NC consumers. */
 __host__ __device__ constexpr int threads_ws(int nc) {
@@ -419,12 +420,13 @@ __device__ __forceinline__ block_work work_of(const params &p, int tile) {
 /* ---------------------------------------------------------------------- */
 
 /* One kernel shape: head dim D (64, 96, 128 or 256; tiles of padded(D)
- * columns), Bc keys per step (64 or 128, the N of S's wgmma), STAGES K/V
- * slots. SCORED compiles the score transforms (softcap, ALiBi) in, BIAS the
- * bias. The maps are the 4-d views (head dim, rows, heads, sequences) of q,
- * k and v, with a box of 64 x Br (q) or 64 x Bc (k, v), and the bias's (keys,
- * rows, heads, sequences) with a box of 64 x Br (64 x 1 where its rows
- * broadcast), all with the 128-byte swizzle (launcher). */
+ * columns), Bc keys per step (64, 128, 176 or 208, the N of S's wgmma),
+ * STAGES K/V slots. SCORED compiles the score transforms (softcap, ALiBi)
+ * in, BIAS the bias. The maps are the 4-d views (head dim, rows, heads,
+ * sequences) of q, k and v, with a box of 64 x Br (q) or 64 x Bc (k, v),
+ * and the bias's (keys, rows, heads, sequences) with a box of 64 x Br
+ * (64 x 1 where its rows broadcast), all with the 128-byte swizzle
+ * (launcher). */
 template <typename T, int D, int BC, int STAGES, int QS, int NC, bool SCORED, bool BIAS>
 __global__ void __launch_bounds__(threads_ws(NC), 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -894,7 +896,7 @@ constexpr attn__cuda_config fwd_row(const char *name) {
           .bc = BC,
           .stages = STAGES,
           .min_seqlen_q = NC == 3 ? kMinRows3 : 0,
-          .min_keys_masked = BC > 128 ? kMinKeysMasked176 : 0,
+          .min_keys_masked = BC > 128 ? kMinKeysMaskedWide : 0,
           .smem = smem_ws<D, BC, STAGES, QS, NC>() > smem_cp<D, BC>()
                       ? smem_ws<D, BC, STAGES, QS, NC>()
                       : smem_cp<D, BC>(),
@@ -920,15 +922,20 @@ constexpr attn__cuda_config fwd_row(const char *name) {
  * at two slots, 96 KB at d = 64's 192 rows) leave d = 64 two K/V slots and
  * d <= 128 one Q slot; d = 256 has one (193 KB). d = 96 runs d = 128's
  * tiles (its P V computes the padding's columns too). d = 128 tries
- * FlashAttention-3's 176-key blocks first (208 KB with one Q slot; no bias:
- * its tiles are whole 64-key blocks; 3-8 % faster than 128 unmasked on the
- * H200), falling back to 128 where they do not fit or the mask's padding
- * costs more (kMinKeysMasked176). */
+ * FlashAttention-3's 176-key blocks first (208 KB with one Q slot; 3-8 %
+ * faster than 128 unmasked on the H200). d = 64 below kMinRows3 query rows
+ * tries 208-key blocks (137 KB with two Q slots, two K/V slots): a short
+ * sequence such as ViT's 197 tokens is then one key block instead of two,
+ * a fifth fewer key columns through both products and one softmax pass a
+ * tile instead of two. Neither takes a bias (its tiles are whole 64-key
+ * blocks); both fall back to 128 where they do not fit or the mask's
+ * padding costs more (kMinKeysMaskedWide). */
 /* Each shape a row for f16 and one for bf16, in this order. */
 /* clang-format off */
 #define ATTN_HOPPER_FWD_ROWS(T, dtype) \
   fwd_row<T, 64, 128, 4, 2, 3>("Hopper forward (wgmma), " dtype ", d = 64, 192 x 128 tiles, 4 K/V + 2 Q slots"), \
   fwd_row<T, 64, 128, 2, 2, 3>("Hopper forward (wgmma), " dtype ", d = 64, 192 x 128 tiles, 2 K/V + 2 Q slots"), \
+  fwd_row<T, 64, 208, 2, 2, 2>("Hopper forward (wgmma), " dtype ", d = 64, 128 x 208 tiles, 2 K/V + 2 Q slots"), \
   fwd_row<T, 64, 128, 4, 2, 2>("Hopper forward (wgmma), " dtype ", d = 64, 128 x 128 tiles, 4 K/V + 2 Q slots"), \
   fwd_row<T, 64, 128, 2, 2, 2>("Hopper forward (wgmma), " dtype ", d = 64, 128 x 128 tiles, 2 K/V + 2 Q slots"), \
   fwd_row<T, 96, 128, 2, 2, 2>("Hopper forward (wgmma), " dtype ", d = 96, 128 x 128 tiles, 2 K/V + 2 Q slots"), \

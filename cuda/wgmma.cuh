@@ -164,6 +164,9 @@ __device__ __forceinline__ void stash(uint32_t tile, int rows, int row0,
 #define ATTN_WG_ACC88                                                                    \
   "{" ATTN_WG_10() ATTN_WG_10(1) ATTN_WG_10(2) ATTN_WG_10(3) ATTN_WG_10(4) ATTN_WG_10(5) \
       ATTN_WG_10(6) ATTN_WG_10(7) "%80, %81, %82, %83, %84, %85, %86, %87}"
+#define ATTN_WG_ACC104                                                                   \
+  "{" ATTN_WG_10() ATTN_WG_10(1) ATTN_WG_10(2) ATTN_WG_10(3) ATTN_WG_10(4) ATTN_WG_10(5) \
+      ATTN_WG_10(6) ATTN_WG_10(7) ATTN_WG_10(8) ATTN_WG_10(9) "%100, %101, %102, %103}"
 #define ATTN_WG_ACC128                                                                   \
   "{" ATTN_WG_10() ATTN_WG_10(1) ATTN_WG_10(2) ATTN_WG_10(3) ATTN_WG_10(4) ATTN_WG_10(5) \
       ATTN_WG_10(6) ATTN_WG_10(7) ATTN_WG_10(8) ATTN_WG_10(9) ATTN_WG_10(10)             \
@@ -211,6 +214,13 @@ struct mma;
                      ATTN_WG_F4(18), ATTN_WG_F4(19), ATTN_WG_F4(20), ATTN_WG_F4(21)         \
                    : "l"(a), "l"(b), "r"(scale_d));                                         \
     }                                                                                       \
+    static __device__ __forceinline__ void ss(float (&d)[26][4], uint64_t a, uint64_t b,    \
+                                              int scale_d) {                                \
+      asm volatile(ATTN_WG_SS(208, TY, ATTN_WG_ACC104, 104, 105, 106, "0")                  \
+                   : ATTN_WG_F32(0), ATTN_WG_F32(8), ATTN_WG_F32(16), ATTN_WG_F4(24),       \
+                     ATTN_WG_F4(25)                                                         \
+                   : "l"(a), "l"(b), "r"(scale_d));                                         \
+    }                                                                                       \
     static __device__ __forceinline__ void ss_mn(float (&d)[8][4], uint64_t a, uint64_t b,  \
                                                  int scale_d) {                             \
       asm volatile(ATTN_WG_SS(64, TY, ATTN_WG_ACC32, 32, 33, 34, "1")                       \
@@ -252,6 +262,7 @@ ATTN_WG_DEFINE(true, "bf16")
 #undef ATTN_WG_F32
 #undef ATTN_WG_F4
 #undef ATTN_WG_ACC128
+#undef ATTN_WG_ACC104
 #undef ATTN_WG_ACC88
 #undef ATTN_WG_ACC64
 #undef ATTN_WG_ACC32
