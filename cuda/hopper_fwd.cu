@@ -924,12 +924,13 @@ constexpr attn__cuda_config fwd_row(const char *name) {
  * tiles (its P V computes the padding's columns too). d = 128 tries
  * FlashAttention-3's 176-key blocks first (208 KB with one Q slot; 3-8 %
  * faster than 128 unmasked on the H200). d = 64 below kMinRows3 query rows
- * tries 208-key blocks (137 KB with two Q slots, two K/V slots): a short
- * sequence such as ViT's 197 tokens is then one key block instead of two,
- * a fifth fewer key columns through both products and one softmax pass a
- * tile instead of two. Neither takes a bias (its tiles are whole 64-key
- * blocks); both fall back to 128 where they do not fit or the mask's
- * padding costs more (kMinKeysMaskedWide). */
+ * tries 208-key blocks (137 KB with two Q and two K/V slots; four do not
+ * fit, and two hold two tiles of one block): a short sequence such as
+ * ViT's 197 tokens is then one key block instead of two, a fifth fewer key
+ * columns through both products and one softmax pass a tile instead of
+ * two. Neither takes a bias (its tiles are whole 64-key blocks); both fall
+ * back to 128 where they do not fit or the mask's padding costs more
+ * (kMinKeysMaskedWide). */
 /* Each shape a row for f16 and one for bf16, in this order. */
 /* clang-format off */
 #define ATTN_HOPPER_FWD_ROWS(T, dtype) \
