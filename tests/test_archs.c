@@ -187,7 +187,7 @@ static void bias_rows_of_any_length_take_the_tensor_cores(void **state) {
 }
 
 /* d = 128 on an H200 takes 176-key blocks where no mask pads them, and
- * where one does only from kMinKeysMasked176 keys on; a bias keeps 128. */
+ * where one does only from kMinKeysMaskedWide keys on; a bias keeps 128. */
 static void wide_key_blocks_only_where_the_diagonal_pays(void **state) {
   (void)state;
   attn__problem pb;
@@ -224,6 +224,62 @@ static void wide_key_blocks_only_where_the_diagonal_pays(void **state) {
   assert_int_equal(c->bc, 128);
 }
 
+/* d = 64 on an H200 below 2048 query rows takes 208-key blocks where no
+ * mask pads them (ViT's 197 tokens one block, a partial one), and where one
+ * does only from kMinKeysMaskedWide keys on; a bias keeps 128, and from
+ * 2048 query rows on three consumers' 192-row tiles come first. */
+static void short_d64_rows_take_208_key_blocks(void **state) {
+  (void)state;
+  const attn_dtype dts[] = {ATTN_F16, ATTN_BF16};
+  for (int i = 0; i < 2; i++) {
+    attn__problem pb;
+    problem_of(&pb, dts[i], 64, 0);
+    const attn__cuda_config *c = plan_on(90, 227, 1, &pb, 0);
+    assert_non_null(c);
+    assert_int_equal(c->kernel, ATTN__CUDA_HOPPER_FORWARD);
+    assert_int_equal(c->br, 128);
+    assert_int_equal(c->bc, 208);
+    pb.seqlen_q = pb.seqlen_k = pb.total_q = pb.total_k = 197;
+    c = plan_on(90, 227, 1, &pb, 0);
+    assert_non_null(c);
+    assert_int_equal(c->kernel, ATTN__CUDA_HOPPER_FORWARD);
+    assert_int_equal(c->br, 128);
+    assert_int_equal(c->bc, 208);
+    pb.seqlen_q = pb.seqlen_k = pb.total_q = pb.total_k = 1024;
+    pb.window_right = 0; /* causal */
+    c = plan_on(90, 227, 1, &pb, 0);
+    assert_non_null(c);
+    assert_int_equal(c->br, 128);
+    assert_int_equal(c->bc, 128);
+    pb.seqlen_k = pb.total_k = 8192;
+    c = plan_on(90, 227, 1, &pb, 0);
+    assert_non_null(c);
+    assert_int_equal(c->br, 128);
+    assert_int_equal(c->bc, 208);
+    pb.window_right = -1;
+    pb.seqlen_k = pb.total_k = 1024;
+    pb.seqlen_q = pb.total_q = 4096;
+    c = plan_on(90, 227, 1, &pb, 0);
+    assert_non_null(c);
+    assert_int_equal(c->kernel, ATTN__CUDA_HOPPER_FORWARD);
+    assert_int_equal(c->br, 192);
+    assert_int_equal(c->bc, 128);
+    pb.seqlen_q = pb.total_q = 1024;
+    pb.has_bias = 1;
+    pb.bias.native = (void *)(uintptr_t)4096;
+    pb.bias.dtype = dts[i];
+    pb.bias.sd = 1;
+    pb.bias.ss = 1024;
+    pb.bias.sh = 1024 * 1024;
+    pb.bias.sb = 8 * 1024 * 1024;
+    c = plan_on(90, 227, 1, &pb, 0);
+    assert_non_null(c);
+    assert_int_equal(c->kernel, ATTN__CUDA_HOPPER_FORWARD);
+    assert_int_equal(c->br, 128);
+    assert_int_equal(c->bc, 128);
+  }
+}
+
 /* Every dtype has a row in the shared memory a block of older GPUs: a
  * P100's 48 KB forward up to d = 192 and backward up to 128, a T4's 64 KB
  * forward at every d and backward up to 192, a V100's 96 KB both at every
@@ -257,6 +313,7 @@ int main(void) {
       cmocka_unit_test(bf16_and_tf32_take_them_from_ampere_on),
       cmocka_unit_test(bias_rows_of_any_length_take_the_tensor_cores),
       cmocka_unit_test(wide_key_blocks_only_where_the_diagonal_pays),
+      cmocka_unit_test(short_d64_rows_take_208_key_blocks),
       cmocka_unit_test(older_gpus_shared_memory_holds_a_row),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
