@@ -2,11 +2,12 @@
  * PTX wrappers of the Hopper kernels (hopper_fwd.cu, hopper_bwd.cu): the
  * warpgroup matrix multiply (wgmma, sm_90a only) with its shared-memory
  * matrix descriptors, the bulk tensor copy (TMA) with the mbarriers it
- * completes on and its reduction into global memory, the register reallocation between warpgroups
- * (setmaxnreg, sm_90a), and the proxy fence that hands shared memory written by threads to the
- * tensor cores; and, for the host, the tensor maps the copies read. Only code compiled for sm_90a
- * may call the device ones (the kernels guard their body with __CUDA_ARCH_FEAT_SM90_ALL); elsewhere
- * they are never instantiated.
+ * completes on and its reduction into global memory, the register
+ * reallocation between warpgroups (setmaxnreg, sm_90a), and the proxy fence
+ * that hands shared memory written by threads to the tensor cores; and, for
+ * the host, the tensor maps the copies read. Only code compiled for sm_90a
+ * may call the device ones (the kernels guard their body with
+ * __CUDA_ARCH_FEAT_SM90_ALL); elsewhere they are never instantiated.
  *
  * wgmma.mma_async m64nNk16 with f32 accumulators, PTX ISA "Asynchronous
  * Warpgroup Level Matrix Multiply-Accumulate": a warpgroup (4 warps, the
