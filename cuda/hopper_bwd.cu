@@ -33,8 +33,8 @@
  * warpgroup's own 64 keys, the two halves meeting in the reductions.
  *
  * The softmax scale multiplies dK at the end and dQ in the conversion. dQ's
- * reductions make the sum's order vary run to run: the plan gives deterministic
- * problems to mma_bwd.cu. This family covers the problems of its kernels
+ * reductions make the sum's order vary run to run: the plan gives
+ * deterministic problems to mma_bwd.cu. This family covers the problems of its kernels
  * without the inference path's terms (bias, sinks and their gradients).
  */
 #include "bwd_common.cuh"
@@ -62,8 +62,9 @@ __host__ __device__ constexpr int padded(int d) {
  * slots ([Bc][Br], Br / 64 column blocks; two, so that a warpgroup writes
  * the next one while the other may still read this one), each consumer's
  * fp32 dQ tile (64 x 64, two boxes of 32 columns: the swizzle's 128-byte
- * row), the slots' lse2 and D rows, and the mbarriers: K/V landed; slot s's Q (with lse2) landed,
- * its dO (with D) landed, and the consumers are done with it. */
+ * row), the slots' lse2 and D rows, and the mbarriers: K/V landed; slot
+ * s's Q (with lse2) landed, its dO (with D) landed, and the consumers are
+ * done with it. */
 template <int D, int BR>
 struct tiles {
   static constexpr int DP = padded(D);
