@@ -438,19 +438,22 @@ __global__ void __launch_bounds__(kThreads, 1)
          * next sequence's rows, where it must add nothing (the map drops
          * what lies past the tensor: rows, and the padding's columns at
          * d = 96). */
+        {
+          /* Column 8 n + 2 t of row 16 warp + g (+ 8): box n / 4, 16-byte
+           * chunk 2 (n % 4) + t / 2 of the box's row, at chunk ^ g (the
+           * swizzle; the row's index mod 8 is g). */
+          const uint32_t row_addr = dq_tile + (warp * 16 + g) * 128 + (t & 1) * 8;
+          const uint32_t sw = (uint32_t)(g ^ (t >> 1)) << 4;
+          const int row = m0 + dq_row0 + warp * 16 + g;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = warp * 16 + g + r * 8;
-          const bool ok = m0 + dq_row0 + row < nq;
+          for (int r = 0; r < 2; ++r) {
+            const bool ok = row + r * 8 < nq;
 #pragma unroll
-          for (int n = 0; n < 8; ++n) {
-            /* Column 8 n + 2 t: box n / 4, 16-byte chunk 2 (n % 4) + t / 2
-             * of the box's row, swizzled. */
-            const uint32_t a = dq_tile + (n >> 2) * S::kDQBox + row * 128 +
-                               ((((n & 3) * 2 + (t >> 1)) ^ (row & 7)) << 4) + (t & 1) * 8;
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a),
-                         "f"(ok ? dq[n][2 * r] : 0.f), "f"(ok ? dq[n][2 * r + 1] : 0.f)
-                         : "memory");
+            for (int n = 0; n < 8; ++n)
+              asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(
+                               row_addr + r * 1024 + (n >> 2) * S::kDQBox + ((32u * (n & 3)) ^ sw)),
+                           "f"(ok ? dq[n][2 * r] : 0.f), "f"(ok ? dq[n][2 * r + 1] : 0.f)
+                           : "memory");
           }
         }
         wg::fence_proxy_async();
