@@ -21,17 +21,20 @@
  *                                       of a product over the queries),
  *   dQ  = dS K                         (dS^T through shared memory, read as
  *                                       an MN-major A),
- * the last added into the workspace's fp32 dq accumulator with atomics.
+ * the last added into the workspace's fp32 dq accumulator by the bulk copy
+ * engine: each warpgroup stores its dQ tile in shared memory and one of its
+ * threads issues the tensor reduction (FlashAttention-3's way), which takes
+ * the adds off the load/store unit that per-thread atomics kept busy.
  * Each warpgroup's dQ product is 64 query rows by 64 columns: at d = 128 (and
  * 96, padded; Br = 64) half of the columns over all 128 keys, at d = 64 with
  * Br = 128 half of the rows over all keys, so that both warpgroups' dS^T must
  * be in shared memory first; at d = 64 with Br = 64 (under softcap, whose
  * tanh values take the registers of the larger tile) every column over the
- * warpgroup's own 64 keys, the two halves meeting in the atomics.
+ * warpgroup's own 64 keys, the two halves meeting in the reductions.
  *
  * The softmax scale multiplies dK at the end and dQ in the conversion. dQ's
- * atomics make the sum's order vary run to run: the plan gives deterministic
- * problems to mma_bwd.cu. This family covers the problems of its kernels
+ * reductions make the sum's order vary run to run: the plan gives
+ * deterministic problems to mma_bwd.cu. This family covers the problems of its kernels
  * without the inference path's terms (bias, sinks and their gradients).
  */
 #include "bwd_common.cuh"
@@ -57,16 +60,19 @@ __host__ __device__ constexpr int padded(int d) {
 /* Shared memory for Br query rows a step, bytes from the 1024-aligned base
  * (every tile starts on a swizzle atom): K, V, the Q and dO slots, two dS^T
  * slots ([Bc][Br], Br / 64 column blocks; two, so that a warpgroup writes
- * the next one while the other may still read this one), the slots' lse2
- * and D rows, and the mbarriers: K/V landed; slot s's Q (with lse2) landed,
- * its dO (with D) landed, and the consumers are done with it. */
+ * the next one while the other may still read this one), each consumer's
+ * fp32 dQ tile (64 x 64, two boxes of 32 columns: the swizzle's 128-byte
+ * row), the slots' lse2 and D rows, and the mbarriers: K/V landed; slot
+ * s's Q (with lse2) landed, its dO (with D) landed, and the consumers are
+ * done with it. */
 template <int D, int BR>
 struct tiles {
   static constexpr int DP = padded(D);
   static constexpr uint32_t kKV = kBc * DP * 2, kQ = BR * DP * 2, kDS = kBc * BR * 2;
+  static constexpr uint32_t kDQ = 64 * 64 * 4, kDQBox = 64 * 32 * 4;
   static constexpr uint32_t K = 0, V = kKV, Q = 2 * kKV, dO = Q + kStages * kQ;
   static constexpr uint32_t dS = dO + kStages * kQ;
-  static constexpr uint32_t L = dS + 2 * kDS, Dsum = L + kStages * BR * 4;
+  static constexpr uint32_t dQ = dS + 2 * kDS, L = dQ + 2 * kDQ, Dsum = L + kStages * BR * 4;
   static constexpr uint32_t bar_kv = Dsum + kStages * BR * 4, full_q = bar_kv + 8,
                             full_do = full_q + 8 * kStages, empty = full_do + 8 * kStages;
   static constexpr size_t smem = empty + 8 * kStages + 1024; /* and the alignment */
@@ -127,13 +133,14 @@ enum dq_split { kSplitColumns, kSplitKeys, kSplitRows };
  * BR query rows a step (64; 128 at d = 64). SOFTCAP compiles the softcap's
  * tanh and derivative in; ALiBi is a run-time slope. The maps are the 4-d
  * views (head dim, rows, heads, sequences) of q, k, v and dout, with a box
- * of 64 x BR (q, dout) or 64 x Bc (k, v) and the 128-byte swizzle
+ * of 64 x BR (q, dout) or 64 x Bc (k, v), and of the dq accumulator in the
+ * same coordinates with a box of 32 x 64, all with the 128-byte swizzle
  * (launcher). */
 template <typename T, int D, int BR, bool SOFTCAP>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-               const params p) {
+               const __grid_constant__ CUtensorMap tdq, const params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = tiles<D, BR>;
   using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
@@ -153,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = base + S::K, sV = base + S::V, sQ = base + S::Q, sdO = base + S::dO;
-  const uint32_t sdS = base + S::dS, sL = base + S::L, sD = base + S::Dsum;
+  const uint32_t sdS = base + S::dS, sdQ = base + S::dQ, sL = base + S::L, sD = base + S::Dsum;
   const uint32_t bar_kv = base + S::bar_kv, full_q = base + S::full_q, full_do = base + S::full_do,
                  empty = base + S::empty;
 
@@ -240,6 +247,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const block_work w = work_of<BR>(p);
     const int nq = w.sq.nq, nk = w.sq.nk, n0 = w.n0;
     const int c = wgi - 1, ctid = tid - 128, lane = tid & 31, warp = (tid >> 5) & 3;
+    /* The warpgroup's thread that adds its dQ tile. */
+    const bool lead = (ctid & 127) == 0;
+    const uint32_t dq_tile = sdQ + c * S::kDQ;
     const int g = lane >> 2, t = lane & 3;
     /* The thread's keys: rows j0 and j0 + 8 of S^T. */
     const int j0 = n0 + c * 64 + warp * 16 + g;
@@ -381,6 +391,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         wg::stash<KB>(ds_slot, kBc, c * 64, da);
         wg::fence_proxy_async();
+        /* The previous item's dQ tile read out before this barrier, after
+         * which the warpgroup writes the next. */
+        if (lead) wg::bulk_wait_read();
         /* dQ reads dS^T rows [k_row0, + KQ): both warpgroups' rows, or this
          * one's. The slot alternates, so this barrier also tells a
          * warpgroup that the other is done with the slot it writes next. */
@@ -389,8 +402,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         else
           wg::named_sync(1, 256);
 
-        /* dV += P^T dO and dQ = dS K, then dK += dS^T Q: dQ's atomics run
-         * while dK's product does. */
+        /* dV += P^T dO and dQ = dS K, then dK += dS^T Q: dQ's tile goes to
+         * shared memory and its reduction is issued while dK's product
+         * runs. */
         float dq[8][4];
         wg::pin(pa);
         wg::pin(da);
@@ -420,16 +434,37 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::wait<1>();
         wg::pin(dq);
         wg::pin(dv);
+        /* Rows past the sequence store zeros: a varlen box runs into the
+         * next sequence's rows, where it must add nothing (the map drops
+         * what lies past the tensor: rows, and the padding's columns at
+         * d = 96). */
+        {
+          /* Column 8 n + 2 t of row 16 warp + g (+ 8): box n / 4, 16-byte
+           * chunk 2 (n % 4) + t / 2 of the box's row, at chunk ^ g (the
+           * swizzle; the row's index mod 8 is g). */
+          const uint32_t row_addr = dq_tile + (warp * 16 + g) * 128 + (t & 1) * 8;
+          const uint32_t sw = (uint32_t)(g ^ (t >> 1)) << 4;
+          const int row = m0 + dq_row0 + warp * 16 + g;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i = m0 + dq_row0 + warp * 16 + g + r * 8;
-          if (i < nq) {
-            float *dst = p.dq_acc + ws_row(p, w.sq, w.b, h, i) * D + q_col0 + 2 * t;
+          for (int r = 0; r < 2; ++r) {
+            const bool ok = row + r * 8 < nq;
 #pragma unroll
             for (int n = 0; n < 8; ++n)
-              if (D % 64 == 0 || q_col0 + n * 8 < D)
-                atomicAdd((float2 *)(dst + n * 8), make_float2(dq[n][2 * r], dq[n][2 * r + 1]));
+              asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(
+                               row_addr + r * 1024 + (n >> 2) * S::kDQBox + ((32u * (n & 3)) ^ sw)),
+                           "f"(ok ? dq[n][2 * r] : 0.f), "f"(ok ? dq[n][2 * r + 1] : 0.f)
+                           : "memory");
           }
+        }
+        wg::fence_proxy_async();
+        wg::named_sync(4 + c, 128);
+        if (lead) {
+          const int qb = p.cu_q ? 0 : w.b;
+          const int q_row = (int)w.sq.q0 + m0 + dq_row0;
+#pragma unroll
+          for (int bx = 0; bx < 2; ++bx)
+            wg::tma_add_4d(&tdq, q_col0 + bx * 32, q_row, h, qb, dq_tile + bx * S::kDQBox);
+          wg::bulk_commit();
         }
         wg::wait<0>();
         wg::pin(dk);
@@ -437,6 +472,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::pin(da);
         wg::mbar_arrive(empty + 8 * st);
       }
+      /* The tile stays in shared memory until its last reduction is done. */
+      if (lead) wg::bulk_wait();
     }
 
     /* dK (times the softmax scale) and dV; keys no query sees get zeros. */
@@ -489,10 +526,19 @@ static bool run(const attn__cuda_launch *L, const params &p, int *rc) {
     return wg::encode_rows(m, t.ptr, pb->dtype == ATTN_BF16, D, rows, heads, seqs, t.ss, t.sh, t.sb,
                            box);
   };
-  CUtensorMap tq, tk, tv, tdo;
+  /* The dq accumulator, [heads_q][rows over the batch][D] fp32, in q's
+   * coordinates (head dim, row, head, sequence). */
+  const cuuint64_t row_bytes = (cuuint64_t)D * 4;
+  const cuuint64_t dq_dim[4] = {(cuuint64_t)D, (cuuint64_t)rows_q, (cuuint64_t)pb->heads_q,
+                                (cuuint64_t)seqs};
+  const cuuint64_t dq_stride[3] = {row_bytes, (cuuint64_t)p.rows * row_bytes,
+                                   seqs == 1 ? 16 : (cuuint64_t)rows_q * row_bytes};
+  CUtensorMap tq, tk, tv, tdo, tdq;
   if (!encode(&tq, p.q, rows_q, pb->heads_q, BR) ||
       !encode(&tdo, p.dout, rows_q, pb->heads_q, BR) ||
-      !encode(&tk, p.k, rows_k, pb->heads_kv, kBc) || !encode(&tv, p.v, rows_k, pb->heads_kv, kBc))
+      !encode(&tk, p.k, rows_k, pb->heads_kv, kBc) ||
+      !encode(&tv, p.v, rows_k, pb->heads_kv, kBc) ||
+      !wg::encode_box(&tdq, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, p.dq_acc, dq_dim, dq_stride, 32, 64))
     return false;
   auto kern = bwd_kernel<T, D, BR, SOFTCAP>;
   constexpr size_t smem = tiles<D, BR>::smem;
@@ -504,7 +550,7 @@ static bool run(const attn__cuda_launch *L, const params &p, int *rc) {
   if ((*rc = bwd_prep<T, D>(p, L->stream)) != ATTN_OK) return true;
   const dim3 grid((unsigned)((p.seqlen_k + kBc - 1) / kBc), (unsigned)p.heads_kv,
                   (unsigned)p.batch);
-  kern<<<grid, kThreads, smem, L->stream>>>(tq, tk, tv, tdo, p);
+  kern<<<grid, kThreads, smem, L->stream>>>(tq, tk, tv, tdo, tdq, p);
   *rc = cudaGetLastError() == cudaSuccess ? bwd_dq_convert<T, D>(p, L->stream) : ATTN_EDEVICE;
   return true;
 }
@@ -548,8 +594,8 @@ constexpr attn__cuda_config bwd_row(const char *name) {
 /* The rows, <head dim, Br>: FlashAttention-3's tiles for these dims (Bc =
  * 128 keys; Br = 128 query rows at d = 64, 64 at d = 128, where dK and dV
  * take 128 of the consumers' 240 registers); d = 96 runs d = 128's tiles
- * (the padding's columns computed, never stored). Shared memory: 162 KB at
- * d = 96 and 128, 163 KB at d = 64. */
+ * (the padding's columns computed, never stored). Shared memory: 194 KB at
+ * d = 96 and 128, 195 KB at d = 64. */
 constexpr attn__cuda_config bwd_rows[] = {
     bwd_row<__half, 64, 128>("Hopper backward (wgmma), f16, d = 64, 128 x 128 tiles"),
     bwd_row<__half, 96, 64>("Hopper backward (wgmma), f16, d = 96, 64 x 128 tiles"),

@@ -2,12 +2,12 @@
  * PTX wrappers of the Hopper kernels (hopper_fwd.cu, hopper_bwd.cu): the
  * warpgroup matrix multiply (wgmma, sm_90a only) with its shared-memory
  * matrix descriptors, the bulk tensor copy (TMA) with the mbarriers it
- * completes on, the register reallocation between warpgroups (setmaxnreg,
- * sm_90a), and the proxy fence that hands shared memory written by threads
- * to the tensor cores; and, for the host, the tensor maps the copies read.
- * Only code compiled for sm_90a may call the device ones (the kernels guard
- * their body with __CUDA_ARCH_FEAT_SM90_ALL); elsewhere they are never
- * instantiated.
+ * completes on and its reduction into global memory, the register
+ * reallocation between warpgroups (setmaxnreg, sm_90a), and the proxy fence
+ * that hands shared memory written by threads to the tensor cores; and, for
+ * the host, the tensor maps the copies read. Only code compiled for sm_90a
+ * may call the device ones (the kernels guard their body with
+ * __CUDA_ARCH_FEAT_SM90_ALL); elsewhere they are never instantiated.
  *
  * wgmma.mma_async m64nNk16 with f32 accumulators, PTX ISA "Asynchronous
  * Warpgroup Level Matrix Multiply-Accumulate": a warpgroup (4 warps, the
@@ -320,6 +320,33 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c
       : "memory");
 }
 
+/* Adds (f32) the box at src in shared memory into a 4-d tensor map's
+ * elements at coordinates (c0 innermost .. c3), in this thread's current
+ * bulk group; the box's elements outside the tensor are dropped. The
+ * threads that wrote src fence (fence_proxy_async) before the barrier that
+ * hands it to this thread. */
+__device__ __forceinline__ void tma_add_4d(const void *map, int c0, int c1, int c2, int c3,
+                                           uint32_t src) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, "
+      "%4}], [%5];\n" ::"l"(map),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+      : "memory");
+}
+
+/* This thread's bulk groups: commit closes the current one; wait_read
+ * returns once every committed group has read its shared memory (which may
+ * then be written again), wait once their writes are done. */
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
 /* ---------------------------------------------------------------------- */
 /* Warpgroup roles                                                          */
 /* ---------------------------------------------------------------------- */
@@ -368,24 +395,34 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   return fn;
 }
 
+/* A 4-d tensor map of `dim` elements of `type` at ptr, dimension 0
+ * contiguous and `stride` the byte strides of dimensions 1-3, in boxes of
+ * box0 x box1 elements (box0 of them 128 bytes), swizzled as wgmma reads
+ * them; loads outside the tensor arrive as zeros and reductions there are
+ * dropped. */
+inline bool encode_box(CUtensorMap *m, CUtensorMapDataType type, void *ptr,
+                       const cuuint64_t (&dim)[4], const cuuint64_t (&stride)[3], int box0,
+                       int box1) {
+  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
+  if (!fn) return false;
+  const cuuint32_t box[4] = {(cuuint32_t)box0, (cuuint32_t)box1, 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  return fn(m, type, 4, ptr, dim, stride, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 /* The tensor map of `rows` rows of `heads` heads of `seqs` sequences (varlen:
  * 1, its rows all of them) of d 16-bit elements at ptr, strides ss, sh, sb in
- * elements, in boxes of 64 elements x box_rows rows, swizzled as wgmma reads
- * them; elements outside the tensor arrive as zeros. A dimension of one has
+ * elements, in boxes of 64 elements x box_rows rows. A dimension of one has
  * no stride that matters; 16 bytes stand in for any. */
 inline bool encode_rows(CUtensorMap *m, void *ptr, bool bf16, int d, int64_t rows, int64_t heads,
                         int64_t seqs, int64_t ss, int64_t sh, int64_t sb, int box_rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
-  if (!fn) return false;
   auto stride = [](int64_t n, int64_t s) { return (cuuint64_t)(n == 1 || s == 0 ? 16 : 2 * s); };
   const cuuint64_t dim[4] = {(cuuint64_t)d, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)seqs};
   const cuuint64_t strides[3] = {stride(rows, ss), stride(heads, sh), stride(seqs, sb)};
-  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  return fn(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, ptr,
-            dim, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_box(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                    ptr, dim, strides, 64, box_rows);
 }
 
 }  // namespace attn_wgmma
