@@ -54,7 +54,7 @@ problems=(
   "hopper_fwd_tiles_bf16_d64|--dtype bf16 --dim 64 --seqlen 200 --heads 80 --heads-kv 8 --batch 2"
   "hopper_fwd_rows192_bf16_d64|--dtype bf16 --dim 64 --seqlen 2118 --heads 2 --bias keys"
   "hopper_fwd_keys176_bf16_d128_causal|--dtype bf16 --dim 128 --seqlen-q 130 --seqlen-k 8300 --heads 2 --causal"
-  "hopper_fwd_keys208_f16_d64|--dtype f16 --dim 64 --seqlen-q 197 --seqlen-k 500 --heads 2"
+  "hopper_fwd_keys208_f16_d64|--dtype f16 --dim 64 --seqlen-q 197 --seqlen-k 600 --heads 2"
   "hopper_fwd_keys208_cache_bf16_d64|--dtype bf16 --dim 64 --seqlen-q 197 --seqlen-k 300 --heads 4 --heads-kv 2 --batch 2 --cache-extra 40 --append"
   "hopper_fwd_tiles_cache_f16_d128|--dtype f16 --dim 128 --seqlen-q 130 --seqlen-k 300 --heads 72 --heads-kv 8 --batch 3 --cache-extra 40 --append --sinks"
   "mma_bf16_bias_sinks|--dtype bf16 --dim 64 --seqlen 190 --heads 2 --bias heads --sinks --backward"

@@ -302,6 +302,27 @@ static void older_gpus_shared_memory_holds_a_row(void **state) {
                      bwd ? "backward" : "forward", dts[i], dims[j]);
 }
 
+/* Key blocks wider than 128 only where they pad the keys at most an eighth
+ * beyond 128-key blocks: 256 keys take 128 at d = 64 and 128, 300 keys (416
+ * or 352 columns against 384) the wide ones, 197 keys 208 at d = 64 (one
+ * block) but 128 at d = 128 (two of 176 against two of 128). */
+static void wide_key_blocks_only_where_they_pad_little(void **state) {
+  (void)state;
+  static const struct {
+    int d, keys, bc;
+  } cases[] = {{64, 256, 128},  {64, 300, 208},  {64, 197, 208},
+               {128, 256, 128}, {128, 300, 176}, {128, 197, 128}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    attn__problem pb;
+    problem_of(&pb, ATTN_BF16, cases[i].d, 0);
+    pb.seqlen_q = pb.seqlen_k = pb.total_q = pb.total_k = cases[i].keys;
+    const attn__cuda_config *c = plan_on(90, 227, 1, &pb, 0);
+    assert_non_null(c);
+    assert_int_equal(c->kernel, ATTN__CUDA_HOPPER_FORWARD);
+    assert_int_equal(c->bc, cases[i].bc);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(sass_runs_on_later_minors_of_its_major),
@@ -314,6 +335,7 @@ int main(void) {
       cmocka_unit_test(bias_rows_of_any_length_take_the_tensor_cores),
       cmocka_unit_test(wide_key_blocks_only_where_the_diagonal_pays),
       cmocka_unit_test(short_d64_rows_take_208_key_blocks),
+      cmocka_unit_test(wide_key_blocks_only_where_they_pad_little),
       cmocka_unit_test(older_gpus_shared_memory_holds_a_row),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
