@@ -45,6 +45,8 @@ fi
 
 problems=(
   "hopper_bwd_bf16_d128_causal|--dtype bf16 --dim 128 --seqlen 300 --heads 4 --heads-kv 2 --causal --backward"
+  "hopper_bwd_f16_d64_gqa|--dtype f16 --dim 64 --seqlen 333 --heads 4 --heads-kv 1 --backward"
+  "hopper_bwd_bf16_d96_softcap|--dtype bf16 --dim 96 --seqlen 200 --heads 2 --softcap 30 --backward"
   "hopper_f16_d64_window|--dtype f16 --dim 64 --seqlen 257 --heads 4 --window 50,20 --softcap 30 --backward"
   "hopper_bf16_d96_alibi|--dtype bf16 --dim 96 --seqlen 200 --heads 2 --alibi --backward"
   "hopper_fwd_f16_d256_causal|--dtype f16 --dim 256 --seqlen 300 --heads 2 --causal"
