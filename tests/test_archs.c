@@ -186,6 +186,18 @@ static void bias_rows_of_any_length_take_the_tensor_cores(void **state) {
   assert_int_equal(c->kernel, ATTN__CUDA_GENERAL_FORWARD);
 }
 
+/* A full [B, H, N, N] bias of dtype dt, N up to 1024 (its address only:
+ * the plan reads shapes). */
+static void full_bias(attn__problem *pb, attn_dtype dt) {
+  pb->has_bias = 1;
+  pb->bias.native = (void *)(uintptr_t)4096;
+  pb->bias.dtype = dt;
+  pb->bias.sd = 1;
+  pb->bias.ss = 1024;
+  pb->bias.sh = 1024 * 1024;
+  pb->bias.sb = 8 * 1024 * 1024;
+}
+
 /* d = 128 on an H200 takes 176-key blocks where no mask pads them, and
  * where one does only from kMinKeysMaskedWide keys on; a bias keeps 128. */
 static void wide_key_blocks_only_where_the_diagonal_pays(void **state) {
@@ -211,13 +223,7 @@ static void wide_key_blocks_only_where_the_diagonal_pays(void **state) {
   assert_non_null(c);
   assert_int_equal(c->bc, 128);
   pb.window_left = -1;
-  pb.has_bias = 1;
-  pb.bias.native = (void *)(uintptr_t)4096;
-  pb.bias.dtype = ATTN_BF16;
-  pb.bias.sd = 1;
-  pb.bias.ss = 1024;
-  pb.bias.sh = 1024 * 1024;
-  pb.bias.sb = 8 * 1024 * 1024;
+  full_bias(&pb, ATTN_BF16);
   c = plan_on(90, 227, 1, &pb, 0);
   assert_non_null(c);
   assert_int_equal(c->kernel, ATTN__CUDA_HOPPER_FORWARD);
@@ -265,13 +271,7 @@ static void short_d64_rows_take_208_key_blocks(void **state) {
     assert_int_equal(c->br, 192);
     assert_int_equal(c->bc, 128);
     pb.seqlen_q = pb.total_q = 1024;
-    pb.has_bias = 1;
-    pb.bias.native = (void *)(uintptr_t)4096;
-    pb.bias.dtype = dts[i];
-    pb.bias.sd = 1;
-    pb.bias.ss = 1024;
-    pb.bias.sh = 1024 * 1024;
-    pb.bias.sb = 8 * 1024 * 1024;
+    full_bias(&pb, dts[i]);
     c = plan_on(90, 227, 1, &pb, 0);
     assert_non_null(c);
     assert_int_equal(c->kernel, ATTN__CUDA_HOPPER_FORWARD);
