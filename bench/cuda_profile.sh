@@ -42,6 +42,7 @@ problems=(
   "fwd_d128|fwd_ws_kernel|--dtype bf16 --batch 4 --seqlen 4096 --heads 16 --dim 128"
   "fwd_d128_causal|fwd_ws_kernel|--dtype bf16 --batch 4 --seqlen 4096 --heads 16 --dim 128 --causal"
   "fwd_d64_bias|fwd_ws_kernel|--dtype bf16 --batch 2 --seqlen 4096 --heads 32 --dim 64 --bias full"
+  "fwd_vit|fwd_ws_kernel|--dtype bf16 --batch 64 --seqlen 197 --heads 12 --dim 64"
   "bwd_d128|bwd_kernel|--dtype bf16 --batch 4 --seqlen 4096 --heads 16 --dim 128 --backward"
   "bwd_d64|bwd_kernel|--dtype bf16 --batch 4 --seqlen 4096 --heads 32 --dim 64 --backward"
 )
