@@ -496,6 +496,9 @@ static CPU_SIMD_CLONES void cpu_pv_few_clones(const attn__problem *pb, const att
 #define CPU_HAVE_FMA() (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
 #define CPU_FEW512 __attribute__((target("avx512f,avx2,fma,f16c")))
 #define CPU_HAVE_AVX512() __builtin_cpu_supports("avx512f")
+#define CPU_FEWBF16 __attribute__((target("avx512f,avx512bw,avx512bf16,avx2,fma,f16c")))
+#define CPU_HAVE_AVX512BF16() \
+  (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16"))
 #define CPU_INLINE static inline __attribute__((always_inline))
 
 /* call(dt) with the dtype dt as a constant, so that the loops call()
@@ -679,6 +682,21 @@ CPU_FEW512 CPU_INLINE __m256 cpu_hsum8_avx512(const __m512 *a) {
   return _mm512_castps512_ps256(_mm512_permutexvar_ps(at, w));
 }
 
+/* srow[i ld + y] = scale * the lane sum of a[i][y], for r rows and n
+ * columns. */
+CPU_FEW512 CPU_INLINE void cpu_qk_store_avx512(__m512 (*a)[8], int r, int n, float scale,
+                                               float *srow, int ld) {
+  for (int i = 0; i < r; i++) {
+    /* Past the last column, the last one again: each lane's sum is its
+     * own. */
+    for (int y = n; y < 8; y++)
+      a[i][y] = a[i][n - 1];
+    const __m256 s = _mm256_mul_ps(_mm256_set1_ps(scale), cpu_hsum8_avx512(a[i]));
+    _mm512_mask_storeu_ps(srow + (size_t)i * ld, (__mmask16)((1u << n) - 1),
+                          _mm512_castps256_ps512(s));
+  }
+}
+
 /* The scores of r (1 or 2) key rows k[i] (dtype kdt, unit stride) with n
  * (1..8) columns from c, one chain of 16 lanes per row and column: each
  * query vector loaded meets both rows, two rows of eight columns keep 16
@@ -702,15 +720,7 @@ CPU_FEW512 CPU_INLINE void cpu_qk_cols_avx512(const char *const *k, int r, attn_
         a[i][y] = _mm512_fmadd_ps(kv[i], qv, a[i][y]);
     }
   }
-  for (int i = 0; i < r; i++) {
-    /* Past the last column, the last one again: each lane's sum is its
-     * own. */
-    for (int y = n; y < 8; y++)
-      a[i][y] = a[i][n - 1];
-    const __m256 s = _mm256_mul_ps(_mm256_set1_ps(scale), cpu_hsum8_avx512(a[i]));
-    _mm512_mask_storeu_ps(srow + (size_t)i * ld + c, (__mmask16)((1u << n) - 1),
-                          _mm512_castps256_ps512(s));
-  }
+  cpu_qk_store_avx512(a, r, n, scale, srow + c, ld);
 }
 
 /* cpu_qk_row_fma's product, eight columns and both rows at a time. */
@@ -831,9 +841,67 @@ CPU_FEW512 static void cpu_pv_keys_avx512(const char *const *rows, ptrdiff_t off
   CPU_FOR_COLS(c0, c1, 8)
 #undef CPU_COLS_CALL
 }
+
+/* cpu_qk_cols_avx512's scores of bf16 key rows against columns of Q in
+ * bf16 (qb, d apart) with the CPU's bf16 dot product (vdpbf16ps: a lane
+ * adds the two products of a pair of elements, 32 elements a step), the
+ * same accumulators and lane sums: half the instructions, and no
+ * conversion of the keys. */
+CPU_FEWBF16 CPU_INLINE void cpu_qk_cols_dpbf16(const uint16_t *const *k, int r, const uint16_t *qb,
+                                               int c, int n, int64_t d, float scale, float *srow,
+                                               int ld) {
+  __m512 a[2][8];
+  for (int i = 0; i < r; i++)
+    for (int y = 0; y < n; y++)
+      a[i][y] = _mm512_setzero_ps();
+  for (int64_t x = 0; x < d; x += 32) {
+    __m512bh kv[2];
+    for (int i = 0; i < r; i++)
+      kv[i] = (__m512bh)_mm512_loadu_si512(k[i] + x);
+    for (int y = 0; y < n; y++) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(qb + (size_t)(c + y) * d + x);
+      for (int i = 0; i < r; i++)
+        a[i][y] = _mm512_dpbf16_ps(a[i][y], kv[i], qv);
+    }
+  }
+  cpu_qk_store_avx512(a, r, n, scale, srow + c, ld);
+}
+
+/* Columns [c0, c1) of nk (1 or 2) bf16 key rows, eight columns at a time. */
+CPU_FEWBF16 static void cpu_qk_row_dpbf16(const char *const *k, int nk, int64_t d,
+                                          const uint16_t *qb, int c0, int c1, float scale,
+                                          float *srow, int ld) {
+  const uint16_t *rows[2] = {(const uint16_t *)k[0], (const uint16_t *)k[nk - 1]};
+#define CPU_DP_COLS(cols) cpu_qk_cols_dpbf16(rows, r_, qb, c, cols, d, scale, srow, ld)
+  for (int c = c0; c < c1; c += 8) {
+    const int n = c1 - c < 8 ? c1 - c : 8;
+    if (nk == 2) {
+      const int r_ = 2;
+      CPU_WITH_COLS(n, 8, CPU_DP_COLS)
+    } else {
+      const int r_ = 1;
+      CPU_WITH_COLS(n, 8, CPU_DP_COLS)
+    }
+  }
+#undef CPU_DP_COLS
+}
+
+/* Columns [0, cols) of Q (f32, ldq apart, each value a bf16 one: the
+ * problem's dtype) as bf16 rows d apart, exactly. */
+CPU_FEWBF16 static void cpu_q_bf16(const float *q, int64_t ldq, int cols, int64_t d, uint16_t *qb) {
+  for (int c = 0; c < cols; c++)
+    for (int64_t x = 0; x < d; x += 32) {
+      const float *src = q + (size_t)c * ldq + x;
+      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src));
+      _mm512_storeu_si512(qb + (size_t)c * d + x, (__m512i)h);
+    }
+}
 #else
 #define CPU_HAVE_FMA() 0
 #define CPU_HAVE_AVX512() 0
+#define CPU_HAVE_AVX512BF16() 0
+#define cpu_qk_row_dpbf16(k, nk, d, qb, c0, c1, scale, srow, ld) ((void)0)
+#define cpu_q_bf16(q, ldq, cols, d, qb) ((void)0)
 #define cpu_qk_row_fma NULL
 #define cpu_qk_row_avx512 NULL
 #define cpu_pv_keys_fma NULL
@@ -848,26 +916,39 @@ typedef void cpu_qk_row_fn(const char *const *k, int nk, attn_dtype dt, int64_t 
 typedef void cpu_pv_keys_fn(const char *const *rows, ptrdiff_t off, attn_dtype dt, int a0, int a1,
                             const float *pt, int ld, int c0, int c1, float *o, int64_t d);
 
-/* The instruction set of the products of few rows: 2 AVX-512, 1 AVX2 and
- * FMA, 0 the portable loops. One fixed choice per machine and head
- * dimension, so that attn__cpu_qk_few gives the backward the forward's
- * scores to the bit. */
+/* The instruction set of the products of few rows: 3 AVX-512 with the
+ * bf16 dot product (Q K^T of bf16 problems, d a multiple of 32; their P V
+ * as 2), 2 AVX-512, 1 AVX2 and FMA, 0 the portable loops. One fixed choice
+ * per machine, dtype and head dimension, so that attn__cpu_qk_few gives the
+ * backward the forward's scores to the bit. */
 static int cpu_few_isa(const attn__problem *pb) {
+  if (pb->head_dim % 32 == 0 && pb->dtype == ATTN_BF16 && CPU_HAVE_AVX512() &&
+      CPU_HAVE_AVX512BF16())
+    return 3;
   if (pb->head_dim % 16 == 0 && CPU_HAVE_AVX512()) return 2;
   if (pb->head_dim % 8 == 0 && CPU_HAVE_FMA()) return 1;
   return 0;
 }
 
+/* Q's columns in bf16 for the bf16 dot product, per thread: a tile's
+ * columns (Br) of d up to ATTN_MAX_HEAD_DIM. */
+static _Thread_local uint16_t cpu_qb[ATTN__CPU_TILE_MAX * ATTN_MAX_HEAD_DIM];
+
 void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn__tensor *v,
                       int64_t b, int64_t j0, int bc, int64_t h0, int nh, int nr, const float *q,
                       int64_t ldq, float *st, int ld) {
-  const int isa = cpu_few_isa(pb);
+  int isa = cpu_few_isa(pb);
+  /* The bf16 dot product reads the keys as they are stored: keys of
+   * another layout take AVX-512, the forward's and the backward's alike
+   * (the same keys). A tile's columns are at most Br. */
+  if (isa == 3 && (t->dtype != ATTN_BF16 || t->sd != 1)) isa = 2;
   if (!isa) {
     cpu_qk_few_clones(pb, t, b, j0, bc, h0, nh, nr, q, ldq, pb->scale, st, ld);
     return;
   }
   cpu_qk_row_fn *row = isa == 2 ? cpu_qk_row_avx512 : cpu_qk_row_fma;
   const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
+  if (isa == 3) cpu_q_bf16(q, ldq, nh * nr, d, cpu_qb);
   const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
   const attn_dtype dt = t->dtype;
   const ptrdiff_t hstep = (ptrdiff_t)t->sh * (ptrdiff_t)attn_dtype_size(dt);
@@ -907,7 +988,10 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
         for (int64_t x = 0; x < d * (int64_t)attn_dtype_size(dt); x += 64)
           __builtin_prefetch(next[i] + hk * hstep + x);
       const char *rows[2] = {base[0] + hk * hstep, nk > 1 ? base[1] + hk * hstep : NULL};
-      row(rows, nk, dt, t->sd, d, q, ldq, c0, c1, pb->scale, st + (size_t)a * ld, ld);
+      if (isa == 3)
+        cpu_qk_row_dpbf16(rows, nk, d, cpu_qb, c0, c1, pb->scale, st + (size_t)a * ld, ld);
+      else
+        row(rows, nk, dt, t->sd, d, q, ldq, c0, c1, pb->scale, st + (size_t)a * ld, ld);
     }
   }
 }
@@ -923,13 +1007,16 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
 void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,
                       int64_t h0, int nh, int nr, const float *pt, int ld, float *o) {
   /* Any rounding does here (no pass recomputes O), so the portable loops
-   * take only what these cannot: rows of other strides. */
+   * take only what these cannot: rows of other strides. P V keeps P in
+   * f32 under the bf16 dot product too (isa 3 runs 2's): there the dot
+   * product would need V's rows interleaved in pairs of keys, which costs
+   * about what it saves, and P rounded to bf16. */
   const int isa = t->sd == 1 ? cpu_few_isa(pb) : 0;
   if (!isa) {
     cpu_pv_few_clones(pb, t, b, j0, bc, h0, nh, nr, pt, ld, o);
     return;
   }
-  cpu_pv_keys_fn *keys = isa == 2 ? cpu_pv_keys_avx512 : cpu_pv_keys_fma;
+  cpu_pv_keys_fn *keys = isa >= 2 ? cpu_pv_keys_avx512 : cpu_pv_keys_fma;
   const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
   const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
   const ptrdiff_t hstep = (ptrdiff_t)t->sh * (ptrdiff_t)attn_dtype_size(t->dtype);

@@ -405,9 +405,13 @@ static void few_row_products_agree_across_tiles(at_backend *b) {
             }
           }
         }
+        /* Q as the passes give it: values of the problem's dtype (the bf16
+         * dot product takes them as bf16). */
         for (int x = 0; x < ld * d; x++) {
           s = s * 1664525u + 1013904223u;
           q[x] = (float)((double)(s >> 8) / 8388608.0 - 1.0);
+          if (dt == ATTN_BF16) q[x] = attn__bf16_to_f32(attn__f32_to_bf16(q[x]));
+          if (dt == ATTN_F16) q[x] = attn__f16_to_f32(attn__f32_to_f16(q[x]));
         }
         /* Column c = h nr + r of the scores holds query row r of head h. */
         /* And one key at a time. */
