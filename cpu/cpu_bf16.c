@@ -143,6 +143,14 @@ attn__cpu_bf16_kernel *attn__cpu_bf16_kernel_native(void) {
   return NULL;
 }
 
+int attn__cpu_amx(void) {
+#if defined(ATTN_CPU_HAVE_AMX)
+  return attn__cpu_bf16_kernel_native() == attn__cpu_bf16_gemm_amx;
+#else
+  return 0;
+#endif
+}
+
 const char *attn__cpu_bf16_kernel_name(attn__cpu_bf16_kernel *k) {
 #if defined(ATTN_CPU_HAVE_AMX)
   if (k == attn__cpu_bf16_gemm_amx) return "AMX";

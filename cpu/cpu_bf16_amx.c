@@ -15,16 +15,8 @@
  * includes first (-include) to define the _tile_* operations and the
  * kernels' names: the tests check it on CPUs without AMX that way.
  */
+#include "cpu_amx.h"
 #include "cpu_internal.h"
-
-#include <string.h>
-
-#if defined(ATTN_CPU_BF16_EMULATED)
-#define CPU_AMX_TARGET
-#else
-#include <immintrin.h>
-#define CPU_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
-#endif
 
 #ifndef ATTN_CPU_AMX_KERNEL_NAME
 #define ATTN_CPU_AMX_KERNEL_NAME attn__cpu_bf16_gemm_amx
@@ -35,13 +27,6 @@
 
 void ATTN_CPU_BF16_KERNEL_NAME(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
                                const uint32_t *b, int ldb, float beta, float *c, int ldc);
-
-/* The tile configuration (palette 1): every tile 16 rows of 64 bytes. */
-typedef struct cpu_amx_config {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} cpu_amx_config;
 
 /* Accumulators 0-3 (C blocks (0,0), (0,1), (1,0), (1,1)), A 4-5, B 6-7. */
 CPU_AMX_TARGET static void cpu_amx_block(int two_rows, int two_cols, int kp16, const uint16_t *a,
@@ -77,14 +62,7 @@ CPU_AMX_TARGET void ATTN_CPU_AMX_KERNEL_NAME(int m, int n, int kp, float alpha, 
                                              float *c, int ldc) {
   const int m16 = m / 16 * 16, n16 = n / 16 * 16, kp16 = kp / 16 * 16;
   if (m16 && n16 && kp16) {
-    cpu_amx_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-      cfg.rows[t] = 16;
-      cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
+    cpu_amx_tiles();
     float acc[32 * 32];
     for (int i = 0; i < m16; i += 32)
       for (int j = 0; j < n16; j += 32) {

@@ -356,12 +356,13 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
       attn__cpu_scores(pb, x.b, x.h0 + hx, x.i0, nr, j0, bc, nq, nk, t->st + hx * nr, ld, NULL);
     /* The CPU's bf16 instructions take P in pairs, which the softmax
      * writes. */
-    const int pairs = !few && products == ATTN__CPU_PRODUCTS_BF16;
+    const int pairs = few ? t->pb && attn__cpu_few_pairs(pb) : products == ATTN__CPU_PRODUCTS_BF16;
     attn__cpu_softmax_cols(t->st, bc, br, ld, t->m, t->l, t->alpha,
                            pairs ? (uint32_t *)t->pb : NULL, ld);
     attn__cpu_rescale_o(ot, t->o, d, br, ld, t->alpha);
     if (few)
-      attn__cpu_pv_few(pb, &pb->v, x.b, j0, bc, x.h0, x.nh, nr, t->st, ld, t->o);
+      attn__cpu_pv_few(pb, &pb->v, x.b, j0, bc, x.h0, x.nh, nr, t->st,
+                       pairs ? (const uint32_t *)t->pb : NULL, ld, t->o);
     else if (products != ATTN__CPU_PRODUCTS_F32)
       cpu_fwd_pv_bf16(w, t, &x, products, j0, bc);
     else

@@ -182,9 +182,27 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
                       int64_t b, int64_t j0, int bc, int64_t h0, int nh, int nr, const float *q,
                       int64_t ldq, float *st, int ld);
 /* O += P V, the same way: P^T (keys down, the tile's columns across, row
- * stride ld), V read straight from v, O f32 with a row of d per column. */
+ * stride ld), V read straight from v, O f32 with a row of d per column.
+ * Where attn__cpu_few_pairs says so, P comes as the softmax's pairs
+ * instead (pairs, not NULL, row stride ld; pt unread), rounded to bf16. */
 void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,
-                      int64_t h0, int nh, int nr, const float *pt, int ld, float *o);
+                      int64_t h0, int nh, int nr, const float *pt, const uint32_t *pairs, int ld,
+                      float *o);
+int attn__cpu_few_pairs(const attn__problem *pb);
+/* Those products on AMX's tiles (cpu_few_amx.c), bf16 with d a multiple
+ * of 32. S^T: nkv kv heads, head i's key rows k[a] + i hstep (a < bc, at
+ * any addresses) against columns [cols[i], cols[i + 1]): st[a ld + c] =
+ * scale k.q[c], Q^T in pairs (qp[p ldq + c], 16 columns readable from
+ * each column a tile starts at); the value rows v (laid out as k), when
+ * not NULL, fetched meanwhile. O += P V: one kv head, n columns, P in the
+ * softmax's pairs (pairs[p ldp + c]), V's rows v[0..bc), O n rows of d.
+ * attn__cpu_amx: whether this process may use the tiles (cpu_bf16.c). */
+void attn__cpu_qk_few_amx(const uint16_t *const *k, const uint16_t *const *v, ptrdiff_t hstep,
+                          int nkv, const int *cols, int bc, int d, const uint32_t *qp, int ldq,
+                          float scale, float *st, int ld);
+void attn__cpu_pv_few_amx(const uint16_t *const *v, int bc, int d, const uint32_t *pairs, int ldp,
+                          int n, float *o);
+int attn__cpu_amx(void);
 
 /* Turns s = scale * q.k of a transposed tile (keys [j0, j0 + bc) down,
  * query rows [i0, i0 + br) of query head h of sequence b across, element

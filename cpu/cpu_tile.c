@@ -916,12 +916,27 @@ typedef void cpu_qk_row_fn(const char *const *k, int nk, attn_dtype dt, int64_t 
 typedef void cpu_pv_keys_fn(const char *const *rows, ptrdiff_t off, attn_dtype dt, int a0, int a1,
                             const float *pt, int ld, int c0, int c1, float *o, int64_t d);
 
-/* The instruction set of the products of few rows: 3 AVX-512 with the
- * bf16 dot product (Q K^T of bf16 problems, d a multiple of 32; their P V
- * as 2), 2 AVX-512, 1 AVX2 and FMA, 0 the portable loops. One fixed choice
- * per machine, dtype and head dimension, so that attn__cpu_qk_few gives the
- * backward the forward's scores to the bit. */
+/* AMX's tiles take 16 columns (query rows of a kv head) at the cost of 16
+ * whatever a tile holds: with fewer, AVX-512's products do less. Measured
+ * on the GPU host's 16 Xeon cores (bf16, 32 query heads over 8 kv heads,
+ * d = 128, 32k keys, GB/s, two rounds): 4 query rows (16 columns) 62-68
+ * with tiles against 42-45; 2 rows 66-73 against 70-77; 1 row 65-80
+ * against 97-100. */
+#define CPU_FEW_TILE_COLUMNS 16
+
+/* The instruction set of the products of few rows: 4 AMX's tiles (bf16
+ * problems, d a multiple of 32, a kv head meeting at least
+ * CPU_FEW_TILE_COLUMNS query rows: cpu_few_amx.c), 3 AVX-512 with the bf16
+ * dot product (the same problems' Q K^T; their P V as 2), 2 AVX-512, 1
+ * AVX2 and FMA, 0 the portable loops. One fixed choice per machine and
+ * problem (dtype, head dimension, rows per kv head), so that
+ * attn__cpu_qk_few gives the backward the forward's scores to the bit. */
 static int cpu_few_isa(const attn__problem *pb) {
+#if defined(ATTN_CPU_HAVE_AMX)
+  if (pb->head_dim % 32 == 0 && pb->dtype == ATTN_BF16 &&
+      pb->seqlen_q * (pb->heads_q / pb->heads_kv) >= CPU_FEW_TILE_COLUMNS && attn__cpu_amx())
+    return 4;
+#endif
   if (pb->head_dim % 32 == 0 && pb->dtype == ATTN_BF16 && CPU_HAVE_AVX512() &&
       CPU_HAVE_AVX512BF16())
     return 3;
@@ -934,6 +949,49 @@ static int cpu_few_isa(const attn__problem *pb) {
  * columns (Br) of d up to ATTN_MAX_HEAD_DIM. */
 static _Thread_local uint16_t cpu_qb[ATTN__CPU_TILE_MAX * ATTN_MAX_HEAD_DIM];
 
+#if defined(ATTN_CPU_HAVE_AMX)
+/* And in pairs for AMX's tiles: qp[p ldq + c] = (q[c][2p], q[c][2p + 1]),
+ * exactly (they are bf16 values), ldq = cols + 16 with zeros past cols, so
+ * that a tile of 16 columns may start at any column. */
+static _Thread_local uint32_t cpu_qp[ATTN_MAX_HEAD_DIM / 2 * (ATTN__CPU_TILE_MAX + 16)];
+static int cpu_q_pairs(const float *q, int64_t ldq, int cols, int64_t d, uint32_t *qp) {
+  const int ldp = cols + 16;
+  for (int64_t p = 0; p < d / 2; p++) {
+    uint32_t *row = qp + (size_t)p * ldp;
+    for (int c = 0; c < cols; c++) {
+      const float *x = q + (size_t)c * ldq + 2 * p;
+      row[c] = attn__cpu_bf16_bits(x[0]) | attn__cpu_bf16_bits(x[1]) << 16;
+    }
+    memset(row + cols, 0, 16 * sizeof *row);
+  }
+  return ldp;
+}
+
+/* AMX's S^T of the tile, its kv heads side by side. */
+static void cpu_qk_few_tiles(const attn__problem *pb, const attn__tensor *t, const attn__tensor *v,
+                             int64_t b, int64_t j0, int bc, int64_t h0, int nh, int nr,
+                             const float *q, int64_t ldq, float *st, int ld) {
+  const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
+  const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
+  const int ldp = cpu_q_pairs(q, ldq, nh * nr, d, cpu_qp);
+  int cols[ATTN__CPU_TILE_MAX + 1];
+  for (int64_t hk = hk0; hk <= hk1; hk++) {
+    int c1;
+    cpu_kv_cols(pb, h0, nh, nr, hk, &cols[hk - hk0], &c1);
+    cols[hk - hk0 + 1] = c1;
+  }
+  /* The values' rows when they have the keys' layout, to fetch. */
+  const int fetch = v && v->dtype == ATTN_BF16 && v->sd == 1 && v->sh == t->sh;
+  const uint16_t *k[ATTN__CPU_TILE_MAX], *vr[ATTN__CPU_TILE_MAX];
+  for (int a = 0; a < bc; a++) {
+    k[a] = (const uint16_t *)cpu_key_at(pb, t, b, j0 + a, hk0);
+    if (fetch) vr[a] = (const uint16_t *)cpu_key_at(pb, v, b, j0 + a, hk0);
+  }
+  attn__cpu_qk_few_amx(k, fetch ? vr : NULL, (ptrdiff_t)t->sh, (int)(hk1 - hk0 + 1), cols, bc,
+                       (int)d, cpu_qp, ldp, pb->scale, st, ld);
+}
+#endif
+
 void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn__tensor *v,
                       int64_t b, int64_t j0, int bc, int64_t h0, int nh, int nr, const float *q,
                       int64_t ldq, float *st, int ld) {
@@ -941,7 +999,13 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
   /* The bf16 dot product reads the keys as they are stored: keys of
    * another layout take AVX-512, the forward's and the backward's alike
    * (the same keys). A tile's columns are at most Br. */
-  if (isa == 3 && (t->dtype != ATTN_BF16 || t->sd != 1)) isa = 2;
+  if (isa >= 3 && (t->dtype != ATTN_BF16 || t->sd != 1)) isa = 2;
+#if defined(ATTN_CPU_HAVE_AMX)
+  if (isa == 4) {
+    cpu_qk_few_tiles(pb, t, v, b, j0, bc, h0, nh, nr, q, ldq, st, ld);
+    return;
+  }
+#endif
   if (!isa) {
     cpu_qk_few_clones(pb, t, b, j0, bc, h0, nh, nr, q, ldq, pb->scale, st, ld);
     return;
@@ -1004,8 +1068,29 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
  * slower). */
 #define CPU_PV_KEYS 8
 
+int attn__cpu_few_pairs(const attn__problem *pb) {
+  return cpu_few_isa(pb) == 4 && pb->v.dtype == ATTN_BF16 && pb->v.sd == 1;
+}
+
 void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,
-                      int64_t h0, int nh, int nr, const float *pt, int ld, float *o) {
+                      int64_t h0, int nh, int nr, const float *pt, const uint32_t *pairs, int ld,
+                      float *o) {
+#if defined(ATTN_CPU_HAVE_AMX)
+  if (pairs) {
+    const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
+    const uint16_t *rows[ATTN__CPU_TILE_MAX], *v[ATTN__CPU_TILE_MAX];
+    for (int a = 0; a < bc; a++)
+      rows[a] = (const uint16_t *)cpu_key_at(pb, t, b, j0 + a, 0);
+    for (int64_t hk = h0 / g; hk <= (h0 + nh - 1) / g; hk++) {
+      int c0, c1;
+      cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
+      for (int a = 0; a < bc; a++)
+        v[a] = rows[a] + hk * (ptrdiff_t)t->sh;
+      attn__cpu_pv_few_amx(v, bc, (int)d, pairs + c0, ld, c1 - c0, o + (size_t)c0 * d);
+    }
+    return;
+  }
+#endif
   /* Any rounding does here (no pass recomputes O), so the portable loops
    * take only what these cannot: rows of other strides. P V keeps P in
    * f32 under the bf16 dot product too (isa 3 runs 2's): there the dot

@@ -15,6 +15,8 @@
 #define ATTN_CPU_BF16_EMULATED 1
 #define ATTN_CPU_AMX_KERNEL_NAME at_amx_kernel_emulated
 #define ATTN_CPU_BF16_KERNEL_NAME at_bf16_kernel_simde
+#define ATTN_CPU_QK_FEW_AMX_NAME at_qk_few_amx_emulated
+#define ATTN_CPU_PV_FEW_AMX_NAME at_pv_few_amx_emulated
 
 typedef struct at_amx_tiles {
   int configured;

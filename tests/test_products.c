@@ -28,6 +28,12 @@ void at_bf16_kernel_simde(int m, int n, int kp, float alpha, const uint16_t *a, 
 void at_amx_kernel_emulated(int m, int n, int kp, float alpha, const uint16_t *a, int lda,
                             const uint32_t *b, int ldb, float beta, float *c, int ldc);
 
+void at_qk_few_amx_emulated(const uint16_t *const *k, const uint16_t *const *v, ptrdiff_t hstep,
+                            int nkv, const int *cols, int bc, int d, const uint32_t *qp, int ldq,
+                            float scale, float *st, int ld);
+void at_pv_few_amx_emulated(const uint16_t *const *v, int bc, int d, const uint32_t *pairs, int ldp,
+                            int n, float *o);
+
 void at_sgemm512_simde(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
                        const float *b, int ldb, float beta, float *c, int ldc);
 
@@ -449,7 +455,7 @@ static void few_row_products_agree_across_tiles(at_backend *b) {
         /* O += P V with the scores for P, onto an O of ones. */
         for (int x = 0; x < ld * d; x++)
           o[x] = 1.0f;
-        attn__cpu_pv_few(&pb, &pb.v, 0, 0, NK, 0, HQ, nr, sb, ld, o);
+        attn__cpu_pv_few(&pb, &pb.v, 0, 0, NK, 0, HQ, nr, sb, NULL, ld, o);
         for (int c = 0; c < ld; c++)
           for (int x = 0; x < d; x++) {
             double want = 1, mag = 1;
@@ -492,6 +498,123 @@ static void forcing_a_missing_path_says_why(void) {
   attn_context_free(ctx);
 }
 
+/* The products of few rows on AMX's tiles (cpu/cpu_few_amx.c), built on
+ * the emulated tiles: two kv heads' scores and one's O against double
+ * sums, keys read where they lie evenly spaced and copied where not (a
+ * paged cache) or where a block of 16 runs out, columns past a tile of 16
+ * (C = 20), and each score's bits the same whichever heads and columns
+ * are computed beside it (the forward's many heads, the backward's one). */
+static void few_row_tiles_agree_with_sums(at_backend *b) {
+  (void)b;
+#if defined(AT_HAVE_SIMDE)
+  /* Two kv heads of C columns each; a key row holds K of both, then V. */
+  enum { NK = 45, C = 20, CT = 2 * C, LDQ = CT + 16, MAXD = 256 };
+  static const int ds[] = {32, 128, 256};
+  const size_t nkv = (size_t)2 * NK * 4 * MAXD;
+  uint16_t *kv = at_malloc(nkv * sizeof *kv);
+  float *qf = at_malloc((size_t)CT * MAXD * sizeof *qf), *pf = at_malloc((size_t)NK * C * 4);
+  uint32_t *qp = at_malloc((size_t)MAXD / 2 * LDQ * sizeof *qp);
+  uint32_t *pairs = at_malloc((size_t)(NK + 1) / 2 * C * sizeof *pairs);
+  float *st = at_malloc((size_t)NK * CT * sizeof *st), *one = at_malloc((size_t)NK * CT * 4);
+  float *o = at_malloc((size_t)C * MAXD * sizeof *o);
+  uint32_t s = 4242;
+  for (size_t di = 0; di < sizeof ds / sizeof *ds; di++)
+    for (int paged = 0; paged < 2; paged++) {
+      const int d = ds[di];
+      /* Rows 4 d apart; paged: a gap after every fifth key, as pages of 5
+       * would leave. */
+      const uint16_t *k[NK], *v[NK], *kh[NK];
+      for (int a = 0; a < NK; a++) {
+        const size_t at = ((size_t)a + (paged ? (size_t)a / 5 : 0)) * 4 * d;
+        k[a] = kv + at;
+        v[a] = kv + at + 2 * d;
+      }
+      for (size_t x = 0; x < nkv; x++) {
+        s = s * 1664525u + 1013904223u;
+        kv[x] = attn__f32_to_bf16((float)((double)(s >> 8) / 8388608.0 - 1.0));
+      }
+      for (int c = 0; c < CT; c++)
+        for (int x = 0; x < d; x++) {
+          s = s * 1664525u + 1013904223u;
+          const float f = (float)((double)(s >> 8) / 8388608.0 - 1.0);
+          qf[c * d + x] = attn__bf16_to_f32(attn__f32_to_bf16(f));
+        }
+      memset(qp, 0, (size_t)MAXD / 2 * LDQ * sizeof *qp);
+      for (int p = 0; p < d / 2; p++)
+        for (int c = 0; c < CT; c++)
+          qp[p * LDQ + c] = attn__cpu_bf16_bits(qf[c * d + 2 * p]) |
+                            attn__cpu_bf16_bits(qf[c * d + 2 * p + 1]) << 16;
+      const float scale = 1.0f / sqrtf((float)d);
+      static const int cols[] = {0, C, CT};
+      at_qk_few_amx_emulated(k, v, d, 2, cols, NK, d, qp, LDQ, scale, st, CT);
+      /* One head, four columns at a time. */
+      for (int c0 = 0; c0 < CT; c0 += 4) {
+        const int four[] = {c0, c0 + 4};
+        for (int a = 0; a < NK; a++)
+          kh[a] = k[a] + c0 / C * d;
+        at_qk_few_amx_emulated(kh, NULL, d, 1, four, NK, d, qp, LDQ, scale, one, CT);
+      }
+      for (int a = 0; a < NK; a++)
+        for (int c = 0; c < CT; c++) {
+          const float got = st[a * CT + c];
+          if (memcmp(&got, &one[a * CT + c], sizeof got) != 0)
+            fail_msg("d %d paged %d: score %d,%d %.9g with all columns, %.9g with four", d, paged,
+                     a, c, got, one[a * CT + c]);
+          double want = 0, mag = 0;
+          for (int x = 0; x < d; x++) {
+            const double t = (double)attn__bf16_to_f32(k[a][c / C * d + x]) * qf[c * d + x];
+            want += t;
+            mag += fabs(t);
+          }
+          const double tol = (d + 2) * 0x1p-24 * scale * mag;
+          if (!(fabs(got - want * scale) <= tol))
+            fail_msg("d %d paged %d: score %d,%d %.9g, want %.9g", d, paged, a, c, got,
+                     want * scale);
+        }
+      /* O += P V onto ones, P in pairs of bf16 (an odd last key alone). */
+      for (int a = 0; a < NK; a++)
+        for (int c = 0; c < C; c++) {
+          s = s * 1664525u + 1013904223u;
+          pf[a * C + c] =
+              attn__bf16_to_f32(attn__f32_to_bf16((float)((double)(s >> 8) / 16777216.0)));
+        }
+      for (int p = 0; p < (NK + 1) / 2; p++)
+        for (int c = 0; c < C; c++)
+          pairs[p * C + c] =
+              attn__cpu_bf16_bits(pf[2 * p * C + c]) |
+              (2 * p + 1 < NK ? attn__cpu_bf16_bits(pf[(2 * p + 1) * C + c]) << 16 : 0);
+      for (int n = 16; n <= C; n += C - 16) {
+        for (int x = 0; x < C * d; x++)
+          o[x] = 1.0f;
+        at_pv_few_amx_emulated(v, NK, d, pairs, C, n, o);
+        for (int c = 0; c < C; c++)
+          for (int x = 0; x < d; x++) {
+            double want = 1, mag = 1;
+            for (int a = 0; c < n && a < NK; a++) {
+              const double t = (double)pf[a * C + c] * attn__bf16_to_f32(v[a][x]);
+              want += t;
+              mag += fabs(t);
+            }
+            const double got = o[c * d + x], tol = (2 * NK + 2) * 0x1p-24 * mag;
+            if (!(fabs(got - want) <= tol))
+              fail_msg("d %d paged %d columns %d: O %d,%d %.9g, want %.9g", d, paged, n, c, x, got,
+                       want);
+          }
+      }
+    }
+  at_free(kv);
+  at_free(qf);
+  at_free(pf);
+  at_free(qp);
+  at_free(pairs);
+  at_free(st);
+  at_free(one);
+  at_free(o);
+#else
+  at_skip("no SIMDe here (libsimde-dev): the emulated tiles are built beside it");
+#endif
+}
+
 static void common_forcing(at_backend *b) {
   (void)b;
   forcing_a_missing_path_says_why();
@@ -514,6 +637,7 @@ int main(int argc, char **argv) {
       {"bf16_kernel_sums_pairs_of_products", bf16_kernel_sums_pairs_of_products, NULL},
       {"f32_kernels_sum_products", f32_kernels_sum_products, NULL},
       {"few_row_products_agree_across_tiles", few_row_products_agree_across_tiles, NULL},
+      {"few_row_tiles_agree_with_sums", few_row_tiles_agree_with_sums, NULL},
       {"forcing_a_missing_path_says_why", common_forcing, NULL}};
-  return at_main(argc, argv, "products", tests, nt, common, 4);
+  return at_main(argc, argv, "products", tests, nt, common, 5);
 }
