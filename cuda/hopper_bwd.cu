@@ -34,8 +34,9 @@
  *
  * The softmax scale multiplies dK at the end and dQ in the conversion. dQ's
  * reductions make the sum's order vary run to run: the plan gives
- * deterministic problems to mma_bwd.cu. This family covers the problems of its kernels
- * without the inference path's terms (bias, sinks and their gradients).
+ * deterministic problems to mma_bwd.cu. This family covers the problems of
+ * its kernels without the inference path's terms (bias, sinks and their
+ * gradients).
  */
 #include "bwd_common.cuh"
 #include "wgmma.cuh"
@@ -439,19 +440,17 @@ __global__ void __launch_bounds__(kThreads, 1)
          * what lies past the tensor: rows, and the padding's columns at
          * d = 96). */
         {
-          /* Column 8 n + 2 t of row 16 warp + g (+ 8): box n / 4, 16-byte
-           * chunk 2 (n % 4) + t / 2 of the box's row, at chunk ^ g (the
-           * swizzle; the row's index mod 8 is g). */
-          const uint32_t row_addr = dq_tile + (warp * 16 + g) * 128 + (t & 1) * 8;
-          const uint32_t sw = (uint32_t)(g ^ (t >> 1)) << 4;
-          const int row = m0 + dq_row0 + warp * 16 + g;
+          /* Columns 8 n + 2 t, + 1 of row 16 warp + g (+ 8): 16-byte chunk
+           * 2 n + t / 2 of the tile's row (boxes of 8 chunks), 8 bytes in
+           * where t is odd. */
+          const int tr = warp * 16 + g, row = m0 + dq_row0 + tr;
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const bool ok = row + r * 8 < nq;
 #pragma unroll
             for (int n = 0; n < 8; ++n)
               asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(
-                               row_addr + r * 1024 + (n >> 2) * S::kDQBox + ((32u * (n & 3)) ^ sw)),
+                               dq_tile + (t & 1) * 8 + wg::swizzled(64, tr + r * 8, 2 * n + (t >> 1))),
                            "f"(ok ? dq[n][2 * r] : 0.f), "f"(ok ? dq[n][2 * r + 1] : 0.f)
                            : "memory");
           }
