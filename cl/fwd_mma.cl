@@ -75,6 +75,20 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
   int j0, jend;
   split_keys(lo, hi, MC, split, nsplit, &j0, &jend);
   for (; j0 < jend; j0 += MC) {
+#if HAS_BIAS
+    /* The lane's bias of the tile, in flight while K and V are staged and
+     * Q K^T runs (as in fwd.cl). Past the sequence: 0, unread. */
+    float bv[NSN][4];
+#pragma unroll
+    for (int n = 0; n < NSN; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e < 2 ? ra : rb, j = j0 + 8 * n + 2 * t + (e & 1);
+        bv[n][e] = r < nq && j < nk
+                       ? load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + j * bias_s.s3)
+                       : 0.0f;
+      }
+#endif
     barrier(CLK_LOCAL_MEM_FENCE); /* the last tile's (or Q's) reads are done */
     stage_tile(Ks, KST, MC, (__global const ushort *)kp, ks, j0, nk, d, 1, 0, lid KEY_PAGES);
     stage_tile(Vt, VST, MC, (__global const ushort *)vp, vs, j0, nk, d, 1, 1, lid KEY_PAGES);
@@ -102,14 +116,11 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
         const float x = s[n][e] * scale;
         float tt, y;
 #if HAS_BIAS
-        const float bv = r < nq && j < nk
-                             ? load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + j * bias_s.s3)
-                             : 0.0f;
         if (whole)
-          y = x + bv;
+          y = x + bv[n][e];
         else
           y = r < nq && j < nk && key_visible(dg, j, wl, wr)
-                  ? score_scaled(x, softcap, slope, dg - j, &tt) + bv
+                  ? score_scaled(x, softcap, slope, dg - j, &tt) + bv[n][e]
                   : -INFINITY;
 #else
         if (whole)
