@@ -448,11 +448,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int r = 0; r < 2; ++r) {
             const bool ok = row + r * 8 < nq;
 #pragma unroll
-            for (int n = 0; n < 8; ++n)
-              asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(
-                               dq_tile + (t & 1) * 8 + wg::swizzled(64, tr + r * 8, 2 * n + (t >> 1))),
+            for (int n = 0; n < 8; ++n) {
+              const uint32_t at =
+                  dq_tile + (t & 1) * 8 + wg::swizzled(64, tr + r * 8, 2 * n + (t >> 1));
+              asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at),
                            "f"(ok ? dq[n][2 * r] : 0.f), "f"(ok ? dq[n][2 * r + 1] : 0.f)
                            : "memory");
+            }
           }
         }
         wg::fence_proxy_async();

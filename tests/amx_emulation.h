@@ -1,7 +1,7 @@
 /*
- * AMX's tile operations in portable C, for building cpu/cpu_bf16_amx.c on
- * CPUs without AMX (test_products; forced in with -include, with the
- * kernel's names). Per thread, as the tile registers are: eight tiles of up
+ * AMX's tile operations in portable C, for building cpu/cpu_bf16_amx.c and
+ * cpu/cpu_few_amx.c on CPUs without AMX (test_products; forced in with
+ * -include, with the kernels' names). Per thread, as the tile registers are: eight tiles of up
  * to 16 rows x 64 bytes, shaped by the last configuration loaded. The
  * arithmetic is TDPBF16PS's: each f32 element of C gains the two products
  * of a bf16 pair of A's row by the pair of B's row at its column.

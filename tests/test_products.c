@@ -10,7 +10,8 @@
  * so that their indexing, tails and packing are checked on any machine.
  * OpenBLAS's sbgemm runs where the library was linked with it. The
  * products of few query rows (decoding) are checked here too, through the
- * path this CPU takes.
+ * path this CPU takes, and their AMX kernels (cpu/cpu_few_amx.c) on the
+ * emulated tiles as well.
  */
 #include "cpu_internal.h"
 #include "golden.h"
