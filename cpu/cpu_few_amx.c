@@ -57,7 +57,7 @@ static const uint16_t *cpu_few_rows16(const uint16_t *const *k, ptrdiff_t off, i
 }
 
 /* The d elements of rows x[a] + i hstep, a in [a0, a1), i < nkv, fetched
- * ahead (the cache's rows, which no prefetcher follows head by head). */
+ * ahead of the products that read them. */
 static void cpu_few_fetch(const uint16_t *const *x, int a0, int a1, int nkv, ptrdiff_t hstep,
                           int d) {
   for (int a = a0; a < a1; a++)
@@ -162,10 +162,10 @@ CPU_AMX_TARGET void ATTN_CPU_PV_FEW_AMX_NAME(const uint16_t *const *v, int bc, i
           const int p = kc * 16 + j;
           pa[kc][c * 16 + j] = c < w && p < np ? pairs[(size_t)p * ldp + c0 + c] : 0;
         }
-    /* C: O's rows where all 16 are the tile's, else a copy. */
+    /* C: O's rows where all 16 are the tile's, else a copy of the w rows
+     * (the rows past them gain A's zero rows and are not copied back). */
     float *cb = o + (size_t)c0 * d;
     if (w < 16) {
-      memset(ob, 0, sizeof(float) * 16 * (size_t)d);
       memcpy(ob, cb, sizeof(float) * (size_t)w * (size_t)d);
       cb = ob;
     }
