@@ -32,12 +32,29 @@
 #define NSN (MC / 8)  /* 8-column tiles of S a warp holds */
 #define NON (HD / 8)  /* of O */
 #define NQK (HD / 16) /* k16 steps of Q K^T */
+/* The bias tile goes through local memory (bias_fetch) where it fits beside
+ * K and V in the 48 KB that NVIDIA's OpenCL gives a work-group: every case
+ * but an f32 bias at HD above 96, whose lanes load their own elements
+ * instead. Its rows are BST elements apart: a lane's pairs of row g and of
+ * row g + 8 fall in distinct banks. */
+#if HAS_BIAS && (BIAS_DTYPE != 0 || HD <= 96)
+#define BIAS_STAGED 1
+#define BST (MC + 8)
+#define BIAS_ITEM_UNITS (MR * MC / BIAS_UNIT / MT)
+#else
+#define BIAS_STAGED 0
+#endif
 
 __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_ARGS) {
   /* Q passes through Ks before the first tile. 16-byte units, for the
    * staging's stores (KST and VST keep rows whole units apart). */
   __local uint4 Ks_w[MC * KST / 8], Vt_w[HD * VST / 8];
   __local ushort *Ks = (__local ushort *)Ks_w, *Vt = (__local ushort *)Vt_w;
+#if BIAS_STAGED
+  __local uint4 Bs_w[MR * BST * BIAS_BYTES / 16];
+  __local uchar *Bs = (__local uchar *)Bs_w;
+  uint4 bx[BIAS_ITEM_UNITS];
+#endif
 
   const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
   FWD_BLOCK(MR);
@@ -75,7 +92,9 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
   int j0, jend;
   split_keys(lo, hi, MC, split, nsplit, &j0, &jend);
   for (; j0 < jend; j0 += MC) {
-#if HAS_BIAS
+#if BIAS_STAGED
+    bias_fetch(bx, BIAS_ITEM_UNITS, MC, bias, bias_h, bias_s, r0, nq, j0, nk, lid);
+#elif HAS_BIAS
     /* The lane's bias of the tile, in flight while K and V are staged and
      * Q K^T runs (as in fwd.cl). Past the sequence: 0, unread. */
     float bv[NSN][4];
@@ -92,6 +111,9 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
     barrier(CLK_LOCAL_MEM_FENCE); /* the last tile's (or Q's) reads are done */
     stage_tile(Ks, KST, MC, (__global const ushort *)kp, ks, j0, nk, d, 1, 0, lid KEY_PAGES);
     stage_tile(Vt, VST, MC, (__global const ushort *)vp, vs, j0, nk, d, 1, 1, lid KEY_PAGES);
+#if BIAS_STAGED
+    bias_put(Bs, BST, bx, BIAS_ITEM_UNITS, MC, lid);
+#endif
     barrier(CLK_LOCAL_MEM_FENCE);
 
     float s[NSN][4];
@@ -103,6 +125,19 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
         mma_tile(s[n], qa[kk], word_at(Ks, 8 * n + g, KST, 16 * kk + 2 * t),
                  word_at(Ks, 8 * n + g, KST, 16 * kk + 8 + 2 * t));
     }
+
+#if BIAS_STAGED
+    float bv[NSN][4];
+#pragma unroll
+    for (int n = 0; n < NSN; ++n) {
+      const float2 x = bias_pair(Bs, BST, qr, 8 * n + 2 * t),
+                   y = bias_pair(Bs, BST, qr + 8, 8 * n + 2 * t);
+      bv[n][0] = x.x;
+      bv[n][1] = x.y;
+      bv[n][2] = y.x;
+      bv[n][3] = y.y;
+    }
+#endif
 
     /* Scores and mask by the rules, as fwd.cl takes them; e: 0, 1 row a,
      * 2, 3 row b; key j0 + 8 n + 2 t + (e & 1). */

@@ -100,6 +100,68 @@ inline void stage_tile(__local ushort *dst, int ld, int rows, __global const ush
   }
 }
 
+#if HAS_BIAS
+/* A bias tile through local memory: rows r0 .. r0 + rows - 1, keys j0 ..
+ * j0 + cols - 1 of the bias at bias_h (row i, key j: + i s2 + j s3; nq rows,
+ * nk keys), as stored (BIAS_DTYPE), 0 past the ends. bias_fetch loads an
+ * item's 16-byte units into registers before the barrier that frees local
+ * memory, so that they are in flight while the last tile's products end;
+ * bias_put stores them after it, row i at i * ld elements (ld a multiple
+ * of 8: rows stay whole units). Consecutive items take consecutive units of
+ * a row: whole 16-byte reads where the row is contiguous and aligned. */
+#define BIAS_BYTES (BIAS_DTYPE ? 2 : 4)
+#define BIAS_UNIT (16 / BIAS_BYTES) /* elements a unit */
+
+inline uint bias_bits(__global const uchar *bias, long i) {
+  return BIAS_DTYPE ? (uint)((__global const ushort *)bias)[i] : ((__global const uint *)bias)[i];
+}
+
+inline void bias_fetch(uint4 *x, int units, int cols, __global const uchar *bias, long bias_h,
+                       long4 s, int r0, int nq, int j0, int nk, int lid) {
+#pragma unroll
+  for (int u = 0; u < units; ++u) {
+    const int e = lid + u * MMA_ITEMS, i = e / (cols / BIAS_UNIT),
+              c = BIAS_UNIT * (e % (cols / BIAS_UNIT));
+    const long at = bias_h + (r0 + i) * s.s2 + (j0 + c) * s.s3;
+    __global const uchar *src = bias + at * BIAS_BYTES;
+    x[u] = (uint4)(0u);
+    if (r0 + i >= nq || j0 + c >= nk) continue;
+    if (s.s3 == 1 && j0 + c + BIAS_UNIT <= nk && ((ulong)src & 15u) == 0u) {
+      x[u] = *(__global const uint4 *)src;
+    } else {
+      uint w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+      for (int v = 0; v < BIAS_UNIT; ++v)
+        if (j0 + c + v < nk)
+          w[v * BIAS_BYTES / 4] |= bias_bits(bias, at + v * s.s3) << (8 * (v * BIAS_BYTES % 4));
+      x[u] = (uint4)(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+inline void bias_put(__local uchar *dst, int ld, const uint4 *x, int units, int cols, int lid) {
+#pragma unroll
+  for (int u = 0; u < units; ++u) {
+    const int e = lid + u * MMA_ITEMS, i = e / (cols / BIAS_UNIT),
+              c = BIAS_UNIT * (e % (cols / BIAS_UNIT));
+    *(__local uint4 *)(dst + (i * ld + c) * BIAS_BYTES) = x[u];
+  }
+}
+
+/* The bias of (row, col) and (row, col + 1) of a staged tile, as floats. */
+inline float2 bias_pair(__local const uchar *t, int ld, int row, int col) {
+  __local const uchar *p = t + (row * ld + col) * BIAS_BYTES;
+#if BIAS_DTYPE == 0
+  return *(__local const float2 *)p;
+#elif BIAS_DTYPE == 1
+  return vload_half2(0, (__local const half *)p);
+#else
+  const uint w = *(__local const uint *)p;
+  return (float2)(as_float(w << 16), as_float(w & 0xffff0000u));
+#endif
+}
+#endif
+
 /* The 32-bit word of two elements at (row, col) of a local tile. */
 inline uint word_at(__local const ushort *t, int row, int stride, int col) {
   return *(__local const uint *)(t + row * stride + col);

@@ -594,6 +594,11 @@ static void splits_give_the_same_answer(at_backend *b) {
 /* Score terms                                                              */
 /* ---------------------------------------------------------------------- */
 
+/* A bias full and broadcast, of f32 and of a 16-bit dtype, over f32 and bf16
+ * data: plain, then causal under softcap and ALiBi, then (bf16) at a head
+ * dim of the widest tensor-core tiles, where an f32 bias no longer fits
+ * beside K and V in NVIDIA OpenCL's local memory. Keys and rows are not
+ * whole tiles, so every tile has ragged edges. */
 static void bias_full_and_broadcast(at_backend *b) {
   const int forms[] = {1, 1 + BIAS_BATCH, 1 + BIAS_HEADS, 1 + BIAS_BATCH + BIAS_HEADS + BIAS_ROWS};
   for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
@@ -608,6 +613,8 @@ static void bias_full_and_broadcast(at_backend *b) {
                .bias_dt = i % 2 ? ATTN_BF16 : ATTN_F32};
     run_forward(b, &c);
     c.dt = ATTN_BF16, c.flags = ATTN_CAUSAL, c.softcap = 20, c.alibi = 1;
+    run_forward(b, &c);
+    c.d = 100;
     run_forward(b, &c);
   }
 }
