@@ -591,10 +591,14 @@ constexpr attn__cuda_config fwd_row(const char *name) {
  * d = 128 (Bc = 32, the largest without spills); d = 96 follows d = 128;
  * d = 256 holds O in 128 registers, so one slab per warp and Q in shared
  * memory. f32 through TF32 (rows the plan takes only for problems that
- * allow it) takes the same shapes, not measured yet, its tiles twice the
- * bytes: d = 128 fills 132 KB, one block an SM; d = 256 takes blocks of 16
- * keys, with which ptxas spills nothing (32 spilled up to 160 bytes), in
- * 130 KB; d = 32 follows d = 64. */
+ * allow it) has tiles twice the bytes, and with one block of 4 warps an SM
+ * its loop waits on latency: the keys a block shrink until more blocks
+ * share an SM (bench/NOTES.md: d = 128, 16 keys, two blocks in 101 KB, ran
+ * 23 % faster than 32 keys and one block; d = 64, 32 keys, three blocks in
+ * 70 KB, 3 % faster than 64 keys and two; one m16 slab a warp, or Q in
+ * registers, ran slower at both). d = 96 follows d = 128, d = 32 d = 64.
+ * d = 256 takes blocks of 16 keys, with which ptxas spills nothing (32
+ * spilled up to 160 bytes), in 130 KB. */
 constexpr attn__cuda_config fwd_rows[] = {
     fwd_row<__half, 64, 2, 4, 64, 2, false, 2>("tensor-core forward, f16, d = 64, 128 x 64 tiles"),
     fwd_row<__half, 96, 2, 4, 32, 2, false, 2>("tensor-core forward, f16, d = 96, 128 x 32 tiles"),
@@ -609,14 +613,14 @@ constexpr attn__cuda_config fwd_rows[] = {
         "tensor-core forward, bf16, d = 128, 128 x 32 tiles"),
     fwd_row<__nv_bfloat16, 256, 1, 4, 32, 2, false, 2>(
         "tensor-core forward, bf16, d = 256, 64 x 32 tiles"),
-    fwd_row<float, 32, 2, 4, 64, 2, false, 2>(
-        "tensor-core forward, f32 as TF32, d = 32, 128 x 64 tiles"),
-    fwd_row<float, 64, 2, 4, 64, 2, false, 2>(
-        "tensor-core forward, f32 as TF32, d = 64, 128 x 64 tiles"),
-    fwd_row<float, 96, 2, 4, 32, 2, false, 2>(
-        "tensor-core forward, f32 as TF32, d = 96, 128 x 32 tiles"),
-    fwd_row<float, 128, 2, 4, 32, 2, false, 2>(
-        "tensor-core forward, f32 as TF32, d = 128, 128 x 32 tiles"),
+    fwd_row<float, 32, 2, 4, 32, 2, false, 3>(
+        "tensor-core forward, f32 as TF32, d = 32, 128 x 32 tiles"),
+    fwd_row<float, 64, 2, 4, 32, 2, false, 3>(
+        "tensor-core forward, f32 as TF32, d = 64, 128 x 32 tiles"),
+    fwd_row<float, 96, 2, 4, 16, 2, false, 2>(
+        "tensor-core forward, f32 as TF32, d = 96, 128 x 16 tiles"),
+    fwd_row<float, 128, 2, 4, 16, 2, false, 2>(
+        "tensor-core forward, f32 as TF32, d = 128, 128 x 16 tiles"),
     fwd_row<float, 256, 1, 4, 16, 2, false, 1>(
         "tensor-core forward, f32 as TF32, d = 256, 64 x 16 tiles"),
 };
