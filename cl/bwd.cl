@@ -312,7 +312,7 @@ inline void tile_p_ds(float (*s)[BTN], float (*dp)[BTN], row_stats st, const til
       const int kj = t->j0 + tx + 16 * n;
       float p = 0.0f, ds = 0.0f, g = 0.0f;
       if (whole) {
-        p = li != -INFINITY ? exp((s[i][n] * scale - li) - lo) : 0.0f;
+        p = li != -INFINITY ? EXP_FROM(s[i][n] * scale - li, lo) : 0.0f;
         ds = g = p * (dp[i][n] - dl);
       } else if (r < t->nq && kj < t->nk && key_visible(dg, kj, wl, wr) && li != -INFINITY) {
         float th;
@@ -322,7 +322,7 @@ inline void tile_p_ds(float (*s)[BTN], float (*dp)[BTN], row_stats st, const til
 #else
         const float x = score(s[i][n], scale, softcap, slope, dg - kj, &th);
 #endif
-        p = exp((x - li) - lo); /* see lse_split */
+        p = EXP_FROM(x - li, lo); /* see lse_split */
         g = p * (dp[i][n] - dl);
         ds = score_grad(g, th, softcap);
       }

@@ -117,7 +117,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
         const int u = e >> 1, r = rr[u], kj = j0 + 8 * n + 2 * t + (e & 1);
         float p = 0.0f, ds = 0.0f, gr = 0.0f;
         if (whole) {
-          p = li[u] != -INFINITY ? exp((s[n][e] * scale - li[u]) - lo2[u]) : 0.0f;
+          p = li[u] != -INFINITY ? EXP_FROM(s[n][e] * scale - li[u], lo2[u]) : 0.0f;
           ds = gr = p * (dp[n][e] - dl[u]);
         } else if (r < nq && kj < nk && key_visible(dg[u], kj, wl, wr) && li[u] != -INFINITY) {
           float th;
@@ -127,7 +127,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
 #else
           const float x = score(s[n][e], scale, softcap, slope, dg[u] - kj, &th);
 #endif
-          p = exp((x - li[u]) - lo2[u]); /* see lse_split */
+          p = EXP_FROM(x - li[u], lo2[u]); /* see lse_split */
           gr = p * (dp[n][e] - dl[u]);
           ds = score_grad(gr, th, softcap);
         }

@@ -130,7 +130,7 @@ inline void rows_p_ds(const rows_block *rb, float8 (*kt)[KG], float8 (*vt)[KG], 
     for (int j = 0; j < KB; j += 8) {
       const int jg = j0 + j;
       if (plain && live && jg >= klo && jg + 8 <= khi && j + 8 <= kn) {
-        const float8 pp = exp((vload8(0, &p[i][j]) * scale - li) - lo);
+        const float8 pp = EXP_FROM(vload8(0, &p[i][j]) * scale - li, lo);
         const float8 dd = pp * (vload8(0, &ds[i][j]) - de);
         vstore8(pp, 0, &p[i][j]);
         vstore8(dd, 0, &ds[i][j]);
@@ -150,7 +150,7 @@ inline void rows_p_ds(const rows_block *rb, float8 (*kt)[KG], float8 (*vt)[KG], 
 #else
           const float x = score(p[i][j + e], scale, softcap, slope, dg - jj, &t);
 #endif
-          pe = exp((x - li) - lo); /* see lse_split */
+          pe = EXP_FROM(x - li, lo); /* see lse_split */
           dre = pe * (ds[i][j + e] - de);
           de_ = score_grad(dre, t, softcap);
         }

@@ -186,6 +186,15 @@ inline float lse_split(float m, float ll, float *lo) {
   return hi;
 }
 
+/* The softmax's exponential of a score, exp(x - m) with m the row's
+ * maximum (or lse), as exp2 of one product: GPUs run exp2 as one
+ * instruction where exp() is a range-reduced sequence several times as
+ * long, and the forward's softmax issues as many instructions as its
+ * products at small head dims. x - m is exact near the maximum, so the
+ * product's rounding moves p by about an ulp of x - m: 1e-6 of p where
+ * x - m = -16 and p = 1e-7. A macro, for float and float8. */
+#define EXP_FROM(x, m) exp2(((x) - (m)) * M_LOG2E_F)
+
 /* The rules. A window bound wl, wr of -1 is no bound; causal arrives as
  * wr = 0. Query row i of a sequence of nq rows and nk keys sits on key
  * diag(i): the last row on the last key. Ranges are [lo, hi), clamped to

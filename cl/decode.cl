@@ -306,7 +306,7 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
     for (int rr = 0; rr < DR; ++rr) {
       const float mn = mu[rr];
       mu[rr] = mn == -INFINITY ? 0.0f : mn;
-      const float alpha = exp(m[rr] - mu[rr]);
+      const float alpha = EXP_FROM(m[rr], mu[rr]);
       m[rr] = mn;
       l[rr] *= alpha;
 #pragma unroll
@@ -339,7 +339,7 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
           const FV vf = unpack(vc[u]);
 #pragma unroll
           for (int rr = 0; rr < DR; ++rr) {
-            const float p = exp(Ss[jj * DR + rr] - mu[rr]);
+            const float p = EXP_FROM(Ss[jj * DR + rr], mu[rr]);
             if (cc == 0) l[rr] += p;
 #pragma unroll
             for (int e = 0; e < CH; ++e)

@@ -266,7 +266,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(FWD_ARGS)
         mx = fmax(mx, fmax(fmax(r4.s0, r4.s1), fmax(r4.s2, r4.s3)));
       }
       const float mu = mx == -INFINITY ? 0.0f : mx;
-      const float alpha = exp(m_i[i] - mu);
+      const float alpha = EXP_FROM(m_i[i], mu);
       m_i[i] = mx;
       l_i[i] *= alpha;
 #pragma unroll
@@ -274,7 +274,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(FWD_ARGS)
         acc[i][n] *= alpha;
 #pragma unroll
       for (int n = 0; n < TN; ++n) {
-        const float p = exp(s[i][n] - mu);
+        const float p = EXP_FROM(s[i][n], mu);
         l_i[i] += p;
         Ps[(tx + TX * n) * PSTR + ty * TM + i] = p;
       }

@@ -177,7 +177,7 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
     /* Online softmax; a row with no visible key so far keeps m = -inf and
      * subtracts 0, so that exp() gives 0 rather than NaN. */
     const float mu_a = mx_a == -INFINITY ? 0.0f : mx_a, mu_b = mx_b == -INFINITY ? 0.0f : mx_b;
-    const float al_a = exp(m_a - mu_a), al_b = exp(m_b - mu_b);
+    const float al_a = EXP_FROM(m_a, mu_a), al_b = EXP_FROM(m_b, mu_b);
     m_a = mx_a;
     m_b = mx_b;
     l_a *= al_a;
@@ -191,10 +191,10 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
     }
 #pragma unroll
     for (int n = 0; n < NSN; ++n) {
-      s[n][0] = exp(s[n][0] - mu_a);
-      s[n][1] = exp(s[n][1] - mu_a);
-      s[n][2] = exp(s[n][2] - mu_b);
-      s[n][3] = exp(s[n][3] - mu_b);
+      s[n][0] = EXP_FROM(s[n][0], mu_a);
+      s[n][1] = EXP_FROM(s[n][1], mu_a);
+      s[n][2] = EXP_FROM(s[n][2], mu_b);
+      s[n][3] = EXP_FROM(s[n][3], mu_b);
       l_a += s[n][0] + s[n][1];
       l_b += s[n][2] + s[n][3];
     }

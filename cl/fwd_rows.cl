@@ -116,11 +116,11 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_A
       /* A row with no visible key so far keeps m_i = -inf; subtracting 0
        * instead keeps exp() at 0 rather than NaN. */
       const float mu = mx == -INFINITY ? 0.0f : mx;
-      alpha[i] = exp(m_i[i] - mu);
+      alpha[i] = EXP_FROM(m_i[i], mu);
       m_i[i] = mx;
       float8 l8 = 0.0f;
       for (int j = 0; j < KB; j += 8) {
-        const float8 p = exp(vload8(0, &s[i][j]) - mu);
+        const float8 p = EXP_FROM(vload8(0, &s[i][j]), mu);
         l8 += p;
         vstore8(p, 0, &s[i][j]);
       }
