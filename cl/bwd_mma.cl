@@ -9,8 +9,8 @@
  *   P = exp((S scale - lse_hi) - lse_lo), dS = P (dP - delta) (softcap's
  *                              derivative, bias, mask: the rules)
  *   dQ += dS K                 dS packed to 16 bits from the accumulators
- *                              (the A fragment's layout), K transposed in
- *                              local memory
+ *                              (the A fragment's layout), K's fragments
+ *                              read transposed (ldmatrix)
  * dbias: added element by element (DBIAS 1), or the block's rows summed
  * per key into the work-group's slot (DBIAS 2), over the lanes of a warp
  * and then the warps, in a fixed order. The PTX and the staging: mma.cl;
@@ -19,12 +19,11 @@
 #define QR 64                                      /* query rows per work-group (BQ) */
 #define MK 32                                      /* keys per block */
 #define QST (HD + 8)                               /* Q, dO, K and V rows in local memory */
-#define KTS (MK + 8)                               /* rows of K^T */
 #define NDN (HD / 8)                               /* 8-column tiles of dQ a warp holds */
 #define NDK (HD / 16)                              /* k16 steps of Q K^T */
 #define NSK (MK / 8)                               /* 8-column tiles of S */
 #define QUNITS (2 * QR * QST / 8)                  /* Q and dO, in 16-byte units */
-#define KUNITS ((2 * MK * QST + HD * KTS) / 8)     /* K, V and K^T */
+#define KUNITS (2 * MK * QST / 8)                  /* K and V */
 #define BUNITS (QUNITS > KUNITS ? QUNITS : KUNITS) /* they share the buffer */
 
 __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq_mma(
@@ -34,7 +33,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
 #pragma OPENCL FP_CONTRACT OFF
   __local uint4 buf[BUNITS];
   __local ushort *Qs = (__local ushort *)buf, *Gs = Qs + QR * QST;
-  __local ushort *Ks = (__local ushort *)buf, *Vs = Ks + MK * QST, *Kt = Vs + MK * QST;
+  __local ushort *Ks = (__local ushort *)buf, *Vs = Ks + MK * QST;
 #if DBIAS == 2
   __local float colsum[4 * MK];
 #endif
@@ -46,9 +45,10 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
 
   /* The warp's rows of Q and dO as A fragments, for the whole pass. */
   stage_tile(Qs, QST, QR, (__global const ushort *)HEAD_ROWS(q, qo, qs, b, h, seq.q0), qs, i0, nq,
-             d, 0, 0, lid);
+             d, 0, lid);
   stage_tile(Gs, QST, QR, (__global const ushort *)HEAD_ROWS(dout, go, gs, b, h, seq.q0), gs, i0,
-             nq, d, 0, 0, lid);
+             nq, d, 0, lid);
+  copies_wait();
   barrier(CLK_LOCAL_MEM_FENCE);
   uint qa[NDK][4], ga[NDK][4];
   const int qr = 16 * w + g;
@@ -87,24 +87,14 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   const int plain = !HAS_BIAS && softcap == 0.0f && slope == 0.0f && i0 + QR <= nq;
   for (int j0 = lo / MK * MK; j0 < hi; j0 += MK) {
     barrier(CLK_LOCAL_MEM_FENCE); /* the last block's (or Q's and dO's) reads are done */
-    stage_tile(Ks, QST, MK, (__global const ushort *)kp, ks, j0, nk, d, 0, 0, lid);
-    stage_tile(Vs, QST, MK, (__global const ushort *)vp, vs, j0, nk, d, 0, 0, lid);
-    stage_tile(Kt, KTS, MK, (__global const ushort *)kp, ks, j0, nk, d, 0, 1, lid);
+    stage_tile(Ks, QST, MK, (__global const ushort *)kp, ks, j0, nk, d, 0, lid);
+    stage_tile(Vs, QST, MK, (__global const ushort *)vp, vs, j0, nk, d, 0, lid);
+    copies_wait();
     barrier(CLK_LOCAL_MEM_FENCE);
 
     float s[NSK][4], dp[NSK][4];
-#pragma unroll
-    for (int n = 0; n < NSK; ++n) {
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-      dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < NDK; ++kk) {
-        mma_tile(s[n], qa[kk], word_at(Ks, 8 * n + g, QST, 16 * kk + 2 * t),
-                 word_at(Ks, 8 * n + g, QST, 16 * kk + 8 + 2 * t));
-        mma_tile(dp[n], ga[kk], word_at(Vs, 8 * n + g, QST, 16 * kk + 2 * t),
-                 word_at(Vs, 8 * n + g, QST, 16 * kk + 8 + 2 * t));
-      }
-    }
+    tile_times_rows(s, NSK, qa, NDK, Ks, QST, lane);
+    tile_times_rows(dp, NSK, ga, NDK, Vs, QST, lane);
 
     /* P, dS (into s) and dbias's term g (into dp) by the rules, as
      * tile_p_ds; e: 0, 1 the lane's first row, 2, 3 its second; key
@@ -160,7 +150,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
 #endif
 
     /* dQ += dS K, dS from the accumulators. */
-    acc_times_tile(acc, NDN, s, MK, Kt, KTS, g, t);
+    acc_times_tile(acc, NDN, s, MK, Ks, QST, lane);
   }
 
   __global T *dqp = HEAD_ROWS(dq, dqo, dqs, b, h, seq.q0);

@@ -5,15 +5,18 @@
  * MR = 64 query rows of one (sequence, head), 16 rows a warp, over key
  * tiles of MC = 64:
  *   S = Q K^T      mma.sync m16n8k16, Q's fragments held in registers, K
- *                  row-major in local memory (a fragment is a 32-bit read)
+ *                  row-major in local memory (ldmatrix)
  *   S -> scale, softcap, ALiBi, bias, mask, online softmax (common.cl), the
  *        row maxima and sums over the 4 lanes that share a row (shfl.sync)
  *   O += P V       P packed to 16 bits from S's accumulators, which already
- *                  lie as the next product's A fragments; V transposed in
- *                  local memory so that its fragments are 32-bit reads too
+ *                  lie as the next product's A fragments; V row-major in
+ *                  local memory too (ldmatrix, transposed)
  * Lane (g, t) = (lane / 4, lane % 4) of warp w holds rows 16 w + g and
  * 16 w + g + 8, and of each 8 columns of S or O the columns 2 t, 2 t + 1:
- * the m16n8k16 layout of C and D.
+ * the m16n8k16 layout of C and D. K, V and a bias tile come by cp.async,
+ * which holds no register in flight, one buffer each: a tile's V while
+ * its Q K^T and softmax run, the next tile's K (and bias) while its P V
+ * runs.
  *
  * The PTX and the staging: mma.cl, which precedes this file. Built only
  * for a device whose driver takes PTX in OpenCL C (NVIDIA, the plan checks
@@ -27,33 +30,40 @@
 #define MR 64 /* query rows per work-group */
 #define MC 64 /* keys per tile */
 #define MT MMA_ITEMS
-#define KST (HD + 8)  /* K and Q rows in local memory, in 16-bit elements: 4 words apart per row */
-#define VST (MC + 8)  /* rows of V^T: 4 words apart per column */
+#define KST (HD + 8)  /* Q, K and V rows in local memory, in 16-bit elements */
 #define NSN (MC / 8)  /* 8-column tiles of S a warp holds */
 #define NON (HD / 8)  /* of O */
 #define NQK (HD / 16) /* k16 steps of Q K^T */
-/* The bias tile goes through local memory (bias_fetch) where it fits beside
- * K and V in the 48 KB that NVIDIA's OpenCL gives a work-group: every case
- * but an f32 bias at HD above 96, whose lanes load their own elements
- * instead. Its rows are BST elements apart: a lane's pairs of row g and of
- * row g + 8 fall in distinct banks. */
+/* The bias tile goes through local memory (bias_copy, with K's copies)
+ * where it fits beside K and V in the 48 KB that NVIDIA's OpenCL gives a
+ * work-group: every case but an f32 bias at HD above 96, whose lanes load
+ * their own elements instead. Its rows are BST elements apart: a lane's
+ * pairs of row g and of row g + 8 fall in distinct banks. */
 #if HAS_BIAS && (BIAS_DTYPE != 0 || HD <= 96)
 #define BIAS_STAGED 1
 #define BST (MC + 8)
-#define BIAS_ITEM_UNITS (MR * MC / BIAS_UNIT / MT)
 #else
 #define BIAS_STAGED 0
 #endif
 
+/* Key tile j's K rows (and bias tile) asked for, into Ks (and Bs). */
+#if BIAS_STAGED
+#define STAGE_BIAS(j) bias_copy(Bs, BST, MR, MC, bias, bias_h, bias_s, r0, nq, j, nk, lid)
+#else
+#define STAGE_BIAS(j)
+#endif
+#define STAGE_K(j)                                                                      \
+  stage_tile(Ks, KST, MC, (__global const ushort *)kp, ks, j, nk, d, 1, lid KEY_PAGES); \
+  STAGE_BIAS(j)
+
 __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_ARGS) {
   /* Q passes through Ks before the first tile. 16-byte units, for the
-   * staging's stores (KST and VST keep rows whole units apart). */
-  __local uint4 Ks_w[MC * KST / 8], Vt_w[HD * VST / 8];
-  __local ushort *Ks = (__local ushort *)Ks_w, *Vt = (__local ushort *)Vt_w;
+   * staging's stores (KST keeps rows whole units apart). */
+  __local uint4 Ks_w[MC * KST / 8], Vs_w[MC * KST / 8];
+  __local ushort *Ks = (__local ushort *)Ks_w, *Vs = (__local ushort *)Vs_w;
 #if BIAS_STAGED
   __local uint4 Bs_w[MR * BST * BIAS_BYTES / 16];
   __local uchar *Bs = (__local uchar *)Bs_w;
-  uint4 bx[BIAS_ITEM_UNITS];
 #endif
 
   const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
@@ -68,7 +78,8 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
   key_block_common(r0, r0 + MR, nq, nk, wl, wr, &all_lo, &all_hi);
 
   /* The warp's rows of Q as A fragments, for the whole pass. */
-  stage_tile(Ks, KST, MR, (__global const ushort *)qp, qs, r0, nq, d, 0, 0, lid KEY_PAGES);
+  stage_tile(Ks, KST, MR, (__global const ushort *)qp, qs, r0, nq, d, 0, lid KEY_PAGES);
+  copies_wait();
   barrier(CLK_LOCAL_MEM_FENCE);
   uint qa[NQK][4];
   const int qr = 16 * w + g;
@@ -89,12 +100,18 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
   for (int n = 0; n < NON; ++n)
     acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 
+  /* A tile's K (with its bias) and its V are two groups of copies in
+   * flight at once, in the two buffers: V lands under Q K^T and the
+   * softmax, the next tile's K under P V. */
   int j0, jend;
   split_keys(lo, hi, MC, split, nsplit, &j0, &jend);
+  barrier(CLK_LOCAL_MEM_FENCE); /* Q's reads of Ks are done */
+  if (j0 < jend) {
+    STAGE_K(j0);
+  }
+  copies_commit();
   for (; j0 < jend; j0 += MC) {
-#if BIAS_STAGED
-    bias_fetch(bx, BIAS_ITEM_UNITS, MC, bias, bias_h, bias_s, r0, nq, j0, nk, lid);
-#elif HAS_BIAS
+#if HAS_BIAS && !BIAS_STAGED
     /* The lane's bias of the tile, in flight while K and V are staged and
      * Q K^T runs (as in fwd.cl). Past the sequence: 0, unread. */
     float bv[NSN][4];
@@ -108,23 +125,14 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
                        : 0.0f;
       }
 #endif
-    barrier(CLK_LOCAL_MEM_FENCE); /* the last tile's (or Q's) reads are done */
-    stage_tile(Ks, KST, MC, (__global const ushort *)kp, ks, j0, nk, d, 1, 0, lid KEY_PAGES);
-    stage_tile(Vt, VST, MC, (__global const ushort *)vp, vs, j0, nk, d, 1, 1, lid KEY_PAGES);
-#if BIAS_STAGED
-    bias_put(Bs, BST, bx, BIAS_ITEM_UNITS, MC, lid);
-#endif
+    barrier(CLK_LOCAL_MEM_FENCE); /* the last tile's P V is done with Vs */
+    stage_tile(Vs, KST, MC, (__global const ushort *)vp, vs, j0, nk, d, 1, lid KEY_PAGES);
+    copies_commit();
+    copies_wait_but_last(); /* the tile's K (and bias) */
     barrier(CLK_LOCAL_MEM_FENCE);
 
     float s[NSN][4];
-#pragma unroll
-    for (int n = 0; n < NSN; ++n) {
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < NQK; ++kk)
-        mma_tile(s[n], qa[kk], word_at(Ks, 8 * n + g, KST, 16 * kk + 2 * t),
-                 word_at(Ks, 8 * n + g, KST, 16 * kk + 8 + 2 * t));
-    }
+    tile_times_rows(s, NSN, qa, NQK, Ks, KST, lane);
 
 #if BIAS_STAGED
     float bv[NSN][4];
@@ -199,8 +207,15 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
       l_b += s[n][2] + s[n][3];
     }
 
+    copies_wait();                /* the tile's V */
+    barrier(CLK_LOCAL_MEM_FENCE); /* V landed; Ks and Bs read */
+    if (j0 + MC < jend) {
+      STAGE_K(j0 + MC);
+    }
+    copies_commit();
+
     /* O += P V, P from S's accumulators. */
-    acc_times_tile(acc, NON, s, MC, Vt, VST, g, t);
+    acc_times_tile(acc, NON, s, MC, Vs, KST, lane);
   }
 
   /* The rows' ends (fwd_rows.cl's), each row's sum over its 4 lanes. */

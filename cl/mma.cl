@@ -3,10 +3,12 @@
  * later), for the kernels that run on them (fwd_mma.cl, bwd_mma.cl, which
  * follow this file): mma.sync m16n8k16 on f16 or bf16 (DTYPE) with f32
  * accumulators, the pack of two floats into one 16-bit pair, the lane
- * exchange of a warp, and the staging of 16-bit tiles into local memory
- * laid out so that every fragment is one 32-bit read. Fragments follow
- * the PTX ISA: lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8,
- * and of each 8 columns the columns 2 t, 2 t + 1, of C and D.
+ * exchange of a warp, the staging of 16-bit tiles row-major into local
+ * memory, and the products' B fragments read from there by ldmatrix, four
+ * 8 x 8 matrices an instruction (transposed for an operand whose rows are
+ * the product's k). Fragments follow the PTX ISA: lane (g, t) = (lane / 4,
+ * lane % 4) holds rows g and g + 8, and of each 8 columns the columns 2 t,
+ * 2 t + 1, of C and D.
  */
 #ifndef HD
 #define HD 64
@@ -64,51 +66,104 @@ inline float quad_sum(float x) {
   return x + lane_xor(x, 2);
 }
 
+/* A local address as the shared state space's 32-bit one, which ldmatrix
+ * and cp.async take. */
+inline uint local_addr(__local const void *p) {
+  return (uint)(ulong)p;
+}
+
+/* 16 bytes from global to local memory by cp.async: no register holds them
+ * in flight. They land by the next copies_wait (every copy of the item's so
+ * far) or copies_wait_but_last (all but the last group: copies_commit
+ * closes a group); a barrier then shows them to the work-group. */
+inline void copy16(__local void *dst, __global const void *src) {
+  __asm__ __volatile__("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(local_addr(dst)),
+                       "l"((ulong)src)
+                       : "memory");
+}
+
+inline void copies_commit(void) {
+  __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
+}
+
+inline void copies_wait(void) {
+  __asm__ __volatile__("cp.async.wait_all;" ::: "memory");
+}
+
+inline void copies_wait_but_last(void) {
+  __asm__ __volatile__("cp.async.wait_group 1;" ::: "memory");
+}
+
 /* Rows j0 .. j0 + rows - 1 of a [.., HD] operand (n rows, d columns) into
- * local memory, zero past the ends: key rows (keyed, through KEY_ROW) or
- * query rows; row-major (row j at j * ld) or transposed (column c's rows
- * at c * ld); ld a multiple of 8, so that rows are whole 16-byte units. An item moves 8 columns at
- * a time, one 16-byte read where the run is contiguous and aligned. Row-major: consecutive items
- * take consecutive runs of a row (whole 16-byte stores); transposed:
- * consecutive keys, so that a warp's 16-bit stores fill whole words. */
+ * local memory, row j at j * ld, zero past the ends: key rows (keyed,
+ * through KEY_ROW) or query rows; ld a multiple of 8, so that rows are
+ * whole 16-byte units and 8 rows of a unit column fall in distinct banks
+ * (ldmatrix). An item moves 8 columns at a time: one copy16 where the run
+ * is contiguous and aligned, which lands later (copies_wait), else element
+ * by element, stored at once; consecutive items take consecutive runs of a
+ * row. */
 inline void stage_tile(__local ushort *dst, int ld, int rows, __global const ushort *p, long4 s,
-                       int j0, int n, int d, int keyed, int transposed, int lid KEY_PAGES_PARAM) {
+                       int j0, int n, int d, int keyed, int lid KEY_PAGES_PARAM) {
   for (int e = lid; e < rows * HD / 8; e += MMA_ITEMS) {
-    const int j = transposed ? e % rows : e / (HD / 8),
-              c = 8 * (transposed ? e / rows : e % (HD / 8));
-    uint4 x = (uint4)(0u);
+    const int j = e / (HD / 8), c = 8 * (e % (HD / 8));
+    __local ushort *at = dst + j * ld + c;
+    uint w[4] = {0u, 0u, 0u, 0u};
     if (j0 + j < n) {
       const long row = keyed ? KEY_ROW(j0 + j, s) : (long)(j0 + j) * s.s1;
       __global const ushort *src = p + row + c * s.s3;
       if (s.s3 == 1 && c + 8 <= d && ((ulong)src & 15u) == 0u) {
-        x = *(__global const uint4 *)src;
-      } else {
-        uint w[4] = {0u, 0u, 0u, 0u};
-        for (int u = 0; u < 8 && c + u < d; ++u)
-          w[u / 2] |= (uint)src[u * s.s3] << (16 * (u % 2));
-        x = (uint4)(w[0], w[1], w[2], w[3]);
+        copy16(at, src);
+        continue;
       }
+      for (int u = 0; u < 8 && c + u < d; ++u)
+        w[u / 2] |= (uint)src[u * s.s3] << (16 * (u % 2));
     }
-    if (transposed) {
-      const uint xs[4] = {x.s0, x.s1, x.s2, x.s3};
+    *(__local uint4 *)at = (uint4)(w[0], w[1], w[2], w[3]);
+  }
+}
+
+/* Four 8 x 8 matrices of 16-bit elements from local memory: lane l gives
+ * the address of row l % 8 of matrix l / 8 (16 bytes, aligned); r[m] is
+ * matrix m's fragment, lane (g, t) holding its row g, columns 2 t and
+ * 2 t + 1 (ldsm4) or its column g, rows 2 t and 2 t + 1 (ldsm4_trans). */
+inline void ldsm4(uint *r, __local const ushort *p) {
+  __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                       : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                       : "r"(local_addr(p)));
+}
+
+inline void ldsm4_trans(uint *r, __local const ushort *p) {
+  __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                       : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                       : "r"(local_addr(p)));
+}
+
+/* s = A B^T for the nn 8-column tiles of s: A the warp's 16 rows as kd k16
+ * steps of fragments (kd even), B's rows (the keys) row-major in local
+ * memory, row c at c * ld: one ldsm4 gives tile n's fragments of two k16
+ * steps. */
+inline void tile_times_rows(float (*s)[4], int nn, const uint (*a)[4], int kd,
+                            __local const ushort *rows, int ld, int lane) {
 #pragma unroll
-      for (int u = 0; u < 8; ++u)
-        dst[(c + u) * ld + j] = (ushort)(xs[u / 2] >> (16 * (u % 2)));
-    } else {
-      *(__local uint4 *)(dst + j * ld + c) = x;
+  for (int n = 0; n < nn; ++n) {
+    s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kd; kk += 2) {
+      uint b[4];
+      ldsm4(b, rows + (8 * n + lane % 8) * ld + 16 * kk + 8 * (lane / 8));
+      mma_tile(s[n], a[kk], b[0], b[1]);
+      mma_tile(s[n], a[kk + 1], b[2], b[3]);
     }
   }
 }
 
 #if HAS_BIAS
-/* A bias tile through local memory: rows r0 .. r0 + rows - 1, keys j0 ..
- * j0 + cols - 1 of the bias at bias_h (row i, key j: + i s2 + j s3; nq rows,
- * nk keys), as stored (BIAS_DTYPE), 0 past the ends. bias_fetch loads an
- * item's 16-byte units into registers before the barrier that frees local
- * memory, so that they are in flight while the last tile's products end;
- * bias_put stores them after it, row i at i * ld elements (ld a multiple
- * of 8: rows stay whole units). Consecutive items take consecutive units of
- * a row: whole 16-byte reads where the row is contiguous and aligned. */
+/* A bias tile through local memory, as stage_tile stages K: bias_copy
+ * brings rows r0 .. r0 + rows - 1, keys j0 .. j0 + cols - 1 of the bias at
+ * bias_h (row i, key j: + i s2 + j s3; nq rows, nk keys), as stored
+ * (BIAS_DTYPE), 0 past the ends, row i at i * ld elements of dst (ld a
+ * multiple of 8: rows stay whole units); whole 16-byte units where the row
+ * is contiguous and aligned by copy16, the others element by element. */
 #define BIAS_BYTES (BIAS_DTYPE ? 2 : 4)
 #define BIAS_UNIT (16 / BIAS_BYTES) /* elements a unit */
 
@@ -116,35 +171,25 @@ inline uint bias_bits(__global const uchar *bias, long i) {
   return BIAS_DTYPE ? (uint)((__global const ushort *)bias)[i] : ((__global const uint *)bias)[i];
 }
 
-inline void bias_fetch(uint4 *x, int units, int cols, __global const uchar *bias, long bias_h,
-                       long4 s, int r0, int nq, int j0, int nk, int lid) {
-#pragma unroll
-  for (int u = 0; u < units; ++u) {
-    const int e = lid + u * MMA_ITEMS, i = e / (cols / BIAS_UNIT),
-              c = BIAS_UNIT * (e % (cols / BIAS_UNIT));
+inline void bias_copy(__local uchar *dst, int ld, int rows, int cols, __global const uchar *bias,
+                      long bias_h, long4 s, int r0, int nq, int j0, int nk, int lid) {
+  for (int e = lid; e < rows * cols / BIAS_UNIT; e += MMA_ITEMS) {
+    const int i = e / (cols / BIAS_UNIT), c = BIAS_UNIT * (e % (cols / BIAS_UNIT));
     const long at = bias_h + (r0 + i) * s.s2 + (j0 + c) * s.s3;
     __global const uchar *src = bias + at * BIAS_BYTES;
-    x[u] = (uint4)(0u);
-    if (r0 + i >= nq || j0 + c >= nk) continue;
-    if (s.s3 == 1 && j0 + c + BIAS_UNIT <= nk && ((ulong)src & 15u) == 0u) {
-      x[u] = *(__global const uint4 *)src;
-    } else {
-      uint w[4] = {0u, 0u, 0u, 0u};
+    __local uchar *d = dst + (i * ld + c) * BIAS_BYTES;
+    if (r0 + i < nq && j0 + c < nk && s.s3 == 1 && j0 + c + BIAS_UNIT <= nk &&
+        ((ulong)src & 15u) == 0u) {
+      copy16(d, src);
+      continue;
+    }
+    uint w[4] = {0u, 0u, 0u, 0u};
+    if (r0 + i < nq)
 #pragma unroll
       for (int v = 0; v < BIAS_UNIT; ++v)
         if (j0 + c + v < nk)
           w[v * BIAS_BYTES / 4] |= bias_bits(bias, at + v * s.s3) << (8 * (v * BIAS_BYTES % 4));
-      x[u] = (uint4)(w[0], w[1], w[2], w[3]);
-    }
-  }
-}
-
-inline void bias_put(__local uchar *dst, int ld, const uint4 *x, int units, int cols, int lid) {
-#pragma unroll
-  for (int u = 0; u < units; ++u) {
-    const int e = lid + u * MMA_ITEMS, i = e / (cols / BIAS_UNIT),
-              c = BIAS_UNIT * (e % (cols / BIAS_UNIT));
-    *(__local uint4 *)(dst + (i * ld + c) * BIAS_BYTES) = x[u];
+    *(__local uint4 *)d = (uint4)(w[0], w[1], w[2], w[3]);
   }
 }
 
@@ -167,20 +212,24 @@ inline uint word_at(__local const ushort *t, int row, int stride, int col) {
   return *(__local const uint *)(t + row * stride + col);
 }
 
-/* acc += A B over k keys, for the nn 8-column tiles of acc: A the 16 x k
- * product whose accumulators s holds (S's or dS's: tiles 2 kk and 2 kk + 1
- * are k16 step kk's A fragment, packed to 16 bits), B a tile stored
- * transposed in local memory (column n's k values at n * ld). */
-inline void acc_times_tile(float (*acc)[4], int nn, float (*s)[4], int k, __local const ushort *bt,
-                           int ld, int g, int t) {
+/* acc += A B over k keys, for the nn 8-column tiles of acc (nn even): A
+ * the 16 x k product whose accumulators s holds (S's or dS's: tiles 2 kk
+ * and 2 kk + 1 are k16 step kk's A fragment, packed to 16 bits), B's k
+ * rows (the keys) row-major in local memory, row c at c * ld: one
+ * ldsm4_trans gives a k16 step's fragments of two tiles. */
+inline void acc_times_tile(float (*acc)[4], int nn, float (*s)[4], int k, __local const ushort *b,
+                           int ld, int lane) {
 #pragma unroll
   for (int kk = 0; kk < k / 16; ++kk) {
     const uint a[4] = {pack_pair(s[2 * kk][0], s[2 * kk][1]), pack_pair(s[2 * kk][2], s[2 * kk][3]),
                        pack_pair(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                        pack_pair(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-    for (int n = 0; n < nn; ++n)
-      mma_tile(acc[n], a, word_at(bt, 8 * n + g, ld, 16 * kk + 2 * t),
-               word_at(bt, 8 * n + g, ld, 16 * kk + 8 + 2 * t));
+    for (int n = 0; n < nn; n += 2) {
+      uint f[4];
+      ldsm4_trans(f, b + (16 * kk + lane % 8 + 8 * (lane / 8 % 2)) * ld + 8 * n + 8 * (lane / 16));
+      mma_tile(acc[n], a, f[0], f[1]);
+      mma_tile(acc[n + 1], a, f[2], f[3]);
+    }
   }
 }

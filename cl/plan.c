@@ -130,17 +130,17 @@ static int fwd_staging_fits(const attn__cl_tiles *t) {
          (t->dk * t->bc) % nt == 0;
 }
 
-/* fwd_mma.cl's local memory: K rows and V^T of a 64-key tile, 16-bit,
- * each row 8 elements longer, and with a bias its 64 x 64 tile, rows 8
+/* fwd_mma.cl's local memory: K and V rows of a 64-key tile, 16-bit, each
+ * row 8 elements longer, and with a bias its 64 x 64 tile, rows 8
  * elements longer, of the bias's dtype (f32 only up to HD 96: above, the
  * kernel keeps an f32 bias in registers); bwd_mma.cl's (64 rows of Q and dO,
- * or 32 keys of K, V and K^T, and 512 bytes of sums) is less at every HD.
+ * or 32 keys of K and V, and 512 bytes of sums) is less at every HD.
  * Their tiles are fixed; the row's br, bc, tm, dk and jk are attn_fwd's, for
  * the fallback (attn__cl_config_tiles). */
 static size_t mma_local_bytes(int hd) {
   const size_t keys = ATTN__CL_MMA_ROWS; /* fwd_mma.cl's MC, as its MR */
   const size_t bias = (hd <= 96 ? 4u : 2u) * keys * (keys + 8u);
-  return 2u * (keys * (size_t)(hd + 8) + (size_t)hd * (keys + 8u)) + bias;
+  return 2u * 2u * keys * (size_t)(hd + 8) + bias;
 }
 
 /* bwd.cl's local memory, the larger of its two kernels': the chunks of S
