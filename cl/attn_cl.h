@@ -129,12 +129,13 @@ enum attn__cl_bwd_shape {
                        * register tiles of bq x bk tiles */
   ATTN__CL_BWD_ROWS,  /* attn_bwd_dkdv_rows, attn_bwd_dq_rows (bwd_rows.cl): one item per
                        * group, KB keys or RB rows, for CPUs */
-  ATTN__CL_BWD_MMA_DQ /* attn_bwd_dkdv (bwd.cl) with attn_bwd_dq_mma (bwd_mma.cl): dQ on
-                       * NVIDIA's tensor cores, 128 items over 64 rows */
+  ATTN__CL_BWD_MMA    /* attn_bwd_dkdv_mma, attn_bwd_dq_mma (bwd_mma.cl): both on
+                       * NVIDIA's tensor cores, 128 items over 64 keys or query rows */
 };
 
-/* The query rows of a work-group of fwd_mma.cl and bwd_mma.cl (their MR
- * and QR; 128 items, MMA_ITEMS), which the host's grids and sizes follow. */
+/* The query rows (or keys) of a work-group of fwd_mma.cl and bwd_mma.cl
+ * (their MR, QR and KR; 128 items, MMA_ITEMS), which the host's grids and
+ * sizes follow. */
 #define ATTN__CL_MMA_ROWS 64
 
 /* The tiles one program is built with (fwd.cl's, fwd_rows.cl's and bwd.cl's
@@ -202,6 +203,7 @@ enum attn__cl_kernel_slot {
   ATTN__CL_K_DQ,
   ATTN__CL_K_DKDV_ROWS,
   ATTN__CL_K_DQ_ROWS,
+  ATTN__CL_K_DKDV_MMA,
   ATTN__CL_K_DQ_MMA,
   ATTN__CL_K_ZERO,
   ATTN__CL_K_DBIAS_SUM,
@@ -314,6 +316,8 @@ int attn__cl_config_portable(attn_context *ctx, attn__cl_config *config);
 /* The query rows a work-group of the config's dQ kernel takes (RB, BQ, or
  * bwd_mma.cl's 64): its grid, and DBIAS 2's row-block sums. */
 int attn__cl_dq_rows(const attn__cl_tiles *t);
+/* attn_bwd_dkdv_mma's query rows a block (its MQ) at head dim hd. */
+int attn__cl_mma_query_rows(int hd);
 /* Replaces a GPU config by the device's 128-work-item row, where the
  * compiled forward kernel cannot run the GPU row's work-group: the plan's
  * config pointer then names what runs. 0 when no narrower row fits. */

@@ -1,9 +1,27 @@
 /*
- * The backward's dQ on NVIDIA's tensor cores (sm_80 and later), beside
- * bwd.cl's attn_bwd_dkdv: attn_bwd_dq_mma takes attn_bwd_dq's arguments
- * and writes the same dQ (and dbias) by the same rules (common.cl,
- * bwd.cl's tile_p_ds). One work-group of 4 warps takes BQ = 64 query rows
- * of one (sequence, head), 16 a warp, over key blocks of MK = 32:
+ * The backward's dK/dV and dQ on NVIDIA's tensor cores (sm_80 and later),
+ * in place of bwd.cl's attn_bwd_dkdv and attn_bwd_dq: the same arguments,
+ * the same outputs (and dbias) by the same rules (common.cl, bwd.cl's
+ * tile_p_ds), after bwd.cl's attn_bwd_pre. Work-groups of 4 warps, 16 rows
+ * (keys or query rows) a warp.
+ *
+ * attn_bwd_dkdv_mma: KR = 64 keys of one (sequence, key/value head), for
+ * each query head of the group and each block of MQ query rows that sees
+ * them:
+ *   S^T = K Q^T, dP^T = V dO^T   K's and V's A fragments read from local
+ *                                memory (ldmatrix), Q and dO row-major
+ *                                there as the B operand
+ *   P^T, dS^T                    as below, a row per key
+ *   dV += P^T dO, dK += dS^T Q   P^T and dS^T packed to 16 bits from the
+ *                                accumulators, dO's and Q's fragments read
+ *                                transposed; dK scaled at the end
+ * K and V stay in local memory for the whole pass, so MQ is what fits
+ * beside them (the plan's mma_query_rows, -DMQ). Each S^T element is the
+ * forward's S element: the same 16-element products summed k16 step by
+ * k16 step in the same order, the operands' roles swapped.
+ *
+ * attn_bwd_dq_mma: BQ = 64 query rows of one (sequence, head), over key
+ * blocks of MK = 32:
  *   S = Q K^T, dP = dO V^T     Q's and dO's fragments held in registers, K
  *                              and V row-major in local memory
  *   P = exp((S scale - lse_hi) - lse_lo), dS = P (dP - delta) (softcap's
@@ -19,12 +37,138 @@
 #define QR 64                                      /* query rows per work-group (BQ) */
 #define MK 32                                      /* keys per block */
 #define QST (HD + 8)                               /* Q, dO, K and V rows in local memory */
-#define NDN (HD / 8)                               /* 8-column tiles of dQ a warp holds */
+#define NDN (HD / 8)                               /* 8-column tiles of dQ, dK, dV a warp holds */
 #define NDK (HD / 16)                              /* k16 steps of Q K^T */
 #define NSK (MK / 8)                               /* 8-column tiles of S */
 #define QUNITS (2 * QR * QST / 8)                  /* Q and dO, in 16-byte units */
 #define KUNITS (2 * MK * QST / 8)                  /* K and V */
 #define BUNITS (QUNITS > KUNITS ? QUNITS : KUNITS) /* they share the buffer */
+#define KR 64                                      /* keys per dK/dV work-group */
+#ifndef MQ
+#define MQ 16 /* query rows per dK/dV block */
+#endif
+#define NQT (MQ / 8) /* 8-column tiles of S^T */
+
+__kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dkdv_mma(
+    BWD_ARGS, __global T *dk, long dko, long4 dks, __global T *dv, long dvo, long4 dvs) {
+  /* As attn_bwd_dq_mma: S * scale rounded before lse is taken from it. */
+#pragma OPENCL FP_CONTRACT OFF
+  __local uint4 kv_w[2 * KR * QST / 8], qg_w[2 * MQ * QST / 8];
+  __local ushort *Ks = (__local ushort *)kv_w, *Vs = Ks + KR * QST;
+  __local ushort *Qs = (__local ushort *)qg_w, *Gs = Qs + MQ * QST;
+  __local float lse_s[MQ], lo_s[MQ], delta_s[MQ];
+
+  const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
+  const int b = get_group_id(2), hk = get_group_id(1), j0 = get_group_id(0) * KR;
+  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
+  const int nq = seq.nq, nk = seq.nk;
+  if (j0 >= nk) return; /* the whole group leaves: no barrier is skipped */
+
+  /* The block's K and V, for the whole pass; they land with the first
+   * block's Q and dO (copies_wait). */
+  stage_tile(Ks, QST, KR, (__global const ushort *)HEAD_ROWS(k, ko, ks, b, hk, seq.k0), ks, j0, nk,
+             d, 0, lid);
+  stage_tile(Vs, QST, KR, (__global const ushort *)HEAD_ROWS(v, vo, vs, b, hk, seq.k0), vs, j0, nk,
+             d, 0, lid);
+
+  /* The warp's keys: the lane's two, 16 w + g and 16 w + g + 8. */
+  const int kw = 16 * w;
+  float dka[NDN][4], dva[NDN][4];
+#pragma unroll
+  for (int n = 0; n < NDN; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      dka[n][e] = dva[n][e] = 0.0f;
+
+  /* The query rows that see some key of the block. */
+  int ilo, ihi;
+  query_block_range(j0, min(j0 + KR, nk), nq, nk, wl, wr, &ilo, &ihi);
+  for (int hh = 0; hh < group && ilo < ihi; ++hh) {
+    const int h = hk * group + hh;
+    const float slope = alibi ? alibi[h] : 0.0f;
+    BIAS_HEAD;
+    __global const ushort *qp = (__global const ushort *)HEAD_ROWS(q, qo, qs, b, h, seq.q0);
+    __global const ushort *gp = (__global const ushort *)HEAD_ROWS(dout, go, gs, b, h, seq.q0);
+    for (int i0 = ilo / MQ * MQ; i0 < ihi; i0 += MQ) {
+      barrier(CLK_LOCAL_MEM_FENCE); /* the last block's reads are done */
+      stage_tile(Qs, QST, MQ, qp, qs, i0, nq, d, 0, lid);
+      stage_tile(Gs, QST, MQ, gp, gs, i0, nq, d, 0, lid);
+      for (int i = lid; i < MQ; i += MMA_ITEMS) {
+        const int r = i0 + i;
+        __global const float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + r);
+        lse_s[i] = r < nq ? lp[0] : -INFINITY; /* -inf: the row passes no gradient */
+        lo_s[i] = r < nq && ls.s3 ? lp[ls.s3] : 0.0f;
+        delta_s[i] = r < nq ? delta[h * (long)tq + seq.qflat + r] : 0.0f;
+      }
+      copies_wait();
+      barrier(CLK_LOCAL_MEM_FENCE);
+
+      uint fa[NDK][4];
+      float s[NQT][4], dp[NQT][4];
+      rows_fragments(fa, NDK, Ks + kw * QST, QST, lane);
+      tile_times_rows(s, NQT, fa, NDK, Qs, QST, lane);
+      rows_fragments(fa, NDK, Vs + kw * QST, QST, lane);
+      tile_times_rows(dp, NQT, fa, NDK, Gs, QST, lane);
+
+      /* P^T (into s) and dS^T (into dp) by the rules; e: 0, 1 the lane's
+       * first key, 2, 3 its second; query row i0 + 8 n + 2 t + (e & 1). */
+      int all_lo, all_hi;
+      key_block_common(i0, i0 + MQ, nq, nk, wl, wr, &all_lo, &all_hi);
+      const int whole = !HAS_BIAS && softcap == 0.0f && slope == 0.0f && i0 + MQ <= nq &&
+                        j0 >= all_lo && j0 + KR <= all_hi;
+#pragma unroll
+      for (int n = 0; n < NQT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 8 * n + 2 * t + (e & 1), r = i0 + c, kj = j0 + kw + g + 8 * (e >> 1);
+          const float li = lse_s[c], lo = lo_s[c], dl = delta_s[c];
+          float p = 0.0f, ds = 0.0f;
+          if (whole) {
+            p = li != -INFINITY ? EXP_FROM(s[n][e] * scale - li, lo) : 0.0f;
+            ds = p * (dp[n][e] - dl);
+          } else if (r < nq && kj < nk && li != -INFINITY) {
+            const int dg = diag(r, nq, nk);
+            if (key_visible(dg, kj, wl, wr)) {
+              float th;
+#if HAS_BIAS
+              const float x = score(s[n][e], scale, softcap, slope, dg - kj, &th) +
+                              load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + kj * bias_s.s3);
+#else
+              const float x = score(s[n][e], scale, softcap, slope, dg - kj, &th);
+#endif
+              p = EXP_FROM(x - li, lo); /* see lse_split */
+              ds = score_grad(p * (dp[n][e] - dl), th, softcap);
+            }
+          }
+          s[n][e] = p;
+          dp[n][e] = ds;
+        }
+
+      /* dV += P^T dO, dK += dS^T Q. */
+      acc_times_tile(dva, NDN, s, MQ, Gs, QST, lane);
+      acc_times_tile(dka, NDN, dp, MQ, Qs, QST, lane);
+    }
+  }
+  copies_wait(); /* a block no query row sees staged K and V all the same */
+
+  __global T *dkp = HEAD_ROWS(dk, dko, dks, b, hk, seq.k0);
+  __global T *dvp = HEAD_ROWS(dv, dvo, dvs, b, hk, seq.k0);
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int j = j0 + kw + g + 8 * u;
+    if (j >= nk) continue;
+#pragma unroll
+    for (int n = 0; n < NDN; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = 8 * n + 2 * t + c;
+        if (col < d) {
+          STORE(dkp, j * dks.s1 + col * dks.s3, dka[n][2 * u + c] * scale);
+          STORE(dvp, j * dvs.s1 + col * dvs.s3, dva[n][2 * u + c]);
+        }
+      }
+  }
+}
 
 __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq_mma(
     BWD_ARGS, __global T *dq, long dqo, long4 dqs DBIAS_ARGS) {

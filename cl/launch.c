@@ -31,6 +31,7 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_DQ] = "attn_bwd_dq",
     [ATTN__CL_K_DKDV_ROWS] = "attn_bwd_dkdv_rows",
     [ATTN__CL_K_DQ_ROWS] = "attn_bwd_dq_rows",
+    [ATTN__CL_K_DKDV_MMA] = "attn_bwd_dkdv_mma",
     [ATTN__CL_K_DQ_MMA] = "attn_bwd_dq_mma",
     [ATTN__CL_K_ZERO] = "attn_bwd_zero",
     [ATTN__CL_K_DBIAS_SUM] = "attn_bwd_dbias_sum",
@@ -49,7 +50,7 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
 static const size_t kernel_items[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_FWD] = 0,       [ATTN__CL_K_FWD_ROWS] = 1,     [ATTN__CL_K_FWD_MMA] = 128,
     [ATTN__CL_K_PRE] = 64,      [ATTN__CL_K_DKDV] = 0,         [ATTN__CL_K_DQ] = 0,
-    [ATTN__CL_K_DKDV_ROWS] = 1, [ATTN__CL_K_DQ_ROWS] = 1,      [ATTN__CL_K_DQ_MMA] = 128,
+    [ATTN__CL_K_DKDV_ROWS] = 1, [ATTN__CL_K_DQ_ROWS] = 1,      [ATTN__CL_K_DQ_MMA] = 128, [ATTN__CL_K_DKDV_MMA] = 128,
     [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,   [ATTN__CL_K_DSINKS] = 64,
     [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 64, [ATTN__CL_K_APPEND] = 64,
     [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,   [ATTN__CL_K_OFFSETS] = 64,
@@ -124,10 +125,11 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
           srcs[ns++] = attn__cl_src_bwd_rows;
           slots[nk++] = ATTN__CL_K_DKDV_ROWS;
           slots[nk++] = ATTN__CL_K_DQ_ROWS;
-        } else if (t->bwd == ATTN__CL_BWD_MMA_DQ) {
+        } else if (t->bwd == ATTN__CL_BWD_MMA) {
           if (!mma) srcs[ns++] = attn__cl_src_mma;
           srcs[ns++] = attn__cl_src_bwd_mma;
-          slots[nk++] = ATTN__CL_K_DKDV;
+          len += snprintf(opts + len, n - (size_t)len, " -DMQ=%d", attn__cl_mma_query_rows(c->hd));
+          slots[nk++] = ATTN__CL_K_DKDV_MMA;
           slots[nk++] = ATTN__CL_K_DQ_MMA;
         } else {
           slots[nk++] = ATTN__CL_K_DKDV;
@@ -664,7 +666,7 @@ static int zero(attn_context *ctx, const call *c, cl_mem mem, int64_t off, const
  * launch's row-block sums then added to it (DBIAS 2). */
 static int backward_dq(attn_context *ctx, const attn__problem *pb, const call *c, args *b) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
-  const int rows = c->t->bwd == ATTN__CL_BWD_ROWS, mma = c->t->bwd == ATTN__CL_BWD_MMA_DQ;
+  const int rows = c->t->bwd == ATTN__CL_BWD_ROWS, mma = c->t->bwd == ATTN__CL_BWD_MMA;
   const int block = attn__cl_dq_rows(c->t);
   const size_t items = rows ? 1 : mma ? kernel_items[ATTN__CL_K_DQ_MMA] : bwd_items(c->t);
   const char *name = kernel_names[rows  ? ATTN__CL_K_DQ_ROWS
@@ -742,10 +744,10 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
               (size_t)pb->batch, 64);
   if (st) return st;
 
-  const int rows = c.t->bwd == ATTN__CL_BWD_ROWS;
-  const int slots[2] = {rows ? ATTN__CL_K_DKDV_ROWS : ATTN__CL_K_DKDV,
+  const int rows = c.t->bwd == ATTN__CL_BWD_ROWS, mma = c.t->bwd == ATTN__CL_BWD_MMA;
+  const int slots[2] = {rows ? ATTN__CL_K_DKDV_ROWS : mma ? ATTN__CL_K_DKDV_MMA : ATTN__CL_K_DKDV,
                         rows                              ? ATTN__CL_K_DQ_ROWS
-                        : c.t->bwd == ATTN__CL_BWD_MMA_DQ ? ATTN__CL_K_DQ_MMA
+                        : c.t->bwd == ATTN__CL_BWD_MMA ? ATTN__CL_K_DQ_MMA
                                                           : ATTN__CL_K_DQ};
   for (int w = 0; w < 2; ++w) {
     args b = args_of(im, p->k[slots[w]]);
@@ -761,8 +763,8 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
     if (w == 0) {
       arg_tensor(&b, &pb->dk, es);
       arg_tensor(&b, &pb->dv, es);
-      const int block = rows ? c.t->kb : c.t->bk;
-      const size_t items = rows ? 1 : bwd_items(c.t);
+      const int block = rows ? c.t->kb : mma ? ATTN__CL_MMA_ROWS : c.t->bk;
+      const size_t items = rows ? 1 : mma ? kernel_items[ATTN__CL_K_DKDV_MMA] : bwd_items(c.t);
       st = launch(ctx, b.k, &b, kernel_names[slots[0]],
                   (size_t)((pb->seqlen_k + block - 1) / block) * items, (size_t)pb->heads_kv,
                   (size_t)pb->batch, items);

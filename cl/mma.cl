@@ -138,6 +138,16 @@ inline void ldsm4_trans(uint *r, __local const ushort *p) {
                        : "r"(local_addr(p)));
 }
 
+/* The A fragments of the warp's 16 rows of a row-major local tile (rows
+ * at rows, row i at i * ld) as kd k16 steps: lanes 0-15 give rows 0-15 of
+ * a step's first 8 columns, lanes 16-31 of its last 8, so that ldsm4's
+ * four matrices are the fragment's a0 .. a3. */
+inline void rows_fragments(uint (*a)[4], int kd, __local const ushort *rows, int ld, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kd; ++kk)
+    ldsm4(a[kk], rows + (lane % 16) * ld + 16 * kk + 8 * (lane / 16));
+}
+
 /* s = A B^T for the nn 8-column tiles of s: A the warp's 16 rows as kd k16
  * steps of fragments (kd even), B's rows (the keys) row-major in local
  * memory, row c at c * ld: one ldsm4 gives tile n's fragments of two k16

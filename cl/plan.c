@@ -31,7 +31,8 @@ static int hd_bucket(int64_t d) {
 
 /* Device classes. NV_MMA: an NVIDIA GPU of compute capability 8.0 or
  * later, whose driver takes inline PTX: its f16 and bf16 rows up to
- * HD = 128 run the tensor-core forward (fwd_mma.cl), the rest its GPU rows.
+ * HD = 128 run the tensor-core forward and backward (fwd_mma.cl,
+ * bwd_mma.cl), the rest its GPU rows.
  * GPU: a GPU or accelerator running 256-item work-groups. CPU: the rest;
  * PoCL runs a work-group as loops over its items. A small local memory is
  * not a class: the fitting rule below shrinks any row to it. */
@@ -81,11 +82,11 @@ static const struct tiles_row {
     {CLASS_NV_MMA,
      ATTN_F16,
      128,
-     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA_DQ, 0, 0}},
+     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA, 0, 0}},
     {CLASS_NV_MMA,
      ATTN_BF16,
      128,
-     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA_DQ, 0, 0}},
+     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA, 0, 0}},
     {CLASS_GPU,
      ANY_DTYPE,
      128,
@@ -130,17 +131,34 @@ static int fwd_staging_fits(const attn__cl_tiles *t) {
          (t->dk * t->bc) % nt == 0;
 }
 
-/* fwd_mma.cl's local memory: K and V rows of a 64-key tile, 16-bit, each
- * row 8 elements longer, and with a bias its 64 x 64 tile, rows 8
- * elements longer, of the bias's dtype (f32 only up to HD 96: above, the
- * kernel keeps an f32 bias in registers); bwd_mma.cl's (64 rows of Q and dO,
- * or 32 keys of K and V, and 512 bytes of sums) is less at every HD.
- * Their tiles are fixed; the row's br, bc, tm, dk and jk are attn_fwd's, for
- * the fallback (attn__cl_config_tiles). */
+/* attn_bwd_dkdv_mma keeps its 64 keys' K and V in local memory for the
+ * whole pass; the query rows of Q and dO it takes a block are as many as
+ * fit beside them in NVIDIA's 48 KiB (16-bit rows 8 elements longer), up
+ * to 64: 64 at HD 64, 32 at 96, 16 at 128. */
+int attn__cl_mma_query_rows(int hd) {
+  const int kv = 2 * 2 * ATTN__CL_MMA_ROWS * (hd + 8);
+  int rows = 64;
+  while (rows > 16 && kv + 2 * 2 * rows * (hd + 8) + 3 * 4 * rows > 48 * 1024)
+    rows /= 2;
+  return rows;
+}
+
+/* The tensor-core kernels' local memory, the most of them: fwd_mma.cl's,
+ * K and V rows of a 64-key tile, 16-bit, each row 8 elements longer, and
+ * with a bias its 64 x 64 tile, rows 8 elements longer, of the bias's
+ * dtype (f32 only up to HD 96: above, the kernel keeps an f32 bias in
+ * registers); attn_bwd_dkdv_mma's, 64 keys of K and V and a block of Q
+ * and dO rows with their lse (hi, lo) and delta; attn_bwd_dq_mma's (64
+ * rows of Q and dO, or 32 keys of K and V, and 512 bytes of sums) is less
+ * at every HD. Their tiles are fixed; the row's br, bc, tm, dk and jk are
+ * attn_fwd's, for the fallback (attn__cl_config_tiles). */
 static size_t mma_local_bytes(int hd) {
   const size_t keys = ATTN__CL_MMA_ROWS; /* fwd_mma.cl's MC, as its MR */
   const size_t bias = (hd <= 96 ? 4u : 2u) * keys * (keys + 8u);
-  return 2u * 2u * keys * (size_t)(hd + 8) + bias;
+  const size_t fwd = 2u * 2u * keys * (size_t)(hd + 8) + bias;
+  const size_t mq = (size_t)attn__cl_mma_query_rows(hd);
+  const size_t dkdv = 2u * 2u * (keys + mq) * (size_t)(hd + 8) + 3u * 4u * mq;
+  return fwd > dkdv ? fwd : dkdv;
 }
 
 /* bwd.cl's local memory, the larger of its two kernels': the chunks of S
@@ -231,10 +249,10 @@ static void name_fwd(attn__cl_config *c) {
 
 static void name_bwd(attn__cl_config *c) {
   const attn__cl_tiles *t = &c->t;
-  if (t->bwd == ATTN__CL_BWD_MMA_DQ)
+  if (t->bwd == ATTN__CL_BWD_MMA)
     snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0],
-             "opencl attn_bwd HD=%d BQ=%d BK=%d BTM=%d BDK=%d BJK=%d, dQ on the tensor cores",
-             c->hd, t->bq, t->bk, t->btm, t->bdk, t->bjk);
+             "opencl attn_bwd_mma HD=%d KR=%d MQ=%d (tensor cores, inline PTX)", c->hd,
+             ATTN__CL_MMA_ROWS, attn__cl_mma_query_rows(c->hd));
   else if (t->bwd == ATTN__CL_BWD_ROWS)
     snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd_rows HD=%d RB=%d KB=%d",
              c->hd, t->rb, t->kb);
@@ -293,9 +311,9 @@ int attn__cl_config_use(attn_context *ctx, attn__cl_config *c, const attn__cl_ti
 }
 
 int attn__cl_dq_rows(const attn__cl_tiles *t) {
-  return t->bwd == ATTN__CL_BWD_ROWS     ? t->rb
-         : t->bwd == ATTN__CL_BWD_MMA_DQ ? ATTN__CL_MMA_ROWS
-                                         : t->bq;
+  return t->bwd == ATTN__CL_BWD_ROWS  ? t->rb
+         : t->bwd == ATTN__CL_BWD_MMA ? ATTN__CL_MMA_ROWS
+                                      : t->bq;
 }
 
 int attn__cl_config_portable(attn_context *ctx, attn__cl_config *config) {

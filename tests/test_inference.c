@@ -799,9 +799,10 @@ static void tensor_core_cases(at_backend *b) {
   s.wl = 700;
   s.wr = 0;
   run_forward(b, &s);
-  /* The backward, dQ on the tensor cores beside bwd.cl's dK/dV: a bias's
-   * gradient added per element and summed over broadcast rows, softcap,
-   * sinks, a causal mask over more rows than keys. */
+  /* The backward, dK/dV and dQ on the tensor cores, at each head dim's
+   * block of query rows (64, 32, 16): a bias's gradient added per element
+   * and summed over broadcast rows, softcap, sinks, a causal mask over more
+   * rows than keys; a sliding window with ALiBi. */
   for (int i = 0; i < 2; i++) {
     icase g = {.dt = i ? ATTN_F16 : ATTN_BF16,
                .B = 2,
@@ -816,12 +817,24 @@ static void tensor_core_cases(at_backend *b) {
                .sinks = i,
                .flags = ATTN_CAUSAL};
     run_backward(b, &g);
+    icase wd = {.dt = i ? ATTN_BF16 : ATTN_F16,
+                .B = 2,
+                .Nq = 150,
+                .cap = 170,
+                .Hq = 6,
+                .Hkv = 2,
+                .d = i ? 96 : 32,
+                .win = 1,
+                .wl = 40,
+                .wr = 9,
+                .alibi = 1};
+    run_backward(b, &wd);
   }
 }
 
 /* NVIDIA GPUs of compute capability 8.0 and later run f16 and bf16
- * forwards and the backward's dQ up to d = 128 on their tensor cores
- * through OpenCL (fwd_mma.cl, bwd_mma.cl: inline PTX), f32 and d = 256 on
+ * forwards and backwards up to d = 128 on their tensor cores through
+ * OpenCL (fwd_mma.cl, bwd_mma.cl: inline PTX), f32 and d = 256 on
  * the portable kernels; the portable path stays beside it (a driver that
  * cannot build the tensor-core program gets it): both agree with the
  * reference over every head dim bucket, causal, a cache with pages, a bias
