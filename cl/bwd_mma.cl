@@ -23,7 +23,9 @@
  * attn_bwd_dq_mma: BQ = 64 query rows of one (sequence, head), over key
  * blocks of MK = 32:
  *   S = Q K^T, dP = dO V^T     Q's and dO's fragments held in registers, K
- *                              and V row-major in local memory
+ *                              and V row-major in local memory, two blocks
+ *                              of them: the next in flight (cp.async)
+ *                              while this one's products run
  *   P = exp((S scale - lse_hi) - lse_lo), dS = P (dP - delta) (softcap's
  *                              derivative, bias, mask: the rules)
  *   dQ += dS K                 dS packed to 16 bits from the accumulators
@@ -41,7 +43,7 @@
 #define NDK (HD / 16)                              /* k16 steps of Q K^T */
 #define NSK (MK / 8)                               /* 8-column tiles of S */
 #define QUNITS (2 * QR * QST / 8)                  /* Q and dO, in 16-byte units */
-#define KUNITS (2 * MK * QST / 8)                  /* K and V */
+#define KUNITS (2 * 2 * MK * QST / 8)              /* K and V of two blocks */
 #define BUNITS (QUNITS > KUNITS ? QUNITS : KUNITS) /* they share the buffer */
 #define KR 64                                      /* keys per dK/dV work-group */
 #ifndef MQ
@@ -170,6 +172,15 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
   }
 }
 
+/* Block j's slot in attn_bwd_dq_mma's buffer, and its copies asked for. */
+#define KV_SLOT(j) (KVs + (j) / MK % 2 * 2 * MK * QST)
+#define STAGE_KV(j)                                                                            \
+  do {                                                                                         \
+    stage_tile(KV_SLOT(j), QST, MK, (__global const ushort *)kp, ks, (j), nk, d, 0, lid);      \
+    stage_tile(KV_SLOT(j) + MK * QST, QST, MK, (__global const ushort *)vp, vs, (j), nk, d, 0, \
+               lid);                                                                           \
+  } while (0)
+
 __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq_mma(
     BWD_ARGS, __global T *dq, long dqo, long4 dqs DBIAS_ARGS) {
   /* S * scale rounded before lse is taken from it, as the forward and
@@ -177,7 +188,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
 #pragma OPENCL FP_CONTRACT OFF
   __local uint4 buf[BUNITS];
   __local ushort *Qs = (__local ushort *)buf, *Gs = Qs + QR * QST;
-  __local ushort *Ks = (__local ushort *)buf, *Vs = Ks + MK * QST;
+  __local ushort *KVs = (__local ushort *)buf; /* block j's K, V at its slot (j / MK) % 2 */
 #if DBIAS == 2
   __local float colsum[4 * MK];
 #endif
@@ -229,11 +240,17 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   key_block_range(i0, min(i0 + QR, nq), nq, nk, wl, wr, &lo, &hi);
   key_block_common(i0, i0 + QR, nq, nk, wl, wr, &all_lo, &all_hi);
   const int plain = !HAS_BIAS && softcap == 0.0f && slope == 0.0f && i0 + QR <= nq;
+  /* A block's K and V are one group of copies, the next block's in flight
+   * while this one's products run, in the other slot. */
+  barrier(CLK_LOCAL_MEM_FENCE); /* Q's and dO's reads are done */
+  if (lo < hi) STAGE_KV(lo / MK * MK);
+  copies_commit();
   for (int j0 = lo / MK * MK; j0 < hi; j0 += MK) {
-    barrier(CLK_LOCAL_MEM_FENCE); /* the last block's (or Q's and dO's) reads are done */
-    stage_tile(Ks, QST, MK, (__global const ushort *)kp, ks, j0, nk, d, 0, lid);
-    stage_tile(Vs, QST, MK, (__global const ushort *)vp, vs, j0, nk, d, 0, lid);
-    copies_wait();
+    __local ushort *Ks = KV_SLOT(j0), *Vs = Ks + MK * QST;
+    barrier(CLK_LOCAL_MEM_FENCE); /* the last block's reads of the other slot are done */
+    if (j0 + MK < hi) STAGE_KV(j0 + MK);
+    copies_commit();
+    copies_wait_but_last(); /* this block's */
     barrier(CLK_LOCAL_MEM_FENCE);
 
     float s[NSK][4], dp[NSK][4];

@@ -149,9 +149,9 @@ int attn__cl_mma_query_rows(int hd) {
  * dtype (f32 only up to HD 96: above, the kernel keeps an f32 bias in
  * registers); attn_bwd_dkdv_mma's, 64 keys of K and V and a block of Q
  * and dO rows with their lse (hi, lo) and delta; attn_bwd_dq_mma's (64
- * rows of Q and dO, or 32 keys of K and V, and 512 bytes of sums) is less
- * at every HD. Their tiles are fixed; the row's br, bc, tm, dk and jk are
- * attn_fwd's, for the fallback (attn__cl_config_tiles). */
+ * rows of Q and dO, or two blocks of 32 keys of K and V, and 512 bytes of
+ * sums) is less at every HD. Their tiles are fixed; the row's br, bc, tm,
+ * dk and jk are attn_fwd's, for the fallback (attn__cl_config_tiles). */
 static size_t mma_local_bytes(int hd) {
   const size_t keys = ATTN__CL_MMA_ROWS; /* fwd_mma.cl's MC, as its MR */
   const size_t bias = (hd <= 96 ? 4u : 2u) * keys * (keys + 8u);
