@@ -284,16 +284,47 @@ typedef struct row_stats {
 #define TILE_DR(x)
 #endif
 
-/* P (into s) and dS (into dp) for item (ty, tx)'s rows and keys of the tile
- * at (t->i0, t->j0), by common.cl's rules: zero where the mask hides the key,
- * past the sequence, or on a row that passes no gradient (lse -inf). */
-inline void tile_p_ds(float (*s)[BTN], float (*dp)[BTN], row_stats st, const tile_src *t,
-                      float scale, float softcap, float slope, int wl, int wr,
-                      int lid TILE_BIAS_PARAM TILE_DR_PARAM) {
+/* P of one score (query row r, key kj, S = s, dP = dp) by common.cl's
+ * rules, with dS (*ds) and dbias's term g = P (dP - delta) (*g: dS before
+ * softcap's derivative, as the bias is added after softcap): zero where
+ * the mask hides the key, past the sequence, or on a row that passes no
+ * gradient (lse li = -inf). whole: a tile each row of which sees every key,
+ * with no bias, softcap or ALiBi, whose score is S * scale alone. Every
+ * backward kernel on GPUs takes its P and dS from here (bwd.cl's and
+ * bwd_mma.cl's). */
+inline float p_ds(float s, float dp, int r, int kj, int nq, int nk, float li, float lo, float dl,
+                  float scale, float softcap, float slope, int wl, int wr, int whole, float *ds,
+                  float *g TILE_BIAS_PARAM) {
   /* S * scale rounded before lse is taken from it, as the forward rounds
    * it: a fused multiply-subtract would differ by the rounding, which exp
    * amplifies where the logits are large. */
 #pragma OPENCL FP_CONTRACT OFF
+  float p = 0.0f;
+  *ds = *g = 0.0f;
+  if (whole) {
+    p = li != -INFINITY ? EXP_FROM(s * scale - li, lo) : 0.0f;
+    *ds = *g = p * (dp - dl);
+  } else if (r < nq && kj < nk && li != -INFINITY) {
+    const int dg = diag(r, nq, nk);
+    if (key_visible(dg, kj, wl, wr)) {
+      float th;
+      float x = score(s, scale, softcap, slope, dg - kj, &th);
+#if HAS_BIAS
+      x += load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + kj * bias_s.s3);
+#endif
+      p = EXP_FROM(x - li, lo); /* see lse_split */
+      *g = p * (dp - dl);
+      *ds = score_grad(*g, th, softcap);
+    }
+  }
+  return p;
+}
+
+/* P (into s) and dS (into dp) for item (ty, tx)'s rows and keys of the tile
+ * at (t->i0, t->j0), by p_ds. */
+inline void tile_p_ds(float (*s)[BTN], float (*dp)[BTN], row_stats st, const tile_src *t,
+                      float scale, float softcap, float slope, int wl, int wr,
+                      int lid TILE_BIAS_PARAM TILE_DR_PARAM) {
   const int tx = lid % 16, ty = lid / 16;
   /* No bias, softcap or ALiBi on a tile each row of which sees every key
    * (the last row's first key to the first row's last, as in fwd.cl): the
@@ -305,28 +336,13 @@ inline void tile_p_ds(float (*s)[BTN], float (*dp)[BTN], row_stats st, const til
                     t->j0 >= all_lo && t->j0 + BK <= all_hi;
 #pragma unroll
   for (int i = 0; i < BTM; ++i) {
-    const int ri = ty * BTM + i, r = t->i0 + ri, dg = diag(r, t->nq, t->nk);
+    const int ri = ty * BTM + i, r = t->i0 + ri;
     const float li = st.lse[ri], lo = st.lo[ri], dl = st.delta[ri];
 #pragma unroll
     for (int n = 0; n < BTN; ++n) {
-      const int kj = t->j0 + tx + 16 * n;
-      float p = 0.0f, ds = 0.0f, g = 0.0f;
-      if (whole) {
-        p = li != -INFINITY ? EXP_FROM(s[i][n] * scale - li, lo) : 0.0f;
-        ds = g = p * (dp[i][n] - dl);
-      } else if (r < t->nq && kj < t->nk && key_visible(dg, kj, wl, wr) && li != -INFINITY) {
-        float th;
-#if HAS_BIAS
-        const float x = score(s[i][n], scale, softcap, slope, dg - kj, &th) +
-                        load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + kj * bias_s.s3);
-#else
-        const float x = score(s[i][n], scale, softcap, slope, dg - kj, &th);
-#endif
-        p = EXP_FROM(x - li, lo); /* see lse_split */
-        g = p * (dp[i][n] - dl);
-        ds = score_grad(g, th, softcap);
-      }
-      s[i][n] = p;
+      float ds, g;
+      s[i][n] = p_ds(s[i][n], dp[i][n], r, t->j0 + tx + 16 * n, t->nq, t->nk, li, lo, dl, scale,
+                     softcap, slope, wl, wr, whole, &ds, &g TILE_BIAS(bias_h));
       dp[i][n] = ds;
 #if DBIAS
       dr[i][n] = g;

@@ -122,27 +122,11 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
       for (int n = 0; n < NQT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int c = 8 * n + 2 * t + (e & 1), r = i0 + c, kj = j0 + kw + g + 8 * (e >> 1);
-          const float li = lse_s[c], lo = lo_s[c], dl = delta_s[c];
-          float p = 0.0f, ds = 0.0f;
-          if (whole) {
-            p = li != -INFINITY ? EXP_FROM(s[n][e] * scale - li, lo) : 0.0f;
-            ds = p * (dp[n][e] - dl);
-          } else if (r < nq && kj < nk && li != -INFINITY) {
-            const int dg = diag(r, nq, nk);
-            if (key_visible(dg, kj, wl, wr)) {
-              float th;
-#if HAS_BIAS
-              const float x = score(s[n][e], scale, softcap, slope, dg - kj, &th) +
-                              load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + kj * bias_s.s3);
-#else
-              const float x = score(s[n][e], scale, softcap, slope, dg - kj, &th);
-#endif
-              p = EXP_FROM(x - li, lo); /* see lse_split */
-              ds = score_grad(p * (dp[n][e] - dl), th, softcap);
-            }
-          }
-          s[n][e] = p;
+          const int c = 8 * n + 2 * t + (e & 1);
+          float ds, gr;
+          s[n][e] =
+              p_ds(s[n][e], dp[n][e], i0 + c, j0 + kw + g + 8 * (e >> 1), nq, nk, lse_s[c], lo_s[c],
+                   delta_s[c], scale, softcap, slope, wl, wr, whole, &ds, &gr TILE_BIAS(bias_h));
           dp[n][e] = ds;
         }
 
@@ -218,12 +202,11 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
 
   /* The lane's two rows: lse (hi, lo) and delta; -inf past the sequence,
    * which marks a row as passing no gradient. */
-  int rr[2], dg[2];
+  int rr[2];
   float li[2], lo2[2], dl[2];
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
     rr[u] = i0 + qr + 8 * u;
-    dg[u] = diag(rr[u], nq, nk);
     __global const float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + rr[u]);
     li[u] = rr[u] < nq ? lp[0] : -INFINITY;
     lo2[u] = rr[u] < nq && ls.s3 ? lp[ls.s3] : 0.0f;
@@ -257,31 +240,17 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
     tile_times_rows(s, NSK, qa, NDK, Ks, QST, lane);
     tile_times_rows(dp, NSK, ga, NDK, Vs, QST, lane);
 
-    /* P, dS (into s) and dbias's term g (into dp) by the rules, as
-     * tile_p_ds; e: 0, 1 the lane's first row, 2, 3 its second; key
-     * j0 + 8 n + 2 t + (e & 1). */
+    /* dS (into s) and dbias's term g (into dp) by p_ds; e: 0, 1 the lane's first row, 2, 3 its
+     * second; key j0 + 8 n + 2 t + (e & 1). */
     const int whole = plain && j0 >= all_lo && j0 + MK <= all_hi;
 #pragma unroll
     for (int n = 0; n < NSK; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int u = e >> 1, r = rr[u], kj = j0 + 8 * n + 2 * t + (e & 1);
-        float p = 0.0f, ds = 0.0f, gr = 0.0f;
-        if (whole) {
-          p = li[u] != -INFINITY ? EXP_FROM(s[n][e] * scale - li[u], lo2[u]) : 0.0f;
-          ds = gr = p * (dp[n][e] - dl[u]);
-        } else if (r < nq && kj < nk && key_visible(dg[u], kj, wl, wr) && li[u] != -INFINITY) {
-          float th;
-#if HAS_BIAS
-          const float x = score(s[n][e], scale, softcap, slope, dg[u] - kj, &th) +
-                          load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + kj * bias_s.s3);
-#else
-          const float x = score(s[n][e], scale, softcap, slope, dg[u] - kj, &th);
-#endif
-          p = EXP_FROM(x - li[u], lo2[u]); /* see lse_split */
-          gr = p * (dp[n][e] - dl[u]);
-          ds = score_grad(gr, th, softcap);
-        }
+        float ds, gr;
+        p_ds(s[n][e], dp[n][e], r, kj, nq, nk, li[u], lo2[u], dl[u], scale, softcap, slope, wl, wr,
+             whole, &ds, &gr TILE_BIAS(bias_h));
         s[n][e] = ds;
         dp[n][e] = gr;
 #if DBIAS == 1

@@ -104,7 +104,7 @@ inline void stage_rows_block(rows_block *rb, __global const T *qp, long4 qs, __g
 #endif
 
 /* P into p and dS into ds for rows i0.. of rb and keys j0 .. j0 + kn of
- * kt/vt (K^T and V^T), by common.cl's rules, as bwd.cl's tile_p_ds. */
+ * kt/vt (K^T and V^T), by bwd.cl's p_ds. */
 inline void rows_p_ds(const rows_block *rb, float8 (*kt)[KG], float8 (*vt)[KG], float (*p)[KB],
                       float (*ds)[KB], int i0, int j0, int kn, int nq, int nk, float scale,
                       float softcap, float slope, int wl, int wr ROWS_BIAS_PARAM ROWS_DR_PARAM) {
@@ -140,21 +140,11 @@ inline void rows_p_ds(const rows_block *rb, float8 (*kt)[KG], float8 (*vt)[KG], 
         continue;
       }
       for (int e = 0; e < 8; ++e) {
-        const int jj = jg + e;
-        float pe = 0.0f, de_ = 0.0f, dre = 0.0f;
-        if (live && j + e < kn && jj < nk && key_visible(dg, jj, wl, wr)) {
-          float t;
-#if HAS_BIAS
-          const float x = score(p[i][j + e], scale, softcap, slope, dg - jj, &t) +
-                          load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + jj * bias_s.s3);
-#else
-          const float x = score(p[i][j + e], scale, softcap, slope, dg - jj, &t);
-#endif
-          pe = EXP_FROM(x - li, lo); /* see lse_split */
-          dre = pe * (ds[i][j + e] - de);
-          de_ = score_grad(dre, t, softcap);
-        }
-        p[i][j + e] = pe;
+        float de_ = 0.0f, dre = 0.0f;
+        p[i][j + e] = j + e < kn
+                          ? p_ds(p[i][j + e], ds[i][j + e], r, jg + e, nq, nk, li, lo, de, scale,
+                                 softcap, slope, wl, wr, 0, &de_, &dre TILE_BIAS(bias_h))
+                          : 0.0f;
         ds[i][j + e] = de_;
 #if DBIAS
         dr[i][j + e] = dre;

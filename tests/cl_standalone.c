@@ -5,8 +5,10 @@
  * Runs on the device an "opencl" context gets; exits 77 (skipped) where
  * there is none. The tensor-core files (inline PTX) only where the device
  * is an NVIDIA GPU of compute capability 8.0 or later, which alone takes
- * them, each after the files it names as its predecessors (mma.cl; and
- * bwd.cl, whose arguments bwd_mma.cl shares).
+ * them. A file that builds on another's definitions comes after the files
+ * it names as its predecessors, as the programs have them: bwd.cl before
+ * bwd_rows.cl and bwd_mma.cl (its arguments and p_ds, the backward's P and
+ * dS), mma.cl before the tensor-core kernels.
  */
 #include "attn_cl.h"
 
@@ -36,7 +38,7 @@ int main(void) {
                {"mma.cl", attn__cl_src_mma, 1, {NULL, NULL}},
                {"fwd_mma.cl", attn__cl_src_fwd_mma, 1, {attn__cl_src_mma, NULL}},
                {"bwd.cl", attn__cl_src_bwd, 0, {NULL, NULL}},
-               {"bwd_rows.cl", attn__cl_src_bwd_rows, 0, {NULL, NULL}},
+               {"bwd_rows.cl", attn__cl_src_bwd_rows, 0, {attn__cl_src_bwd, NULL}},
                {"bwd_mma.cl", attn__cl_src_bwd_mma, 1, {attn__cl_src_bwd, attn__cl_src_mma}},
                {"decode.cl", attn__cl_src_decode, 0, {NULL, NULL}},
                {"split.cl", attn__cl_src_split, 0, {NULL, NULL}},
