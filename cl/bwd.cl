@@ -290,8 +290,8 @@ typedef struct row_stats {
  * the mask hides the key, past the sequence, or on a row that passes no
  * gradient (lse li = -inf). whole: a tile each row of which sees every key,
  * with no bias, softcap or ALiBi, whose score is S * scale alone. Every
- * backward kernel on GPUs takes its P and dS from here (bwd.cl's and
- * bwd_mma.cl's). */
+ * OpenCL backward kernel takes its P and dS from here (bwd.cl's,
+ * bwd_rows.cl's and bwd_mma.cl's). */
 inline float p_ds(float s, float dp, int r, int kj, int nq, int nk, float li, float lo, float dl,
                   float scale, float softcap, float slope, int wl, int wr, int whole, float *ds,
                   float *g TILE_BIAS_PARAM) {
@@ -351,13 +351,14 @@ inline void tile_p_ds(float (*s)[BTN], float (*dp)[BTN], row_stats st, const til
   }
 }
 
-/* lse (hi, and lo where ls.s3 > 0) and delta for rows i0.. of head h; -inf
- * past the sequence's end, which marks the row as passing no gradient. */
+/* lse (hi, and lo where ls.s3 > 0) and delta for rows i0 .. i0 + rows - 1
+ * of head h, by a work-group of items work-items; -inf past the sequence's
+ * end, which marks the row as passing no gradient. */
 inline void stage_row_stats(__local float *lse_s, __local float *lo_s, __local float *delta_s,
                             __global const float *lse, long lo_, long4 ls,
                             __global const float *delta, int b, int h, seq_info seq, int i0, int tq,
-                            int lid) {
-  for (int i = lid; i < BQ; i += NTB) {
+                            int rows, int items, int lid) {
+  for (int i = lid; i < rows; i += items) {
     const int r = i0 + i;
     __global const float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + r);
     lse_s[i] = r < seq.nq ? lp[0] : -INFINITY;
@@ -468,7 +469,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
     float dr[BTM][BTN]; /* attn_bwd_dq's alone */
 #endif
     barrier(CLK_LOCAL_MEM_FENCE); /* the last step's reads are done */
-    stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, lid);
+    stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, BQ, NTB, lid);
     tile_products(s, dp, tiles4, &t, &next, lid);
     /* The first rows of the sums, in flight during the exponentials. */
     float4 qreg[RW4], greg[RW4];
@@ -570,7 +571,7 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
   const int lid = get_local_id(0), tx = lid % 16, ty = lid / 16;
   DQ_BLOCK(BQ);
   /* Read after the first step's barriers. */
-  stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, lid);
+  stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, BQ, NTB, lid);
 
   /* The keys some row of the block sees. */
   int lo, hi;

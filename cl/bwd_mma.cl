@@ -2,7 +2,7 @@
  * The backward's dK/dV and dQ on NVIDIA's tensor cores (sm_80 and later),
  * in place of bwd.cl's attn_bwd_dkdv and attn_bwd_dq: the same arguments,
  * the same outputs (and dbias) by the same rules (common.cl, bwd.cl's
- * tile_p_ds), after bwd.cl's attn_bwd_pre. Work-groups of 4 warps, 16 rows
+ * p_ds), after bwd.cl's attn_bwd_pre. Work-groups of 4 warps, 16 rows
  * (keys or query rows) a warp.
  *
  * attn_bwd_dkdv_mma: KR = 64 keys of one (sequence, key/value head), for
@@ -16,7 +16,7 @@
  *                                accumulators, dO's and Q's fragments read
  *                                transposed; dK scaled at the end
  * K and V stay in local memory for the whole pass, so MQ is what fits
- * beside them (the plan's mma_query_rows, -DMQ). Each S^T element is the
+ * beside them (the plan's attn__cl_mma_query_rows, -DMQ). Each S^T element is the
  * forward's S element: the same 16-element products summed k16 step by
  * k16 step in the same order, the operands' roles swapped.
  *
@@ -95,13 +95,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
       barrier(CLK_LOCAL_MEM_FENCE); /* the last block's reads are done */
       stage_tile(Qs, QST, MQ, qp, qs, i0, nq, d, 0, lid);
       stage_tile(Gs, QST, MQ, gp, gs, i0, nq, d, 0, lid);
-      for (int i = lid; i < MQ; i += MMA_ITEMS) {
-        const int r = i0 + i;
-        __global const float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + r);
-        lse_s[i] = r < nq ? lp[0] : -INFINITY; /* -inf: the row passes no gradient */
-        lo_s[i] = r < nq && ls.s3 ? lp[ls.s3] : 0.0f;
-        delta_s[i] = r < nq ? delta[h * (long)tq + seq.qflat + r] : 0.0f;
-      }
+      stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, MQ, MMA_ITEMS,
+                      lid);
       copies_wait();
       barrier(CLK_LOCAL_MEM_FENCE);
 
