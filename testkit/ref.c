@@ -1,8 +1,10 @@
 /* The reference: attention by its definition, one row at a time, with every
  * score of the row materialized and everything accumulated in double. Slow
  * and simple on purpose: the tests and `attn check`/`attn run` measure the
- * backends against it. Memory is O(Nk) per row, so it also runs on long
- * sequences, only slowly.
+ * backends against it. Memory is linear: one row's scores, and one
+ * sequence's keys and values of one head as doubles (each element read once
+ * per head rather than once per query row: the reference is most of what a
+ * test of a long sequence costs, under the sanitizers above all).
  *
  * An f32 problem with ATTN_ALLOW_TF32 is computed as TF32 tensor cores
  * would, and otherwise in double: q, k, v and the probabilities rounded to
@@ -56,23 +58,37 @@ static double key_elem(const attn__problem *pb, const attn__tensor *t, const att
   return load(t, attn__key_row(pb, t, b, j) + hk * t->sh + c * t->sd);
 }
 
-/* Scores of row i (of sequence b, query head h) against every visible key:
- * s[j - lo] for j in [lo, hi), from q and k rounded to TF32 when round is
- * set. Also the softcap derivative ds/du when asked. */
-static void row_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i, int64_t lo,
-                       int64_t hi, int round, double *s, double *dsdu) {
-  int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b);
-  int64_t hk = h / (pb->heads_q / pb->heads_kv);
-  int64_t rq = attn__row0_q(pb, b) + i;
+/* Key rows [0, nk) of sequence b, kv head hk, of k or v (t, with tn's
+ * appended rows), as doubles: x[j * d + c]. */
+static void gather_keys(const attn__problem *pb, const attn__tensor *t, const attn__tensor *tn,
+                        int64_t b, int64_t hk, int64_t nk, double *x) {
+  for (int64_t j = 0; j < nk; j++)
+    for (int64_t c = 0; c < pb->head_dim; c++)
+      x[j * pb->head_dim + c] = key_elem(pb, t, tn, b, j, hk, c);
+}
+
+/* Row r (a row index of t's layout) of head h of a query-shaped tensor t as
+ * doubles. */
+static void gather_row(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t r,
+                       int64_t h, double *x) {
+  for (int64_t c = 0; c < pb->head_dim; c++)
+    x[c] = load(t, at(t, b, r, h, c));
+}
+
+/* Scores of row i (of sequence b, query head h; its q in qr) against every
+ * visible key (k gathered in kd): s[j - lo] for j in [lo, hi), from q and k
+ * rounded to TF32 when round is set. Also the softcap derivative ds/du when
+ * asked. */
+static void row_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i, const double *qr,
+                       const double *kd, int64_t lo, int64_t hi, int round, double *s,
+                       double *dsdu) {
+  int64_t nq = attn__seq_q(pb, b), nk = attn__seq_k(pb, b), d = pb->head_dim;
   int64_t diag = attn__diag(i, nq, nk);
   double slope = attn__problem_slope(pb, h);
   for (int64_t j = lo; j < hi; j++) {
     double u = 0;
-    for (int64_t c = 0; c < pb->head_dim; c++) {
-      double qc = load(&pb->q, at(&pb->q, b, rq, h, c));
-      double kc = key_elem(pb, &pb->k, &pb->k_new, b, j, hk, c);
-      u += round ? tf32(qc) * tf32(kc) : qc * kc;
-    }
+    for (int64_t c = 0; c < d; c++)
+      u += round ? tf32(qr[c]) * tf32(kd[j * d + c]) : qr[c] * kd[j * d + c];
     /* The rules' score in double (the backends' is float): the reference's
      * precision, with the same steps. t = 0 without softcap gives ds/du = 1. */
     double t;
@@ -120,14 +136,20 @@ int at_ref_forward_progress(attn_context *ctx, const attn_params *p, const attn_
   int rc = attn__problem_build(ctx, ATTN__REFERENCE, p, q, k, v, NULL, NULL, NULL, NULL, NULL, NULL,
                                &pb);
   if (rc) return rc;
-  double *s = malloc(sizeof(double) * (size_t)(pb.seqlen_k > 0 ? pb.seqlen_k : 1));
-  if (!s) return attn__error(ctx, ATTN_ENOMEM, "reference: out of memory for a row of scores");
   int64_t d = pb.head_dim, hq = pb.heads_q, group = pb.heads_q / pb.heads_kv;
+  size_t nk_max = (size_t)(pb.seqlen_k > 0 ? pb.seqlen_k : 1);
+  double *s = malloc(sizeof(double) * (nk_max * (1 + 2 * (size_t)d) + (size_t)d));
+  if (!s) return attn__error(ctx, ATTN_ENOMEM, "reference: out of memory for a row of scores");
+  double *kd = s + nk_max, *vd = kd + nk_max * (size_t)d, *qr = vd + nk_max * (size_t)d;
   int64_t done = 0, rows = pb.total_q * hq;
   for (int64_t b = 0; b < pb.batch; b++) {
     int64_t nq = attn__seq_q(&pb, b), nk = attn__seq_k(&pb, b);
     int64_t rq0 = attn__row0_q(&pb, b);
-    for (int64_t h = 0; h < hq; h++)
+    for (int64_t h = 0; h < hq; h++) {
+      if (h % group == 0) {
+        gather_keys(&pb, &pb.k, &pb.k_new, b, h / group, nk, kd);
+        gather_keys(&pb, &pb.v, &pb.v_new, b, h / group, nk, vd);
+      }
       for (int64_t i = 0; i < nq; i++) {
         int64_t lo, hi, row = pb.cu_q ? rq0 + i : b * nq + i;
         attn__problem_key_range(&pb, i, nq, nk, &lo, &hi);
@@ -137,19 +159,20 @@ int at_ref_forward_progress(attn_context *ctx, const attn_params *p, const attn_
           for (int64_t c = 0; c < d; c++)
             orow[c] = 0;
         if (lo < hi) {
-          row_scores(&pb, b, h, i, lo, hi, uses_tf32(&pb), s, NULL);
+          gather_row(&pb, &pb.q, b, rq0 + i, h, qr);
+          row_scores(&pb, b, h, i, qr, kd, lo, hi, uses_tf32(&pb), s, NULL);
           l = softmax(s, hi - lo, pb.has_bias, pb.has_sinks, sink_of(&pb, h));
           if (orow)
             for (int64_t j = lo; j < hi; j++)
               for (int64_t c = 0; c < d; c++)
-                orow[c] += operand(&pb, s[j - lo]) *
-                           operand(&pb, key_elem(&pb, &pb.v, &pb.v_new, b, j, h / group, c));
+                orow[c] += operand(&pb, s[j - lo]) * operand(&pb, vd[j * d + c]);
         } else if (pb.has_sinks) {
           l = sink_of(&pb, h); /* the sink alone: o = 0 */
         }
         if (lse) lse[pb.cu_q ? h * pb.total_q + row : (b * hq + h) * nq + i] = l;
         if (progress) progress(user, ++done, rows);
       }
+    }
   }
   free(s);
   return ATTN_OK;
@@ -202,9 +225,10 @@ int at_ref_backward_terms(attn_context *ctx, const attn_params *p, const attn_te
   int64_t d = pb.head_dim, hq = pb.heads_q, hkv = pb.heads_kv, group = hq / hkv;
   int64_t done = 0, rows = pb.total_q * hq;
   size_t nk_max = (size_t)(pb.seqlen_k > 0 ? pb.seqlen_k : 1);
-  double *s = malloc(sizeof(double) * (nk_max * 4 + (size_t)d));
+  double *s = malloc(sizeof(double) * (nk_max * (4 + 2 * (size_t)d) + 3 * (size_t)d));
   if (!s) return attn__error(ctx, ATTN_ENOMEM, "reference: out of memory for a row of scores");
-  double *g = s + nk_max, *dp = g + nk_max, *st = dp + nk_max, *ot = st + nk_max;
+  double *g = s + nk_max, *dp = g + nk_max, *st = dp + nk_max, *kd = st + nk_max;
+  double *vd = kd + nk_max * (size_t)d, *ot = vd + nk_max * (size_t)d, *qr = ot + d, *dor = qr + d;
   if (dq) memset(dq, 0, sizeof(double) * (size_t)(pb.total_q * hq * d));
   if (dk) memset(dk, 0, sizeof(double) * (size_t)(pb.total_k * hkv * d));
   if (dv) memset(dv, 0, sizeof(double) * (size_t)(pb.total_k * hkv * d));
@@ -218,24 +242,30 @@ int at_ref_backward_terms(attn_context *ctx, const attn_params *p, const attn_te
     int64_t qbase = pb.cu_q ? rq0 : b * nq, kbase = pb.cu_k ? rk0 : b * nk;
     for (int64_t h = 0; h < hq; h++) {
       int64_t hk = h / group;
+      if (h % group == 0) {
+        gather_keys(&pb, &pb.k, &pb.k_new, b, hk, nk, kd);
+        gather_keys(&pb, &pb.v, &pb.v_new, b, hk, nk, vd);
+      }
       for (int64_t i = 0; i < nq; i++) {
         int64_t lo, hi;
         attn__problem_key_range(&pb, i, nq, nk, &lo, &hi);
         if (progress) progress(user, ++done, rows);
         if (lo >= hi) continue; /* a row that sees no key passes no gradient */
-        row_scores(&pb, b, h, i, lo, hi, 0, s, g);
+        gather_row(&pb, &pb.q, b, rq0 + i, h, qr);
+        gather_row(&pb, &tdo, b, rq0 + i, h, dor);
+        row_scores(&pb, b, h, i, qr, kd, lo, hi, 0, s, g);
         double lse = softmax(s, hi - lo, pb.has_bias, pb.has_sinks, sink_of(&pb, h));
         if (lse == -INFINITY) continue;
         /* TF32: P_ij = exp(s_ij - lse) with the TF32 forward's lse, and D_i
          * from its o (the top). */
         int64_t n = hi - lo;
         if (uses_tf32(&pb)) {
-          row_scores(&pb, b, h, i, lo, hi, 1, st, NULL);
+          row_scores(&pb, b, h, i, qr, kd, lo, hi, 1, st, NULL);
           const double lt = softmax(st, n, pb.has_bias, pb.has_sinks, sink_of(&pb, h));
           for (int64_t c = 0; c < d; c++) {
             ot[c] = 0;
             for (int64_t j = lo; j < hi; j++)
-              ot[c] += tf32(st[j - lo]) * tf32(load(&pb.v, at(&pb.v, b, rk0 + j, hk, c)));
+              ot[c] += tf32(st[j - lo]) * tf32(vd[j * d + c]);
           }
           for (int64_t j = 0; j < n; j++)
             s[j] *= exp(lse - lt);
@@ -246,15 +276,14 @@ int at_ref_backward_terms(attn_context *ctx, const attn_params *p, const attn_te
         for (int64_t j = lo; j < hi; j++) {
           double acc = 0;
           for (int64_t c = 0; c < d; c++)
-            acc +=
-                load(&tdo, at(&tdo, b, rq0 + i, h, c)) * load(&pb.v, at(&pb.v, b, rk0 + j, hk, c));
+            acc += dor[c] * vd[j * d + c];
           dp[j - lo] = acc;
           D += s[j - lo] * acc;
         }
         if (uses_tf32(&pb)) {
           D = 0;
           for (int64_t c = 0; c < d; c++)
-            D += load(&tdo, at(&tdo, b, rq0 + i, h, c)) * ot[c];
+            D += dor[c] * ot[c];
         }
         /* The sink has no value (dP = 0): its dS is P_sink (0 - D). */
         if (dsinks && pb.has_sinks) dsinks[h] += -exp(sink_of(&pb, h) - lse) * D;
@@ -269,11 +298,9 @@ int at_ref_backward_terms(attn_context *ctx, const attn_params *p, const attn_te
                   j] += dsij;
           int64_t krow = ((kbase + j) * hkv + hk) * d, qrow = ((qbase + i) * hq + h) * d;
           for (int64_t c = 0; c < d; c++) {
-            double qc = load(&pb.q, at(&pb.q, b, rq0 + i, h, c));
-            double kc = load(&pb.k, at(&pb.k, b, rk0 + j, hk, c));
-            if (dq) dq[qrow + c] += du * kc;
-            if (dk) dk[krow + c] += du * qc;
-            if (dv) dv[krow + c] += pij * load(&tdo, at(&tdo, b, rq0 + i, h, c));
+            if (dq) dq[qrow + c] += du * kd[j * d + c];
+            if (dk) dk[krow + c] += du * qr[c];
+            if (dv) dv[krow + c] += pij * dor[c];
           }
         }
       }
