@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""bench/table.py, bench/plot.py and bench/peer.py over a small attn bench sweep on the CPU.
+"""bench/table.py, bench/plot.py and bench/peer.py over a small attn bench sweep on the CPU, and
+bench/cl_ptx_report.sh over a program cache of one PTX file and one that is not PTX.
 
   bench_scripts.py ATTN_PROGRAM BENCH_DIR
 
@@ -8,7 +9,8 @@ as attn, made from attn's own rows, must give a ratio of 2.00 in every cell;
 a row with an error shows "err". peer.py's reading of attn's rows always
 runs too. plot.py runs where matplotlib is installed and peer.py's timing
 where PyTorch is; each says when it is skipped. Exit status 0 when every
-part that ran passed, 1 otherwise.
+part that ran passed, 1 otherwise. cl_ptx_report.sh runs where ptxas is
+found (on PATH or in /usr/local/cuda/bin).
 """
 import json
 import os
@@ -150,6 +152,31 @@ def main():
         check(len(got) == len(rows) and same, "peer.py --like times every row of attn's with its FLOPs")
     else:
         print("skipped: peer.py (PyTorch is not installed)")
+
+    ptxas = shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
+    if os.access(ptxas, os.X_OK):
+        # A cache file is a 40-byte header and the driver's binary: NVIDIA's
+        # is PTX, PoCL's is not (it is left out).
+        cache = os.path.join(tmp, "cache")
+        os.mkdir(cache)
+        ptx = (".version 7.0\n.target sm_80\n.address_size 64\n"
+               ".visible .entry attn_probe(.param .u64 p)\n{\n  .reg .b64 %rd<3>;\n"
+               "  .reg .b32 %r<2>;\n  ld.param.u64 %rd1, [p];\n  cvta.to.global.u64 %rd2, %rd1;\n"
+               "  mov.u32 %r1, 7;\n  st.global.u32 [%rd2], %r1;\n  ret;\n}\n")
+        with open(os.path.join(cache, "ptx"), "wb") as f:
+            f.write(b"\0" * 40 + ptx.encode())
+        with open(os.path.join(cache, "other"), "wb") as f:
+            f.write(b"\0" * 40 + b"\x7fELF not PTX")
+        r = subprocess.run(["bash", os.path.join(BENCH, "cl_ptx_report.sh"), cache, "sm_80"],
+                           env=dict(os.environ, PTXAS=ptxas), capture_output=True, text=True,
+                           timeout=120)
+        lines = r.stdout.splitlines()
+        probe = [l.split() for l in lines if "attn_probe" in l]
+        check(r.returncode == 0 and len(lines) == 2 and len(probe) == 1 and probe[0][0] == "ptx" and
+              probe[0][2].isdigit() and probe[0][3:] == ["0", "0", "0"],
+              "cl_ptx_report.sh reports the PTX file's kernel alone (%s)" % r.stdout.strip())
+    else:
+        print("skipped: cl_ptx_report.sh (no ptxas)")
 
     shutil.rmtree(tmp)
     print("%d failed" % len(failed) if failed else "all passed")
