@@ -426,6 +426,13 @@ static inline const char *cpu_key_at(const attn__problem *pb, const attn__tensor
   return cpu_tile_row(pb, t, 1, b, j, hk);
 }
 
+/* The bytes from kv head hk's row of t to head hk + 1's. With one kv head
+ * the stride is never followed, and validation leaves it free: any value,
+ * even one whose byte count overflows, so the step is 0 then. */
+static inline ptrdiff_t cpu_head_bytes(const attn__problem *pb, const attn__tensor *t) {
+  return pb->heads_kv > 1 ? (ptrdiff_t)t->sh * (ptrdiff_t)attn_dtype_size(t->dtype) : 0;
+}
+
 static CPU_SIMD_CLONES void cpu_qk_few_clones(const attn__problem *pb, const attn__tensor *t,
                                               int64_t b, int64_t j0, int bc, int64_t h0, int nh,
                                               int nr, const float *q, int64_t ldq, float scale,
@@ -1015,14 +1022,14 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
   if (isa == 3) cpu_q_bf16(q, ldq, nh * nr, d, cpu_qb);
   const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
   const attn_dtype dt = t->dtype;
-  const ptrdiff_t hstep = (ptrdiff_t)t->sh * (ptrdiff_t)attn_dtype_size(dt);
+  const ptrdiff_t hstep = cpu_head_bytes(pb, t);
   /* With 16-bit keys, the value rows of the block are fetched meanwhile
    * (pv, when not NULL), so that attn__cpu_pv_few finds them in cache:
    * measured, one thread, least CPU time of 8 runs decoding B=1 Hq=32
    * Hkv=8 d=128 32k keys: bf16 15.8 ms against 17.7; f32 24.7 against
    * 21.6 (twice the lines in flight beside the keys' own), so not there. */
   const attn__tensor *pv = attn_dtype_size(dt) == 2 && t->sd == 1 && pb->v.sd == 1 ? v : NULL;
-  const ptrdiff_t vstep = pv ? (ptrdiff_t)pv->sh * 2 : 0;
+  const ptrdiff_t vstep = pv ? cpu_head_bytes(pb, pv) : 0;
   /* Key rows two at a time, which the AVX-512 products take together, and
    * the next two rows' keys fetched meanwhile: read in pairs, the rows
    * zigzag through the cache (head 0 of key a, of key a + 1, head 1 of
@@ -1104,7 +1111,7 @@ void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b,
   cpu_pv_keys_fn *keys = isa >= 2 ? cpu_pv_keys_avx512 : cpu_pv_keys_fma;
   const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
   const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
-  const ptrdiff_t hstep = (ptrdiff_t)t->sh * (ptrdiff_t)attn_dtype_size(t->dtype);
+  const ptrdiff_t hstep = cpu_head_bytes(pb, t);
   const char *rows[ATTN__CPU_TILE_MAX];
   for (int a = 0; a < bc; a++)
     rows[a] = cpu_key_at(pb, t, b, j0 + a, 0);

@@ -157,9 +157,11 @@ static int elements_meet(const attn_tensor *t, int dim, int64_t rem, int64_t esi
   if (dim < 0) return rem > -esize && rem < esize;
   /* The smaller dimensions reach less than one stride (strides_overlap),
    * so only the two multiples of this stride nearest to rem can work. */
-  int64_t s = t->stride[dim] * esize;
+  /* A dimension of one element adds no offset, and its stride, never
+   * followed, may be any value (its byte count may overflow). */
   int64_t n = t->shape[dim];
-  if (s == 0 || n == 1) return elements_meet(t, dim - 1, rem, esize);
+  if (n == 1 || t->stride[dim] == 0) return elements_meet(t, dim - 1, rem, esize);
+  int64_t s = t->stride[dim] * esize;
   int64_t c0 = rem / s;
   for (int64_t c = c0 - 1; c <= c0 + 1; c++)
     if (c > -n && c < n && elements_meet(t, dim - 1, rem - c * s, esize)) return 1;

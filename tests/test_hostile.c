@@ -294,6 +294,63 @@ static void nan_in_q_gives_nan_gradients_where_the_row_reaches(at_backend *b) {
 }
 
 /* ---------------------------------------------------------------------- */
+/* Strides of one-element dimensions                                        */
+/* ---------------------------------------------------------------------- */
+
+/* A dimension of one element is never stepped along, so validation lets its
+ * stride be anything, even a value whose byte count overflows int64: a
+ * decoding step (one query row, one sequence, one KV head, 16-bit K and V,
+ * the CPU's few-rows path) with such strides on K's and V's batch and head
+ * dimensions and q's row dimension gives exactly what the ordinary strides
+ * give. */
+static void strides_of_one_element_dimensions_are_never_followed(at_backend *b) {
+  enum { NK = 40, HQ = 4, DD = 64 };
+  const int64_t huge = INT64_MAX / 2 + 1;
+  const attn_dtype dts[] = {ATTN_BF16, ATTN_F16};
+  for (int t = 0; t < 2; t++) {
+    uint16_t *q = at_malloc(sizeof(uint16_t) * HQ * DD), *k = at_malloc(sizeof(uint16_t) * NK * DD),
+             *v = at_malloc(sizeof(uint16_t) * NK * DD);
+    uint16_t *o1 = at_malloc(sizeof(uint16_t) * HQ * DD),
+             *o2 = at_malloc(sizeof(uint16_t) * HQ * DD);
+    float l1[HQ], l2[HQ];
+    uint64_t st = 0x2545f4914f6cdd1dull;
+    uint16_t *in[] = {q, k, v};
+    const int64_t n[] = {HQ * DD, NK * DD, NK * DD};
+    for (int x = 0; x < 3; x++)
+      for (int64_t i = 0; i < n[x]; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        const float f = (float)((st >> 40) / (double)(1 << 24)) * 2 - 1; /* in [-1, 1) */
+        in[x][i] = dts[t] == ATTN_BF16 ? attn__f32_to_bf16(f) : attn__f32_to_f16(f);
+      }
+    attn_params p;
+    attn_params_init(&p);
+    attn_tensor tq = attn_tensor_bshd(q, dts[t], 1, 1, HQ, DD);
+    attn_tensor tk = attn_tensor_bshd(k, dts[t], 1, NK, 1, DD);
+    attn_tensor tv = attn_tensor_bshd(v, dts[t], 1, NK, 1, DD);
+    attn_tensor to = attn_tensor_bshd(o1, dts[t], 1, 1, HQ, DD);
+    attn_tensor tl = attn_tensor_lse(l1, 1, HQ, 1);
+    int rc = attn_forward(b->ctx, &p, &tq, &tk, &tv, &to, &tl);
+    if (rc != ATTN_OK) fail_msg("forward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+    tq.stride[0] = tq.stride[1] = huge;
+    tk.stride[0] = tk.stride[2] = huge;
+    tv.stride[0] = tv.stride[2] = huge;
+    to.data = o2;
+    tl.data = l2;
+    rc = attn_forward(b->ctx, &p, &tq, &tk, &tv, &to, &tl);
+    if (rc != ATTN_OK)
+      fail_msg("%s with huge strides: %s: %s", attn_dtype_name(dts[t]), attn_status_name(rc),
+               attn_errmsg(b->ctx));
+    if (memcmp(o1, o2, sizeof(uint16_t) * HQ * DD) != 0 || memcmp(l1, l2, sizeof l1) != 0)
+      fail_msg("%s: o or lse differs from the ordinary strides' answer", attn_dtype_name(dts[t]));
+    at_free(q);
+    at_free(k);
+    at_free(v);
+    at_free(o1);
+    at_free(o2);
+  }
+}
+
+/* ---------------------------------------------------------------------- */
 /* Common: the tensor helpers, threads, the address-space limit             */
 /* ---------------------------------------------------------------------- */
 
@@ -465,6 +522,7 @@ int main(int argc, char **argv) {
       AT_TEST(inf_in_q_or_k_gives_what_the_reference_gives),
       AT_TEST(scores_that_overflow_float32_give_nan_rows),
       AT_TEST(nan_in_q_gives_nan_gradients_where_the_row_reaches),
+      AT_TEST(strides_of_one_element_dimensions_are_never_followed),
   };
   const at_test common[] = {
       AT_TEST(tensor_helpers_saturate_absurd_shapes),
