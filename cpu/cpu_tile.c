@@ -845,7 +845,7 @@ CPU_FEW512 static void cpu_pv_keys_avx512(const char *const *rows, ptrdiff_t off
                                           int a0, int a1, const float *pt, int ld, int c0, int c1,
                                           float *o, int64_t d) {
 #define CPU_COLS_CALL(vdt) cpu_pv_cols_avx512(rows, off, vdt, a0, a1, pt, ld, c, n_, o, d)
-  CPU_FOR_COLS(c0, c1, 8)
+  CPU_FOR_COLS(c0, c1, 8);
 #undef CPU_COLS_CALL
 }
 

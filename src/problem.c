@@ -155,12 +155,12 @@ static int check_tensor(attn_context *ctx, const char *name, const attn_tensor *
  * exactly; otherwise intersecting address ranges count as sharing. */
 static int elements_meet(const attn_tensor *t, int dim, int64_t rem, int64_t esize) {
   if (dim < 0) return rem > -esize && rem < esize;
-  /* The smaller dimensions reach less than one stride (strides_overlap),
-   * so only the two multiples of this stride nearest to rem can work. */
   /* A dimension of one element adds no offset, and its stride, never
    * followed, may be any value (its byte count may overflow). */
   int64_t n = t->shape[dim];
   if (n == 1 || t->stride[dim] == 0) return elements_meet(t, dim - 1, rem, esize);
+  /* The smaller dimensions reach less than one stride (strides_overlap),
+   * so only the two multiples of this stride nearest to rem can work. */
   int64_t s = t->stride[dim] * esize;
   int64_t c0 = rem / s;
   for (int64_t c = c0 - 1; c <= c0 + 1; c++)

@@ -67,6 +67,13 @@ static void gather_keys(const attn__problem *pb, const attn__tensor *t, const at
       x[j * pb->head_dim + c] = key_elem(pb, t, tn, b, j, hk, c);
 }
 
+/* Both of a head's key operands: k into kd, v into vd. */
+static void gather_head(const attn__problem *pb, int64_t b, int64_t hk, int64_t nk, double *kd,
+                        double *vd) {
+  gather_keys(pb, &pb->k, &pb->k_new, b, hk, nk, kd);
+  gather_keys(pb, &pb->v, &pb->v_new, b, hk, nk, vd);
+}
+
 /* Row r (a row index of t's layout) of head h of a query-shaped tensor t as
  * doubles. */
 static void gather_row(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t r,
@@ -139,17 +146,16 @@ int at_ref_forward_progress(attn_context *ctx, const attn_params *p, const attn_
   int64_t d = pb.head_dim, hq = pb.heads_q, group = pb.heads_q / pb.heads_kv;
   size_t nk_max = (size_t)(pb.seqlen_k > 0 ? pb.seqlen_k : 1);
   double *s = malloc(sizeof(double) * (nk_max * (1 + 2 * (size_t)d) + (size_t)d));
-  if (!s) return attn__error(ctx, ATTN_ENOMEM, "reference: out of memory for a row of scores");
+  if (!s)
+    return attn__error(ctx, ATTN_ENOMEM,
+                       "reference: out of memory for a row of scores and a head's keys");
   double *kd = s + nk_max, *vd = kd + nk_max * (size_t)d, *qr = vd + nk_max * (size_t)d;
   int64_t done = 0, rows = pb.total_q * hq;
   for (int64_t b = 0; b < pb.batch; b++) {
     int64_t nq = attn__seq_q(&pb, b), nk = attn__seq_k(&pb, b);
     int64_t rq0 = attn__row0_q(&pb, b);
     for (int64_t h = 0; h < hq; h++) {
-      if (h % group == 0) {
-        gather_keys(&pb, &pb.k, &pb.k_new, b, h / group, nk, kd);
-        gather_keys(&pb, &pb.v, &pb.v_new, b, h / group, nk, vd);
-      }
+      if (h % group == 0) gather_head(&pb, b, h / group, nk, kd, vd);
       for (int64_t i = 0; i < nq; i++) {
         int64_t lo, hi, row = pb.cu_q ? rq0 + i : b * nq + i;
         attn__problem_key_range(&pb, i, nq, nk, &lo, &hi);
@@ -226,7 +232,9 @@ int at_ref_backward_terms(attn_context *ctx, const attn_params *p, const attn_te
   int64_t done = 0, rows = pb.total_q * hq;
   size_t nk_max = (size_t)(pb.seqlen_k > 0 ? pb.seqlen_k : 1);
   double *s = malloc(sizeof(double) * (nk_max * (4 + 2 * (size_t)d) + 3 * (size_t)d));
-  if (!s) return attn__error(ctx, ATTN_ENOMEM, "reference: out of memory for a row of scores");
+  if (!s)
+    return attn__error(ctx, ATTN_ENOMEM,
+                       "reference: out of memory for a row of scores and a head's keys");
   double *g = s + nk_max, *dp = g + nk_max, *st = dp + nk_max, *kd = st + nk_max;
   double *vd = kd + nk_max * (size_t)d, *ot = vd + nk_max * (size_t)d, *qr = ot + d, *dor = qr + d;
   if (dq) memset(dq, 0, sizeof(double) * (size_t)(pb.total_q * hq * d));
@@ -242,10 +250,7 @@ int at_ref_backward_terms(attn_context *ctx, const attn_params *p, const attn_te
     int64_t qbase = pb.cu_q ? rq0 : b * nq, kbase = pb.cu_k ? rk0 : b * nk;
     for (int64_t h = 0; h < hq; h++) {
       int64_t hk = h / group;
-      if (h % group == 0) {
-        gather_keys(&pb, &pb.k, &pb.k_new, b, hk, nk, kd);
-        gather_keys(&pb, &pb.v, &pb.v_new, b, hk, nk, vd);
-      }
+      if (h % group == 0) gather_head(&pb, b, hk, nk, kd, vd);
       for (int64_t i = 0; i < nq; i++) {
         int64_t lo, hi;
         attn__problem_key_range(&pb, i, nq, nk, &lo, &hi);
