@@ -20,7 +20,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for f in "$dir"/*; do
   [ -f "$f" ] || continue
-  tail -c +41 "$f" >"$tmp/p.ptx"
+  # The driver's binary is the PTX text with its terminating NUL, which
+  # ptxas reads as an unexpected end of file.
+  tail -c +41 "$f" | tr -d '\000' >"$tmp/p.ptx"
   grep -q "^\.entry\|\.entry " "$tmp/p.ptx" 2>/dev/null || continue
   if ! "$ptxas" -arch="$arch" -v "$tmp/p.ptx" -o "$tmp/p.cubin" >"$tmp/v.log" 2>&1; then
     echo "$(basename "$f"): ptxas failed: $(head -1 "$tmp/v.log")"
@@ -36,4 +38,4 @@ for f in "$dir"/*; do
     /Used [0-9]+ registers/ { sm = 0; for (i = 1; i <= NF; i++) { if ($i == "Used") r = $(i+1); if ($(i+1) == "bytes" && $(i+2) == "smem") sm = $i } }
     END { if (k != "") print file, k, r, ss, sl, sm }' "$tmp/v.log"
 done | { printf '%-20s %-26s %5s %6s %6s %6s\n' file kernel regs spillS spillL smem; cat; } |
-  awk 'NR == 1 { print; next } { printf "%-20s %-26s %5s %6s %6s %6s\n", substr($1, 1, 20), $2, $3, $4, $5, $6 }'
+  awk 'NR == 1 || /: ptxas failed: / { print; next } { printf "%-20s %-26s %5s %6s %6s %6s\n", substr($1, 1, 20), $2, $3, $4, $5, $6 }'

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/table.py, bench/plot.py and bench/peer.py over a small attn bench sweep on the CPU, and
-bench/cl_ptx_report.sh over a program cache of one PTX file and one that is not PTX.
+bench/cl_ptx_report.sh over a program cache of one PTX file, one that ptxas rejects and one that
+is not PTX.
 
   bench_scripts.py ATTN_PROGRAM BENCH_DIR
 
@@ -156,7 +157,8 @@ def main():
     ptxas = shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
     if os.access(ptxas, os.X_OK):
         # A cache file is a 40-byte header and the driver's binary: NVIDIA's
-        # is PTX, PoCL's is not (it is left out).
+        # is PTX ending in a NUL, PoCL's is not PTX (it is left out). PTX that
+        # ptxas rejects is reported with ptxas's message whole.
         cache = os.path.join(tmp, "cache")
         os.mkdir(cache)
         ptx = (".version 7.0\n.target sm_80\n.address_size 64\n"
@@ -164,7 +166,9 @@ def main():
                "  .reg .b32 %r<2>;\n  ld.param.u64 %rd1, [p];\n  cvta.to.global.u64 %rd2, %rd1;\n"
                "  mov.u32 %r1, 7;\n  st.global.u32 [%rd2], %r1;\n  ret;\n}\n")
         with open(os.path.join(cache, "ptx"), "wb") as f:
-            f.write(b"\0" * 40 + ptx.encode())
+            f.write(b"\0" * 40 + ptx.encode() + b"\0")
+        with open(os.path.join(cache, "broken"), "wb") as f:
+            f.write(b"\0" * 40 + ptx.replace("st.global", "st.nowhere").encode() + b"\0")
         with open(os.path.join(cache, "other"), "wb") as f:
             f.write(b"\0" * 40 + b"\x7fELF not PTX")
         r = subprocess.run(["bash", os.path.join(BENCH, "cl_ptx_report.sh"), cache, "sm_80"],
@@ -172,9 +176,12 @@ def main():
                            timeout=120)
         lines = r.stdout.splitlines()
         probe = [l.split() for l in lines if "attn_probe" in l]
-        check(r.returncode == 0 and len(lines) == 2 and len(probe) == 1 and probe[0][0] == "ptx" and
+        broken = [l for l in lines if l.startswith("broken: ptxas failed: ")]
+        check(r.returncode == 0 and len(lines) == 3 and len(probe) == 1 and probe[0][0] == "ptx" and
               probe[0][2].isdigit() and probe[0][3:] == ["0", "0", "0"],
-              "cl_ptx_report.sh reports the PTX file's kernel alone (%s)" % r.stdout.strip())
+              "cl_ptx_report.sh reports the PTX file's kernel (%s)" % r.stdout.strip())
+        check(len(broken) == 1 and "nowhere" in broken[0],
+              "cl_ptx_report.sh keeps ptxas's message on PTX it rejects whole (%s)" % broken)
     else:
         print("skipped: cl_ptx_report.sh (no ptxas)")
 
