@@ -46,14 +46,30 @@
 #define BIAS_STAGED 0
 #endif
 
+/* Rows j .. j + rows - 1 of Q, K or V (keyed) asked for, into dst: by
+ * stage_whole_rows where the rows allow it, except in the biased programs
+ * up to d = 64. NVIDIA's compiler keeps the biased d = 64 program in 128
+ * registers (four work-groups an SM) only with stage_tile's loop; with both
+ * it takes 168 (three), which costs more than the copies save. */
+#if HAS_BIAS && HD <= 64
+#define STAGE_ROWS(dst, rows, p, s, j, n, keyed) \
+  stage_tile(dst, KST, rows, p, s, j, n, d, keyed, lid KEY_PAGES)
+#else
+#define STAGE_ROWS(dst, rows, p, s, j, n, keyed)                       \
+  do {                                                                 \
+    if (!stage_whole_rows(dst, KST, rows, p, s, j, n, d, keyed, lid))  \
+      stage_tile(dst, KST, rows, p, s, j, n, d, keyed, lid KEY_PAGES); \
+  } while (0)
+#endif
+
 /* Key tile j's K rows (and bias tile) asked for, into Ks (and Bs). */
 #if BIAS_STAGED
 #define STAGE_BIAS(j) bias_copy(Bs, BST, MR, MC, bias, bias_h, bias_s, r0, nq, j, nk, lid)
 #else
 #define STAGE_BIAS(j)
 #endif
-#define STAGE_K(j)                                                                      \
-  stage_tile(Ks, KST, MC, (__global const ushort *)kp, ks, j, nk, d, 1, lid KEY_PAGES); \
+#define STAGE_K(j)                                               \
+  STAGE_ROWS(Ks, MC, (__global const ushort *)kp, ks, j, nk, 1); \
   STAGE_BIAS(j)
 
 __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_ARGS) {
@@ -78,7 +94,7 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
   key_block_common(r0, r0 + MR, nq, nk, wl, wr, &all_lo, &all_hi);
 
   /* The warp's rows of Q as A fragments, for the whole pass. */
-  stage_tile(Ks, KST, MR, (__global const ushort *)qp, qs, r0, nq, d, 0, lid KEY_PAGES);
+  STAGE_ROWS(Ks, MR, (__global const ushort *)qp, qs, r0, nq, 0);
   copies_wait();
   barrier(CLK_LOCAL_MEM_FENCE);
   uint qa[NQK][4];
@@ -126,7 +142,7 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
       }
 #endif
     barrier(CLK_LOCAL_MEM_FENCE); /* the last tile's P V is done with Vs */
-    stage_tile(Vs, KST, MC, (__global const ushort *)vp, vs, j0, nk, d, 1, lid KEY_PAGES);
+    STAGE_ROWS(Vs, MC, (__global const ushort *)vp, vs, j0, nk, 1);
     copies_commit();
     copies_wait_but_last(); /* the tile's K (and bias) */
     barrier(CLK_LOCAL_MEM_FENCE);

@@ -122,6 +122,28 @@ inline void stage_tile(__local ushort *dst, int ld, int rows, __global const ush
   }
 }
 
+/* stage_tile's rows where none needs a test: HD contiguous elements each,
+ * 16-byte aligned, all inside the tensor and not through pages (keyed and
+ * PAGED), the usual layout. Whole units at fixed steps, with no bound,
+ * alignment or page test and no 64-bit product a unit: at d = 128, where
+ * the tensor-core forward keeps two warps a scheduler, stage_tile's
+ * per-unit work lengthened every step. 1 when it staged the rows, 0 when
+ * stage_tile must. */
+inline int stage_whole_rows(__local ushort *dst, int ld, int rows, __global const ushort *p,
+                            long4 s, int j0, int n, int d, int keyed, int lid) {
+  const int upr = HD / 8; /* units a row */
+  if ((PAGED && keyed) || s.s3 != 1 || d != HD || j0 + rows > n || MMA_ITEMS % upr != 0 ||
+      (((ulong)(p + j0 * s.s1)) & 15u) != 0u || ((s.s1 * 2) & 15) != 0)
+    return 0;
+  const int i = lid / upr, c = 8 * (lid % upr);
+  __global const ushort *src = p + (j0 + i) * s.s1 + c;
+  __local ushort *at = dst + i * ld + c;
+  for (int e = lid; e < rows * upr;
+       e += MMA_ITEMS, src += (MMA_ITEMS / upr) * s.s1, at += (MMA_ITEMS / upr) * ld)
+    copy16(at, src);
+  return 1;
+}
+
 /* Four 8 x 8 matrices of 16-bit elements from local memory: lane l gives
  * the address of row l % 8 of matrix l / 8 (16 bytes, aligned); r[m] is
  * matrix m's fragment, lane (g, t) holding its row g, columns 2 t and
