@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""bench/table.py, bench/plot.py and bench/peer.py over a small attn bench sweep on the CPU, and
+"""bench/table.py, bench/plot.py and bench/peer.py over a small attn bench sweep on the CPU,
 bench/cl_ptx_report.sh over a program cache of one PTX file, one that ptxas rejects and one that
-is not PTX.
+is not PTX, and bench/ab_run.sh over two builds (the same attn twice) on the CPU.
 
   bench_scripts.py ATTN_PROGRAM BENCH_DIR
 
@@ -184,6 +184,29 @@ def main():
               "cl_ptx_report.sh keeps ptxas's message on PTX it rejects whole (%s)" % broken)
     else:
         print("skipped: cl_ptx_report.sh (no ptxas)")
+
+    # ab_run.sh: two builds (attn twice) alternated on the CPU, a problem attn refuses, the budget.
+    ab = os.path.join(BENCH, "ab_run.sh")
+    env = dict(os.environ, BINS="%s %s" % (ATTN, ATTN), BACKEND="cpu", REPEAT="2", ROUNDS="2",
+               BACKWARD="1", CACHE=os.path.join(tmp, "ab-cache"))
+    r = subprocess.run(["bash", ab, "--dtype f32 --batch 1 --seqlen 40 --heads 2 --dim 16",
+                        "--dim 1000"], env=env, capture_output=True, text=True, timeout=120)
+    lines = r.stdout.splitlines()
+    timed = re.compile(r"^r[12] --dtype f32 .* --dim 16 :: A [0-9.]+/[0-9.]+ \| B [0-9.]+/[0-9.]+ "
+                       r"\([0-9]+ s\)$")
+    check(r.returncode == 0 and len(lines) == 4 and all(timed.match(l) for l in lines[0::2]),
+          "ab_run.sh gives both builds' forward/backward medians a problem and round (%s)" % lines)
+    check(all(l.startswith("r") and ":: A - (" in l and "| B - (" in l and "--dim 1000" in l
+              for l in lines[1::2]),
+          "ab_run.sh marks a problem attn refuses with '-' and attn's message (%s)" % lines[1::2])
+    r = subprocess.run(["bash", ab, "--dim 16"], env=dict(env, BUDGET_S="0"), capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode == 0 and r.stdout.startswith("stopped: 0 s spent before r1 --dim 16"),
+          "ab_run.sh starts no problem past its budget (%s)" % r.stdout.strip())
+    r = subprocess.run(["bash", ab, "--dim 16"], env=dict(env, BINS="/nonexistent/attn"),
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and "/nonexistent/attn" in r.stderr,
+          "ab_run.sh refuses a build that is not there (%s)" % r.stderr.strip())
 
     shutil.rmtree(tmp)
     print("%d failed" % len(failed) if failed else "all passed")
