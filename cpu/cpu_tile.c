@@ -903,11 +903,65 @@ CPU_FEWBF16 static void cpu_q_bf16(const float *q, int64_t ldq, int cols, int64_
       _mm512_storeu_si512(qb + (size_t)c * d + x, (__m512i)h);
     }
 }
+
+/* Elements [x, x + 32) of O's rows c..c + n - 1 (n up to 8) += P V over
+ * the pairs of keys [p0, p1) of V's rows v[0..bc) (unit stride), P as the
+ * softmax's pairs (pairs[p ldp + c]: keys 2 p and 2 p + 1 of column c, in
+ * bf16) with the bf16 dot product: a pair of V rows is interleaved once
+ * (two permutations) for the n columns, and a lane adds both keys'
+ * products, half the instructions of the f32 products. Past the last key
+ * (bc odd), V's row of zeros meets P's zero. */
+CPU_FEWBF16 CPU_INLINE void cpu_pv_part_dpbf16(const uint16_t *const *v, int bc, int p0, int p1,
+                                               const uint32_t *pairs, int ldp, int c, int n,
+                                               float *o, int64_t d, int64_t x) {
+  static const uint16_t order[2][32] = {
+      {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+       8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
+      {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+       24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63}};
+  const __m512i lo = _mm512_loadu_si512(order[0]), hi = _mm512_loadu_si512(order[1]);
+  __m512 acc[8][2];
+  for (int y = 0; y < n; y++)
+    for (int z = 0; z < 2; z++)
+      acc[y][z] = _mm512_loadu_ps(o + (size_t)(c + y) * d + x + 16 * z);
+  for (int p = p0; p < p1; p++) {
+    const __m512i r0 = _mm512_loadu_si512(v[2 * p] + x);
+    const __m512i r1 =
+        2 * p + 1 < bc ? _mm512_loadu_si512(v[2 * p + 1] + x) : _mm512_setzero_si512();
+    const __m512bh vp[2] = {(__m512bh)_mm512_permutex2var_epi16(r0, lo, r1),
+                            (__m512bh)_mm512_permutex2var_epi16(r0, hi, r1)};
+    const uint32_t *pp = pairs + (size_t)p * ldp + c;
+    for (int y = 0; y < n; y++) {
+      const __m512bh pb = (__m512bh)_mm512_set1_epi32((int)pp[y]);
+      for (int z = 0; z < 2; z++)
+        acc[y][z] = _mm512_dpbf16_ps(acc[y][z], pb, vp[z]);
+    }
+  }
+  for (int y = 0; y < n; y++)
+    for (int z = 0; z < 2; z++)
+      _mm512_storeu_ps(o + (size_t)(c + y) * d + x + 16 * z, acc[y][z]);
+}
+
+/* The columns [c0, c1) of one kv head (V's rows v, d a multiple of 32)
+ * over the pairs of keys [p0, p1), eight columns at a time. */
+CPU_FEWBF16 static void cpu_pv_pairs_dpbf16(const uint16_t *const *v, int bc, int p0, int p1,
+                                            const uint32_t *pairs, int ldp, int c0, int c1,
+                                            float *o, int64_t d) {
+#define CPU_DP_COLS(cols)             \
+  for (int64_t x = 0; x < d; x += 32) \
+    cpu_pv_part_dpbf16(v, bc, p0, p1, pairs, ldp, c, cols, o, d, x);
+  for (int c = c0; c < c1; c += 8) {
+    const int n = c1 - c < 8 ? c1 - c : 8;
+    CPU_WITH_COLS(n, 8, CPU_DP_COLS)
+  }
+#undef CPU_DP_COLS
+}
 #else
 #define CPU_HAVE_FMA() 0
 #define CPU_HAVE_AVX512() 0
 #define CPU_HAVE_AVX512BF16() 0
 #define cpu_qk_row_dpbf16(k, nk, d, qb, c0, c1, scale, srow, ld) ((void)0)
+#define cpu_pv_pairs_dpbf16(v, bc, p0, p1, pairs, ldp, c0, c1, o, d) ((void)0)
 #define cpu_q_bf16(q, ldq, cols, d, qb) ((void)0)
 #define cpu_qk_row_fma NULL
 #define cpu_qk_row_avx512 NULL
@@ -1076,33 +1130,44 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
 #define CPU_PV_KEYS 8
 
 int attn__cpu_few_pairs(const attn__problem *pb) {
-  return cpu_few_isa(pb) == 4 && pb->v.dtype == ATTN_BF16 && pb->v.sd == 1;
+  return cpu_few_isa(pb) >= 3 && pb->v.dtype == ATTN_BF16 && pb->v.sd == 1;
 }
 
 void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,
                       int64_t h0, int nh, int nr, const float *pt, const uint32_t *pairs, int ld,
                       float *o) {
-#if defined(ATTN_CPU_HAVE_AMX)
   if (pairs) {
     const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
     const uint16_t *rows[ATTN__CPU_TILE_MAX], *v[ATTN__CPU_TILE_MAX];
     for (int a = 0; a < bc; a++)
       rows[a] = (const uint16_t *)cpu_key_at(pb, t, b, j0 + a, 0);
-    for (int64_t hk = h0 / g; hk <= (h0 + nh - 1) / g; hk++) {
-      int c0, c1;
-      cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
-      for (int a = 0; a < bc; a++)
-        v[a] = rows[a] + hk * (ptrdiff_t)t->sh;
-      attn__cpu_pv_few_amx(v, bc, (int)d, pairs + c0, ld, c1 - c0, o + (size_t)c0 * d);
+#if defined(ATTN_CPU_HAVE_AMX)
+    if (cpu_few_isa(pb) == 4) {
+      for (int64_t hk = h0 / g; hk <= (h0 + nh - 1) / g; hk++) {
+        int c0, c1;
+        cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
+        for (int a = 0; a < bc; a++)
+          v[a] = rows[a] + hk * (ptrdiff_t)t->sh;
+        attn__cpu_pv_few_amx(v, bc, (int)d, pairs + c0, ld, c1 - c0, o + (size_t)c0 * d);
+      }
+      return;
+    }
+#endif
+    /* The bf16 dot product, keys in runs as below (CPU_PV_KEYS, even). */
+    for (int a0 = 0; a0 < bc; a0 += CPU_PV_KEYS) {
+      const int a1 = a0 + CPU_PV_KEYS < bc ? a0 + CPU_PV_KEYS : bc;
+      for (int64_t hk = h0 / g; hk <= (h0 + nh - 1) / g; hk++) {
+        int c0, c1;
+        cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
+        for (int a = a0; a < a1; a++)
+          v[a] = rows[a] + hk * (ptrdiff_t)t->sh;
+        cpu_pv_pairs_dpbf16(v, bc, a0 / 2, (a1 + 1) / 2, pairs, ld, c0, c1, o, d);
+      }
     }
     return;
   }
-#endif
   /* Any rounding does here (no pass recomputes O), so the portable loops
-   * take only what these cannot: rows of other strides. P V keeps P in
-   * f32 under the bf16 dot product too (isa 3 runs 2's): there the dot
-   * product would need V's rows interleaved in pairs of keys, which costs
-   * about what it saves, and P rounded to bf16. */
+   * take only what these cannot: rows of other strides. */
   const int isa = t->sd == 1 ? cpu_few_isa(pb) : 0;
   if (!isa) {
     cpu_pv_few_clones(pb, t, b, j0, bc, h0, nh, nr, pt, ld, o);

@@ -372,6 +372,8 @@ static void few_row_products_agree_across_tiles(at_backend *b) {
   float *st = at_malloc((size_t)NK * HQ * 4 * sizeof *st),
         *sb = at_malloc(NK * HQ * 4 * sizeof *sb);
   float *o = at_malloc((size_t)HQ * 4 * MAXD * sizeof *o);
+  uint32_t *pairs = at_malloc((size_t)(NK + 1) / 2 * HQ * 4 * sizeof *pairs);
+  int paired = 0;
   uint32_t s = 777;
   for (size_t di = 0; di < sizeof dts / sizeof *dts; di++)
     for (size_t xi = 0; xi < sizeof ds / sizeof *ds; xi++)
@@ -470,7 +472,35 @@ static void few_row_products_agree_across_tiles(at_backend *b) {
               fail_msg("%s d %d rows %d: O %d,%d %.9g, want %.9g", attn_dtype_name(dt), d, nr, c, x,
                        got, want);
           }
+        /* And with P as the softmax's bf16 pairs, where this CPU's products
+         * take them (the bf16 dot product, AMX's tiles): P as rounded. */
+        if (!attn__cpu_few_pairs(&pb)) continue;
+        for (int a = 0; a < NK + 1; a += 2)
+          for (int c = 0; c < ld; c++)
+            pairs[(size_t)(a / 2) * ld + c] =
+                attn__cpu_bf16_bits(sb[a * ld + c]) |
+                (a + 1 < NK ? attn__cpu_bf16_bits(sb[(a + 1) * ld + c]) << 16 : 0u);
+        for (int x = 0; x < ld * d; x++)
+          o[x] = 1.0f;
+        attn__cpu_pv_few(&pb, &pb.v, 0, 0, NK, 0, HQ, nr, NULL, pairs, ld, o);
+        for (int c = 0; c < ld; c++)
+          for (int x = 0; x < d; x++) {
+            double want = 1, mag = 1;
+            for (int a = 0; a < NK; a++) {
+              const float pr = attn__bf16_to_f32(attn__cpu_bf16_bits(sb[a * ld + c]));
+              const double p = (double)pr * vf[((size_t)a * HKV + c / nr / g) * d + x];
+              want += p;
+              mag += fabs(p);
+            }
+            const double got = o[(size_t)c * d + x], tol = (NK + 2) * 0x1p-24 * mag;
+            if (!(fabs(got - want) <= tol))
+              fail_msg("%s d %d rows %d: O from pairs %d,%d %.9g, want %.9g", attn_dtype_name(dt),
+                       d, nr, c, x, got, want);
+          }
+        ++paired;
       }
+  /* This CPU's bf16 products take pairs at every d a multiple of 32. */
+  if (attn__cpu_bf16_kernel_native() && paired == 0) fail_msg("no case took P in pairs");
   at_free(kf);
   at_free(vf);
   at_free(kn);
@@ -479,6 +509,7 @@ static void few_row_products_agree_across_tiles(at_backend *b) {
   at_free(st);
   at_free(sb);
   at_free(o);
+  at_free(pairs);
 }
 
 static void forcing_a_missing_path_says_why(void) {
