@@ -350,6 +350,33 @@ static void other_dtypes_keep_f32_products(at_backend *b) {
   attn_context_free(ctx);
 }
 
+/* The query heads of the few-row problems below. */
+enum { HQ_FEW = 8 };
+
+/* O of few rows (ld = HQ nr columns, d each) after attn__cpu_pv_few onto
+ * ones, against 1 + P V in double: P the scores sb (nk x ld), as the
+ * softmax's bf16 pairs round them where paired, V's values vf (nk x hkv x
+ * d, column c's kv head c / nr / (ld / nr / hkv)). */
+static void few_o_agrees(const float *o, const float *sb, const float *vf, int nk, int hkv,
+                         attn_dtype dt, int d, int nr, int paired) {
+  const int ld = HQ_FEW * nr, g = HQ_FEW / hkv;
+  for (int c = 0; c < ld; c++)
+    for (int x = 0; x < d; x++) {
+      double want = 1, mag = 1;
+      for (int a = 0; a < nk; a++) {
+        const float pa = sb[a * ld + c];
+        const float pr = paired ? attn__bf16_to_f32(attn__cpu_bf16_bits(pa)) : pa;
+        const double p = (double)pr * vf[((size_t)a * hkv + c / nr / g) * d + x];
+        want += p;
+        mag += fabs(p);
+      }
+      const double got = o[(size_t)c * d + x], tol = (nk + 2) * 0x1p-24 * mag;
+      if (!(fabs(got - want) <= tol))
+        fail_msg("%s d %d rows %d: O%s %d,%d %.9g, want %.9g", attn_dtype_name(dt), d, nr,
+                 paired ? " from pairs" : "", c, x, got, want);
+    }
+}
+
 /* The products of few query rows (attn__cpu_qk_few, attn__cpu_pv_few)
  * against double sums, and the scores' bits across tilings: the forward
  * takes a tile of many heads (a kv head's key row meeting 4 to 16
@@ -359,7 +386,7 @@ static void other_dtypes_keep_f32_products(at_backend *b) {
  * others (the portable loops), each a fixed choice per d. */
 static void few_row_products_agree_across_tiles(at_backend *b) {
   (void)b;
-  enum { HQ = 8, HKV = 2, NK = 37, MAXD = 256 };
+  enum { HQ = HQ_FEW, HKV = 2, NK = 37, MAXD = 256 };
   static const attn_dtype dts[] = {ATTN_F32, ATTN_BF16, ATTN_F16};
   static const int ds[] = {16, 36, 40, 48, 64, 72, 128, 256};
   /* Tiles of the forward's kind (heads [h0, h0 + nh)), beside the
@@ -459,19 +486,7 @@ static void few_row_products_agree_across_tiles(at_backend *b) {
         for (int x = 0; x < ld * d; x++)
           o[x] = 1.0f;
         attn__cpu_pv_few(&pb, &pb.v, 0, 0, NK, 0, HQ, nr, sb, NULL, ld, o);
-        for (int c = 0; c < ld; c++)
-          for (int x = 0; x < d; x++) {
-            double want = 1, mag = 1;
-            for (int a = 0; a < NK; a++) {
-              const double p = (double)sb[a * ld + c] * vf[((size_t)a * HKV + c / nr / g) * d + x];
-              want += p;
-              mag += fabs(p);
-            }
-            const double got = o[(size_t)c * d + x], tol = (NK + 2) * 0x1p-24 * mag;
-            if (!(fabs(got - want) <= tol))
-              fail_msg("%s d %d rows %d: O %d,%d %.9g, want %.9g", attn_dtype_name(dt), d, nr, c, x,
-                       got, want);
-          }
+        few_o_agrees(o, sb, vf, NK, HKV, dt, d, nr, 0);
         /* And with P as the softmax's bf16 pairs, where this CPU's products
          * take them (the bf16 dot product, AMX's tiles): P as rounded. */
         if (!attn__cpu_few_pairs(&pb)) continue;
@@ -483,20 +498,7 @@ static void few_row_products_agree_across_tiles(at_backend *b) {
         for (int x = 0; x < ld * d; x++)
           o[x] = 1.0f;
         attn__cpu_pv_few(&pb, &pb.v, 0, 0, NK, 0, HQ, nr, NULL, pairs, ld, o);
-        for (int c = 0; c < ld; c++)
-          for (int x = 0; x < d; x++) {
-            double want = 1, mag = 1;
-            for (int a = 0; a < NK; a++) {
-              const float pr = attn__bf16_to_f32(attn__cpu_bf16_bits(sb[a * ld + c]));
-              const double p = (double)pr * vf[((size_t)a * HKV + c / nr / g) * d + x];
-              want += p;
-              mag += fabs(p);
-            }
-            const double got = o[(size_t)c * d + x], tol = (NK + 2) * 0x1p-24 * mag;
-            if (!(fabs(got - want) <= tol))
-              fail_msg("%s d %d rows %d: O from pairs %d,%d %.9g, want %.9g", attn_dtype_name(dt),
-                       d, nr, c, x, got, want);
-          }
+        few_o_agrees(o, sb, vf, NK, HKV, dt, d, nr, 1);
         ++paired;
       }
   /* This CPU's bf16 products take pairs at every d a multiple of 32. */
