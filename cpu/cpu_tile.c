@@ -988,7 +988,7 @@ typedef void cpu_pv_keys_fn(const char *const *rows, ptrdiff_t off, attn_dtype d
 /* The instruction set of the products of few rows: 4 AMX's tiles (bf16
  * problems, d a multiple of 32, a kv head meeting at least
  * CPU_FEW_TILE_COLUMNS query rows: cpu_few_amx.c), 3 AVX-512 with the bf16
- * dot product (the same problems' Q K^T; their P V as 2), 2 AVX-512, 1
+ * dot product (Q K^T, and P V from the softmax's pairs), 2 AVX-512, 1
  * AVX2 and FMA, 0 the portable loops. One fixed choice per machine and
  * problem (dtype, head dimension, rows per kv head), so that
  * attn__cpu_qk_few gives the backward the forward's scores to the bit. */
