@@ -905,15 +905,16 @@ CPU_FEWBF16 static void cpu_q_bf16(const float *q, int64_t ldq, int cols, int64_
 }
 
 /* Elements [x, x + 32) of O's rows c..c + n - 1 (n up to 8) += P V over
- * the pairs of keys [p0, p1) of V's rows v[0..bc) (unit stride), P as the
+ * the pairs of keys [p0, p1) of V's bf16 rows at rows[a] + off (a < bc,
+ * unit stride), P as the
  * softmax's pairs (pairs[p ldp + c]: keys 2 p and 2 p + 1 of column c, in
  * bf16) with the bf16 dot product: a pair of V rows is interleaved once
  * (two permutations) for the n columns, and a lane adds both keys'
  * products, half the instructions of the f32 products. Past the last key
  * (bc odd), V's row of zeros meets P's zero. */
-CPU_FEWBF16 CPU_INLINE void cpu_pv_part_dpbf16(const uint16_t *const *v, int bc, int p0, int p1,
-                                               const uint32_t *pairs, int ldp, int c, int n,
-                                               float *o, int64_t d, int64_t x) {
+CPU_FEWBF16 CPU_INLINE void cpu_pv_part_dpbf16(const char *const *rows, ptrdiff_t off, int bc,
+                                               int p0, int p1, const uint32_t *pairs, int ldp,
+                                               int c, int n, float *o, int64_t d, int64_t x) {
   static const uint16_t order[2][32] = {
       {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
@@ -925,9 +926,10 @@ CPU_FEWBF16 CPU_INLINE void cpu_pv_part_dpbf16(const uint16_t *const *v, int bc,
     for (int z = 0; z < 2; z++)
       acc[y][z] = _mm512_loadu_ps(o + (size_t)(c + y) * d + x + 16 * z);
   for (int p = p0; p < p1; p++) {
-    const __m512i r0 = _mm512_loadu_si512(v[2 * p] + x);
-    const __m512i r1 =
-        2 * p + 1 < bc ? _mm512_loadu_si512(v[2 * p + 1] + x) : _mm512_setzero_si512();
+    const __m512i r0 = _mm512_loadu_si512((const uint16_t *)(rows[2 * p] + off) + x);
+    const __m512i r1 = 2 * p + 1 < bc
+                           ? _mm512_loadu_si512((const uint16_t *)(rows[2 * p + 1] + off) + x)
+                           : _mm512_setzero_si512();
     const __m512bh vp[2] = {(__m512bh)_mm512_permutex2var_epi16(r0, lo, r1),
                             (__m512bh)_mm512_permutex2var_epi16(r0, hi, r1)};
     const uint32_t *pp = pairs + (size_t)p * ldp + c;
@@ -942,14 +944,14 @@ CPU_FEWBF16 CPU_INLINE void cpu_pv_part_dpbf16(const uint16_t *const *v, int bc,
       _mm512_storeu_ps(o + (size_t)(c + y) * d + x + 16 * z, acc[y][z]);
 }
 
-/* The columns [c0, c1) of one kv head (V's rows v, d a multiple of 32)
- * over the pairs of keys [p0, p1), eight columns at a time. */
-CPU_FEWBF16 static void cpu_pv_pairs_dpbf16(const uint16_t *const *v, int bc, int p0, int p1,
-                                            const uint32_t *pairs, int ldp, int c0, int c1,
+/* cpu_pv_keys_avx512's product over keys [a0, a1) (a0 even), P from the
+ * softmax's pairs: eight columns at a time, d a multiple of 32. */
+CPU_FEWBF16 static void cpu_pv_pairs_dpbf16(const char *const *rows, ptrdiff_t off, int bc, int a0,
+                                            int a1, const uint32_t *pairs, int ldp, int c0, int c1,
                                             float *o, int64_t d) {
 #define CPU_DP_COLS(cols)             \
   for (int64_t x = 0; x < d; x += 32) \
-    cpu_pv_part_dpbf16(v, bc, p0, p1, pairs, ldp, c, cols, o, d, x);
+    cpu_pv_part_dpbf16(rows, off, bc, a0 / 2, (a1 + 1) / 2, pairs, ldp, c, cols, o, d, x);
   for (int c = c0; c < c1; c += 8) {
     const int n = c1 - c < 8 ? c1 - c : 8;
     CPU_WITH_COLS(n, 8, CPU_DP_COLS)
@@ -961,7 +963,7 @@ CPU_FEWBF16 static void cpu_pv_pairs_dpbf16(const uint16_t *const *v, int bc, in
 #define CPU_HAVE_AVX512() 0
 #define CPU_HAVE_AVX512BF16() 0
 #define cpu_qk_row_dpbf16(k, nk, d, qb, c0, c1, scale, srow, ld) ((void)0)
-#define cpu_pv_pairs_dpbf16(v, bc, p0, p1, pairs, ldp, c0, c1, o, d) ((void)0)
+#define cpu_pv_pairs_dpbf16(rows, off, bc, a0, a1, pairs, ldp, c0, c1, o, d) ((void)0)
 #define cpu_q_bf16(q, ldq, cols, d, qb) ((void)0)
 #define cpu_qk_row_fma NULL
 #define cpu_qk_row_avx512 NULL
@@ -1136,38 +1138,25 @@ int attn__cpu_few_pairs(const attn__problem *pb) {
 void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0, int bc,
                       int64_t h0, int nh, int nr, const float *pt, const uint32_t *pairs, int ld,
                       float *o) {
-  if (pairs) {
+#if defined(ATTN_CPU_HAVE_AMX)
+  if (pairs && cpu_few_isa(pb) == 4) {
     const int64_t d = pb->head_dim, g = pb->heads_q / pb->heads_kv;
     const uint16_t *rows[ATTN__CPU_TILE_MAX], *v[ATTN__CPU_TILE_MAX];
     for (int a = 0; a < bc; a++)
       rows[a] = (const uint16_t *)cpu_key_at(pb, t, b, j0 + a, 0);
-#if defined(ATTN_CPU_HAVE_AMX)
-    if (cpu_few_isa(pb) == 4) {
-      for (int64_t hk = h0 / g; hk <= (h0 + nh - 1) / g; hk++) {
-        int c0, c1;
-        cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
-        for (int a = 0; a < bc; a++)
-          v[a] = rows[a] + hk * (ptrdiff_t)t->sh;
-        attn__cpu_pv_few_amx(v, bc, (int)d, pairs + c0, ld, c1 - c0, o + (size_t)c0 * d);
-      }
-      return;
-    }
-#endif
-    /* The bf16 dot product, keys in runs as below (CPU_PV_KEYS, even). */
-    for (int a0 = 0; a0 < bc; a0 += CPU_PV_KEYS) {
-      const int a1 = a0 + CPU_PV_KEYS < bc ? a0 + CPU_PV_KEYS : bc;
-      for (int64_t hk = h0 / g; hk <= (h0 + nh - 1) / g; hk++) {
-        int c0, c1;
-        cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
-        for (int a = a0; a < a1; a++)
-          v[a] = rows[a] + hk * (ptrdiff_t)t->sh;
-        cpu_pv_pairs_dpbf16(v, bc, a0 / 2, (a1 + 1) / 2, pairs, ld, c0, c1, o, d);
-      }
+    for (int64_t hk = h0 / g; hk <= (h0 + nh - 1) / g; hk++) {
+      int c0, c1;
+      cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
+      for (int a = 0; a < bc; a++)
+        v[a] = rows[a] + hk * (ptrdiff_t)t->sh;
+      attn__cpu_pv_few_amx(v, bc, (int)d, pairs + c0, ld, c1 - c0, o + (size_t)c0 * d);
     }
     return;
   }
+#endif
   /* Any rounding does here (no pass recomputes O), so the portable loops
-   * take only what these cannot: rows of other strides. */
+   * take only what these cannot: rows of other strides. Pairs come only
+   * where the bf16 dot product takes them (attn__cpu_few_pairs). */
   const int isa = t->sd == 1 ? cpu_few_isa(pb) : 0;
   if (!isa) {
     cpu_pv_few_clones(pb, t, b, j0, bc, h0, nh, nr, pt, ld, o);
@@ -1180,12 +1169,16 @@ void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b,
   const char *rows[ATTN__CPU_TILE_MAX];
   for (int a = 0; a < bc; a++)
     rows[a] = cpu_key_at(pb, t, b, j0 + a, 0);
+  /* CPU_PV_KEYS is even: a run holds whole pairs. */
   for (int a0 = 0; a0 < bc; a0 += CPU_PV_KEYS) {
     const int a1 = a0 + CPU_PV_KEYS < bc ? a0 + CPU_PV_KEYS : bc;
     for (int64_t hk = hk0; hk <= hk1; hk++) {
       int c0, c1;
       cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
-      keys(rows, hk * hstep, t->dtype, a0, a1, pt, ld, c0, c1, o, d);
+      if (pairs)
+        cpu_pv_pairs_dpbf16(rows, hk * hstep, bc, a0, a1, pairs, ld, c0, c1, o, d);
+      else
+        keys(rows, hk * hstep, t->dtype, a0, a1, pt, ld, c0, c1, o, d);
     }
   }
 }
