@@ -68,9 +68,9 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
 
   /* The block's K and V, for the whole pass; they land with the first
    * block's Q and dO (copies_wait). */
-  stage_tile(Ks, QST, KR, (__global const ushort *)HEAD_ROWS(k, ko, ks, b, hk, seq.k0), ks, j0, nk,
+  stage_rows(Ks, QST, KR, (__global const ushort *)HEAD_ROWS(k, ko, ks, b, hk, seq.k0), ks, j0, nk,
              d, 0, lid);
-  stage_tile(Vs, QST, KR, (__global const ushort *)HEAD_ROWS(v, vo, vs, b, hk, seq.k0), vs, j0, nk,
+  stage_rows(Vs, QST, KR, (__global const ushort *)HEAD_ROWS(v, vo, vs, b, hk, seq.k0), vs, j0, nk,
              d, 0, lid);
 
   /* The warp's keys: the lane's two, 16 w + g and 16 w + g + 8. */
@@ -93,8 +93,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
     __global const ushort *gp = (__global const ushort *)HEAD_ROWS(dout, go, gs, b, h, seq.q0);
     for (int i0 = ilo / MQ * MQ; i0 < ihi; i0 += MQ) {
       barrier(CLK_LOCAL_MEM_FENCE); /* the last block's reads are done */
-      stage_tile(Qs, QST, MQ, qp, qs, i0, nq, d, 0, lid);
-      stage_tile(Gs, QST, MQ, gp, gs, i0, nq, d, 0, lid);
+      stage_rows(Qs, QST, MQ, qp, qs, i0, nq, d, 0, lid);
+      stage_rows(Gs, QST, MQ, gp, gs, i0, nq, d, 0, lid);
       stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, MQ, MMA_ITEMS,
                       lid);
       copies_wait();
@@ -155,8 +155,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
 #define KV_SLOT(j) (KVs + (j) / MK % 2 * 2 * MK * QST)
 #define STAGE_KV(j)                                                                            \
   do {                                                                                         \
-    stage_tile(KV_SLOT(j), QST, MK, (__global const ushort *)kp, ks, (j), nk, d, 0, lid);      \
-    stage_tile(KV_SLOT(j) + MK * QST, QST, MK, (__global const ushort *)vp, vs, (j), nk, d, 0, \
+    stage_rows(KV_SLOT(j), QST, MK, (__global const ushort *)kp, ks, (j), nk, d, 0, lid);      \
+    stage_rows(KV_SLOT(j) + MK * QST, QST, MK, (__global const ushort *)vp, vs, (j), nk, d, 0, \
                lid);                                                                           \
   } while (0)
 
@@ -178,9 +178,9 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
 
   /* The warp's rows of Q and dO as A fragments, for the whole pass. */
-  stage_tile(Qs, QST, QR, (__global const ushort *)HEAD_ROWS(q, qo, qs, b, h, seq.q0), qs, i0, nq,
+  stage_rows(Qs, QST, QR, (__global const ushort *)HEAD_ROWS(q, qo, qs, b, h, seq.q0), qs, i0, nq,
              d, 0, lid);
-  stage_tile(Gs, QST, QR, (__global const ushort *)HEAD_ROWS(dout, go, gs, b, h, seq.q0), gs, i0,
+  stage_rows(Gs, QST, QR, (__global const ushort *)HEAD_ROWS(dout, go, gs, b, h, seq.q0), gs, i0,
              nq, d, 0, lid);
   copies_wait();
   barrier(CLK_LOCAL_MEM_FENCE);

@@ -55,11 +55,8 @@
 #define STAGE_ROWS(dst, rows, p, s, j, n, keyed) \
   stage_tile(dst, KST, rows, p, s, j, n, d, keyed, lid KEY_PAGES)
 #else
-#define STAGE_ROWS(dst, rows, p, s, j, n, keyed)                       \
-  do {                                                                 \
-    if (!stage_whole_rows(dst, KST, rows, p, s, j, n, d, keyed, lid))  \
-      stage_tile(dst, KST, rows, p, s, j, n, d, keyed, lid KEY_PAGES); \
-  } while (0)
+#define STAGE_ROWS(dst, rows, p, s, j, n, keyed) \
+  stage_rows(dst, KST, rows, p, s, j, n, d, keyed, lid KEY_PAGES)
 #endif
 
 /* Key tile j's K rows (and bias tile) asked for, into Ks (and Bs). */

@@ -126,7 +126,7 @@ inline void stage_tile(__local ushort *dst, int ld, int rows, __global const ush
  * 16-byte aligned, all inside the tensor and not through pages (keyed and
  * PAGED), the usual layout. Whole units at fixed steps, with no bound,
  * alignment or page test and no 64-bit product a unit: at d = 128, where
- * the tensor-core forward keeps two warps a scheduler, stage_tile's
+ * the tensor-core kernels keep two warps a scheduler, stage_tile's
  * per-unit work lengthened every step. 1 when it staged the rows, 0 when
  * stage_tile must. */
 inline int stage_whole_rows(__local ushort *dst, int ld, int rows, __global const ushort *p,
@@ -142,6 +142,13 @@ inline int stage_whole_rows(__local ushort *dst, int ld, int rows, __global cons
        e += MMA_ITEMS, src += (MMA_ITEMS / upr) * s.s1, at += (MMA_ITEMS / upr) * ld)
     copy16(at, src);
   return 1;
+}
+
+/* The rows by stage_whole_rows where they allow it, else by stage_tile. */
+inline void stage_rows(__local ushort *dst, int ld, int rows, __global const ushort *p, long4 s,
+                       int j0, int n, int d, int keyed, int lid KEY_PAGES_PARAM) {
+  if (!stage_whole_rows(dst, ld, rows, p, s, j0, n, d, keyed, lid))
+    stage_tile(dst, ld, rows, p, s, j0, n, d, keyed, lid KEY_PAGES);
 }
 
 /* Four 8 x 8 matrices of 16-bit elements from local memory: lane l gives
