@@ -316,8 +316,9 @@ int attn__cl_config_portable(attn_context *ctx, attn__cl_config *config);
 /* The query rows a work-group of the config's dQ kernel takes (RB, BQ, or
  * bwd_mma.cl's 64): its grid, and DBIAS 2's row-block sums. */
 int attn__cl_dq_rows(const attn__cl_tiles *t);
-/* attn_bwd_dkdv_mma's query rows a block (its MQ) at head dim hd. */
-int attn__cl_mma_query_rows(int hd);
+/* attn_bwd_dkdv_mma's query rows a block (its MQ) at head dim hd, with a
+ * bias of bias_bytes an element (0: none). */
+int attn__cl_mma_query_rows(int hd, int bias_bytes);
 /* Replaces a GPU config by the device's 128-work-item row, where the
  * compiled forward kernel cannot run the GPU row's work-group: the plan's
  * config pointer then names what runs. 0 when no narrower row fits. */

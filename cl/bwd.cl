@@ -271,9 +271,22 @@ typedef struct row_stats {
  * j s3. */
 #define TILE_BIAS_PARAM , __global const uchar *bias, long bias_h, long4 bias_s
 #define TILE_BIAS(bh) , bias, (bh), bias_s
+/* p_ds takes its score's bias as a value: read from memory by bias_at, or
+ * from a tile the kernel staged. */
+#define P_DS_BIAS_PARAM , float bx
+#define P_DS_BIAS(x) , (x)
+
+/* The bias of (query row r, key kj) of the rows at bias_h; 0 past the
+ * sequence's rows or keys, unread. */
+inline float bias_at(__global const uchar *bias, long bias_h, long4 s, int r, int kj, int nq,
+                     int nk) {
+  return r < nq && kj < nk ? load_any(bias, BIAS_DTYPE, bias_h + r * s.s2 + kj * s.s3) : 0.0f;
+}
 #else
 #define TILE_BIAS_PARAM
 #define TILE_BIAS(bh)
+#define P_DS_BIAS_PARAM
+#define P_DS_BIAS(x)
 #endif
 #if DBIAS
 /* dS before softcap's derivative, the bias's gradient. */
@@ -284,9 +297,9 @@ typedef struct row_stats {
 #define TILE_DR(x)
 #endif
 
-/* P of one score (query row r, key kj, S = s, dP = dp) by common.cl's
- * rules, with dS (*ds) and dbias's term g = P (dP - delta) (*g: dS before
- * softcap's derivative, as the bias is added after softcap): zero where
+/* P of one score (query row r, key kj, S = s, dP = dp, bias bx) by
+ * common.cl's rules, with dS (*ds) and dbias's term g = P (dP - delta) (*g:
+ * dS before softcap's derivative, as the bias is added after softcap): zero where
  * the mask hides the key, past the sequence, or on a row that passes no
  * gradient (lse li = -inf). whole: a tile each row of which sees every key,
  * with no bias, softcap or ALiBi, whose score is S * scale alone. Every
@@ -294,7 +307,7 @@ typedef struct row_stats {
  * bwd_rows.cl's and bwd_mma.cl's). */
 inline float p_ds(float s, float dp, int r, int kj, int nq, int nk, float li, float lo, float dl,
                   float scale, float softcap, float slope, int wl, int wr, int whole, float *ds,
-                  float *g TILE_BIAS_PARAM) {
+                  float *g P_DS_BIAS_PARAM) {
   /* S * scale rounded before lse is taken from it, as the forward rounds
    * it: a fused multiply-subtract would differ by the rounding, which exp
    * amplifies where the logits are large. */
@@ -310,7 +323,7 @@ inline float p_ds(float s, float dp, int r, int kj, int nq, int nk, float li, fl
       float th;
       float x = score(s, scale, softcap, slope, dg - kj, &th);
 #if HAS_BIAS
-      x += load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + kj * bias_s.s3);
+      x += bx;
 #endif
       p = EXP_FROM(x - li, lo); /* see lse_split */
       *g = p * (dp - dl);
@@ -340,9 +353,11 @@ inline void tile_p_ds(float (*s)[BTN], float (*dp)[BTN], row_stats st, const til
     const float li = st.lse[ri], lo = st.lo[ri], dl = st.delta[ri];
 #pragma unroll
     for (int n = 0; n < BTN; ++n) {
+      const int kj = t->j0 + tx + 16 * n;
       float ds, g;
-      s[i][n] = p_ds(s[i][n], dp[i][n], r, t->j0 + tx + 16 * n, t->nq, t->nk, li, lo, dl, scale,
-                     softcap, slope, wl, wr, whole, &ds, &g TILE_BIAS(bias_h));
+      s[i][n] =
+          p_ds(s[i][n], dp[i][n], r, kj, t->nq, t->nk, li, lo, dl, scale, softcap, slope, wl, wr,
+               whole, &ds, &g P_DS_BIAS(bias_at(bias, bias_h, bias_s, r, kj, t->nq, t->nk)));
       dp[i][n] = ds;
 #if DBIAS
       dr[i][n] = g;

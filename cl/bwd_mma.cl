@@ -16,9 +16,10 @@
  *                                accumulators, dO's and Q's fragments read
  *                                transposed; dK scaled at the end
  * K and V stay in local memory for the whole pass, so MQ is what fits
- * beside them (the plan's attn__cl_mma_query_rows, -DMQ). Each S^T element is the
- * forward's S element: the same 16-element products summed k16 step by
- * k16 step in the same order, the operands' roles swapped.
+ * beside them and a block's bias tile (the plan's
+ * attn__cl_mma_query_rows, -DMQ). Each S^T element is the forward's S
+ * element: the same 16-element products summed k16 step by k16 step in the
+ * same order, the operands' roles swapped.
  *
  * attn_bwd_dq_mma: BQ = 64 query rows of one (sequence, head), over key
  * blocks of MK = 32:
@@ -31,10 +32,16 @@
  *   dQ += dS K                 dS packed to 16 bits from the accumulators
  *                              (the A fragment's layout), K's fragments
  *                              read transposed (ldmatrix)
- * dbias: added element by element (DBIAS 1), or the block's rows summed
- * per key into the work-group's slot (DBIAS 2), over the lanes of a warp
- * and then the warps, in a fixed order. The PTX and the staging: mma.cl;
- * the arguments: bwd.cl. HD at most 128.
+ * dbias: stored or added element by element (DBIAS 1), or the block's
+ * rows summed per key into the work-group's slot (DBIAS 2), over the lanes
+ * of a warp and then the warps, in a fixed order.
+ *
+ * A bias comes through local memory beside the operands, by cp.async
+ * (bias_copy): dK/dV's block of MQ query rows with each block's Q and dO,
+ * dQ's key block with its K and V (BIAS_STAGED; an f32 bias above HD 96
+ * is loaded by each lane, a block at once): read element by element in
+ * the score loop instead, each load's wait stands alone. The PTX and the
+ * staging: mma.cl; the arguments: bwd.cl. HD at most 128.
  */
 #define QR 64                                      /* query rows per work-group (BQ) */
 #define MK 32                                      /* keys per block */
@@ -49,7 +56,9 @@
 #ifndef MQ
 #define MQ 16 /* query rows per dK/dV block */
 #endif
-#define NQT (MQ / 8) /* 8-column tiles of S^T */
+#define NQT (MQ / 8)  /* 8-column tiles of S^T */
+#define KBST (KR + 8) /* dK/dV's bias rows in local memory: a block's MQ query rows of KR keys */
+#define QBST (MK + 8) /* dQ's: QR query rows of MK keys, a slot a key block (BIAS_STAGED) */
 
 __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dkdv_mma(
     BWD_ARGS, __global T *dk, long dko, long4 dks, __global T *dv, long dvo, long4 dvs) {
@@ -59,6 +68,10 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
   __local ushort *Ks = (__local ushort *)kv_w, *Vs = Ks + KR * QST;
   __local ushort *Qs = (__local ushort *)qg_w, *Gs = Qs + MQ * QST;
   __local float lse_s[MQ], lo_s[MQ], delta_s[MQ];
+#if HAS_BIAS
+  __local uint4 bias_w[MQ * KBST * BIAS_BYTES / 16];
+  __local uchar *Bs = (__local uchar *)bias_w;
+#endif
 
   const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
   const int b = get_group_id(2), hk = get_group_id(1), j0 = get_group_id(0) * KR;
@@ -95,6 +108,9 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
       barrier(CLK_LOCAL_MEM_FENCE); /* the last block's reads are done */
       stage_rows(Qs, QST, MQ, qp, qs, i0, nq, d, 0, lid);
       stage_rows(Gs, QST, MQ, gp, gs, i0, nq, d, 0, lid);
+#if HAS_BIAS
+      bias_copy(Bs, KBST, MQ, KR, bias, bias_h, bias_s, i0, nq, j0, nk, lid);
+#endif
       stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, MQ, MMA_ITEMS,
                       lid);
       copies_wait();
@@ -117,11 +133,11 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
       for (int n = 0; n < NQT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int c = 8 * n + 2 * t + (e & 1);
+          const int c = 8 * n + 2 * t + (e & 1), kc = kw + g + 8 * (e >> 1);
           float ds, gr;
           s[n][e] =
-              p_ds(s[n][e], dp[n][e], i0 + c, j0 + kw + g + 8 * (e >> 1), nq, nk, lse_s[c], lo_s[c],
-                   delta_s[c], scale, softcap, slope, wl, wr, whole, &ds, &gr TILE_BIAS(bias_h));
+              p_ds(s[n][e], dp[n][e], i0 + c, j0 + kc, nq, nk, lse_s[c], lo_s[c], delta_s[c], scale,
+                   softcap, slope, wl, wr, whole, &ds, &gr P_DS_BIAS(bias_one(Bs, KBST, c, kc)));
           dp[n][e] = ds;
         }
 
@@ -151,13 +167,22 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
   }
 }
 
-/* Block j's slot in attn_bwd_dq_mma's buffer, and its copies asked for. */
+/* Block j's slot in attn_bwd_dq_mma's buffer (and in its bias tiles'),
+ * and its copies asked for. */
 #define KV_SLOT(j) (KVs + (j) / MK % 2 * 2 * MK * QST)
+#if BIAS_STAGED
+#define BIAS_SLOT(j) (Bs + (j) / MK % 2 * QR * QBST * BIAS_BYTES)
+#define STAGE_DQ_BIAS(j) \
+  bias_copy(BIAS_SLOT(j), QBST, QR, MK, bias, bias_h, bias_s, i0, nq, (j), nk, lid)
+#else
+#define STAGE_DQ_BIAS(j)
+#endif
 #define STAGE_KV(j)                                                                            \
   do {                                                                                         \
     stage_rows(KV_SLOT(j), QST, MK, (__global const ushort *)kp, ks, (j), nk, d, 0, lid);      \
     stage_rows(KV_SLOT(j) + MK * QST, QST, MK, (__global const ushort *)vp, vs, (j), nk, d, 0, \
                lid);                                                                           \
+    STAGE_DQ_BIAS(j);                                                                          \
   } while (0)
 
 __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq_mma(
@@ -170,6 +195,10 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   __local ushort *KVs = (__local ushort *)buf; /* block j's K, V at its slot (j / MK) % 2 */
 #if DBIAS == 2
   __local float colsum[4 * MK];
+#endif
+#if BIAS_STAGED
+  __local uint4 bias_w[2 * QR * QBST * BIAS_BYTES / 16];
+  __local uchar *Bs = (__local uchar *)bias_w;
 #endif
 
   const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
@@ -235,6 +264,27 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
     tile_times_rows(s, NSK, qa, NDK, Ks, QST, lane);
     tile_times_rows(dp, NSK, ga, NDK, Vs, QST, lane);
 
+#if HAS_BIAS
+    /* The lane's bias of the block: from its staged tile, else loaded all
+     * at once, one wait a block rather than one an element. */
+    float bv[NSK][4];
+#pragma unroll
+    for (int n = 0; n < NSK; ++n) {
+#if BIAS_STAGED
+      const float2 x = bias_pair(BIAS_SLOT(j0), QBST, qr, 8 * n + 2 * t),
+                   y = bias_pair(BIAS_SLOT(j0), QBST, qr + 8, 8 * n + 2 * t);
+      bv[n][0] = x.x;
+      bv[n][1] = x.y;
+      bv[n][2] = y.x;
+      bv[n][3] = y.y;
+#else
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        bv[n][e] = bias_at(bias, bias_h, bias_s, rr[e >> 1], j0 + 8 * n + 2 * t + (e & 1), nq, nk);
+#endif
+    }
+#endif
+
     /* dS (into s) and dbias's term g (into dp) by p_ds; e: 0, 1 the lane's first row, 2, 3 its
      * second; key j0 + 8 n + 2 t + (e & 1). */
     const int whole = plain && j0 >= all_lo && j0 + MK <= all_hi;
@@ -245,19 +295,47 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
         const int u = e >> 1, r = rr[u], kj = j0 + 8 * n + 2 * t + (e & 1);
         float ds, gr;
         p_ds(s[n][e], dp[n][e], r, kj, nq, nk, li[u], lo2[u], dl[u], scale, softcap, slope, wl, wr,
-             whole, &ds, &gr TILE_BIAS(bias_h));
+             whole, &ds, &gr P_DS_BIAS(bv[n][e]));
         s[n][e] = ds;
         dp[n][e] = gr;
-#if DBIAS == 1
-        /* The launch's only adder of this element. */
-        if (r < nq && kj < nk) dbp[r * dbias_s.s2 + kj * dbias_s.s3] += gr;
-#endif
       }
 
+#if DBIAS == 1
+    /* The launch is its elements' only adder. The first launch, at (b0, h0)
+     * = (0, 0) (launch.c), gives each element its first term, stored over
+     * the zero; a later one reads every old value before it stores any, one
+     * wait a block. */
+    if (b0 == 0 && h0 == 0) {
+#pragma unroll
+      for (int n = 0; n < NSK; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = rr[e >> 1], kj = j0 + 8 * n + 2 * t + (e & 1);
+          if (r < nq && kj < nk) dbp[r * dbias_s.s2 + kj * dbias_s.s3] = dp[n][e];
+        }
+    } else {
+      float old[NSK][4];
+#pragma unroll
+      for (int n = 0; n < NSK; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = rr[e >> 1], kj = j0 + 8 * n + 2 * t + (e & 1);
+          old[n][e] = r < nq && kj < nk ? dbp[r * dbias_s.s2 + kj * dbias_s.s3] : 0.0f;
+        }
+#pragma unroll
+      for (int n = 0; n < NSK; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = rr[e >> 1], kj = j0 + 8 * n + 2 * t + (e & 1);
+          if (r < nq && kj < nk) dbp[r * dbias_s.s2 + kj * dbias_s.s3] = old[n][e] + dp[n][e];
+        }
+    }
+#endif
+
 #if DBIAS == 2
-      /* Each key's sum over the block's rows: the lane's two, the warp's 8
-       * lanes of a column, then the 4 warps in order, into the work-group's
-       * own slot. */
+    /* Each key's sum over the block's rows: the lane's two, the warp's 8
+     * lanes of a column, then the 4 warps in order, into the work-group's
+     * own slot. */
 #pragma unroll
     for (int n = 0; n < NSK; ++n)
 #pragma unroll

@@ -143,7 +143,8 @@ inline void rows_p_ds(const rows_block *rb, float8 (*kt)[KG], float8 (*vt)[KG], 
         float de_ = 0.0f, dre = 0.0f;
         p[i][j + e] = j + e < kn
                           ? p_ds(p[i][j + e], ds[i][j + e], r, jg + e, nq, nk, li, lo, de, scale,
-                                 softcap, slope, wl, wr, 0, &de_, &dre TILE_BIAS(bias_h))
+                                 softcap, slope, wl, wr, 0, &de_,
+                                 &dre P_DS_BIAS(bias_at(bias, bias_h, bias_s, r, jg + e, nq, nk)))
                           : 0.0f;
         ds[i][j + e] = de_;
 #if DBIAS

@@ -34,16 +34,10 @@
 #define NSN (MC / 8)  /* 8-column tiles of S a warp holds */
 #define NON (HD / 8)  /* of O */
 #define NQK (HD / 16) /* k16 steps of Q K^T */
-/* The bias tile goes through local memory (bias_copy, with K's copies)
- * where it fits beside K and V in the 48 KB that NVIDIA's OpenCL gives a
- * work-group: every case but an f32 bias at HD above 96, whose lanes load
- * their own elements instead. Its rows are BST elements apart: a lane's
- * pairs of row g and of row g + 8 fall in distinct banks. */
-#if HAS_BIAS && (BIAS_DTYPE != 0 || HD <= 96)
-#define BIAS_STAGED 1
+/* A staged bias tile's rows (BIAS_STAGED, mma.cl) are BST elements apart:
+ * a lane's pairs of row g and of row g + 8 fall in distinct banks. */
+#if BIAS_STAGED
 #define BST (MC + 8)
-#else
-#define BIAS_STAGED 0
 #endif
 
 /* Rows j .. j + rows - 1 of Q, K or V (keyed) asked for, into dst: by

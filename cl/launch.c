@@ -128,7 +128,11 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
         } else if (t->bwd == ATTN__CL_BWD_MMA) {
           if (!mma) srcs[ns++] = attn__cl_src_mma;
           srcs[ns++] = attn__cl_src_bwd_mma;
-          len += snprintf(opts + len, n - (size_t)len, " -DMQ=%d", attn__cl_mma_query_rows(c->hd));
+          const int bias_bytes = !(f & ATTN__CL_F_BIAS) ? 0
+                                 : ((f >> ATTN__CL_F_BIAS_SHIFT) & 3u) == ATTN_F32 ? 4
+                                                                                   : 2;
+          len += snprintf(opts + len, n - (size_t)len, " -DMQ=%d",
+                          attn__cl_mma_query_rows(c->hd, bias_bytes));
           slots[nk++] = ATTN__CL_K_DKDV_MMA;
           slots[nk++] = ATTN__CL_K_DQ_MMA;
         } else {

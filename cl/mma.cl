@@ -196,6 +196,18 @@ inline void tile_times_rows(float (*s)[4], int nn, const uint (*a)[4], int kd,
   }
 }
 
+/* Whether the forward's and dQ's bias tiles go through local memory
+ * (bias_copy, with K's copies): where they fit beside K and V in the 48 KB
+ * that NVIDIA's OpenCL gives a work-group (fwd_mma.cl's 64 x 64 tile,
+ * attn_bwd_dq_mma's two slots of 64 x 32), every case but an f32 bias at
+ * HD above 96, whose lanes load their own elements instead.
+ * attn_bwd_dkdv_mma stages its block's always: the plan sizes MQ for it. */
+#if HAS_BIAS && (BIAS_DTYPE != 0 || HD <= 96)
+#define BIAS_STAGED 1
+#else
+#define BIAS_STAGED 0
+#endif
+
 #if HAS_BIAS
 /* A bias tile through local memory, as stage_tile stages K: bias_copy
  * brings rows r0 .. r0 + rows - 1, keys j0 .. j0 + cols - 1 of the bias at
@@ -242,6 +254,18 @@ inline float2 bias_pair(__local const uchar *t, int ld, int row, int col) {
 #else
   const uint w = *(__local const uint *)p;
   return (float2)(as_float(w << 16), as_float(w & 0xffff0000u));
+#endif
+}
+
+/* The bias of (row, col) of a staged tile, as a float. */
+inline float bias_one(__local const uchar *t, int ld, int row, int col) {
+  __local const uchar *p = t + (row * ld + col) * BIAS_BYTES;
+#if BIAS_DTYPE == 0
+  return *(__local const float *)p;
+#elif BIAS_DTYPE == 1
+  return vload_half(0, (__local const half *)p);
+#else
+  return as_float((uint) * (__local const ushort *)p << 16);
 #endif
 }
 #endif

@@ -131,34 +131,46 @@ static int fwd_staging_fits(const attn__cl_tiles *t) {
          (t->dk * t->bc) % nt == 0;
 }
 
-/* attn_bwd_dkdv_mma keeps its 64 keys' K and V in local memory for the
- * whole pass; the query rows of Q and dO it takes a block are as many as
- * fit beside them in NVIDIA's 48 KiB (16-bit rows 8 elements longer), up
- * to 64: 64 at HD 64, 32 at 96, 16 at 128. */
-int attn__cl_mma_query_rows(int hd) {
-  const int kv = 2 * 2 * ATTN__CL_MMA_ROWS * (hd + 8);
+/* attn_bwd_dkdv_mma's local memory with a block of rows query rows: its
+ * 64 keys' K and V, kept for the whole pass, the block's Q and dO rows
+ * (16-bit rows 8 elements longer) with their lse (hi, lo) and delta, and
+ * with a bias (bias_bytes an element, 0 without) the block's bias tile,
+ * rows 8 elements longer. */
+static size_t dkdv_mma_bytes(int hd, int rows, int bias_bytes) {
+  const size_t keys = ATTN__CL_MMA_ROWS, r = (size_t)rows;
+  return 2u * 2u * (keys + r) * (size_t)(hd + 8) + 3u * 4u * r +
+         (size_t)bias_bytes * r * (keys + 8u);
+}
+
+/* Its query rows a block: as many as fit in NVIDIA's 48 KiB, up to 64;
+ * without a bias 64 at HD 64, 32 at 96, 16 at 128. */
+int attn__cl_mma_query_rows(int hd, int bias_bytes) {
   int rows = 64;
-  while (rows > 16 && kv + 2 * 2 * rows * (hd + 8) + 3 * 4 * rows > 48 * 1024)
+  while (rows > 16 && dkdv_mma_bytes(hd, rows, bias_bytes) > 48 * 1024)
     rows /= 2;
   return rows;
 }
 
-/* The tensor-core kernels' local memory, the most of them: fwd_mma.cl's,
- * K and V rows of a 64-key tile, 16-bit, each row 8 elements longer, and
- * with a bias its 64 x 64 tile, rows 8 elements longer, of the bias's
- * dtype (f32 only up to HD 96: above, the kernel keeps an f32 bias in
- * registers); attn_bwd_dkdv_mma's, 64 keys of K and V and a block of Q
- * and dO rows with their lse (hi, lo) and delta; attn_bwd_dq_mma's (64
- * rows of Q and dO, or two blocks of 32 keys of K and V, and 512 bytes of
- * sums) is less at every HD. Their tiles are fixed; the row's br, bc, tm,
- * dk and jk are attn_fwd's, for the fallback (attn__cl_config_tiles). */
+/* The tensor-core kernels' local memory, the most of them over the bias
+ * dtypes (no bias, 16-bit, f32): fwd_mma.cl's, K and V rows of a 64-key
+ * tile, 16-bit, each row 8 elements longer, and with a bias its 64 x 64
+ * tile, rows 8 elements longer, where mma.cl stages it (BIAS_STAGED: f32
+ * only up to HD 96); attn_bwd_dkdv_mma's at its MQ; attn_bwd_dq_mma's, 64
+ * rows of Q and dO or two blocks of 32 keys of K and V (the same bytes), a
+ * staged bias's two 64 x 32 slots, rows 8 elements longer, and 512 bytes of
+ * sums. Their tiles are fixed; the row's br, bc, tm, dk and jk are
+ * attn_fwd's, for the fallback (attn__cl_config_tiles). */
 static size_t mma_local_bytes(int hd) {
   const size_t keys = ATTN__CL_MMA_ROWS; /* fwd_mma.cl's MC, as its MR */
-  const size_t bias = (hd <= 96 ? 4u : 2u) * keys * (keys + 8u);
-  const size_t fwd = 2u * 2u * keys * (size_t)(hd + 8) + bias;
-  const size_t mq = (size_t)attn__cl_mma_query_rows(hd);
-  const size_t dkdv = 2u * 2u * (keys + mq) * (size_t)(hd + 8) + 3u * 4u * mq;
-  return fwd > dkdv ? fwd : dkdv;
+  const size_t staged = hd <= 96 ? 4u : 2u;
+  const size_t fwd = 2u * 2u * keys * (size_t)(hd + 8) + staged * keys * (keys + 8u);
+  const size_t dq = 2u * 2u * (keys / 2u) * (size_t)(hd + 8) * 2u + staged * 2u * keys * 40u + 512u;
+  size_t most = fwd > dq ? fwd : dq;
+  for (int b = 0; b <= 4; b += 2) {
+    const size_t dkdv = dkdv_mma_bytes(hd, attn__cl_mma_query_rows(hd, b), b);
+    most = most > dkdv ? most : dkdv;
+  }
+  return most;
 }
 
 /* bwd.cl's local memory, the larger of its two kernels': the chunks of S
@@ -252,7 +264,7 @@ static void name_bwd(attn__cl_config *c) {
   if (t->bwd == ATTN__CL_BWD_MMA)
     snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0],
              "opencl attn_bwd_mma HD=%d KR=%d MQ=%d (tensor cores, inline PTX)", c->hd,
-             ATTN__CL_MMA_ROWS, attn__cl_mma_query_rows(c->hd));
+             ATTN__CL_MMA_ROWS, attn__cl_mma_query_rows(c->hd, 0));
   else if (t->bwd == ATTN__CL_BWD_ROWS)
     snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd_rows HD=%d RB=%d KB=%d",
              c->hd, t->rb, t->kb);

@@ -977,6 +977,10 @@ static void bias_gradient_sums_over_broadcast(at_backend *b) {
     run_backward(b, &c);
     c.dt = ATTN_BF16, c.d = 64, c.flags = 0, c.softcap = 15;
     run_backward(b, &c);
+    /* An f32 bias of 16-bit data past HD 96: NVIDIA OpenCL's tensor-core
+     * dQ then loads it lane by lane instead of staging it. */
+    c.d = 128;
+    run_backward(b, &c);
   }
 }
 
