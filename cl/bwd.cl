@@ -302,7 +302,7 @@ inline float bias_at(__global const uchar *bias, long bias_h, long4 s, int r, in
  * dS before softcap's derivative, as the bias is added after softcap): zero where
  * the mask hides the key, past the sequence, or on a row that passes no
  * gradient (lse li = -inf). whole: a tile each row of which sees every key,
- * with no bias, softcap or ALiBi, whose score is S * scale alone. Every
+ * with no softcap or ALiBi, whose score is S * scale (plus the bias). Every
  * OpenCL backward kernel takes its P and dS from here (bwd.cl's,
  * bwd_rows.cl's and bwd_mma.cl's). */
 inline float p_ds(float s, float dp, int r, int kj, int nq, int nk, float li, float lo, float dl,
@@ -315,7 +315,11 @@ inline float p_ds(float s, float dp, int r, int kj, int nq, int nk, float li, fl
   float p = 0.0f;
   *ds = *g = 0.0f;
   if (whole) {
-    p = li != -INFINITY ? EXP_FROM(s * scale - li, lo) : 0.0f;
+    float x = s * scale;
+#if HAS_BIAS
+    x += bx;
+#endif
+    p = li != -INFINITY ? EXP_FROM(x - li, lo) : 0.0f;
     *ds = *g = p * (dp - dl);
   } else if (r < nq && kj < nk && li != -INFINITY) {
     const int dg = diag(r, nq, nk);
@@ -339,14 +343,14 @@ inline void tile_p_ds(float (*s)[BTN], float (*dp)[BTN], row_stats st, const til
                       float scale, float softcap, float slope, int wl, int wr,
                       int lid TILE_BIAS_PARAM TILE_DR_PARAM) {
   const int tx = lid % 16, ty = lid / 16;
-  /* No bias, softcap or ALiBi on a tile each row of which sees every key
-   * (the last row's first key to the first row's last, as in fwd.cl): the
-   * score is S * scale alone and the mask passes, which skips both on most
-   * tiles of a long sequence. */
+  /* No softcap or ALiBi on a tile each row of which sees every key (the
+   * last row's first key to the first row's last, as in fwd.cl): the score
+   * is S * scale (plus the bias) and the mask passes, which skips both on
+   * most tiles of a long sequence. */
   int all_lo, all_hi;
   key_block_common(t->i0, t->i0 + BQ, t->nq, t->nk, wl, wr, &all_lo, &all_hi);
-  const int whole = !HAS_BIAS && softcap == 0.0f && slope == 0.0f && t->i0 + BQ <= t->nq &&
-                    t->j0 >= all_lo && t->j0 + BK <= all_hi;
+  const int whole = softcap == 0.0f && slope == 0.0f && t->i0 + BQ <= t->nq && t->j0 >= all_lo &&
+                    t->j0 + BK <= all_hi;
 #pragma unroll
   for (int i = 0; i < BTM; ++i) {
     const int ri = ty * BTM + i, r = t->i0 + ri;

@@ -127,8 +127,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
        * first key, 2, 3 its second; query row i0 + 8 n + 2 t + (e & 1). */
       int all_lo, all_hi;
       key_block_common(i0, i0 + MQ, nq, nk, wl, wr, &all_lo, &all_hi);
-      const int whole = !HAS_BIAS && softcap == 0.0f && slope == 0.0f && i0 + MQ <= nq &&
-                        j0 >= all_lo && j0 + KR <= all_hi;
+      const int whole =
+          softcap == 0.0f && slope == 0.0f && i0 + MQ <= nq && j0 >= all_lo && j0 + KR <= all_hi;
 #pragma unroll
       for (int n = 0; n < NQT; ++n)
 #pragma unroll
@@ -246,7 +246,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   int lo, hi, all_lo, all_hi;
   key_block_range(i0, min(i0 + QR, nq), nq, nk, wl, wr, &lo, &hi);
   key_block_common(i0, i0 + QR, nq, nk, wl, wr, &all_lo, &all_hi);
-  const int plain = !HAS_BIAS && softcap == 0.0f && slope == 0.0f && i0 + QR <= nq;
+  const int plain = softcap == 0.0f && slope == 0.0f && i0 + QR <= nq;
   /* A block's K and V are one group of copies, the next block's in flight
    * while this one's products run, in the other slot. */
   barrier(CLK_LOCAL_MEM_FENCE); /* Q's and dO's reads are done */
@@ -309,9 +309,16 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
 #pragma unroll
       for (int n = 0; n < NSK; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = rr[e >> 1], kj = j0 + 8 * n + 2 * t + (e & 1);
-          if (r < nq && kj < nk) dbp[r * dbias_s.s2 + kj * dbias_s.s3] = dp[n][e];
+        for (int u = 0; u < 2; ++u) {
+          const int r = rr[u], kj = j0 + 8 * n + 2 * t;
+          if (r >= nq) continue;
+          __global float *at = dbp + r * dbias_s.s2 + kj * dbias_s.s3;
+          if (dbias_s.s3 == 1 && kj + 2 <= nk && ((ulong)at & 7u) == 0u) {
+            vstore2((float2)(dp[n][2 * u], dp[n][2 * u + 1]), 0, at);
+          } else {
+            if (kj < nk) at[0] = dp[n][2 * u];
+            if (kj + 1 < nk) at[dbias_s.s3] = dp[n][2 * u + 1];
+          }
         }
     } else {
       float old[NSK][4];
