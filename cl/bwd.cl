@@ -687,11 +687,23 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
 
 #if DBIAS
 /* Zeroes a float tensor of shape (n0, n1, n2, n3) and strides s from p + o:
- * item (x, y, z) is element (z / n1, z % n1, y, x). */
+ * item (x, y, z) takes elements 4 x .. 4 x + 3 of rows y, y + the grid's
+ * height, .. of (z / n1, z % n1), as one float4 where they are contiguous
+ * and aligned. A work-item an element left the GPU dispatching work-groups
+ * (millions of them for one dbias) rather than writing. */
 __kernel void attn_bwd_zero(__global float *p, long o, long4 s, int n1, int n2, int n3) {
-  const int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
-  if (x >= n3 || y >= n2) return;
-  p[o + (z / n1) * s.s0 + (z % n1) * s.s1 + y * s.s2 + x * s.s3] = 0.0f;
+  const int x = 4 * get_global_id(0), z = get_global_id(2);
+  if (x >= n3) return;
+  __global float *row = p + o + (z / n1) * s.s0 + (z % n1) * s.s1 + x * s.s3;
+  for (int y = get_global_id(1); y < n2; y += get_global_size(1)) {
+    __global float *at = row + y * s.s2;
+    if (s.s3 == 1 && x + 4 <= n3 && ((ulong)at & 15u) == 0u) {
+      *(__global float4 *)at = (float4)(0.0f);
+    } else {
+      for (int u = 0; u < 4 && x + u < n3; ++u)
+        at[u * s.s3] = 0.0f;
+    }
+  }
 }
 #endif
 

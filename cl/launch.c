@@ -649,7 +649,8 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
 /* Backward                                                                 */
 /* ---------------------------------------------------------------------- */
 
-/* Zeroes a float tensor of shape (n0, n1, n2, n3) and strides s. */
+/* Zeroes a float tensor of shape (n0, n1, n2, n3) and strides s: a
+ * work-item 4 elements of a row in each of up to 16 rows. */
 static int zero(attn_context *ctx, const call *c, cl_mem mem, int64_t off, const int64_t s[4],
                 const int64_t n[4]) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
@@ -660,8 +661,8 @@ static int zero(attn_context *ctx, const call *c, cl_mem mem, int64_t off, const
   arg_int(&a, (cl_int)n[1]);
   arg_int(&a, (cl_int)n[2]);
   arg_int(&a, (cl_int)n[3]);
-  return launch(ctx, a.k, &a, "attn_bwd_zero", cover(n[3], 64), (size_t)n[2], (size_t)(n[0] * n[1]),
-                64);
+  return launch(ctx, a.k, &a, "attn_bwd_zero", cover((n[3] + 3) / 4, 64), (size_t)((n[2] + 15) / 16),
+                (size_t)(n[0] * n[1]), 64);
 }
 
 /* dq, and dbias with it: one launch, or one per sequence and head over
