@@ -114,13 +114,9 @@ inline void rows_p_ds(const rows_block *rb, float8 (*kt)[KG], float8 (*vt)[KG], 
 #pragma OPENCL FP_CONTRACT OFF
   rows_dot_keys(p, (const float *)rb->q, kt, kn);
   rows_dot_keys(ds, (const float *)rb->g, vt, kn);
-  /* No softcap, ALiBi or bias: a run of 8 keys that a row sees whole needs
-   * only the scale, on float8s. */
-#if HAS_BIAS
-  const int plain = 0;
-#else
+  /* No softcap or ALiBi: a run of 8 keys that a row sees whole needs only
+   * the scale (and the bias, 8 keys a load), on float8s. */
   const int plain = softcap == 0.0f && slope == 0.0f;
-#endif
   for (int i = 0; i < RB; ++i) {
     const int r = i0 + i, dg = diag(r, nq, nk);
     const float li = rb->lse[i], lo = rb->lo[i], de = rb->delta[i];
@@ -130,7 +126,11 @@ inline void rows_p_ds(const rows_block *rb, float8 (*kt)[KG], float8 (*vt)[KG], 
     for (int j = 0; j < KB; j += 8) {
       const int jg = j0 + j;
       if (plain && live && jg >= klo && jg + 8 <= khi && j + 8 <= kn) {
-        const float8 pp = EXP_FROM(vload8(0, &p[i][j]) * scale - li, lo);
+        float8 x = vload8(0, &p[i][j]) * scale;
+#if HAS_BIAS
+        x += load_any8(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + jg * bias_s.s3, bias_s.s3);
+#endif
+        const float8 pp = EXP_FROM(x - li, lo);
         const float8 dd = pp * (vload8(0, &ds[i][j]) - de);
         vstore8(pp, 0, &p[i][j]);
         vstore8(dd, 0, &ds[i][j]);

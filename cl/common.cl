@@ -404,6 +404,21 @@ inline float load_any(__global const uchar *base, int dtype, long i) {
   return ((__global const float *)base)[i];
 }
 
+/* Elements i, i + s, .., i + 7 s of the same, as a float8: one vector load
+ * where s is 1. */
+inline float8 load_any8(__global const uchar *base, int dtype, long i, long s) {
+  if (s == 1) {
+    if (dtype == 1) return vload_half8(0, (__global const half *)base + i);
+    if (dtype == 2)
+      return as_float8(convert_uint8(vload8(0, (__global const ushort *)base + i)) << 16);
+    return vload8(0, (__global const float *)base + i);
+  }
+  float x[8];
+  for (int e = 0; e < 8; ++e)
+    x[e] = load_any(base, dtype, i + e * s);
+  return vload8(0, x);
+}
+
 /* Whether a row saw a key: the mask says so (seen), and with a bias a row
  * whose scores were all -inf (its max m still -inf) saw none. The kernels'
  * running max skips NaN (fmax), so they pass m as NaN where the row's sum is

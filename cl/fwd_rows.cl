@@ -31,7 +31,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_A
   FWD_BLOCK(RB);
   const float slope = alibi ? alibi[h] : 0.0f;
   /* No softcap and no ALiBi: a run of keys that a row sees whole needs only
-   * the scale. */
+   * the scale (and the bias, 8 keys a load). */
   const int plain = softcap == 0.0f && slope == 0.0f;
 
   float8 qr[RB][NV], acc[RB][NV], kt[KB][NV], vt[KB][NV], ktr[HD][KB / 8];
@@ -95,7 +95,13 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_A
         const int jg = j0 + j;
         float x[8];
         vstore8(vload8(0, &s[i][j]) * scale, 0, x);
-        if (!plain || HAS_BIAS || jg < klo[i] || jg + 8 > khi[i] || jg + 8 > jend) {
+        if (plain && jg >= klo[i] && jg + 8 <= khi[i] && jg + 8 <= jend) {
+#if HAS_BIAS
+          vstore8(vload8(0, x) + load_any8(bias, BIAS_DTYPE,
+                                           bias_h + r * bias_s.s2 + jg * bias_s.s3, bias_s.s3),
+                  0, x);
+#endif
+        } else {
           for (int e = 0; e < 8; ++e) {
             const int jj = jg + e;
             float tc;
