@@ -128,9 +128,10 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
         } else if (t->bwd == ATTN__CL_BWD_MMA) {
           if (!mma) srcs[ns++] = attn__cl_src_mma;
           srcs[ns++] = attn__cl_src_bwd_mma;
-          const int bias_bytes = !(f & ATTN__CL_F_BIAS) ? 0
-                                 : ((f >> ATTN__CL_F_BIAS_SHIFT) & 3u) == ATTN_F32 ? 4
-                                                                                   : 2;
+          /* MQ makes room for the bias tile: its bytes an element. */
+          int bias_bytes = 0;
+          if (f & ATTN__CL_F_BIAS)
+            bias_bytes = ((f >> ATTN__CL_F_BIAS_SHIFT) & 3u) == ATTN_F32 ? 4 : 2;
           len += snprintf(opts + len, n - (size_t)len, " -DMQ=%d",
                           attn__cl_mma_query_rows(c->hd, bias_bytes));
           slots[nk++] = ATTN__CL_K_DKDV_MMA;
@@ -661,8 +662,8 @@ static int zero(attn_context *ctx, const call *c, cl_mem mem, int64_t off, const
   arg_int(&a, (cl_int)n[1]);
   arg_int(&a, (cl_int)n[2]);
   arg_int(&a, (cl_int)n[3]);
-  return launch(ctx, a.k, &a, "attn_bwd_zero", cover((n[3] + 3) / 4, 64), (size_t)((n[2] + 15) / 16),
-                (size_t)(n[0] * n[1]), 64);
+  return launch(ctx, a.k, &a, "attn_bwd_zero", cover((n[3] + 3) / 4, 64),
+                (size_t)((n[2] + 15) / 16), (size_t)(n[0] * n[1]), 64);
 }
 
 /* dq, and dbias with it: one launch, or one per sequence and head over
