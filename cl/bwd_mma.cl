@@ -314,7 +314,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
           if (r >= nq) continue;
           __global float *at = dbp + r * dbias_s.s2 + kj * dbias_s.s3;
           if (dbias_s.s3 == 1 && kj + 2 <= nk && ((ulong)at & 7u) == 0u) {
-            vstore2((float2)(dp[n][2 * u], dp[n][2 * u + 1]), 0, at);
+            *(__global float2 *)at = (float2)(dp[n][2 * u], dp[n][2 * u + 1]);
           } else {
             if (kj < nk) at[0] = dp[n][2 * u];
             if (kj + 1 < nk) at[dbias_s.s3] = dp[n][2 * u + 1];
