@@ -984,6 +984,91 @@ static void bias_gradient_sums_over_broadcast(at_backend *b) {
   }
 }
 
+/* dbias as a strided view, keys 2 apart and a gap after every row, head
+ * and sequence: the values a contiguous dbias gets in the same call
+ * sequence, and the gaps (a sentinel) untouched, the zeroing included.
+ * Full, and broadcast over the batch (where a GPU launches per sequence and
+ * the later launches add). */
+static void bias_gradient_through_strides(at_backend *b) {
+  const int forms[] = {1, 1 + BIAS_BATCH};
+  for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
+    icase c = {.dt = ATTN_BF16,
+               .B = 2,
+               .Nq = 37,
+               .cap = 45,
+               .Hq = 4,
+               .Hkv = 2,
+               .d = 64,
+               .bias = forms[f],
+               .bias_dt = ATTN_BF16,
+               .flags = ATTN_CAUSAL};
+    ibuf x;
+    ibuf_init(b, &x, &c);
+    SKIP_IF_DECLINED(b, &x.p, &x.tq, &x.tk, &x.tv, 1);
+    const int64_t nq = c.B * c.Nq * c.Hq * c.d, nk = c.B * c.cap * c.Hkv * c.d;
+    const size_t es = attn_dtype_size(c.dt);
+    void *dout = at_malloc((size_t)nq * es), *dq = at_malloc((size_t)nq * es),
+         *dk = at_malloc((size_t)nk * es), *dv = at_malloc((size_t)nk * es);
+    fill(dout, c.dt, nq, 1.0);
+    attn_tensor tdo = attn_tensor_bshd(dout, c.dt, c.B, c.Nq, c.Hq, c.d);
+    attn_tensor tdq = attn_tensor_bshd(dq, c.dt, c.B, c.Nq, c.Hq, c.d);
+    attn_tensor tdk = attn_tensor_bshd(dk, c.dt, c.B, c.cap, c.Hkv, c.d);
+    attn_tensor tdv = attn_tensor_bshd(dv, c.dt, c.B, c.cap, c.Hkv, c.d);
+
+    const int64_t *n = x.tbias.shape;
+    float *dense = at_malloc(sizeof(float) * (size_t)(n[0] * n[1] * n[2] * n[3]));
+    attn_tensor td = x.tbias, ts = x.tbias;
+    td.data = dense, td.dtype = ATTN_F32;
+    ts.dtype = ATTN_F32;
+    ts.stride[3] = 2;
+    ts.stride[2] = 2 * n[3] + 3;
+    ts.stride[1] = ts.stride[2] * n[2] + 5;
+    ts.stride[0] = ts.stride[1] * n[1] + 7;
+    const int64_t span = ts.stride[0] * n[0];
+    float *sp = at_malloc(sizeof(float) * (size_t)span);
+    for (int64_t i = 0; i < span; i++)
+      sp[i] = 7.0f;
+    ts.data = sp;
+
+    attn_params fp = x.p;
+    int rc = attn_forward(b->ctx, &fp, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse);
+    if (rc) fail_msg("attn_forward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+    x.p.dbias = &td;
+    rc = attn_backward(b->ctx, &x.p, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse, &tdo, &tdq, &tdk, &tdv);
+    if (rc) fail_msg("attn_backward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+    x.p.dbias = &ts;
+    rc = attn_backward(b->ctx, &x.p, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse, &tdo, &tdq, &tdk, &tdv);
+    if (rc) fail_msg("attn_backward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+
+    /* Each element as the contiguous call gave it, then the gaps as set. */
+    int64_t e = 0, seen = 0;
+    for (int64_t i0 = 0; i0 < n[0]; i0++)
+      for (int64_t i1 = 0; i1 < n[1]; i1++)
+        for (int64_t i2 = 0; i2 < n[2]; i2++)
+          for (int64_t i3 = 0; i3 < n[3]; i3++, e++) {
+            const int64_t at =
+                i0 * ts.stride[0] + i1 * ts.stride[1] + i2 * ts.stride[2] + i3 * ts.stride[3];
+            if (memcmp(&sp[at], &dense[e], sizeof(float)) != 0)
+              fail_msg("form %zu: dbias[%lld][%lld][%lld][%lld] is %g through strides, %g dense", f,
+                       (long long)i0, (long long)i1, (long long)i2, (long long)i3, sp[at],
+                       dense[e]);
+            sp[at] = 7.0f;
+            seen += dense[e] != 0.0f;
+          }
+    assert_true(seen > 0); /* the gradient is not all zero */
+    for (int64_t i = 0; i < span; i++)
+      if (sp[i] != 7.0f)
+        fail_msg("form %zu: the gap at %lld was written (%g)", f, (long long)i, sp[i]);
+    at_free(sp);
+    at_free(dense);
+    at_free(dout);
+    at_free(dq);
+    at_free(dk);
+    at_free(dv);
+    ibuf_free(&x);
+  }
+}
+
 static void sink_gradient(at_backend *b) {
   icase c = {.dt = ATTN_F32,
              .B = 2,
@@ -1225,6 +1310,7 @@ static const at_test tests[] = {
     AT_TEST(long_sequences_take_the_larger_tiles),
     AT_TEST(sinks_join_the_denominator),
     AT_TEST(bias_gradient_sums_over_broadcast),
+    AT_TEST(bias_gradient_through_strides),
     AT_TEST(sink_gradient),
     AT_TEST(deterministic_bias_gradient_repeats_exactly),
     AT_TEST(merge_of_parts_is_the_whole),
