@@ -271,17 +271,10 @@ typedef struct row_stats {
  * j s3. */
 #define TILE_BIAS_PARAM , __global const uchar *bias, long bias_h, long4 bias_s
 #define TILE_BIAS(bh) , bias, (bh), bias_s
-/* p_ds takes its score's bias as a value: read from memory by bias_at, or
- * from a tile the kernel staged. */
+/* p_ds takes its score's bias as a value: read from memory by bias_at
+ * (common.cl), or from a tile the kernel staged. */
 #define P_DS_BIAS_PARAM , float bx
 #define P_DS_BIAS(x) , (x)
-
-/* The bias of (query row r, key kj) of the rows at bias_h; 0 past the
- * sequence's rows or keys, unread. */
-inline float bias_at(__global const uchar *bias, long bias_h, long4 s, int r, int kj, int nq,
-                     int nk) {
-  return r < nq && kj < nk ? load_any(bias, BIAS_DTYPE, bias_h + r * s.s2 + kj * s.s3) : 0.0f;
-}
 #else
 #define TILE_BIAS_PARAM
 #define TILE_BIAS(bh)

@@ -419,6 +419,13 @@ inline float8 load_any8(__global const uchar *base, int dtype, long i, long s) {
   return vload8(0, x);
 }
 
+/* The bias (of dtype BIAS_DTYPE) of query row r, key kj of the rows at
+ * bias_h; 0 past the sequence's nq rows or nk keys, unread. */
+inline float bias_at(__global const uchar *bias, long bias_h, long4 s, int r, int kj, int nq,
+                     int nk) {
+  return r < nq && kj < nk ? load_any(bias, BIAS_DTYPE, bias_h + r * s.s2 + kj * s.s3) : 0.0f;
+}
+
 /* Whether a row saw a key: the mask says so (seen), and with a bias a row
  * whose scores were all -inf (its max m still -inf) saw none. The kernels'
  * running max skips NaN (fmax), so they pass m as NaN where the row's sum is

@@ -171,9 +171,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void attn_fwd(FWD_ARGS)
 #pragma unroll
       for (int n = 0; n < TN; ++n) {
         const int r = r0 + ty * TM + i, j = j0 + tx + TX * n;
-        bv[i][n] = r < nq && j < nk
-                       ? load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + j * bias_s.s3)
-                       : 0.0f;
+        bv[i][n] = bias_at(bias, bias_h, bias_s, r, j, nq, nk);
       }
 #endif
     /* S = Q K^T, DK columns of the head dimension at a time. */

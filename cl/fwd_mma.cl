@@ -127,9 +127,7 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e < 2 ? ra : rb, j = j0 + 8 * n + 2 * t + (e & 1);
-        bv[n][e] = r < nq && j < nk
-                       ? load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + j * bias_s.s3)
-                       : 0.0f;
+        bv[n][e] = bias_at(bias, bias_h, bias_s, r, j, nq, nk);
       }
 #endif
     barrier(CLK_LOCAL_MEM_FENCE); /* the last tile's P V is done with Vs */
