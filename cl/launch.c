@@ -52,7 +52,7 @@ static const size_t kernel_items[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_PRE] = 64,      [ATTN__CL_K_DKDV] = 0,         [ATTN__CL_K_DQ] = 0,
     [ATTN__CL_K_DKDV_ROWS] = 1, [ATTN__CL_K_DQ_ROWS] = 1,      [ATTN__CL_K_DQ_MMA] = 128, [ATTN__CL_K_DKDV_MMA] = 128,
     [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,   [ATTN__CL_K_DSINKS] = 64,
-    [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 64, [ATTN__CL_K_APPEND] = 64,
+    [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 128, [ATTN__CL_K_APPEND] = 64,
     [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,   [ATTN__CL_K_OFFSETS] = 64,
 };
 
@@ -594,8 +594,9 @@ static int split_merge(attn_context *ctx, const attn__problem *pb, const call *c
   arg_mem(&m, im->work2.mem);
   arg_int(&m, (cl_int)c->ws.tq);
   arg_features(&m, pb, c->features & (ATTN__CL_F_USED | ATTN__CL_F_SINKS));
-  return launch(ctx, m.k, &m, "attn_split_merge", (size_t)pb->seqlen_q * 64, (size_t)pb->heads_q,
-                (size_t)pb->batch, 64);
+  const size_t items = kernel_items[ATTN__CL_K_SPLIT_MERGE];
+  return launch(ctx, m.k, &m, "attn_split_merge", (size_t)pb->seqlen_q * items,
+                (size_t)pb->heads_q, (size_t)pb->batch, items);
 }
 
 int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
