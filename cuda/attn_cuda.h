@@ -236,6 +236,15 @@ int attn__cuda_merge(const attn__merge *m, cudaStream_t stream, void *workspace)
 int attn__cuda_clamp_offsets(const int32_t *in, int32_t *out, int64_t n, int64_t rows,
                              cudaStream_t stream);
 
+/* The backward's score-term passes every family with dbias and dsinks runs
+ * (general.cu), on the stream, ATTN_OK or ATTN_EDEVICE. attn__cuda_dbias_zero:
+ * dbias = 0 before the passes, unless they store every element themselves.
+ * attn__cuda_dsinks: dsinks from lse and the family's D = rowsum(dO * O),
+ * D of row w over the batch and head h at D[w * d_row + h * d_head]. */
+int attn__cuda_dbias_zero(const attn__problem *pb, cudaStream_t stream);
+int attn__cuda_dsinks(const attn__problem *pb, const float *D, long long d_row, long long d_head,
+                      cudaStream_t stream);
+
 /* Whether dbias sums over a broadcast dimension (stride 0 where the problem
  * has more than one sequence, head or query row): dK/dV's pass then adds
  * into it with atomics, or, deterministic, a pass of its own sums in order. */

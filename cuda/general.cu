@@ -1,7 +1,8 @@
 /*
  * The general family's parameter block: an attn__cuda_launch turned into
  * what the kernels read; and the backward's dtype-free passes for the score
- * terms (dbias zeroed, dsinks summed). The kernels, their launchers and their rows of the
+ * terms that every family with dbias and dsinks runs (dbias zeroed, dsinks
+ * summed: attn_cuda.h). The kernels, their launchers and their rows of the
  * tuning table are in general.cuh (and general_fwd32.cuh), instantiated
  * once per dtype in general_f32.cu, general_f16.cu and general_bf16.cu
  * (three files so that a parallel build compiles them at once).
@@ -82,48 +83,49 @@ gparams make_params(const attn__cuda_launch *L, int backward) {
   return P;
 }
 
-/* dbias = 0 over its elements (a broadcast dimension has one), through its
- * strides: the span may hold the caller's other data. */
-static __global__ void dbias_zero_kernel(const gparams P) {
-  const long long nb = P.dbias.sb ? P.batch : 1, nh = P.dbias.sh ? P.hq : 1;
-  const long long nr = P.dbias.ss ? P.nq : 1, n = nb * nh * nr * P.nk;
-  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
-       e += (long long)gridDim.x * blockDim.x) {
-    long long r = e / P.nk;
-    const long long j = e - r * P.nk;
-    const long long i = r % nr;
-    r /= nr;
-    const long long h = r % nh, b = r / nh;
-    ((float *)P.dbias.p)[b * P.dbias.sb + h * P.dbias.sh + i * P.dbias.ss + j * P.dbias.sd] = 0.f;
+/* dbias = 0 over its elements (one along a broadcast dimension), through
+ * its strides (the span may hold the caller's other data): a block a row
+ * (sequence, head, query row), its threads over the keys, so that a row's
+ * offset is found once rather than per element; 16-byte stores where the
+ * row's keys are contiguous and aligned. */
+static __global__ void dbias_zero_kernel(float *p, long long sb, long long sh, long long ss,
+                                         long long sd, long long rows, long long nh, long long nr,
+                                         long long nk) {
+  for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+    const long long i = r % nr, h = r / nr % nh, b = r / nr / nh;
+    float *row = p + b * sb + h * sh + i * ss;
+    long long j = threadIdx.x;
+    if (sd == 1 && ((uintptr_t)row & 15) == 0) {
+      for (long long j4 = 4 * j; j4 + 3 < nk; j4 += 4 * (long long)blockDim.x)
+        *(float4 *)(row + j4) = make_float4(0.f, 0.f, 0.f, 0.f);
+      j += nk & ~3LL;
+    }
+    for (; j < nk; j += blockDim.x)
+      row[j * sd] = 0.f;
   }
 }
 
-int launch_dbias_zero(const gparams &P, cudaStream_t stream) {
-  const long long n =
-      (P.dbias.sb ? P.batch : 1) * (P.dbias.sh ? P.hq : 1) * (P.dbias.ss ? P.nq : 1) * P.nk;
-  if (n == 0) return ATTN_OK;
-  long long blocks = (n + 255) / 256;
-  if (blocks > 65535LL * 16) blocks = 65535LL * 16;
-  dbias_zero_kernel<<<(unsigned)blocks, 256, 0, stream>>>(P);
-  return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
-}
-
 /* dsinks[h] = the sum over every query row of sink_grad(sink, lse, D): a
- * block per head, its threads' sums added in a fixed order. */
+ * block per head, its threads' sums added in a fixed order. D of row w
+ * (over the batch) and head h at D[w * d_row + h * d_head]. */
+struct dsinks_args {
+  const float *sinks, *lse, *D;
+  float *dsinks;
+  long long sinks_sh, dsinks_sh, lse_sb, lse_ss, lse_sh, d_row, d_head, rows, nq;
+  int varlen;
+};
+
 constexpr int kSinkThreads = 256;
-static __global__ void __launch_bounds__(kSinkThreads) dsinks_kernel(const gparams P) {
+static __global__ void __launch_bounds__(kSinkThreads) dsinks_kernel(const dsinks_args a) {
   __shared__ float part[kSinkThreads];
   const int h = blockIdx.x, tid = threadIdx.x;
-  const float sink = ((const float *)P.sinks.p)[h * P.sinks.sh];
-  const float *lse = (const float *)P.lse.p;
+  const float sink = a.sinks[h * a.sinks_sh];
   float acc = 0.f;
-  for (long long row = tid; row < P.total_q; row += kSinkThreads) {
-    long long b = 0, r = row;
-    if (!P.cu_q) {
-      b = row / P.nq;
-      r = row - b * P.nq;
-    }
-    acc += sink_grad(sink, lse[b * P.lse.sb + r * P.lse.ss + h * P.lse.sh], P.ws_D[row * P.hq + h]);
+  for (long long w = tid; w < a.rows; w += kSinkThreads) {
+    /* A varlen lse is [heads, total_q]: sb = 0, and w is its row. */
+    const long long b = a.varlen ? 0 : w / a.nq, r = w - b * a.nq;
+    acc += sink_grad(sink, a.lse[b * a.lse_sb + r * a.lse_ss + h * a.lse_sh],
+                     a.D[w * a.d_row + h * a.d_head]);
   }
   part[tid] = acc;
   __syncthreads();
@@ -131,12 +133,49 @@ static __global__ void __launch_bounds__(kSinkThreads) dsinks_kernel(const gpara
     if (tid < half) part[tid] += part[tid + half];
     __syncthreads();
   }
-  if (tid == 0) ((float *)P.dsinks.p)[h * P.dsinks.sh] = part[0];
-}
-
-int launch_dsinks(const gparams &P, cudaStream_t stream) {
-  dsinks_kernel<<<(unsigned)P.hq, kSinkThreads, 0, stream>>>(P);
-  return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
+  if (tid == 0) a.dsinks[h * a.dsinks_sh] = part[0];
 }
 
 }  // namespace attn_general
+
+int attn__cuda_dsinks(const attn__problem *pb, const float *D, long long d_row, long long d_head,
+                      cudaStream_t stream) {
+  if (!pb->has_dsinks || pb->heads_q == 0) return ATTN_OK;
+  attn_general::dsinks_args a;
+  a.sinks = (const float *)attn__cuda_at(&pb->sinks);
+  a.lse = (const float *)attn__cuda_at(&pb->lse);
+  a.D = D;
+  a.dsinks = (float *)attn__cuda_at(&pb->dsinks);
+  a.sinks_sh = pb->sinks.sh;
+  a.dsinks_sh = pb->dsinks.sh;
+  a.lse_sb = pb->lse.sb;
+  a.lse_ss = pb->lse.ss;
+  a.lse_sh = pb->lse.sh;
+  a.d_row = d_row;
+  a.d_head = d_head;
+  a.rows = pb->total_q;
+  a.nq = pb->seqlen_q;
+  a.varlen = pb->varlen;
+  attn_general::dsinks_kernel<<<(unsigned)pb->heads_q, attn_general::kSinkThreads, 0, stream>>>(a);
+  return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
+}
+
+/* Whether the passes store every element of dbias: where it sums over
+ * nothing and every row sees every key (no window, no per-sequence
+ * lengths), each (b, h, i, j) is one dS element the dK/dV pass stores. */
+static int dbias_stored_whole(const attn__problem *pb) {
+  return !attn__cuda_dbias_sums(pb) && pb->window_left < 0 && pb->window_right < 0 && !pb->varlen &&
+         !pb->has_seqused;
+}
+
+int attn__cuda_dbias_zero(const attn__problem *pb, cudaStream_t stream) {
+  const attn__tensor *t = &pb->dbias;
+  if (!pb->has_dbias || dbias_stored_whole(pb)) return ATTN_OK;
+  const long long nh = t->sh ? pb->heads_q : 1, nr = t->ss ? pb->seqlen_q : 1;
+  const long long rows = (t->sb ? pb->batch : 1) * nh * nr;
+  if (rows == 0 || pb->seqlen_k == 0) return ATTN_OK;
+  const unsigned blocks = (unsigned)(rows < (1LL << 20) ? rows : (1LL << 20));
+  attn_general::dbias_zero_kernel<<<blocks, 256, 0, stream>>>(
+      (float *)attn__cuda_at(t), t->sb, t->sh, t->ss, t->sd, rows, nh, nr, pb->seqlen_k);
+  return cudaPeekAtLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
+}

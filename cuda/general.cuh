@@ -1140,12 +1140,6 @@ __global__ void __launch_bounds__(kThreads, 1) dbias_kernel(const gparams P) {
 /* The kernels' parameter block for a launch (general.cu). */
 gparams make_params(const attn__cuda_launch *L, int backward);
 
-/* The backward's score-term passes that need no dtype (general.cu): dbias
- * zeroed (before dkdv adds into it), and dsinks from D and lse (after
- * rowdot_kernel). ATTN_OK or ATTN_EDEVICE. */
-int launch_dbias_zero(const gparams &P, cudaStream_t stream);
-int launch_dsinks(const gparams &P, cudaStream_t stream);
-
 /* forward: the kernel takes its blocks in attn_order_group's order. */
 template <typename K>
 static int launch_cfg(K kernel, size_t smem, dim3 grid, const attn__cuda_launch *L,
@@ -1218,13 +1212,13 @@ static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
     const size_t n = sizeof(float) * (size_t)pb->total_q * pb->heads_q * pb->head_dim;
     if (n && cudaMemsetAsync(P.ws_dq, 0, n, L->stream) != cudaSuccess) return ATTN_EDEVICE;
   }
-  if (P.dbias.p && launch_dbias_zero(P, L->stream) != ATTN_OK) return ATTN_EDEVICE;
+  if (attn__cuda_dbias_zero(pb, L->stream) != ATTN_OK) return ATTN_EDEVICE;
   const long long warps = P.total_q * P.hq;
   if (warps > 0) {
     rowdot_kernel<T><<<(unsigned)((warps + 7) / 8), 256, 0, L->stream>>>(P);
     if (cudaPeekAtLastError() != cudaSuccess) return ATTN_EDEVICE;
   }
-  if (P.dsinks.p && launch_dsinks(P, L->stream) != ATTN_OK) return ATTN_EDEVICE;
+  if (attn__cuda_dsinks(pb, P.ws_D, P.hq, 1, L->stream) != ATTN_OK) return ATTN_EDEVICE;
   /* Sinks change lse alone, which the plain kernels read. */
   if (pb->has_bias) return launch_bwd_passes<T, DP, M, true>(L, P);
   return launch_bwd_passes<T, DP, M, false>(L, P);

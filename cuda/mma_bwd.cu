@@ -558,62 +558,17 @@ static int backward_bias(const params &p, const attn__cuda_launch *L) {
   return backward_shape<T, D, KBR, SOFTCAP, 2>(p, L);
 }
 
-/* dbias = 0 over its elements (one along a broadcast dimension), through
- * its strides: dkdv then stores or adds into it. */
-static __global__ void dbias_zero_kernel(const params p, int64_t nb, int64_t nh, int64_t nr) {
-  const int64_t nk = p.seqlen_k, n = nb * nh * nr * nk;
-  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
-       e += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = e / nk;
-    const int64_t j = e - r * nk, i = r % nr;
-    r /= nr;
-    const int64_t h = r % nh, b = r / nh;
-    p.dbias[b * p.dbias_sb + h * p.dbias_sh + i * p.dbias_ss + j * p.dbias_sd] = 0.f;
-  }
-}
-
-/* dsinks[h] = the sum over every query row of sink_grad(sink, lse, D): a
- * block per head, its threads' sums added in a fixed order. */
-constexpr int kSinkThreads = 256;
-static __global__ void __launch_bounds__(kSinkThreads) dsinks_kernel(const params p) {
-  __shared__ float part[kSinkThreads];
-  const int h = blockIdx.x, tid = threadIdx.x;
-  const float sink = p.sinks[h * p.sinks_sh];
-  float acc = 0.f;
-  for (int64_t w = tid; w < p.rows; w += kSinkThreads) {
-    int b;
-    int64_t first;
-    split_row(p, w, &b, &first);
-    acc += sink_grad(sink, *row_ptr<float>(p.lse, b, first, h), p.dsum[(int64_t)h * p.rows + w]);
-  }
-  part[tid] = acc;
-  __syncthreads();
-  for (int half = kSinkThreads / 2; half > 0; half >>= 1) {
-    if (tid < half) part[tid] += part[tid + half];
-    __syncthreads();
-  }
-  if (tid == 0) p.dsinks[h * p.dsinks_sh] = part[0];
-}
-
 template <typename T, int D, int KBR>
 static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
   const attn__problem *pb = L->pb;
   params p;
   make_params(L, 1, &p);
   bwd_workspace(L, &p);
-  if (p.dbias) {
-    const int64_t nb = p.dbias_sb ? pb->batch : 1, nh = p.dbias_sh ? pb->heads_q : 1;
-    const int64_t nr = p.dbias_ss ? pb->seqlen_q : 1, n = nb * nh * nr * pb->seqlen_k;
-    const int64_t blocks = n / 256 + 1 < 65535 * 16 ? n / 256 + 1 : 65535 * 16;
-    dbias_zero_kernel<<<(unsigned)blocks, 256, 0, L->stream>>>(p, nb, nh, nr);
-  }
+  if (attn__cuda_dbias_zero(pb, L->stream) != ATTN_OK) return ATTN_EDEVICE;
   int rc = p.softcap > 0.f ? backward_bias<T, D, KBR, true>(p, L)
                            : backward_bias<T, D, KBR, false>(p, L);
   /* After prep's D. */
-  if (rc == ATTN_OK && p.dsinks) {
-    dsinks_kernel<<<(unsigned)p.heads_q, kSinkThreads, 0, L->stream>>>(p);
-    rc = cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
-  }
+  if (rc == ATTN_OK) rc = attn__cuda_dsinks(pb, p.dsum, 1, p.rows, L->stream);
   return rc;
 }
 

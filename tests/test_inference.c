@@ -975,7 +975,12 @@ static void bias_gradient_sums_over_broadcast(at_backend *b) {
                .bias_dt = ATTN_F32,
                .flags = ATTN_CAUSAL};
     run_backward(b, &c);
-    c.dt = ATTN_BF16, c.d = 64, c.flags = 0, c.softcap = 15;
+    /* Every row sees every key: a full dbias is then stored element by
+     * element by the passes, with no zeroing first, so the NaN run_backward
+     * fills it with shows any element they miss. */
+    c.flags = 0;
+    run_backward(b, &c);
+    c.dt = ATTN_BF16, c.d = 64, c.softcap = 15;
     run_backward(b, &c);
     /* An f32 bias of 16-bit data past HD 96: NVIDIA OpenCL's tensor-core
      * dQ then loads it lane by lane instead of staging it. */
