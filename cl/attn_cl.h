@@ -78,6 +78,7 @@ extern const char attn__cl_src_bwd_mma[];
 extern const char attn__cl_src_bwd[];
 extern const char attn__cl_src_bwd_rows[];
 extern const char attn__cl_src_decode[];
+extern const char attn__cl_src_decode_mma[];
 extern const char attn__cl_src_append[];
 extern const char attn__cl_src_merge[];
 extern const char attn__cl_src_meta[];
@@ -120,7 +121,8 @@ enum attn__cl_fwd_shape {
   ATTN__CL_FWD_TILES, /* attn_fwd (fwd.cl): work-groups of 16 * Br / TM items over local tiles */
   ATTN__CL_FWD_ROWS,  /* attn_fwd_rows (fwd_rows.cl): one item per group, RB rows, for CPUs */
   ATTN__CL_FWD_MMA    /* attn_fwd_mma (fwd_mma.cl): NVIDIA's tensor cores through inline PTX,
-                       * f16 and bf16, 128 items over 64 rows and 64-key tiles */
+                       * f16 and bf16, 128 items over 64 rows and 64-key tiles; its configs
+                       * decode on them too (attn_decode_mma, decode_mma.cl) */
 };
 
 /* The shape of the backward's dK/dV and dQ kernels (attn__cl_tiles.bwd). */
@@ -137,6 +139,12 @@ enum attn__cl_bwd_shape {
  * (their MR, QR and KR; 128 items, MMA_ITEMS), which the host's grids and
  * sizes follow. */
 #define ATTN__CL_MMA_ROWS 64
+/* decode_mma.cl's rows a work-group (its DR: the M of m16n8k16). */
+#define ATTN__CL_MMA_DECODE_ROWS 16
+
+/* Whether a config decodes on the tensor cores (decode_mma.cl): where its
+ * forward runs on them. */
+#define ATTN__CL_DECODES_MMA(t) ((t)->fwd == ATTN__CL_FWD_MMA)
 
 /* The tiles one program is built with (fwd.cl's, fwd_rows.cl's and bwd.cl's
  * -D parameters). */
@@ -172,7 +180,7 @@ enum attn__cl_prog_kind {
                        * feature */
   ATTN__CL_PROG_FWD,  /* common.cl fwd.cl (or fwd_rows.cl, fwd_mma.cl), and split.cl when split */
   ATTN__CL_PROG_BWD,  /* common.cl bwd.cl (and bwd_rows.cl) */
-  ATTN__CL_PROG_DECODE, /* common.cl decode.cl split.cl */
+  ATTN__CL_PROG_DECODE, /* common.cl decode.cl (or mma.cl decode_mma.cl) split.cl */
   ATTN__CL_PROG_APPEND, /* common.cl append.cl */
   ATTN__CL_PROG_MERGE,  /* common.cl merge.cl */
   ATTN__CL_PROG_META    /* common.cl meta.cl */
@@ -209,6 +217,7 @@ enum attn__cl_kernel_slot {
   ATTN__CL_K_DBIAS_SUM,
   ATTN__CL_K_DSINKS,
   ATTN__CL_K_DECODE,
+  ATTN__CL_K_DECODE_MMA,
   ATTN__CL_K_SPLIT_MERGE,
   ATTN__CL_K_APPEND,
   ATTN__CL_K_MERGE_MAX,

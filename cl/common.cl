@@ -333,6 +333,55 @@ typedef struct key_pages {
   __global const KT *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0)
 #endif
 
+/* The decode kernels' arguments (decode.cl, decode_mma.cl: the host sets
+ * them alike): the forward's tensors and terms, then the key splits, the
+ * blocks of DR rows per key/value head, whether every K and V row is whole
+ * 16-byte chunks (vec), and the parts' workspace (PART_ROW). */
+#define DECODE_ARGS                                                                                \
+  __global const T *q, long qo, long4 qs, __global const RAW *k, long ko, long4 ks,                \
+      __global const RAW *v, long vo, long4 vs, __global T *o, long oo, long4 os,                  \
+      __global float *lse, long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k, \
+      __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,          \
+      float softcap, int wl, int wr, int nsplit, int nrb, int vec, __global float *part_o,         \
+      __global float *part_ml, int tq KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS
+
+#ifdef DR
+/* What a work-group's rows are: row rr is query row ri[rr] of head hh[rr],
+ * valid when rr < nr. */
+typedef struct rows {
+  int nr;
+  int ri[DR], hh[DR];
+} rows;
+
+/* Row rr of block rb of the group * nq rows of key/value head hk,
+ * head-major: row rho = rb DR + rr is query row *i = rho % nq of head *h =
+ * hk * group + rho / nq (past the last row, the last row's). */
+inline void row_of(int rb, int rr, int hk, int group, int nq, int *i, int *h) {
+  const int rho = min(rb * DR + rr, group * nq - 1);
+  *i = rho % nq;
+  *h = hk * group + rho / nq;
+}
+
+/* The work-group's rows: block rb's (row_of); and the query rows [*ilo,
+ * *ihi) they span. */
+inline rows rows_of(int rb, int hk, int group, int nq, int *ilo, int *ihi) {
+  rows w;
+  const int rho0 = rb * DR, all = group * nq;
+  w.nr = min(DR, all - rho0);
+  for (int rr = 0; rr < DR; ++rr)
+    row_of(rb, rr, hk, group, nq, &w.ri[rr], &w.hh[rr]);
+  const int last = rho0 + w.nr - 1;
+  if (last / nq != rho0 / nq) {
+    *ilo = 0;
+    *ihi = nq;
+  } else {
+    *ilo = rho0 % nq;
+    *ihi = last % nq + 1;
+  }
+  return w;
+}
+#endif
+
 /* The forward kernels' arguments (fwd.cl, fwd_rows.cl, fwd_mma.cl: the
  * host sets them alike). */
 #define FWD_ARGS                                                                                   \

@@ -130,43 +130,7 @@ inline void load_k(uint4 *kc, __global const RAW *kr, int c0, int d, long s3, in
     kc[u] = kr && c0 + u < NCH ? load_chunk(kr, c0 + u, d, s3, vec) : (uint4)(0u);
 }
 
-/* What a work-group's rows are: row rr is query row ri[rr] of head hh[rr],
- * valid when rr < nr. */
-typedef struct rows {
-  int nr;
-  int ri[DR], hh[DR];
-} rows;
-
-/* The work-group's rows: block rb of the group * nq rows of key/value head
- * hk, head-major (row rho is query row rho % nq of head hk * group + rho /
- * nq); and the query rows [*ilo, *ihi) they span. */
-inline rows rows_of(int rb, int hk, int group, int nq, int *ilo, int *ihi) {
-  rows w;
-  const int rho0 = rb * DR, all = group * nq;
-  w.nr = min(DR, all - rho0);
-  for (int rr = 0; rr < DR; ++rr) {
-    const int rho = min(rho0 + rr, all - 1);
-    w.ri[rr] = rho % nq;
-    w.hh[rr] = hk * group + rho / nq;
-  }
-  const int last = rho0 + w.nr - 1;
-  if (last / nq != rho0 / nq) {
-    *ilo = 0;
-    *ihi = nq;
-  } else {
-    *ilo = rho0 % nq;
-    *ihi = last % nq + 1;
-  }
-  return w;
-}
-
-__kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(
-    __global const T *q, long qo, long4 qs, __global const RAW *k, long ko, long4 ks,
-    __global const RAW *v, long vo, long4 vs, __global T *o, long oo, long4 os, __global float *lse,
-    long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k,
-    __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,
-    float softcap, int wl, int wr, int nsplit, int nrb, int vec, __global float *part_o,
-    __global float *part_ml, int tq KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS) {
+__kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(DECODE_ARGS) {
   __local FV Qv[DR * NCH];                /* Q as floats; at the end the key slices' sums */
   __local float4 Ss4[(NTD * DR + 3) / 4]; /* S, key-major */
   __local float *Ss = (__local float *)Ss4;

@@ -37,6 +37,7 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_DBIAS_SUM] = "attn_bwd_dbias_sum",
     [ATTN__CL_K_DSINKS] = "attn_bwd_dsinks",
     [ATTN__CL_K_DECODE] = "attn_decode",
+    [ATTN__CL_K_DECODE_MMA] = "attn_decode_mma",
     [ATTN__CL_K_SPLIT_MERGE] = "attn_split_merge",
     [ATTN__CL_K_APPEND] = "attn_append",
     [ATTN__CL_K_MERGE_MAX] = "attn_merge_max",
@@ -48,12 +49,13 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
  * the decode's and bwd.cl's dK/dV and dQ kernels' depend on their tiles:
  * 0 here). */
 static const size_t kernel_items[ATTN__CL_K_COUNT] = {
-    [ATTN__CL_K_FWD] = 0,       [ATTN__CL_K_FWD_ROWS] = 1,     [ATTN__CL_K_FWD_MMA] = 128,
-    [ATTN__CL_K_PRE] = 64,      [ATTN__CL_K_DKDV] = 0,         [ATTN__CL_K_DQ] = 0,
-    [ATTN__CL_K_DKDV_ROWS] = 1, [ATTN__CL_K_DQ_ROWS] = 1,      [ATTN__CL_K_DQ_MMA] = 128, [ATTN__CL_K_DKDV_MMA] = 128,
-    [ATTN__CL_K_ZERO] = 64,     [ATTN__CL_K_DBIAS_SUM] = 64,   [ATTN__CL_K_DSINKS] = 64,
-    [ATTN__CL_K_DECODE] = 0,    [ATTN__CL_K_SPLIT_MERGE] = 128, [ATTN__CL_K_APPEND] = 64,
-    [ATTN__CL_K_MERGE_MAX] = 1, [ATTN__CL_K_MERGE_ADD] = 64,   [ATTN__CL_K_OFFSETS] = 64,
+    [ATTN__CL_K_FWD] = 0,           [ATTN__CL_K_FWD_ROWS] = 1, [ATTN__CL_K_FWD_MMA] = 128,
+    [ATTN__CL_K_PRE] = 64,          [ATTN__CL_K_DKDV] = 0,     [ATTN__CL_K_DQ] = 0,
+    [ATTN__CL_K_DKDV_ROWS] = 1,     [ATTN__CL_K_DQ_ROWS] = 1,  [ATTN__CL_K_DQ_MMA] = 128,
+    [ATTN__CL_K_DKDV_MMA] = 128,    [ATTN__CL_K_ZERO] = 64,    [ATTN__CL_K_DBIAS_SUM] = 64,
+    [ATTN__CL_K_DSINKS] = 64,       [ATTN__CL_K_DECODE] = 0,   [ATTN__CL_K_DECODE_MMA] = 128,
+    [ATTN__CL_K_SPLIT_MERGE] = 128, [ATTN__CL_K_APPEND] = 64,  [ATTN__CL_K_MERGE_MAX] = 1,
+    [ATTN__CL_K_MERGE_ADD] = 64,    [ATTN__CL_K_OFFSETS] = 64,
 };
 
 static void release_one(attn__cl_impl *im, attn__cl_program *p) {
@@ -148,9 +150,15 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
     case ATTN__CL_PROG_DECODE:
       len += snprintf(opts + len, n - (size_t)len, " -DDR=%d -DNTD=%d",
                       1 << ((f >> ATTN__CL_F_DR_SHIFT) & 7u), t->ntd);
-      srcs[ns++] = attn__cl_src_decode;
+      if (ATTN__CL_DECODES_MMA(t)) {
+        srcs[ns++] = attn__cl_src_mma;
+        srcs[ns++] = attn__cl_src_decode_mma;
+        slots[nk++] = ATTN__CL_K_DECODE_MMA;
+      } else {
+        srcs[ns++] = attn__cl_src_decode;
+        slots[nk++] = ATTN__CL_K_DECODE;
+      }
       srcs[ns++] = attn__cl_src_split;
-      slots[nk++] = ATTN__CL_K_DECODE;
       slots[nk++] = ATTN__CL_K_SPLIT_MERGE;
       break;
     case ATTN__CL_PROG_APPEND:
@@ -595,8 +603,8 @@ static int split_merge(attn_context *ctx, const attn__problem *pb, const call *c
   arg_int(&m, (cl_int)c->ws.tq);
   arg_features(&m, pb, c->features & (ATTN__CL_F_USED | ATTN__CL_F_SINKS));
   const size_t items = kernel_items[ATTN__CL_K_SPLIT_MERGE];
-  return launch(ctx, m.k, &m, "attn_split_merge", (size_t)pb->seqlen_q * items,
-                (size_t)pb->heads_q, (size_t)pb->batch, items);
+  return launch(ctx, m.k, &m, "attn_split_merge", (size_t)pb->seqlen_q * items, (size_t)pb->heads_q,
+                (size_t)pb->batch, items);
 }
 
 int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__plan *plan) {
@@ -612,10 +620,11 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
   attn__tensor no_lse;
   memset(&no_lse, 0, sizeof no_lse);
   const int rows = !decode && c.t->fwd == ATTN__CL_FWD_ROWS;
-  const int slot = decode                         ? ATTN__CL_K_DECODE
-                   : rows                         ? ATTN__CL_K_FWD_ROWS
-                   : c.t->fwd == ATTN__CL_FWD_MMA ? ATTN__CL_K_FWD_MMA
-                                                  : ATTN__CL_K_FWD;
+  const int slot = decode && ATTN__CL_DECODES_MMA(c.t) ? ATTN__CL_K_DECODE_MMA
+                   : decode                            ? ATTN__CL_K_DECODE
+                   : rows                              ? ATTN__CL_K_FWD_ROWS
+                   : c.t->fwd == ATTN__CL_FWD_MMA      ? ATTN__CL_K_FWD_MMA
+                                                       : ATTN__CL_K_FWD;
   args a = args_of(im, p->k[slot]);
   arg_tensor(&a, &pb->q, es);
   arg_tensor(&a, &pb->k, es);
@@ -640,7 +649,10 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
   }
   /* Work-groups: the splits of each block of rows, per (key/value) head and
    * sequence. */
-  const size_t items = decode ? (size_t)c.t->ntd : rows ? 1 : 16 * (size_t)(c.t->br / c.t->tm);
+  const size_t items = slot == ATTN__CL_K_DECODE_MMA ? kernel_items[slot]
+                       : decode                      ? (size_t)c.t->ntd
+                       : rows                        ? 1
+                                                     : 16 * (size_t)(c.t->br / c.t->tm);
   st = launch(ctx, a.k, &a, kernel_names[slot], (size_t)sp.nsplit * (size_t)sp.nrb * items,
               (size_t)(decode ? pb->heads_kv : pb->heads_q), (size_t)pb->batch, items);
   if (!st && sp.nsplit > 1) st = split_merge(ctx, pb, &c, sp.nsplit);
@@ -752,10 +764,12 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
   if (st) return st;
 
   const int rows = c.t->bwd == ATTN__CL_BWD_ROWS, mma = c.t->bwd == ATTN__CL_BWD_MMA;
-  const int slots[2] = {rows ? ATTN__CL_K_DKDV_ROWS : mma ? ATTN__CL_K_DKDV_MMA : ATTN__CL_K_DKDV,
-                        rows                              ? ATTN__CL_K_DQ_ROWS
+  const int slots[2] = {rows  ? ATTN__CL_K_DKDV_ROWS
+                        : mma ? ATTN__CL_K_DKDV_MMA
+                              : ATTN__CL_K_DKDV,
+                        rows                           ? ATTN__CL_K_DQ_ROWS
                         : c.t->bwd == ATTN__CL_BWD_MMA ? ATTN__CL_K_DQ_MMA
-                                                          : ATTN__CL_K_DQ};
+                                                       : ATTN__CL_K_DQ};
   for (int w = 0; w < 2; ++w) {
     args b = args_of(im, p->k[slots[w]]);
     arg_tensor(&b, &pb->q, es);

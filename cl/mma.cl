@@ -123,23 +123,39 @@ inline void stage_tile(__local ushort *dst, int ld, int rows, __global const ush
 }
 
 /* stage_tile's rows where none needs a test: HD contiguous elements each,
- * 16-byte aligned, all inside the tensor and not through pages (keyed and
- * PAGED), the usual layout. Whole units at fixed steps, with no bound,
- * alignment or page test and no 64-bit product a unit: at d = 128, where
- * the tensor-core kernels keep two warps a scheduler, stage_tile's
- * per-unit work lengthened every step. 1 when it staged the rows, 0 when
- * stage_tile must. */
+ * 16-byte aligned, all inside the tensor, the usual layout. Whole units at
+ * fixed steps, with no bound, alignment or page test and no 64-bit product
+ * a unit: at d = 128, where the tensor-core kernels keep two warps a
+ * scheduler, stage_tile's per-unit work lengthened every step. Key rows
+ * through pages (keyed and PAGED) take their offsets from the block table
+ * first, an item's rows at once, so that those reads are in flight
+ * together rather than one before each copy (at most 64 rows). 1 when it
+ * staged the rows, 0 when stage_tile must. */
+#define WHOLE_ROWS_AN_ITEM (64 * (HD / 8) / MMA_ITEMS)
 inline int stage_whole_rows(__local ushort *dst, int ld, int rows, __global const ushort *p,
-                            long4 s, int j0, int n, int d, int keyed, int lid) {
-  const int upr = HD / 8; /* units a row */
-  if ((PAGED && keyed) || s.s3 != 1 || d != HD || j0 + rows > n || MMA_ITEMS % upr != 0 ||
-      (((ulong)(p + j0 * s.s1)) & 15u) != 0u || ((s.s1 * 2) & 15) != 0)
+                            long4 s, int j0, int n, int d, int keyed, int lid KEY_PAGES_PARAM) {
+  const int upr = HD / 8, paged = PAGED && keyed; /* units a row */
+  if (s.s3 != 1 || d != HD || j0 + rows > n || (paged && rows > 64) || MMA_ITEMS % upr != 0 ||
+      ((s.s1 * 2) & 15) != 0 ||
+      (paged ? (((ulong)p & 15u) != 0u || ((s.s0 * 2) & 15) != 0)
+             : (((ulong)(p + j0 * s.s1)) & 15u) != 0u))
     return 0;
-  const int i = lid / upr, c = 8 * (lid % upr);
+  const int i = lid / upr, c = 8 * (lid % upr), step = MMA_ITEMS / upr;
+#if PAGED
+  if (paged) {
+    long off[WHOLE_ROWS_AN_ITEM];
+#pragma unroll
+    for (int k = 0; k < WHOLE_ROWS_AN_ITEM; ++k)
+      off[k] = i + k * step < rows ? KEY_ROW(j0 + i + k * step, s) : 0;
+#pragma unroll
+    for (int k = 0; k < WHOLE_ROWS_AN_ITEM; ++k)
+      if (i + k * step < rows) copy16(dst + (i + k * step) * ld + c, p + off[k] + c);
+    return 1;
+  }
+#endif
   __global const ushort *src = p + (j0 + i) * s.s1 + c;
   __local ushort *at = dst + i * ld + c;
-  for (int e = lid; e < rows * upr;
-       e += MMA_ITEMS, src += (MMA_ITEMS / upr) * s.s1, at += (MMA_ITEMS / upr) * ld)
+  for (int e = lid; e < rows * upr; e += MMA_ITEMS, src += step * s.s1, at += step * ld)
     copy16(at, src);
   return 1;
 }
@@ -147,7 +163,7 @@ inline int stage_whole_rows(__local ushort *dst, int ld, int rows, __global cons
 /* The rows by stage_whole_rows where they allow it, else by stage_tile. */
 inline void stage_rows(__local ushort *dst, int ld, int rows, __global const ushort *p, long4 s,
                        int j0, int n, int d, int keyed, int lid KEY_PAGES_PARAM) {
-  if (!stage_whole_rows(dst, ld, rows, p, s, j0, n, d, keyed, lid))
+  if (!stage_whole_rows(dst, ld, rows, p, s, j0, n, d, keyed, lid KEY_PAGES))
     stage_tile(dst, ld, rows, p, s, j0, n, d, keyed, lid KEY_PAGES);
 }
 

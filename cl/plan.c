@@ -55,6 +55,8 @@ enum { CLASS_NV_MMA, CLASS_GPU, CLASS_CPU };
  * one per work-item (K and V go straight to registers, 16 16-byte loads in
  * flight an item), halved until the work-group fits (see fit()). 128 items
  * read pages of 16 rows faster but contiguous caches slower (bench/NOTES.md).
+ * The NV_MMA rows decode on the tensor cores instead (decode_mma.cl: 16
+ * rows a work-group, 64-key tiles, NTD's count for the key splits).
  *
  * Backward (bwd.cl): tiles of BQ = 64 query rows by BK = 64 keys, 16 * BQ /
  * BTM = 256 work-items of BTM = 4 rows by 4 keys in S and dP (8 FMAs per
@@ -277,8 +279,13 @@ static void name_bwd(attn__cl_config *c) {
 static void name_all(attn__cl_config *c) {
   name_fwd(c);
   name_bwd(c);
-  snprintf(c->name[ATTN__CL_DECODE], sizeof c->name[0], "opencl attn_decode HD=%d DR<=%d NTD=%d",
-           c->hd, c->t.dr, c->t.ntd);
+  if (ATTN__CL_DECODES_MMA(&c->t))
+    snprintf(c->name[ATTN__CL_DECODE], sizeof c->name[0],
+             "opencl attn_decode_mma HD=%d DR=%d (tensor cores, inline PTX)", c->hd,
+             ATTN__CL_MMA_DECODE_ROWS);
+  else
+    snprintf(c->name[ATTN__CL_DECODE], sizeof c->name[0], "opencl attn_decode HD=%d DR<=%d NTD=%d",
+             c->hd, c->t.dr, c->t.ntd);
 }
 
 int attn__cl_config_tiles(attn__cl_config *config) {
@@ -447,16 +454,21 @@ void attn__cl_split_of(attn_context *ctx, const attn__problem *pb, const attn__p
     const int64_t rows = pb->heads_q / pb->heads_kv * pb->seqlen_q;
     /* As few rows per work-group as the rows of a key/value head need (a
      * power of two): rows past them would cost their share of the
-     * arithmetic, reading nothing more. */
+     * arithmetic, reading nothing more. The tensor cores take 16 at once. */
     sp->dr = 1;
     while (sp->dr < c->t.dr && sp->dr < rows)
       sp->dr *= 2;
+    if (ATTN__CL_DECODES_MMA(&c->t)) sp->dr = ATTN__CL_MMA_DECODE_ROWS;
     sp->nrb = (int)((rows + sp->dr - 1) / sp->dr);
     groups = pb->batch * pb->heads_kv * sp->nrb;
     keys = c->t.ntd;
     /* Four work-groups per compute unit: a GPU hides its memory latency
-     * with several resident at once; a CPU device runs one per thread. */
-    want = (int64_t)(dev->info.is_gpu ? 4 : 1) * dev->info.compute_units;
+     * with several resident at once; a CPU device runs one per thread.
+     * decode_mma.cl's (128 items, 35 KB of local memory, 160-170
+     * registers at d = 128) run three at once on an H200, where a fourth
+     * a compute unit makes a second wave of whole parts. */
+    const int per_cu = ATTN__CL_DECODES_MMA(&c->t) ? 3 : dev->info.is_gpu ? 4 : 1;
+    want = (int64_t)per_cu * dev->info.compute_units;
   } else {
     const int rows = c->t.fwd == ATTN__CL_FWD_ROWS;
     sp->dr = rows ? c->t.rb : c->t.br;

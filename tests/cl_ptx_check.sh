@@ -27,6 +27,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cat "$src/cl/common.cl" "$src/cl/mma.cl" "$src/cl/fwd_mma.cl" >"$tmp/fwd.cl"
 cat "$src/cl/common.cl" "$src/cl/bwd.cl" "$src/cl/mma.cl" "$src/cl/bwd_mma.cl" >"$tmp/bwd.cl"
+cat "$src/cl/common.cl" "$src/cl/mma.cl" "$src/cl/decode_mma.cl" "$src/cl/split.cl" >"$tmp/dec.cl"
 failed=0
 # check PROGRAM OPTIONS...: the program with each set of options, for sm_80 and sm_90.
 check() {
@@ -63,4 +64,8 @@ check bwd "" "-DDTYPE=1 -DHD=32 -DMQ=64" "-DDTYPE=2 -DHD=64 -DMQ=64" "-DDTYPE=2 
   "-DDTYPE=2 -DHD=64 -DMQ=64 -DHAS_BIAS=1 -DBIAS_DTYPE=2 -DDBIAS=1" \
   "-DDTYPE=1 -DHD=64 -DMQ=32 -DHAS_BIAS=1 -DBIAS_DTYPE=0 -DDBIAS=1" \
   "-DDTYPE=2 -DHD=128 -DMQ=16 -DHAS_BIAS=1 -DBIAS_DTYPE=0 -DDBIAS=1"
+check dec "-DDTYPE=2 -DHD=128 -DDR=16" "-DDTYPE=1 -DHD=32 -DDR=16" \
+  "-DDTYPE=1 -DHD=64 -DDR=16 -DKV_USED=1 -DPAGED=1 -DHAS_SINKS=1" \
+  "-DDTYPE=2 -DHD=96 -DDR=16 -DHAS_BIAS=1 -DBIAS_DTYPE=0" \
+  "-DDTYPE=2 -DHD=128 -DDR=16 -DHAS_BIAS=1 -DBIAS_DTYPE=2 -DKV_USED=1"
 exit $failed

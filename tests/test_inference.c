@@ -799,6 +799,25 @@ static void tensor_core_cases(at_backend *b) {
   s.wl = 700;
   s.wr = 0;
   run_forward(b, &s);
+  /* Decoding, whose configs on the tensor cores take 16 rows a work-group
+   * (decode_mma.cl): 8 query heads of 5 rows per key/value head make three
+   * blocks, the last of 8, over pages with used lengths, a bias and sinks,
+   * the keys split. */
+  icase dq = {.dt = ATTN_BF16,
+              .B = 2,
+              .Nq = 5,
+              .cap = 3000,
+              .Hq = 16,
+              .Hkv = 2,
+              .d = 128,
+              .has_used = 1,
+              .used = {2900, 1500},
+              .page = 16,
+              .bias = 1,
+              .bias_dt = ATTN_F32,
+              .sinks = 1,
+              .splits = 4};
+  run_forward(b, &dq);
   /* The backward, dK/dV and dQ on the tensor cores, at each head dim's
    * block of query rows (64, 32, 16): a bias's gradient added per element
    * and summed over broadcast rows, softcap, sinks, a causal mask over more
