@@ -345,6 +345,47 @@ typedef struct key_pages {
       float softcap, int wl, int wr, int nsplit, int nrb, int vec, __global float *part_o,         \
       __global float *part_ml, int tq KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS
 
+/* A decode work-group's block: row block rb of key split split, key/value
+ * head hk of sequence b (nq rows, nk keys; heads query heads in all), its
+ * rows w (rows_of) and the query rows [ilo, ihi) they span. The whole
+ * group leaves past the sequence's rows, so no barrier is skipped. */
+#define DECODE_BLOCK(w)                                                \
+  const int rb = get_group_id(0) % nrb, split = get_group_id(0) / nrb; \
+  const int hk = get_group_id(1), b = get_group_id(2);                 \
+  const int heads = group * get_num_groups(1);                         \
+  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);     \
+  const int nq = seq.nq, nk = seq_keys(seq, b KV_USED_VALS);           \
+  if (rb * DR >= group * nq) return;                                   \
+  int ilo, ihi;                                                        \
+  const rows w = rows_of(rb, hk, group, nq, &ilo, &ihi)
+
+/* A decode kernel's column c of query row i of head h, from the
+ * work-group's O accumulator a, max mr and sum lr over its keys: the row
+ * ended (row_end_at) into o, and lse by column 0, where the keys were not
+ * split; else its part for split.cl. The kernel's arguments and locals
+ * carry the names used here (DECODE_ARGS, b, seq, nq, nk, split, heads). */
+#define DECODE_OUT(i, h, c, a, mr, lr)                                                           \
+  do {                                                                                           \
+    if (nsplit == 1) {                                                                           \
+      float div_, hi_, lo2_;                                                                     \
+      const float fold_ = row_end_at(i, nq, nk, wl, wr, SINK_OF(h), mr, lr, &div_, &hi_, &lo2_); \
+      __global T *op_ = HEAD_ROWS(o, oo, os, b, h, seq.q0 + (i));                                \
+      STORE(op_, (c)*os.s3, (a)*fold_ / div_);                                                   \
+      if (lse && (c) == 0) {                                                                     \
+        __global float *lp_ = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + (i));                       \
+        lp_[0] = hi_;                                                                            \
+        if (ls.s3) lp_[ls.s3] = lo2_;                                                            \
+      }                                                                                          \
+    } else {                                                                                     \
+      const long pr_ = PART_ROW(split, h, heads, tq, seq.qflat + (i));                           \
+      part_o[pr_ * HD + (c)] = (a);                                                              \
+      if ((c) == 0) {                                                                            \
+        part_ml[2 * pr_] = (mr);                                                                 \
+        part_ml[2 * pr_ + 1] = (lr);                                                             \
+      }                                                                                          \
+    }                                                                                            \
+  } while (0)
+
 #ifdef DR
 /* What a work-group's rows are: row rr is query row ri[rr] of head hh[rr],
  * valid when rr < nr. */

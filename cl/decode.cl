@@ -141,14 +141,7 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(DECOD
 #endif
 
   const int lid = get_local_id(0);
-  const int rb = get_group_id(0) % nrb, split = get_group_id(0) / nrb;
-  const int hk = get_group_id(1), b = get_group_id(2);
-  const int heads = group * get_num_groups(1);
-  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
-  const int nq = seq.nq, nk = seq_keys(seq, b KV_USED_VALS);
-  if (rb * DR >= group * nq) return; /* the whole group leaves */
-  int ilo, ihi;
-  const rows w = rows_of(rb, hk, group, nq, &ilo, &ihi);
+  DECODE_BLOCK(w);
 
   KV_HEADS(RAW);
 
@@ -346,23 +339,6 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(DECOD
     const float a = sum[e], lr = lsum[rr];
     const int h = w.hh[rr], i = w.ri[rr];
     const float mr = m[rr];
-    if (nsplit == 1) {
-      float div, lse_hi, lse_lo;
-      const float fold = row_end_at(i, nq, nk, wl, wr, SINK_OF(h), mr, lr, &div, &lse_hi, &lse_lo);
-      __global T *op = HEAD_ROWS(o, oo, os, b, h, seq.q0 + i);
-      STORE(op, c * os.s3, a * fold / div);
-      if (lse && c == 0) {
-        __global float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + i);
-        lp[0] = lse_hi;
-        if (ls.s3) lp[ls.s3] = lse_lo;
-      }
-    } else {
-      const long pr = PART_ROW(split, h, heads, tq, seq.qflat + i);
-      part_o[pr * HD + c] = a;
-      if (c == 0) {
-        part_ml[2 * pr] = mr;
-        part_ml[2 * pr + 1] = lr;
-      }
-    }
+    DECODE_OUT(i, h, c, a, mr, lr);
   }
 }

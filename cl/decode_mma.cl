@@ -39,14 +39,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_decode
   __local float mls[NW][2][DR]; /* each warp's m_i and l_i of the rows */
 
   const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
-  const int rb = get_group_id(0) % nrb, split = get_group_id(0) / nrb;
-  const int hk = get_group_id(1), b = get_group_id(2);
-  const int heads = group * get_num_groups(1);
-  const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
-  const int nq = seq.nq, nk = seq_keys(seq, b KV_USED_VALS);
-  if (rb * DR >= group * nq) return; /* the whole group leaves */
-  int ilo, ihi;
-  const int nr = rows_of(rb, hk, group, nq, &ilo, &ihi).nr; /* each row's by row_of */
+  DECODE_BLOCK(rw);
+  const int nr = rw.nr; /* each row's query row and head by row_of */
   KV_HEADS(RAW);
 
   /* Q's rows, as stored, zero past the rows and past d; then every warp's
@@ -129,30 +123,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_decode
     mx_a = quad_max(mx_a);
     mx_b = quad_max(mx_b);
 
-    /* The warp's online softmax; a row with no visible key so far keeps
-     * m = -inf and subtracts 0, so that exp() gives 0 rather than NaN. */
-    const float mu_a = mx_a == -INFINITY ? 0.0f : mx_a, mu_b = mx_b == -INFINITY ? 0.0f : mx_b;
-    const float al_a = EXP_FROM(m_a, mu_a), al_b = EXP_FROM(m_b, mu_b);
-    m_a = mx_a;
-    m_b = mx_b;
-    l_a *= al_a;
-    l_b *= al_b;
-#pragma unroll
-    for (int n = 0; n < NON; ++n) {
-      acc[n][0] *= al_a;
-      acc[n][1] *= al_a;
-      acc[n][2] *= al_b;
-      acc[n][3] *= al_b;
-    }
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      s[n][0] = EXP_FROM(s[n][0], mu_a);
-      s[n][1] = EXP_FROM(s[n][1], mu_a);
-      s[n][2] = EXP_FROM(s[n][2], mu_b);
-      s[n][3] = EXP_FROM(s[n][3], mu_b);
-      l_a += s[n][0] + s[n][1];
-      l_b += s[n][2] + s[n][3];
-    }
+    /* The warp's own online softmax over its 16 keys. */
+    softmax_step(s, 2, mx_a, mx_b, &m_a, &m_b, &l_a, &l_b, acc, NON);
 
     copies_wait();                /* the tile's V */
     barrier(CLK_LOCAL_MEM_FENCE); /* V landed; Ks read */
@@ -197,23 +169,6 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_decode
     }
     int i, h;
     row_of(rb, rr, hk, group, nq, &i, &h);
-    if (nsplit == 1) {
-      float div, lse_hi, lse_lo;
-      const float fold = row_end_at(i, nq, nk, wl, wr, SINK_OF(h), mr, lr, &div, &lse_hi, &lse_lo);
-      __global T *op = HEAD_ROWS(o, oo, os, b, h, seq.q0 + i);
-      STORE(op, c * os.s3, a * fold / div);
-      if (lse && c == 0) {
-        __global float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + i);
-        lp[0] = lse_hi;
-        if (ls.s3) lp[ls.s3] = lse_lo;
-      }
-    } else {
-      const long pr = PART_ROW(split, h, heads, tq, seq.qflat + i);
-      part_o[pr * HD + c] = a;
-      if (c == 0) {
-        part_ml[2 * pr] = mr;
-        part_ml[2 * pr + 1] = lr;
-      }
-    }
+    DECODE_OUT(i, h, c, a, mr, lr);
   }
 }

@@ -187,30 +187,8 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
     mx_a = quad_max(mx_a);
     mx_b = quad_max(mx_b);
 
-    /* Online softmax; a row with no visible key so far keeps m = -inf and
-     * subtracts 0, so that exp() gives 0 rather than NaN. */
-    const float mu_a = mx_a == -INFINITY ? 0.0f : mx_a, mu_b = mx_b == -INFINITY ? 0.0f : mx_b;
-    const float al_a = EXP_FROM(m_a, mu_a), al_b = EXP_FROM(m_b, mu_b);
-    m_a = mx_a;
-    m_b = mx_b;
-    l_a *= al_a;
-    l_b *= al_b;
-#pragma unroll
-    for (int n = 0; n < NON; ++n) {
-      acc[n][0] *= al_a;
-      acc[n][1] *= al_a;
-      acc[n][2] *= al_b;
-      acc[n][3] *= al_b;
-    }
-#pragma unroll
-    for (int n = 0; n < NSN; ++n) {
-      s[n][0] = EXP_FROM(s[n][0], mu_a);
-      s[n][1] = EXP_FROM(s[n][1], mu_a);
-      s[n][2] = EXP_FROM(s[n][2], mu_b);
-      s[n][3] = EXP_FROM(s[n][3], mu_b);
-      l_a += s[n][0] + s[n][1];
-      l_b += s[n][2] + s[n][3];
-    }
+    /* The online softmax (mma.cl). */
+    softmax_step(s, NSN, mx_a, mx_b, &m_a, &m_b, &l_a, &l_b, acc, NON);
 
     copies_wait();                /* the tile's V */
     barrier(CLK_LOCAL_MEM_FENCE); /* V landed; Ks and Bs read */

@@ -291,6 +291,39 @@ inline uint word_at(__local const ushort *t, int row, int stride, int col) {
   return *(__local const uint *)(t + row * stride + col);
 }
 
+/* The online softmax's step for the lane's rows a (s[n][0], s[n][1]) and b
+ * (s[n][2], s[n][3]) over nn 8-key tiles of masked scores s (-inf where a
+ * key is hidden), given their maxima mx_a, mx_b over the tile and the
+ * running max across the row's 4 lanes: m, l and O's non 8-column tiles
+ * rescaled to them, s replaced by P = exp(s - m) and added into l. A row
+ * with no visible key so far keeps m = -inf and subtracts 0, so that exp()
+ * gives 0 rather than NaN. */
+inline void softmax_step(float (*s)[4], int nn, float mx_a, float mx_b, float *m_a, float *m_b,
+                         float *l_a, float *l_b, float (*acc)[4], int non) {
+  const float mu_a = mx_a == -INFINITY ? 0.0f : mx_a, mu_b = mx_b == -INFINITY ? 0.0f : mx_b;
+  const float al_a = EXP_FROM(*m_a, mu_a), al_b = EXP_FROM(*m_b, mu_b);
+  *m_a = mx_a;
+  *m_b = mx_b;
+  *l_a *= al_a;
+  *l_b *= al_b;
+#pragma unroll
+  for (int n = 0; n < non; ++n) {
+    acc[n][0] *= al_a;
+    acc[n][1] *= al_a;
+    acc[n][2] *= al_b;
+    acc[n][3] *= al_b;
+  }
+#pragma unroll
+  for (int n = 0; n < nn; ++n) {
+    s[n][0] = EXP_FROM(s[n][0], mu_a);
+    s[n][1] = EXP_FROM(s[n][1], mu_a);
+    s[n][2] = EXP_FROM(s[n][2], mu_b);
+    s[n][3] = EXP_FROM(s[n][3], mu_b);
+    *l_a += s[n][0] + s[n][1];
+    *l_b += s[n][2] + s[n][3];
+  }
+}
+
 /* acc += A B over k keys, for the nn 8-column tiles of acc (nn even): A
  * the 16 x k product whose accumulators s holds (S's or dS's: tiles 2 kk
  * and 2 kk + 1 are k16 step kk's A fragment, packed to 16 bits), B's k
