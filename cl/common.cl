@@ -386,7 +386,11 @@ typedef struct key_pages {
     }                                                                                            \
   } while (0)
 
-#ifdef DR
+#ifndef DR
+#define DR \
+  8 /* a decode work-group's rows: decode.cl's a power of two up to NTD, decode_mma.cl's 16 */
+#endif
+
 /* What a work-group's rows are: row rr is query row ri[rr] of head hh[rr],
  * valid when rr < nr. */
 typedef struct rows {
@@ -421,7 +425,6 @@ inline rows rows_of(int rb, int hk, int group, int nq, int *ilo, int *ihi) {
   }
   return w;
 }
-#endif
 
 /* The forward kernels' arguments (fwd.cl, fwd_rows.cl, fwd_mma.cl: the
  * host sets them alike). */

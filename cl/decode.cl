@@ -35,9 +35,6 @@
 #ifndef HD
 #define HD 64 /* the head dimension rounded up: 32, 64, then a multiple of 32 */
 #endif
-#ifndef DR
-#define DR 8 /* query rows per work-group, a power of two up to NTD */
-#endif
 #ifndef NTD
 #define NTD 64 /* work-items, and keys per tile: a power of two, 16 or more */
 #endif

@@ -2,7 +2,7 @@
  * attn_decode on NVIDIA's tensor cores (sm_80 and later; the PTX and the
  * staging are mma.cl's, which precedes this file): the vendor path beside
  * decode.cl for f16 and bf16, with its arguments, grid, rows (rows_of) and
- * parts (split.cl). A work-group of 4 warps takes DR = 16 rows, the M of
+ * parts (split.cl). A work-group of 4 warps takes DR = 16 rows, the M (MR) of
  * m16n8k16, those of every query head sharing the key/value head, so that
  * K and V are read once per key/value head. Per tile of MC = 64 keys:
  *   K and V by cp.async, which holds no register in flight (fwd_mma.cl's
@@ -26,8 +26,9 @@
 #define NON (HD / 8)  /* 8-column tiles of O */
 #define NQK (HD / 16) /* k16 steps of Q K^T */
 #define NW (MMA_ITEMS / 32)
-#if DR != 16 || MC != 16 * NW
-#error "decode_mma.cl: 16 rows a work-group, 16 keys a warp"
+#define MR 16 /* the rows of m16n8k16, of which the work-group's DR (the host's 16) */
+#if DR > MR || MC != 16 * NW
+#error "decode_mma.cl: at most 16 rows a work-group, 16 keys a warp"
 #endif
 
 __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_decode_mma(DECODE_ARGS) {
@@ -36,7 +37,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_decode
    * x KST 16-bit elements). 16-byte units, for the staging's stores. */
   __local uint4 KVs_w[2 * MC * KST / 8];
   __local ushort *Ks = (__local ushort *)KVs_w, *Vs = Ks + MC * KST;
-  __local float mls[NW][2][DR]; /* each warp's m_i and l_i of the rows */
+  __local float mls[NW][2][MR]; /* each warp's m_i and l_i of the rows */
 
   const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
   DECODE_BLOCK(rw);
@@ -45,7 +46,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_decode
 
   /* Q's rows, as stored, zero past the rows and past d; then every warp's
    * A fragments of them. */
-  for (int e = lid; e < DR * HD; e += MMA_ITEMS) {
+  for (int e = lid; e < MR * HD; e += MMA_ITEMS) {
     const int rr = e / HD, c = e % HD;
     int i, h;
     row_of(rb, rr, hk, group, nq, &i, &h);
@@ -141,13 +142,13 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_decode
   l_b = quad_sum(l_b);
   copies_wait(); /* nothing is left in flight into Ks */
   barrier(CLK_LOCAL_MEM_FENCE);
-  __local float *Os = (__local float *)KVs_w; /* warp w's row r at (w * DR + r) * HD */
+  __local float *Os = (__local float *)KVs_w; /* warp w's row r at (w * MR + r) * HD */
 #pragma unroll
   for (int n = 0; n < NON; ++n)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      Os[(w * DR + g) * HD + 8 * n + 2 * t + u] = acc[n][u];
-      Os[(w * DR + g + 8) * HD + 8 * n + 2 * t + u] = acc[n][2 + u];
+      Os[(w * MR + g) * HD + 8 * n + 2 * t + u] = acc[n][u];
+      Os[(w * MR + g + 8) * HD + 8 * n + 2 * t + u] = acc[n][2 + u];
     }
   if (t == 0) {
     mls[w][0][g] = m_a;
@@ -165,7 +166,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_decode
     for (int ww = 0; ww < NW; ++ww) {
       const float sc = merge_scale(mls[ww][0][rr], mr);
       lr = fma(sc, mls[ww][1][rr], lr);
-      a = fma(sc, Os[(ww * DR + rr) * HD + c], a);
+      a = fma(sc, Os[(ww * MR + rr) * HD + c], a);
     }
     int i, h;
     row_of(rb, rr, hk, group, nq, &i, &h);

@@ -41,6 +41,7 @@ int main(void) {
                {"bwd_rows.cl", attn__cl_src_bwd_rows, 0, {attn__cl_src_bwd, NULL}},
                {"bwd_mma.cl", attn__cl_src_bwd_mma, 1, {attn__cl_src_bwd, attn__cl_src_mma}},
                {"decode.cl", attn__cl_src_decode, 0, {NULL, NULL}},
+               {"decode_mma.cl", attn__cl_src_decode_mma, 1, {attn__cl_src_mma, NULL}},
                {"split.cl", attn__cl_src_split, 0, {NULL, NULL}},
                {"append.cl", attn__cl_src_append, 0, {NULL, NULL}},
                {"merge.cl", attn__cl_src_merge, 0, {NULL, NULL}},
