@@ -386,9 +386,10 @@ typedef struct key_pages {
     }                                                                                            \
   } while (0)
 
+/* A decode work-group's rows: decode.cl's a power of two up to NTD,
+ * decode_mma.cl's 16. */
 #ifndef DR
-#define DR \
-  8 /* a decode work-group's rows: decode.cl's a power of two up to NTD, decode_mma.cl's 16 */
+#define DR 8
 #endif
 
 /* What a work-group's rows are: row rr is query row ri[rr] of head hh[rr],

@@ -455,10 +455,13 @@ void attn__cl_split_of(attn_context *ctx, const attn__problem *pb, const attn__p
     /* As few rows per work-group as the rows of a key/value head need (a
      * power of two): rows past them would cost their share of the
      * arithmetic, reading nothing more. The tensor cores take 16 at once. */
-    sp->dr = 1;
-    while (sp->dr < c->t.dr && sp->dr < rows)
-      sp->dr *= 2;
-    if (ATTN__CL_DECODES_MMA(&c->t)) sp->dr = ATTN__CL_MMA_DECODE_ROWS;
+    if (ATTN__CL_DECODES_MMA(&c->t)) {
+      sp->dr = ATTN__CL_MMA_DECODE_ROWS;
+    } else {
+      sp->dr = 1;
+      while (sp->dr < c->t.dr && sp->dr < rows)
+        sp->dr *= 2;
+    }
     sp->nrb = (int)((rows + sp->dr - 1) / sp->dr);
     groups = pb->batch * pb->heads_kv * sp->nrb;
     keys = c->t.ntd;

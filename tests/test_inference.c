@@ -925,20 +925,48 @@ static void sinks_join_the_denominator(at_backend *b) {
   run_forward(b, &c);
 }
 
+/* The backward's dO (all 1) and the buffers of its gradients, as bshd
+ * tensors. */
+typedef struct igrads {
+  void *dout, *dq, *dk, *dv;
+  attn_tensor tdo, tdq, tdk, tdv;
+  int64_t nq, nk; /* elements of dq, and of dk and dv */
+} igrads;
+
+static void igrads_init(igrads *g, const icase *c) {
+  g->nq = c->B * c->Nq * c->Hq * c->d, g->nk = c->B * c->cap * c->Hkv * c->d;
+  const size_t es = attn_dtype_size(c->dt);
+  g->dout = at_malloc((size_t)g->nq * es), g->dq = at_malloc((size_t)g->nq * es);
+  g->dk = at_malloc((size_t)g->nk * es), g->dv = at_malloc((size_t)g->nk * es);
+  fill(g->dout, c->dt, g->nq, 1.0);
+  g->tdo = attn_tensor_bshd(g->dout, c->dt, c->B, c->Nq, c->Hq, c->d);
+  g->tdq = attn_tensor_bshd(g->dq, c->dt, c->B, c->Nq, c->Hq, c->d);
+  g->tdk = attn_tensor_bshd(g->dk, c->dt, c->B, c->cap, c->Hkv, c->d);
+  g->tdv = attn_tensor_bshd(g->dv, c->dt, c->B, c->cap, c->Hkv, c->d);
+}
+
+static void igrads_free(igrads *g) {
+  at_free(g->dout);
+  at_free(g->dq);
+  at_free(g->dk);
+  at_free(g->dv);
+}
+
+/* attn_backward of x's tensors with params p, the test failing on an error. */
+static void backward_or_fail(at_backend *b, ibuf *x, const attn_params *p, igrads *g) {
+  const int rc = attn_backward(b->ctx, p, &x->tq, &x->tk, &x->tv, &x->to, &x->tlse, &g->tdo,
+                               &g->tdq, &g->tdk, &g->tdv);
+  if (rc) fail_msg("attn_backward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+}
+
 /* Forward then backward with the bias and sink gradients, against the
  * reference. */
 static void run_backward(at_backend *b, const icase *c) {
   ibuf x;
   ibuf_init(b, &x, c);
-  const int64_t nq = c->B * c->Nq * c->Hq * c->d, nk = c->B * c->cap * c->Hkv * c->d;
-  const size_t es = attn_dtype_size(c->dt);
-  void *dout = at_malloc((size_t)nq * es), *dq = at_malloc((size_t)nq * es),
-       *dk = at_malloc((size_t)nk * es), *dv = at_malloc((size_t)nk * es);
-  fill(dout, c->dt, nq, 1.0);
-  attn_tensor tdo = attn_tensor_bshd(dout, c->dt, c->B, c->Nq, c->Hq, c->d);
-  attn_tensor tdq = attn_tensor_bshd(dq, c->dt, c->B, c->Nq, c->Hq, c->d);
-  attn_tensor tdk = attn_tensor_bshd(dk, c->dt, c->B, c->cap, c->Hkv, c->d);
-  attn_tensor tdv = attn_tensor_bshd(dv, c->dt, c->B, c->cap, c->Hkv, c->d);
+  igrads g;
+  igrads_init(&g, c);
+  const int64_t nq = g.nq, nk = g.nk;
   int64_t nb = c->bias ? at_count(&x.tbias) : 0;
   float *dbias = c->bias ? at_malloc(sizeof(float) * (size_t)nb) : NULL;
   float *dsinks = c->sinks ? at_malloc(sizeof(float) * (size_t)c->Hq) : NULL;
@@ -960,21 +988,20 @@ static void run_backward(at_backend *b, const icase *c) {
   fp.dbias = NULL, fp.dsinks = NULL;
   int rc = attn_forward(b->ctx, &fp, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse);
   if (rc) fail_msg("attn_forward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
-  rc = attn_backward(b->ctx, &x.p, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse, &tdo, &tdq, &tdk, &tdv);
-  if (rc) fail_msg("attn_backward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+  backward_or_fail(b, &x, &x.p, &g);
   double *rq = at_malloc(sizeof(double) * (size_t)nq), *rk = at_malloc(sizeof(double) * (size_t)nk),
          *rv = at_malloc(sizeof(double) * (size_t)nk);
   double *rb = nb ? at_malloc(sizeof(double) * (size_t)nb) : NULL;
   double *rs = c->sinks ? at_malloc(sizeof(double) * (size_t)c->Hq) : NULL;
   attn_params hp = host_params(&x);
   hp.dbias = hp.dsinks = NULL; /* the reference returns them as arrays */
-  assert_int_equal(
-      at_ref_backward_terms(b->ctx, &hp, &x.tq, &x.tk, &x.tv, &tdo, rq, rk, rv, rb, rs, NULL, NULL),
-      ATTN_OK);
+  assert_int_equal(at_ref_backward_terms(b->ctx, &hp, &x.tq, &x.tk, &x.tv, &g.tdo, rq, rk, rv, rb,
+                                         rs, NULL, NULL),
+                   ATTN_OK);
   const double tol = at_tol_grad(c->dt);
-  expect_near("dq", dq, c->dt, rq, nq, tol);
-  expect_near("dk", dk, c->dt, rk, nk, tol);
-  expect_near("dv", dv, c->dt, rv, nk, tol);
+  expect_near("dq", g.dq, c->dt, rq, nq, tol);
+  expect_near("dk", g.dk, c->dt, rk, nk, tol);
+  expect_near("dv", g.dv, c->dt, rv, nk, tol);
   if (rb) expect_near("dbias", dbias, ATTN_F32, rb, nb, tol);
   if (rs) expect_near("dsinks", dsinks, ATTN_F32, rs, c->Hq, tol);
   ibuf_free(&x);
@@ -1029,15 +1056,8 @@ static void bias_gradient_through_strides(at_backend *b) {
     ibuf x;
     ibuf_init(b, &x, &c);
     SKIP_IF_DECLINED(b, &x.p, &x.tq, &x.tk, &x.tv, 1);
-    const int64_t nq = c.B * c.Nq * c.Hq * c.d, nk = c.B * c.cap * c.Hkv * c.d;
-    const size_t es = attn_dtype_size(c.dt);
-    void *dout = at_malloc((size_t)nq * es), *dq = at_malloc((size_t)nq * es),
-         *dk = at_malloc((size_t)nk * es), *dv = at_malloc((size_t)nk * es);
-    fill(dout, c.dt, nq, 1.0);
-    attn_tensor tdo = attn_tensor_bshd(dout, c.dt, c.B, c.Nq, c.Hq, c.d);
-    attn_tensor tdq = attn_tensor_bshd(dq, c.dt, c.B, c.Nq, c.Hq, c.d);
-    attn_tensor tdk = attn_tensor_bshd(dk, c.dt, c.B, c.cap, c.Hkv, c.d);
-    attn_tensor tdv = attn_tensor_bshd(dv, c.dt, c.B, c.cap, c.Hkv, c.d);
+    igrads g;
+    igrads_init(&g, &c);
 
     const int64_t *n = x.tbias.shape;
     float *dense = at_malloc(sizeof(float) * (size_t)(n[0] * n[1] * n[2] * n[3]));
@@ -1058,11 +1078,9 @@ static void bias_gradient_through_strides(at_backend *b) {
     int rc = attn_forward(b->ctx, &fp, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse);
     if (rc) fail_msg("attn_forward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
     x.p.dbias = &td;
-    rc = attn_backward(b->ctx, &x.p, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse, &tdo, &tdq, &tdk, &tdv);
-    if (rc) fail_msg("attn_backward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+    backward_or_fail(b, &x, &x.p, &g);
     x.p.dbias = &ts;
-    rc = attn_backward(b->ctx, &x.p, &x.tq, &x.tk, &x.tv, &x.to, &x.tlse, &tdo, &tdq, &tdk, &tdv);
-    if (rc) fail_msg("attn_backward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
+    backward_or_fail(b, &x, &x.p, &g);
 
     /* Each element as the contiguous call gave it, then the gaps as set. */
     int64_t e = 0, seen = 0;
@@ -1085,10 +1103,7 @@ static void bias_gradient_through_strides(at_backend *b) {
         fail_msg("form %zu: the gap at %lld was written (%g)", f, (long long)i, sp[i]);
     at_free(sp);
     at_free(dense);
-    at_free(dout);
-    at_free(dq);
-    at_free(dk);
-    at_free(dv);
+    igrads_free(&g);
     ibuf_free(&x);
   }
 }
