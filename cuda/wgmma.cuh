@@ -405,6 +405,14 @@ inline bool encode_box(CUtensorMap *m, CUtensorMapDataType type, void *ptr,
                        int box1) {
   const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
   if (!fn) return false;
+  /* The encoder's own limits, checked here: an operand outside them takes
+   * the caller's other path, and the driver is never asked (a refused
+   * encode is an API error to tools such as compute-sanitizer). */
+  if ((uintptr_t)ptr % 16 != 0) return false;
+  for (int i = 0; i < 4; i++)
+    if (dim[i] == 0 || dim[i] > ((cuuint64_t)1 << 32)) return false;
+  for (int i = 0; i < 3; i++)
+    if (stride[i] % 16 != 0 || stride[i] >= ((cuuint64_t)1 << 40)) return false;
   const cuuint32_t box[4] = {(cuuint32_t)box0, (cuuint32_t)box1, 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   return fn(m, type, 4, ptr, dim, stride, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
