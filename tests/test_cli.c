@@ -792,6 +792,20 @@ static void key_splits_pass_their_check(at_backend *b) {
   at_free(r);
 }
 
+/* --async: each pass timed over queued calls, which the lines say, and the
+ * check after them reads finished results (the append's rows too). */
+static void queued_calls_are_timed_and_checked(at_backend *b) {
+  (void)b;
+  outcome *r = at_malloc(sizeof *r);
+  RUN_CHECKED(r, "--seqlen", "30", "--heads", "2", "--bias", "--backward", "--async");
+  assert_non_null(strstr(r->out, "  forward   "));
+  assert_non_null(strstr(r->out, " samples of 16 queued calls, "));
+  assert_non_null(strstr(r->out, "  backward  "));
+  RUN_CHECKED(r, DECODE, "--append", "--page-size", "4", "--async", "--splits", "2");
+  assert_non_null(strstr(r->out, "  cache     k and v hold the 6 appended rows in place"));
+  at_free(r);
+}
+
 /* --tf32 (ATTN_ALLOW_TF32): the problem line says so, the check passes, and
  * what rounding to TF32 alone costs is printed beside the error. */
 static void a_tf32_run_states_its_own_rounding_beside_the_error(at_backend *b) {
@@ -1131,6 +1145,7 @@ int main(int argc, char **argv) {
       AT_TEST(sinks_pass_their_check),
       AT_TEST(the_backward_checks_dbias_and_dsinks),
       AT_TEST(key_splits_pass_their_check),
+      AT_TEST(queued_calls_are_timed_and_checked),
       AT_TEST(a_tf32_run_states_its_own_rounding_beside_the_error),
       AT_TEST(check_with_tf32_prints_its_rounding_column),
       AT_TEST(a_result_outside_the_tolerance_exits_1),

@@ -130,8 +130,15 @@ static int run_problem(const run_opts *o, const char *title) {
   /* Appending writes the same rows to the same places each time. */
   size_t nf = 0, nb = 0;
   run_pass cf = {ctx, &p, &t}, cb = {ctx, &pb, &t};
-  rc = run_time_calls(run_forward, &cf, repeat, INFINITY, tf, &nf);
-  if (!rc && o->backward) rc = run_time_calls(run_backward, &cb, repeat, INFINITY, tb, &nb);
+  if (o->queued) {
+    rc = run_time_queued(run_forward, &cf, ctx, repeat, tf, &nf);
+    if (!rc && o->backward) rc = run_time_queued(run_backward, &cb, ctx, repeat, tb, &nb);
+    /* The check's own calls return with their results. */
+    p.flags &= ~ATTN_ASYNC;
+  } else {
+    rc = run_time_calls(run_forward, &cf, repeat, INFINITY, tf, &nf);
+    if (!rc && o->backward) rc = run_time_calls(run_backward, &cb, repeat, INFINITY, tb, &nb);
+  }
   if (rc) {
     status = cli_fail_ctx(ctx, rc, o->backward ? "attention failed" : "forward failed");
     goto done;
@@ -151,13 +158,15 @@ static int run_problem(const run_opts *o, const char *title) {
       o->alibi ? ", alibi" : "", terms);
   if (run_has_cache(o)) print_cache(o, &c);
   double mf = tf[nf / 2];
-  printf("  forward   %.3f ms median of %zu, %.1f GFLOP/s, %.1f GB/s\n", mf * 1e3, nf,
+  char how[48] = "";
+  if (o->queued) snprintf(how, sizeof how, " samples of %d queued calls", RUN_QUEUED_CALLS);
+  printf("  forward   %.3f ms median of %zu%s, %.1f GFLOP/s, %.1f GB/s\n", mf * 1e3, nf, how,
          flops / mf * 1e-9, run_bytes_forward(o, &c) / mf * 1e-9);
   if (o->backward) {
     double mb = tb[nb / 2];
     printf(
-        "  backward  %.3f ms median of %zu, %.1f GFLOP/s (2.5x the forward's FLOPs), %.1f GB/s\n",
-        mb * 1e3, nb, 2.5 * flops / mb * 1e-9, run_bytes_backward(o) / mb * 1e-9);
+        "  backward  %.3f ms median of %zu%s, %.1f GFLOP/s (2.5x the forward's FLOPs), %.1f GB/s\n",
+        mb * 1e3, nb, how, 2.5 * flops / mb * 1e-9, run_bytes_backward(o) / mb * 1e-9);
   }
   if (!check) {
     printf("  error     not checked (problem too large for the reference; --check forces it)\n");

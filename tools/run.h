@@ -24,6 +24,7 @@ typedef struct run_opts {
   attn_params params; /* num_splits included (--splits) */
   int alibi;
   int backward;
+  int queued; /* --async: calls timed queued (run_time_queued) */
   int64_t repeat;
   int check; /* -1 auto, 0 no, 1 yes */
   uint64_t seed;
@@ -134,6 +135,14 @@ typedef int (*run_call)(void *arg);
  * one ended. t (max entries) receives the times sorted ascending, *n their
  * count. Returns the first failing call's status. */
 int run_time_calls(run_call fn, void *arg, size_t max, double budget_s, double *t, size_t *n);
+/* Calls queued (ATTN_ASYNC in their params): one untimed call and
+ * attn_context_synchronize, then max samples, each RUN_QUEUED_CALLS calls
+ * back to back and one synchronize on the host clock, divided by the
+ * calls: a call's time on the device with its launch overlapped by the
+ * calls before it, as a loop that queues its work sees it. t and *n as
+ * run_time_calls. */
+#define RUN_QUEUED_CALLS 16
+int run_time_queued(run_call fn, void *arg, attn_context *ctx, size_t max, double *t, size_t *n);
 /* The passes attn run and attn bench time: attn_forward and attn_backward on
  * a run_pass's tensors, as run_calls (arg: the run_pass). */
 typedef struct run_pass {

@@ -134,6 +134,9 @@ const char run_help[] =
     "  --backward          also time the backward pass (with dbias, dsinks for --bias, --sinks)\n"
     "  --splits N|auto     forward key splits: N parts, 1 = none, auto = the backend's (auto)\n"
     "  --repeat R          timed calls, 1 to 1000000 (10)\n"
+    "  --async             time calls queued (ATTN_ASYNC): each of the --repeat samples a\n"
+    "                      batch of calls back to back and one synchronize, over the batch\n"
+    "                      (a call's device time, its launch overlapped; else synchronous)\n"
     "  --check / --no-check   force or skip the reference comparison\n"
     "  --seed S            random seed, 0 to 2^64-1 (1)\n"
     "A KV cache (forward only); seqlen_k is then the keys the longest sequence attends to,\n"
@@ -208,6 +211,9 @@ int run_parse(int argc, char **argv, run_opts *o, int vit) {
       i++;
     } else if (!strcmp(a, "--causal")) {
       o->params.flags |= ATTN_CAUSAL;
+    } else if (!strcmp(a, "--async")) {
+      o->queued = 1;
+      o->params.flags |= ATTN_ASYNC;
     } else if (!strcmp(a, "--tf32")) {
       o->params.flags |= ATTN_ALLOW_TF32;
     } else if (!strcmp(a, "--alibi")) {
