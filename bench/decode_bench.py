@@ -8,7 +8,8 @@
           attn's paged cache (pages of 16 and 256) against torch's unpaged time
           (torch has no paged kernel); the device copy rate (torch, 2 GiB); the
           decode rows on attn's OpenCL backend (NVIDIA's OpenCL) against that
-          rate; and a full-bias prefill row (B = 2, H = 16, N = 4096, d = 128,
+          rate, synchronous and queued (`attn run --async`: a call's device
+          time, its launch overlapped by the calls before it); and a full-bias prefill row (B = 2, H = 16, N = 4096, d = 128,
           bf16) with and without --bias on CUDA and OpenCL.
   --cpu   (this machine, no torch): the decode rows on attn's CPU backend
           against `attn bandwidth`, and the full-bias prefill ratio.
@@ -47,7 +48,7 @@ PAGES = (16, 256)
 PREFILL_GPU = dict(batch=2, heads=16, n=4096, dim=128)
 PREFILL_CPU = dict(batch=1, heads=16, n=2048, dim=128)
 
-FWD = re.compile(r"forward\s+([\d.]+) ms median of (\d+), ([\d.]+) GFLOP/s, ([\d.]+) GB/s")
+FWD = re.compile(r"forward\s+([\d.]+) ms median of (\d+)[^,]*, ([\d.]+) GFLOP/s, ([\d.]+) GB/s")
 READ = re.compile(r"read\s+([\d.]+) GB/s")
 
 
@@ -267,15 +268,18 @@ def gpu(a, log):
         cl = []
         for b, nk in shapes:
             for page in (None,) + PAGES:
-                r = attn_run(a.attn, "opencl", decode_args(b, nk, 1, "bf16", page), a.repeat, log)
-                cl.append({"name": row_name(b, nk, 1, page), "attn": r})
+                args = decode_args(b, nk, 1, "bf16", page)
+                r = attn_run(a.attn, "opencl", args, a.repeat, log)
+                q = attn_run(a.attn, "opencl", args + ["--async"], a.repeat, log)
+                cl.append({"name": row_name(b, nk, 1, page), "attn": r, "queued": q})
                 print(json.dumps(cl[-1]), flush=True)
         out["opencl_decode"] = cl
         print("\nDecode, OpenCL (NVIDIA), bf16, q 1; against the device copy rate %.0f GB/s.\n" % copy)
-        table(["rows", "attn µs", "attn GB/s", "of copy"],
+        table(["rows", "attn µs", "attn GB/s", "of copy", "queued µs", "queued of copy"],
               [[r["name"], cell(r["attn"]), cell(r["attn"], "gbs", 0),
-                fmt(r["attn"]["gbs"] / copy if "gbs" in r["attn"] else None, 2)] for r in cl])
-        errors([(r["name"], r["attn"]) for r in cl])
+                fmt(r["attn"]["gbs"] / copy if "gbs" in r["attn"] else None, 2), cell(r["queued"]),
+                fmt(r["queued"]["gbs"] / copy if "gbs" in r["queued"] else None, 2)] for r in cl])
+        errors([(r["name"], r["attn"]) for r in cl] + [(r["name"] + " queued", r["queued"]) for r in cl])
 
     prefill(a, log, out, ["cuda"] + (["opencl"] if a.opencl else []), PREFILL_GPU, "bf16", torch_rows=True)
     return out
