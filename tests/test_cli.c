@@ -700,6 +700,18 @@ static void run_checked(outcome *r, const char *const *args) {
     run_checked((r), args_);                         \
   } while (0)
 
+/* Each string of a NULL-ended list in a run's stdout. */
+static void out_has_all(const outcome *r, const char *const *want) {
+  for (; *want; want++)
+    if (!strstr(r->out, *want)) fail_msg("\"%s\" is not in the output:\n%s", *want, r->out);
+}
+
+#define OUT_HAS(r, ...)                              \
+  do {                                               \
+    const char *const want_[] = {__VA_ARGS__, NULL}; \
+    out_has_all((r), want_);                         \
+  } while (0)
+
 /* A decoding-like shape: a few query rows over a longer cache, GQA, three
  * sequences (their lengths differ with --cache-extra). */
 #define DECODE \
@@ -773,9 +785,7 @@ static void the_backward_checks_dbias_and_dsinks(at_backend *b) {
   (void)b;
   outcome *r = at_malloc(sizeof *r);
   RUN_CHECKED(r, "--seqlen", "30", "--heads", "2", "--bias", "--sinks", "--backward");
-  assert_non_null(strstr(r->out, "  error     dq "));
-  assert_non_null(strstr(r->out, "  error     dbias "));
-  assert_non_null(strstr(r->out, ", dsinks "));
+  OUT_HAS(r, "  error     dq ", "  error     dbias ", ", dsinks ");
   RUN_CHECKED(r, "--batch", "2", "--seqlen", "30", "--heads", "2", "--bias", "heads", "--backward",
               "--dtype", "f16");
   assert_non_null(strstr(r->out, "  error     dbias "));
@@ -798,9 +808,7 @@ static void queued_calls_are_timed_and_checked(at_backend *b) {
   (void)b;
   outcome *r = at_malloc(sizeof *r);
   RUN_CHECKED(r, "--seqlen", "30", "--heads", "2", "--bias", "--backward", "--async");
-  assert_non_null(strstr(r->out, "  forward   "));
-  assert_non_null(strstr(r->out, " samples of 16 queued calls, "));
-  assert_non_null(strstr(r->out, "  backward  "));
+  OUT_HAS(r, "  forward   ", " samples of 16 queued calls, ", "  backward  ");
   RUN_CHECKED(r, DECODE, "--append", "--page-size", "4", "--async", "--splits", "2");
   assert_non_null(strstr(r->out, "  cache     k and v hold the 6 appended rows in place"));
   at_free(r);
