@@ -107,27 +107,11 @@ struct block_work {
   int mb_min, nmb, items;
 };
 
-/* The block's (key block, kv head, sequence). Under a causal mask key block
- * kb is seen by the query blocks from its diagonal on, so low key blocks
- * are the long ones, and the GPU starts blocks in linear order: the grid
- * takes the kv heads of a sequence in groups of 2^p.order, x running over
- * a group's heads within each key block, so that each group's blocks start
- * heaviest first and the blocks running at once share a few heads' Q and
- * dO in L2 (order.cuh's reasoning for the forward). Shifts of blockIdx
- * only: they stay in uniform registers, where the grid's natural order
- * (p.order 0) read blockIdx itself. Heads past the last in a group's place
- * have no work. */
-__device__ __forceinline__ void block_coords(const params &p, int *kb, int *hk, int *b) {
-  *kb = (int)(blockIdx.x >> p.order);
-  *hk = (int)((blockIdx.y << p.order) | (blockIdx.x & ((1u << p.order) - 1u)));
-  *b = (int)blockIdx.z;
-}
-
 template <int BR>
 __device__ __forceinline__ block_work work_of(const params &p) {
   block_work w;
   int kb;
-  block_coords(p, &kb, &w.hk, &w.b);
+  attn_key_block_coords(p.order, &kb, &w.hk, &w.b);
   w.n0 = kb * kBc;
   w.sq = seq_of(p, w.b);
   w.mb_min = w.nmb = w.items = 0;
@@ -184,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, wgi = tid >> 7;
   {
     int kb, hk, b;
-    block_coords(p, &kb, &hk, &b);
+    attn_key_block_coords(p.order, &kb, &hk, &b);
     if (hk >= p.heads_kv || kb * kBc >= seq_of(p, b).nk) return;
   }
 
@@ -569,18 +553,10 @@ static bool run(const attn__cuda_launch *L, const params &p, int *rc) {
     return true;
   }
   if ((*rc = bwd_prep<T, D>(p, L->stream)) != ATTN_OK) return true;
-  /* Groups of 2^order kv heads under a causal mask (block_coords): the
-   * forward's group size (order.cuh), rounded down to a power of two and
-   * to the heads there are. */
   params po = p;
-  const unsigned nkb = (unsigned)((p.seqlen_k + kBc - 1) / kBc);
-  const int g = attn_order_group(kern, kThreads, smem, dim3(nkb, p.heads_kv, p.batch),
-                                 L->dev->sm_count, p.window_left, p.window_right);
-  po.order = 0;
-  while ((2 << po.order) <= g && (2 << po.order) <= p.heads_kv) po.order++;
-  const unsigned heads_per = 1u << po.order;
-  const dim3 grid(nkb * heads_per, (unsigned)((p.heads_kv + heads_per - 1) / heads_per),
-                  (unsigned)p.batch);
+  const dim3 grid = attn_key_block_grid(
+      kern, kThreads, smem, (unsigned)((p.seqlen_k + kBc - 1) / kBc), p.heads_kv, p.batch,
+      L->dev->sm_count, p.window_left, p.window_right, &po.order);
   kern<<<grid, kThreads, smem, L->stream>>>(tq, tk, tv, tdo, tdq, po);
   *rc = cudaGetLastError() == cudaSuccess ? bwd_dq_convert<T, D>(p, L->stream) : ATTN_EDEVICE;
   return true;

@@ -103,10 +103,12 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int hk = blockIdx.y, b = blockIdx.z;
+  int kb, hk, b;
+  attn_key_block_coords(p.order, &kb, &hk, &b);
+  if (hk >= p.heads_kv) return;
   const seq sq = seq_of(p, b);
   const int nq = sq.nq, nk = sq.nk;
-  const int n0 = blockIdx.x * BC;
+  const int n0 = kb * BC;
   if (n0 >= nk) return;
   const int n_last = min(n0 + BC, nk) - 1;
 
@@ -537,8 +539,11 @@ static int backward_shape(const params &p, const attn__cuda_launch *L) {
   if (rc != ATTN_OK) return rc;
 
   if ((rc = bwd_prep<T, D>(p, L->stream)) != ATTN_OK) return rc;
-  dim3 gkv((unsigned)((p.seqlen_k + KBC - 1) / KBC), (unsigned)p.heads_kv, (unsigned)p.batch);
-  kv<<<gkv, KNW * 32, smem_kv, L->stream>>>(p);
+  params po = p;
+  const dim3 gkv = attn_key_block_grid(
+      kv, KNW * 32, smem_kv, (unsigned)((p.seqlen_k + KBC - 1) / KBC), p.heads_kv, p.batch,
+      L->dev->sm_count, p.window_left, p.window_right, &po.order);
+  kv<<<gkv, KNW * 32, smem_kv, L->stream>>>(po);
   if (p.dq_atomic) {
     if ((rc = bwd_dq_convert<T, D>(p, L->stream)) != ATTN_OK) return rc;
   } else {

@@ -93,8 +93,8 @@ struct params {
   float *dsum;  /* D = rowsum(dO * O) */
   float *lse2;  /* lse * log2(e); +inf where lse = -inf (rows with no key) */
   int64_t rows; /* total query rows over the batch */
-  int order;    /* block order, 0 = natural: the forward's attn_order_group G; the Hopper
-                 * backward's log2 of its kv heads a group (hopper_bwd.cu) */
+  int order;    /* block order, 0 = natural: the forward's attn_order_group G; the
+                 * backward dK/dV pass's log2 of its kv heads a group (order.cuh) */
   /* The inference path's terms, read only by the kernels built with them;
    * NULL where the problem has none. The bias's key stride is 1 (plan.c),
    * dbias's any; a broadcast dimension has stride 0. */

@@ -63,6 +63,23 @@ __device__ __forceinline__ void attn_block_coords(int G, int *qb, int *h, int *b
   attn_tile_coords(G, lin, gridDim.x, gridDim.y, gridDim.z, qb, h, b);
 }
 
+/* The backward's dK/dV blocks, (key block, kv head, sequence). Under a
+ * causal mask key block kb is seen by the query blocks from its diagonal
+ * on, so low key blocks are the long ones: the grid (attn_key_block_grid)
+ * takes the kv heads of a sequence in groups of 2^order, x running over a
+ * group's heads within each key block, so that each group's blocks start
+ * heaviest first and the blocks running at once share a few heads' Q and
+ * dO in L2. Shifts of blockIdx only, where the forward's order divides:
+ * the values stay in uniform registers, as blockIdx itself did in the
+ * natural order (order 0), and the backward kernels' loops keep every
+ * other register. A head past the last (a group's place not filled) has
+ * no work. */
+__device__ __forceinline__ void attn_key_block_coords(int order, int *kb, int *hk, int *b) {
+  *kb = (int)(blockIdx.x >> order);
+  *hk = (int)((blockIdx.y << order) | (blockIdx.x & ((1u << order) - 1u)));
+  *b = (int)blockIdx.z;
+}
+
 /* Blocks of `kernel` resident at once on the device: SMs x blocks per SM. */
 template <typename K>
 static long long attn_resident_blocks(K kernel, int threads, size_t smem, int sm_count) {
@@ -87,6 +104,22 @@ static int attn_order_group(K kernel, int threads, size_t smem, dim3 grid, int s
   long long ng = pairs * grid.x / (4 * slots);
   if (ng < 1) ng = 1;
   return (int)((pairs + ng - 1) / ng);
+}
+
+/* The dK/dV grid of nkb key blocks, heads_kv heads and batch sequences for
+ * attn_key_block_coords, and its order: the forward's group size for the
+ * same blocks, rounded down to a power of two and to the heads there are. */
+template <typename K>
+static dim3 attn_key_block_grid(K kernel, int threads, size_t smem, unsigned nkb, int heads_kv,
+                                int batch, int sm_count, long long wl, long long wr, int *order) {
+  const int g = attn_order_group(kernel, threads, smem,
+                                 dim3(nkb, (unsigned)heads_kv, (unsigned)batch), sm_count, wl, wr);
+  int o = 0;
+  while ((2 << o) <= g && (2 << o) <= heads_kv)
+    o++;
+  *order = o;
+  const unsigned per = 1u << o;
+  return dim3(nkb * per, ((unsigned)heads_kv + per - 1) / per, (unsigned)batch);
 }
 
 #endif /* ATTN_CUDA_ORDER_CUH */
