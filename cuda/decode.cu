@@ -29,6 +29,7 @@
 
 namespace attn_decode {
 
+using attn_mma::a_frag;
 using attn_mma::cp_async16;
 using attn_mma::cp_async_commit;
 using attn_mma::cp_async_wait;
@@ -234,10 +235,7 @@ __global__ void __launch_bounds__(kWarps * 32) mma_kernel(const dparams P) {
 
     /* O += P V; P's C fragments are the A fragment of a k16 step. */
     uint32_t a[4];
-    a[0] = elem<T>::pack(s[0][0], s[0][1]);
-    a[1] = elem<T>::pack(s[0][2], s[0][3]);
-    a[2] = elem<T>::pack(s[1][0], s[1][1]);
-    a[3] = elem<T>::pack(s[1][2], s[1][3]);
+    a_frag<T>(a, s[0], s[1]);
 #pragma unroll
     for (int np = 0; np < D / 16; ++np) {
       uint32_t bb[4];

@@ -385,14 +385,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint32_t pa[KB][4], da[KB][4];
 #pragma unroll
         for (int kk = 0; kk < KB; ++kk) {
-          pa[kk][0] = elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-          pa[kk][1] = elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-          pa[kk][2] = elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-          pa[kk][3] = elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-          da[kk][0] = elem<T>::pack(dp[2 * kk][0], dp[2 * kk][1]);
-          da[kk][1] = elem<T>::pack(dp[2 * kk][2], dp[2 * kk][3]);
-          da[kk][2] = elem<T>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-          da[kk][3] = elem<T>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+          a_frag<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+          a_frag<T>(da[kk], dp[2 * kk], dp[2 * kk + 1]);
         }
         wg::stash<KB>(ds_slot, kBc, c * 64, da);
         wg::fence_proxy_async();

@@ -316,10 +316,7 @@ struct rows64 {
   __device__ __forceinline__ void pack(const float (&s)[NS][4], uint32_t (&pa)[KB][4]) const {
 #pragma unroll
     for (int kk = 0; kk < KB; ++kk) {
-      pa[kk][0] = elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-      pa[kk][1] = elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[kk][3] = elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      a_frag<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
     }
   }
 

@@ -54,10 +54,7 @@ __device__ __forceinline__ void warp_xb(float (&acc)[NO][4], const float (&x)[NX
 #pragma unroll
   for (int kk = 0; kk < NX / 2; ++kk) {
     uint32_t a[4];
-    a[0] = elem<T>::pack(x[2 * kk][0], x[2 * kk][1]);
-    a[1] = elem<T>::pack(x[2 * kk][2], x[2 * kk][3]);
-    a[2] = elem<T>::pack(x[2 * kk + 1][0], x[2 * kk + 1][1]);
-    a[3] = elem<T>::pack(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+    a_frag<T>(a, x[2 * kk], x[2 * kk + 1]);
 #pragma unroll
     for (int np = 0; np < NO / 2; ++np) {
       uint32_t bb[4];
@@ -468,10 +465,7 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
       uint32_t a[4];
-      a[0] = elem<T>::pack(dp[2 * kk][0], dp[2 * kk][1]);
-      a[1] = elem<T>::pack(dp[2 * kk][2], dp[2 * kk][3]);
-      a[2] = elem<T>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-      a[3] = elem<T>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+      a_frag<T>(a, dp[2 * kk], dp[2 * kk + 1]);
 #pragma unroll
       for (int np = 0; np < D / 16; ++np) {
         uint32_t bb[4];

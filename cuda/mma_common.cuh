@@ -201,6 +201,19 @@ struct elem<__nv_bfloat16> {
   }
 };
 
+/* An accumulator as the next product's A operand (16-bit T): n8 tiles lo
+ * and hi of the C layout (columns 16 kk .. 16 kk + 7 and + 8 .. + 15 of
+ * a warp's 16 rows, mma.sync's or a wgmma warp's share) are k-step kk's A
+ * fragment of a k16 product, packed to T. */
+template <typename T>
+__device__ __forceinline__ void a_frag(uint32_t (&a)[4], const float (&lo)[4],
+                                       const float (&hi)[4]) {
+  a[0] = elem<T>::pack(lo[0], lo[1]);
+  a[1] = elem<T>::pack(lo[2], lo[3]);
+  a[2] = elem<T>::pack(hi[0], hi[1]);
+  a[3] = elem<T>::pack(hi[2], hi[3]);
+}
+
 /* f32 through TF32: the tensor cores' m16n8k8, operands rounded to TF32
  * (10-bit mantissa, ties away from zero) by tf32(). */
 template <>

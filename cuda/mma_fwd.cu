@@ -433,12 +433,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
         for (int kk = 0; kk < BC / 16; ++kk) {
           uint32_t a[MT][4];
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            a[mt][0] = elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-            a[mt][1] = elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-            a[mt][2] = elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-            a[mt][3] = elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-          }
+          for (int mt = 0; mt < MT; ++mt)
+            a_frag<T>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
           for (int np = 0; np < D / 16; ++np) {
             uint32_t bb[4];
