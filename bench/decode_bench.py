@@ -9,8 +9,9 @@
           (torch has no paged kernel); the device copy rate (torch, 2 GiB); the
           decode rows on attn's OpenCL backend (NVIDIA's OpenCL) against that
           rate, synchronous and queued (`attn run --async`: a call's device
-          time, its launch overlapped by the calls before it); and a full-bias prefill row (B = 2, H = 16, N = 4096, d = 128,
-          bf16) with and without --bias on CUDA and OpenCL.
+          time, its launch overlapped by the calls before it); and a
+          full-bias prefill row (B = 2, H = 16, N = 4096, d = 128, bf16) with
+          and without --bias on CUDA and OpenCL.
   --cpu   (this machine, no torch): the decode rows on attn's CPU backend
           against `attn bandwidth`, and the full-bias prefill ratio.
 

@@ -130,7 +130,8 @@ static int run_problem(const run_opts *o, const char *title) {
   /* Appending writes the same rows to the same places each time. */
   size_t nf = 0, nb = 0;
   run_pass cf = {ctx, &p, &t}, cb = {ctx, &pb, &t};
-  if (o->queued) {
+  const int queued = (p.flags & ATTN_ASYNC) != 0;
+  if (queued) {
     rc = run_time_queued(run_forward, &cf, ctx, repeat, tf, &nf);
     if (!rc && o->backward) rc = run_time_queued(run_backward, &cb, ctx, repeat, tb, &nb);
     /* The check's own calls return with their results. */
@@ -159,7 +160,7 @@ static int run_problem(const run_opts *o, const char *title) {
   if (run_has_cache(o)) print_cache(o, &c);
   double mf = tf[nf / 2];
   char how[48] = "";
-  if (o->queued) snprintf(how, sizeof how, " samples of %d queued calls", RUN_QUEUED_CALLS);
+  if (queued) snprintf(how, sizeof how, " samples of %d queued calls", RUN_QUEUED_CALLS);
   printf("  forward   %.3f ms median of %zu%s, %.1f GFLOP/s, %.1f GB/s\n", mf * 1e3, nf, how,
          flops / mf * 1e-9, run_bytes_forward(o, &c) / mf * 1e-9);
   if (o->backward) {

@@ -24,7 +24,6 @@ typedef struct run_opts {
   attn_params params; /* num_splits included (--splits) */
   int alibi;
   int backward;
-  int queued; /* --async: calls timed queued (run_time_queued) */
   int64_t repeat;
   int check; /* -1 auto, 0 no, 1 yes */
   uint64_t seed;
