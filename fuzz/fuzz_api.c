@@ -699,7 +699,10 @@ static void build_inference(harness *h, fz_bytes *b, attn_dtype dt, int64_t seqs
     int64_t bd[4] = {c & 1 ? 1 : seqs, c & 2 ? 1 : hq, c & 4 ? 1 : nq, nk};
     build_tensor(h, b, T_BIAS, 4, bd, c & 8 ? pick_bias_dtype(b) : dt);
     attn_tensor *t = &h->s[T_BIAS].t;
-    if (c & 16)
+    /* Only where the extent was valid: an invalid stride on a size-1
+     * dimension made build_tensor allocate a token 64 bytes, which a stride
+     * of 0 there would turn into a valid tensor reaching past them. */
+    if (c & 16 && extent_bytes(t) >= 0)
       for (int i = 0; i < 3; i++)
         if (t->shape[i] == 1) t->stride[i] = 0;
     h->p.bias = tensor_of(h, T_BIAS);
