@@ -503,9 +503,10 @@ static CPU_SIMD_CLONES void cpu_pv_few_clones(const attn__problem *pb, const att
 #define CPU_HAVE_FMA() (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
 #define CPU_FEW512 __attribute__((target("avx512f,avx2,fma,f16c")))
 #define CPU_HAVE_AVX512() __builtin_cpu_supports("avx512f")
-#define CPU_FEWBF16 __attribute__((target("avx512f,avx512bw,avx512bf16,avx2,fma,f16c")))
-#define CPU_HAVE_AVX512BF16() \
-  (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16"))
+#define CPU_FEWBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
+#define CPU_HAVE_AVX512BF16()                                                  \
+  (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && \
+   __builtin_cpu_supports("avx512bf16"))
 #define CPU_INLINE static inline __attribute__((always_inline))
 
 /* call(dt) with the dtype dt as a constant, so that the loops call()
@@ -849,48 +850,93 @@ CPU_FEW512 static void cpu_pv_keys_avx512(const char *const *rows, ptrdiff_t off
 #undef CPU_COLS_CALL
 }
 
-/* cpu_qk_cols_avx512's scores of bf16 key rows against columns of Q in
- * bf16 (qb, d apart) with the CPU's bf16 dot product (vdpbf16ps: a lane
- * adds the two products of a pair of elements, 32 elements a step), the
- * same accumulators and lane sums: half the instructions, and no
- * conversion of the keys. */
-CPU_FEWBF16 CPU_INLINE void cpu_qk_cols_dpbf16(const uint16_t *const *k, int r, const uint16_t *qb,
+/* The lane sums of a[0..15] in lanes 0..15, each by cpu_hsum8_avx512's
+ * tree (lanes i + (i + 8), then those four apart, then pairs), so that a
+ * score is the same sum whichever way its chain is reduced: four levels
+ * that each halve the vectors, then one permutation. */
+CPU_FEW512 CPU_INLINE __m512 cpu_hsum16_avx512(const __m512 *a) {
+  /* t[y]: a[2y]'s lanes i + (i + 8) in its low half, a[2y + 1]'s in the
+   * high one. */
+  __m512 t[8];
+  for (int y = 0; y < 8; y++)
+    t[y] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * y], a[2 * y + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a[2 * y], a[2 * y + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  /* u[y]: quarter x holds a[4y + x]'s four partials. */
+  __m512 u[4];
+  for (int y = 0; y < 4; y++)
+    u[y] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * y], t[2 * y + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(t[2 * y], t[2 * y + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  /* v[y]: quarter x holds a[8y + x]'s two pair sums in lanes 0, 1 and
+   * a[8y + 4 + x]'s in lanes 2, 3; w: quarter x, lane z holds a[4z + x]'s
+   * sum. */
+  __m512 v[2];
+  for (int y = 0; y < 2; y++)
+    v[y] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * y], u[2 * y + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(u[2 * y], u[2 * y + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 w = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i at = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(at, w);
+}
+
+/* The scores of r (1..4) bf16 key rows k[i] against n (1..4) columns of Q
+ * in bf16 (qb, d apart) from c, with the CPU's bf16 dot product
+ * (vdpbf16ps: a lane adds the two products of a pair of elements, 32
+ * elements a step): one chain of 16 lanes per row and column, as
+ * cpu_qk_cols_avx512's, with no conversion of the keys, and the 16 chains
+ * reduced together. A step loads r + n vectors for r n products, and a
+ * lane sum costs about 2 instructions where 8 chains (two rows of four
+ * columns, padded to eight) cost 6. A score's steps are the same whatever
+ * r, n and its place, so the forward's many heads and the backward's one
+ * agree. */
+CPU_FEWBF16 CPU_INLINE void cpu_qk_tile_dpbf16(const uint16_t *const *k, int r, const uint16_t *qb,
                                                int c, int n, int64_t d, float scale, float *srow,
                                                int ld) {
-  __m512 a[2][8];
-  for (int i = 0; i < r; i++)
-    for (int y = 0; y < n; y++)
-      a[i][y] = _mm512_setzero_ps();
+  __m512 a[16];
+  for (int z = 0; z < 16; z++)
+    a[z] = _mm512_setzero_ps();
   for (int64_t x = 0; x < d; x += 32) {
-    __m512bh kv[2];
+    __m512bh kv[4];
     for (int i = 0; i < r; i++)
       kv[i] = (__m512bh)_mm512_loadu_si512(k[i] + x);
     for (int y = 0; y < n; y++) {
       const __m512bh qv = (__m512bh)_mm512_loadu_si512(qb + (size_t)(c + y) * d + x);
       for (int i = 0; i < r; i++)
-        a[i][y] = _mm512_dpbf16_ps(a[i][y], kv[i], qv);
+        a[4 * i + y] = _mm512_dpbf16_ps(a[4 * i + y], kv[i], qv);
     }
   }
-  cpu_qk_store_avx512(a, r, n, scale, srow + c, ld);
+  const __m512 s = _mm512_mul_ps(_mm512_set1_ps(scale), cpu_hsum16_avx512(a));
+  const __m128 row[4] = {_mm512_extractf32x4_ps(s, 0), _mm512_extractf32x4_ps(s, 1),
+                         _mm512_extractf32x4_ps(s, 2), _mm512_extractf32x4_ps(s, 3)};
+  for (int i = 0; i < r; i++)
+    _mm_mask_storeu_ps(srow + (size_t)i * ld + c, (__mmask8)((1u << n) - 1), row[i]);
 }
 
-/* Columns [c0, c1) of nk (1 or 2) bf16 key rows, eight columns at a time. */
-CPU_FEWBF16 static void cpu_qk_row_dpbf16(const char *const *k, int nk, int64_t d,
-                                          const uint16_t *qb, int c0, int c1, float scale,
-                                          float *srow, int ld) {
-  const uint16_t *rows[2] = {(const uint16_t *)k[0], (const uint16_t *)k[nk - 1]};
-#define CPU_DP_COLS(cols) cpu_qk_cols_dpbf16(rows, r_, qb, c, cols, d, scale, srow, ld)
-  for (int c = c0; c < c1; c += 8) {
-    const int n = c1 - c < 8 ? c1 - c : 8;
-    if (nk == 2) {
-      const int r_ = 2;
-      CPU_WITH_COLS(n, 8, CPU_DP_COLS)
-    } else {
-      const int r_ = 1;
-      CPU_WITH_COLS(n, 8, CPU_DP_COLS)
+/* Columns [c0, c1) of nk (1..4) bf16 key rows, four columns at a time. */
+CPU_FEWBF16 static void cpu_qk_rows_dpbf16(const char *const *k, int nk, int64_t d,
+                                           const uint16_t *qb, int c0, int c1, float scale,
+                                           float *srow, int ld) {
+  const uint16_t *rows[4];
+  for (int i = 0; i < 4; i++)
+    rows[i] = (const uint16_t *)k[i < nk ? i : nk - 1];
+#define CPU_QK_TILE(r_, n_)                                          \
+  case 4 * (r_) + (n_):                                              \
+    cpu_qk_tile_dpbf16(rows, (r_), qb, c, (n_), d, scale, srow, ld); \
+    break;
+#define CPU_QK_TILES(r_) CPU_QK_TILE(r_, 1) CPU_QK_TILE(r_, 2) CPU_QK_TILE(r_, 3) CPU_QK_TILE(r_, 4)
+  for (int c = c0; c < c1; c += 4) {
+    const int n = c1 - c < 4 ? c1 - c : 4;
+    switch (4 * nk + n) {
+      CPU_QK_TILES(1)
+      CPU_QK_TILES(2)
+      CPU_QK_TILES(3)
+      CPU_QK_TILES(4)
+      default:
+        break;
     }
   }
-#undef CPU_DP_COLS
+#undef CPU_QK_TILES
+#undef CPU_QK_TILE
 }
 
 /* Columns [0, cols) of Q (f32, ldq apart, each value a bf16 one: the
@@ -962,7 +1008,7 @@ CPU_FEWBF16 static void cpu_pv_pairs_dpbf16(const char *const *rows, ptrdiff_t o
 #define CPU_HAVE_FMA() 0
 #define CPU_HAVE_AVX512() 0
 #define CPU_HAVE_AVX512BF16() 0
-#define cpu_qk_row_dpbf16(k, nk, d, qb, c0, c1, scale, srow, ld) ((void)0)
+#define cpu_qk_rows_dpbf16(k, nk, d, qb, c0, c1, scale, srow, ld) ((void)0)
 #define cpu_pv_pairs_dpbf16(rows, off, bc, a0, a1, pairs, ldp, c0, c1, o, d) ((void)0)
 #define cpu_q_bf16(q, ldq, cols, d, qb) ((void)0)
 #define cpu_qk_row_fma NULL
@@ -1086,37 +1132,51 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
    * 21.6 (twice the lines in flight beside the keys' own), so not there. */
   const attn__tensor *pv = attn_dtype_size(dt) == 2 && t->sd == 1 && pb->v.sd == 1 ? v : NULL;
   const ptrdiff_t vstep = pv ? cpu_head_bytes(pb, pv) : 0;
-  /* Key rows two at a time, which the AVX-512 products take together, and
-   * the next two rows' keys fetched meanwhile: read in pairs, the rows
-   * zigzag through the cache (head 0 of key a, of key a + 1, head 1 of
-   * key a, ...), and the hardware prefetcher lost the stream (decoding one
-   * query row, bf16, B=1 Hq=32 Hkv=8 d=128 32k keys, 2 threads on the
-   * 2-core build host, median of 5: 13.2 ms without, 9.0 with, 11.8 with
-   * the rows taken one at a time). */
-  for (int a = 0; a < bc; a += 2) {
-    const int nk = bc - a < 2 ? bc - a : 2;
-    const char *base[2], *vbase[2], *next[2];
-    const int nn = bc - a - 2 < 0 ? 0 : bc - a - 2 < 2 ? bc - a - 2 : 2;
+  /* Key rows two at a time (four for the bf16 dot product), which the
+   * products take together, and the next rows' keys fetched meanwhile:
+   * read in pairs, the rows zigzag through the cache (head 0 of key a, of
+   * key a + 1, head 1 of key a, ...), and the hardware prefetcher lost the
+   * stream (decoding one query row, bf16, B=1 Hq=32 Hkv=8 d=128 32k keys,
+   * 2 threads on the 2-core build host, median of 5: 13.2 ms without, 9.0
+   * with, 11.8 with the rows taken one at a time). The next rows are those
+   * of the sequence, past this block's end too, so that the stream does
+   * not stop at every block; keys and values are fetched into L2, not L1:
+   * the lines wait there for their products, and the requests take fewer
+   * of L1's miss buffers (one thread of a Zen 4, the same problem at 4
+   * keys a step, ms: 15.0-16.4 with both into L1, 11.9 with only the
+   * values into L2, 9.1-9.6 with both; two threads 7.9-8.0 against
+   * 5.2-6.0, f32 12.0-12.2 against 8.9-9.9; the next step's keys, not
+   * steps further on: 4 and 8 steps took 10.6 and 11.1). */
+  const int step = isa == 3 ? 4 : 2;
+  const int64_t kbytes = d * (int64_t)attn_dtype_size(dt), vbytes = d * 2;
+  const int64_t left = attn__seq_k(pb, b) - j0; /* keys from j0 that exist */
+  for (int a = 0; a < bc; a += step) {
+    const int nk = bc - a < step ? bc - a : step;
+    const int64_t ahead = left - a - step;
+    const int nn = ahead <= 0 ? 0 : ahead < step ? (int)ahead : step;
+    const char *base[4], *vbase[4], *next[4];
     for (int i = 0; i < nk; i++) {
       base[i] = cpu_key_at(pb, t, b, j0 + a + i, 0);
       if (pv) vbase[i] = cpu_key_at(pb, pv, b, j0 + a + i, 0);
     }
     for (int i = 0; i < nn; i++)
-      next[i] = cpu_key_at(pb, t, b, j0 + a + 2 + i, 0);
+      next[i] = cpu_key_at(pb, t, b, j0 + a + step + i, 0);
     for (int64_t hk = hk0; hk <= hk1; hk++) {
       int c0, c1;
       cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
       /* A kv head's lines at a time, spread over the loop rather than a
        * whole row's in one burst. */
       for (int i = 0; pv && i < nk; i++)
-        for (int64_t x = 0; x < d * 2; x += 64)
-          __builtin_prefetch(vbase[i] + hk * vstep + x);
+        for (int64_t x = 0; x < vbytes; x += 64)
+          __builtin_prefetch(vbase[i] + hk * vstep + x, 0, 2);
       for (int i = 0; t->sd == 1 && i < nn; i++)
-        for (int64_t x = 0; x < d * (int64_t)attn_dtype_size(dt); x += 64)
-          __builtin_prefetch(next[i] + hk * hstep + x);
-      const char *rows[2] = {base[0] + hk * hstep, nk > 1 ? base[1] + hk * hstep : NULL};
+        for (int64_t x = 0; x < kbytes; x += 64)
+          __builtin_prefetch(next[i] + hk * hstep + x, 0, 2);
+      const char *rows[4];
+      for (int i = 0; i < nk; i++)
+        rows[i] = base[i] + hk * hstep;
       if (isa == 3)
-        cpu_qk_row_dpbf16(rows, nk, d, cpu_qb, c0, c1, pb->scale, st + (size_t)a * ld, ld);
+        cpu_qk_rows_dpbf16(rows, nk, d, cpu_qb, c0, c1, pb->scale, st + (size_t)a * ld, ld);
       else
         row(rows, nk, dt, t->sd, d, q, ldq, c0, c1, pb->scale, st + (size_t)a * ld, ld);
     }
