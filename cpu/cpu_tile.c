@@ -1183,7 +1183,8 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
   }
 }
 
-/* Keys are taken 8 at a time, all kv heads of the tile before the next 8:
+/* Keys are taken 8 at a time, all kv heads of the tile before the next 8
+ * (but by the bf16 dot product, below):
  * the cache is read in address order, and the 8 rows a pass over a chunk
  * of elements touches stay in L1 (rows of one kv head are Hkv * d elements
  * apart, often a multiple of 4 KiB, and then all fall in one set of the
@@ -1229,9 +1230,16 @@ void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b,
   const char *rows[ATTN__CPU_TILE_MAX];
   for (int a = 0; a < bc; a++)
     rows[a] = cpu_key_at(pb, t, b, j0 + a, 0);
-  /* CPU_PV_KEYS is even: a run holds whole pairs. */
-  for (int a0 = 0; a0 < bc; a0 += CPU_PV_KEYS) {
-    const int a1 = a0 + CPU_PV_KEYS < bc ? a0 + CPU_PV_KEYS : bc;
+  /* CPU_PV_KEYS is even: a run holds whole pairs. The bf16 dot product
+   * takes the block's keys in one run: its values were fetched into L2
+   * with the keys (attn__cpu_qk_few), so L1's sets matter less than O's
+   * loads and stores around each run (decoding B=1 Hq=32 Hkv=8 d=128 32k
+   * keys, 2 threads of a Zen 4, three rounds, ms, runs of 8 keys / 32 /
+   * the block: q 1 4.39-4.87 / 3.98-4.43 / 3.69-4.32, q 4 10.37-10.62 /
+   * 9.15-9.80 / 9.20-9.35). */
+  const int run = pairs ? bc : CPU_PV_KEYS;
+  for (int a0 = 0; a0 < bc; a0 += run) {
+    const int a1 = a0 + run < bc ? a0 + run : bc;
     for (int64_t hk = hk0; hk <= hk1; hk++) {
       int c0, c1;
       cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
