@@ -4,7 +4,7 @@
 # read rate that `attn bandwidth` measures, and the full-bias prefill's cost
 # (with --bias over without). From the project root, after a build in build/:
 #
-#   bash bench/cpu_decode.sh            # the table; about a minute on 2 cores
+#   bash bench/cpu_decode.sh            # the table; about two minutes on 2 cores
 #   bash bench/cpu_decode.sh --quick    # keys cut 16x, prefill 4x: a smoke test
 #
 # Other options go to decode_bench.py (--shapes 1x8192, --dtypes f32, --json F).

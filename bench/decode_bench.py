@@ -13,7 +13,8 @@
           full-bias prefill row (B = 2, H = 16, N = 4096, d = 128, bf16) with
           and without --bias on CUDA and OpenCL.
   --cpu   (this machine, no torch): the decode rows on attn's CPU backend
-          against `attn bandwidth`, and the full-bias prefill ratio.
+          against `attn bandwidth` measured just before each row (the rate
+          moves on a shared machine), and the full-bias prefill ratio.
 
 attn's times are `attn run`'s: the median of --repeat synchronous calls on
 device buffers after an untimed one, each measured on the host from the call
@@ -316,10 +317,9 @@ def prefill(a, log, out, backends, pf, dtype, torch_rows=False):
 
 
 def cpu(a, log):
+    """Each row beside the read rate measured just before it: on a shared machine the rate moves
+    by half between minutes, so one rate for the whole table would decide the ratios."""
     out = {}
-    bw = attn_bandwidth(a.attn, log)
-    out["bandwidth_gbs"] = bw
-    print("attn bandwidth (CPU read rate): %s GB/s" % fmt(bw), flush=True)
     div = 16 if a.quick else 1
     shapes = a.shapes or [(1, 8192), (1, 32768), (4, 8192)]
     rows, res = [], []
@@ -328,14 +328,16 @@ def cpu(a, log):
             nk //= div
             for nq, page in [(1, None), (4, None)] + [(1, p) for p in PAGES]:
                 name = "%s, %s" % (row_name(b, nk, nq, page), dtype)
+                bw = attn_bandwidth(a.attn, log)
                 r = attn_run(a.attn, "cpu", decode_args(b, nk, nq, dtype, page), a.repeat, log)
-                res.append({"name": name, "attn": r})
-                rows.append([name, cell(r), cell(r, "gbs"), fmt(r["gbs"] / bw if "gbs" in r and bw else None, 2)])
+                res.append({"name": name, "attn": r, "bandwidth_gbs": bw})
+                rows.append([name, cell(r), cell(r, "gbs"), fmt(bw, 1),
+                             fmt(r["gbs"] / bw if "gbs" in r and bw else None, 2)])
                 print(json.dumps(res[-1]), flush=True)
     out["decode"] = res
     print("\nDecode, CPU, %d query heads over %d KV heads, d = %d; µs per call (median); against the"
-          " read rate %s GB/s.\n" % (HQ, HKV, D, fmt(bw)))
-    table(["rows", "attn µs", "attn GB/s", "of read rate"], rows)
+          " read rate of `attn bandwidth` just before the row.\n" % (HQ, HKV, D))
+    table(["rows", "attn µs", "attn GB/s", "read GB/s", "of read rate"], rows)
     errors([(r["name"], r["attn"]) for r in res])
     pf = dict(PREFILL_CPU)
     if a.quick:
