@@ -664,30 +664,63 @@ CPU_FMA static void cpu_qk_row_fma(const char *const *k, int nk, attn_dtype dt, 
 
 CPU_LOAD_ROW(cpu_load16, CPU_FEW512, 512, 256, 256)
 
-/* The sums of the lanes of a[0..7], in lanes 0..7, as a transpose: the
- * shuffles put the vectors' halves, then quarters, side by side, so that
- * eight sums take 4 adds. Every sum takes the same tree whichever its
- * place: lane i is added to lane i + 8, those to the pair 4 lanes further,
- * and the four partials pairwise, (p0 + p1) + (p2 + p3). */
+/* The levels of the lane sums below (a transpose: the shuffles put the
+ * vectors' halves, then quarters, then pairs of lanes side by side). Half
+ * of x's lanes i + (i + 8) in the low half, y's in the high one. */
+CPU_FEW512 CPU_INLINE __m512 cpu_fold_halves(__m512 x, __m512 y) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/* Of two cpu_fold_halves results: quarter q holds quarter 2q + quarter
+ * 2q + 1 (x's for q < 2, y's after). */
+CPU_FEW512 CPU_INLINE __m512 cpu_fold_quarters(__m512 x, __m512 y) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* In each quarter: x's lanes 0 + 1 and 2 + 3, then y's. */
+CPU_FEW512 CPU_INLINE __m512 cpu_fold_pairs(__m512 x, __m512 y) {
+  return _mm512_add_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* The sums of the lanes of a[0..7], in lanes 0..7: eight sums take 4 adds.
+ * Every sum takes the same tree whichever its place: lane i is added to
+ * lane i + 8, those to the pair 4 lanes further, and the four partials
+ * pairwise, (p0 + p1) + (p2 + p3). */
 CPU_FEW512 CPU_INLINE __m256 cpu_hsum8_avx512(const __m512 *a) {
-  /* t[y]: a[2y]'s lanes i + (i + 8) in its low half, a[2y + 1]'s in the
-   * high one. */
-  __m512 t[4];
+  /* t[y]: a[2y]'s halves folded, a[2y + 1]'s; u[y]: quarter x holds
+   * a[4y + x]'s four partials. */
+  __m512 t[4], u[2];
   for (int y = 0; y < 4; y++)
-    t[y] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * y], a[2 * y + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_f32x4(a[2 * y], a[2 * y + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  /* u[y]: quarter x holds a[4y + x]'s four partials. */
-  __m512 u[2];
+    t[y] = cpu_fold_halves(a[2 * y], a[2 * y + 1]);
   for (int y = 0; y < 2; y++)
-    u[y] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * y], t[2 * y + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(t[2 * y], t[2 * y + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    u[y] = cpu_fold_quarters(t[2 * y], t[2 * y + 1]);
   /* v: quarter x holds a[x]'s two pair sums in lanes 0, 1 and a[4 + x]'s
    * in lanes 2, 3; w: their sums in lanes 0 and 2. */
-  const __m512 v = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 v = cpu_fold_pairs(u[0], u[1]);
   const __m512 w = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
   const __m512i at = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
   return _mm512_castps512_ps256(_mm512_permutexvar_ps(at, w));
+}
+
+/* The lane sums of a[0..15] in lanes 0..15, by cpu_hsum8_avx512's tree,
+ * so that a score is the same sum whichever way its chain is reduced. */
+CPU_FEW512 CPU_INLINE __m512 cpu_hsum16_avx512(const __m512 *a) {
+  __m512 t[8], u[4], v[2];
+  for (int y = 0; y < 8; y++)
+    t[y] = cpu_fold_halves(a[2 * y], a[2 * y + 1]);
+  for (int y = 0; y < 4; y++)
+    u[y] = cpu_fold_quarters(t[2 * y], t[2 * y + 1]);
+  /* v[y]: quarter x holds a[8y + x]'s two pair sums in lanes 0, 1 and
+   * a[8y + 4 + x]'s in lanes 2, 3; w: quarter x, lane z holds a[4z + x]'s
+   * sum. */
+  for (int y = 0; y < 2; y++)
+    v[y] = cpu_fold_pairs(u[2 * y], u[2 * y + 1]);
+  const __m512 w = cpu_fold_pairs(v[0], v[1]);
+  const __m512i at = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(at, w);
 }
 
 /* srow[i ld + y] = scale * the lane sum of a[i][y], for r rows and n
@@ -848,35 +881,6 @@ CPU_FEW512 static void cpu_pv_keys_avx512(const char *const *rows, ptrdiff_t off
 #define CPU_COLS_CALL(vdt) cpu_pv_cols_avx512(rows, off, vdt, a0, a1, pt, ld, c, n_, o, d)
   CPU_FOR_COLS(c0, c1, 8);
 #undef CPU_COLS_CALL
-}
-
-/* The lane sums of a[0..15] in lanes 0..15, each by cpu_hsum8_avx512's
- * tree (lanes i + (i + 8), then those four apart, then pairs), so that a
- * score is the same sum whichever way its chain is reduced: four levels
- * that each halve the vectors, then one permutation. */
-CPU_FEW512 CPU_INLINE __m512 cpu_hsum16_avx512(const __m512 *a) {
-  /* t[y]: a[2y]'s lanes i + (i + 8) in its low half, a[2y + 1]'s in the
-   * high one. */
-  __m512 t[8];
-  for (int y = 0; y < 8; y++)
-    t[y] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * y], a[2 * y + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_f32x4(a[2 * y], a[2 * y + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  /* u[y]: quarter x holds a[4y + x]'s four partials. */
-  __m512 u[4];
-  for (int y = 0; y < 4; y++)
-    u[y] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * y], t[2 * y + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(t[2 * y], t[2 * y + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  /* v[y]: quarter x holds a[8y + x]'s two pair sums in lanes 0, 1 and
-   * a[8y + 4 + x]'s in lanes 2, 3; w: quarter x, lane z holds a[4z + x]'s
-   * sum. */
-  __m512 v[2];
-  for (int y = 0; y < 2; y++)
-    v[y] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * y], u[2 * y + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_ps(u[2 * y], u[2 * y + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 w = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512i at = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return _mm512_permutexvar_ps(at, w);
 }
 
 /* The scores of r (1..4) bf16 key rows k[i] against n (1..4) columns of Q
