@@ -1144,13 +1144,10 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
    * 2 threads on the 2-core build host, median of 5: 13.2 ms without, 9.0
    * with, 11.8 with the rows taken one at a time). The next rows are those
    * of the sequence, past this block's end too, so that the stream does
-   * not stop at every block; keys and values are fetched into L2, not L1:
-   * the lines wait there for their products, and the requests take fewer
-   * of L1's miss buffers (one thread of a Zen 4, the same problem at 4
-   * keys a step, ms: 15.0-16.4 with both into L1, 11.9 with only the
-   * values into L2, 9.1-9.6 with both; two threads 7.9-8.0 against
-   * 5.2-6.0, f32 12.0-12.2 against 8.9-9.9; the next step's keys, not
-   * steps further on: 4 and 8 steps took 10.6 and 11.1). */
+   * not stop at every block. Keys and values go to L2, not L1: they wait
+   * there for their products without holding L1's few miss buffers, which
+   * left the loads waiting (decoding from memory 1.3-1.6x faster;
+   * bench/NOTES_decode.md). */
   const int step = isa == 3 ? 4 : 2;
   const int64_t kbytes = d * (int64_t)attn_dtype_size(dt), vbytes = d * 2;
   const int64_t left = attn__seq_k(pb, b) - j0; /* keys from j0 that exist */
@@ -1237,10 +1234,8 @@ void attn__cpu_pv_few(const attn__problem *pb, const attn__tensor *t, int64_t b,
   /* CPU_PV_KEYS is even: a run holds whole pairs. The bf16 dot product
    * takes the block's keys in one run: its values were fetched into L2
    * with the keys (attn__cpu_qk_few), so L1's sets matter less than O's
-   * loads and stores around each run (decoding B=1 Hq=32 Hkv=8 d=128 32k
-   * keys, 2 threads of a Zen 4, three rounds, ms, runs of 8 keys / 32 /
-   * the block: q 1 4.39-4.87 / 3.98-4.43 / 3.69-4.32, q 4 10.37-10.62 /
-   * 9.15-9.80 / 9.20-9.35). */
+   * accumulators, loaded and stored around each run (10-15 % of a
+   * decoding call with runs of 8 keys). */
   const int run = pairs ? bc : CPU_PV_KEYS;
   for (int a0 = 0; a0 < bc; a0 += run) {
     const int a1 = a0 + run < bc ? a0 + run : bc;
