@@ -405,43 +405,52 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
   }
 }
 
-/* The merge of tile u's parts: per row, lse = log sum exp(lse_s) and O =
- * sum w_s O_s, then the row's end as without splitting (m = lse, l = 1). */
-static void cpu_fwd_merge(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t u) {
+/* O's row of a merge: orow = sum of w[s] os_s over the parts s (os_s =
+ * po + s stride), vectorized over d. A part that saw nothing (w[s] = 0)
+ * is left out: its O is 0. */
+static ATTN__CPU_SIMD_CLONES void cpu_fwd_weigh(float *orow, const float *po, size_t stride,
+                                                const float *w, int parts, int d) {
+  for (int c = 0; c < d; c++)
+    orow[c] = 0.0f;
+  for (int s = 0; s < parts; s++) {
+    if (w[s] == 0.0f) continue;
+    const float ws = w[s], *os = po + (size_t)s * stride;
+    for (int c = 0; c < d; c++)
+      orow[c] += ws * os[c];
+  }
+}
+
+/* The merge of head hx of tile u's parts: per row, lse = log sum exp(lse_s)
+ * and O = sum w_s O_s, then the row's end as without splitting (m = lse,
+ * l = 1). A head at a time, so that a tile of many heads (decoding: every
+ * head of a sequence) spreads its merge over the threads. */
+static void cpu_fwd_merge(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t u, int hx) {
   const attn__problem *pb = w->pb;
   const cpu_fwd_tile x = cpu_fwd_find(w, u);
+  if (hx >= x.nh) return;
   const int d = (int)pb->head_dim, parts = w->sc.splits, Br = t->br;
   const int64_t nq = attn__seq_q(pb, x.b), nk = attn__seq_k(pb, x.b);
   const int64_t rq = attn__row0_q(pb, x.b) + x.i0;
   const size_t slot = (size_t)u * (size_t)parts;
   const float *po = w->part_o + slot * (size_t)Br * (size_t)d;
   const float *pl = w->part_lse + slot * (size_t)Br;
-  for (int hx = 0; hx < x.nh; hx++)
-    for (int r = 0; r < x.nr; r++) {
-      const int y = hx * x.nr + r;
-      float *orow = t->o + (size_t)y * d;
-      const float lse = attn__merge_lse(pl + y, Br, parts, t->w);
-      memset(orow, 0, (size_t)d * sizeof(float));
-      for (int s = 0; s < parts; s++) {
-        if (t->w[s] == 0.0f) continue; /* a part that saw nothing: its O is 0 */
-        const float ws = t->w[s], *os = po + ((size_t)s * Br + y) * d;
-        for (int c = 0; c < d; c++)
-          orow[c] += ws * os[c];
-      }
-      int64_t lo, hi;
-      attn__problem_key_range(pb, x.i0 + r, nq, nk, &lo, &hi);
-      /* As a row's running max and sum: (lse, 1), or (-inf, 0) for a row
-       * that saw nothing in any part, or NaN. */
-      float l = 1.0f;
-      if (lse == -INFINITY) l = 0.0f;
-      if (lse != lse) l = NAN;
-      cpu_fwd_finish(pb, x.h0 + hx, lo < hi, lse, l, orow, &t->lse[y], &t->lo[y]);
-    }
-  for (int hx = 0; hx < x.nh; hx++) {
-    attn__cpu_store(pb, &pb->o, x.b, rq, x.nr, x.h0 + hx, t->o + (size_t)hx * x.nr * d, d);
-    if (pb->has_lse)
-      attn__cpu_store_lse(pb, x.b, rq, x.nr, x.h0 + hx, t->lse + hx * x.nr, t->lo + hx * x.nr);
+  for (int r = 0; r < x.nr; r++) {
+    const int y = hx * x.nr + r;
+    float *orow = t->o + (size_t)y * d;
+    const float lse = attn__merge_lse(pl + y, Br, parts, t->w);
+    cpu_fwd_weigh(orow, po + (size_t)y * d, (size_t)Br * d, t->w, parts, d);
+    int64_t lo, hi;
+    attn__problem_key_range(pb, x.i0 + r, nq, nk, &lo, &hi);
+    /* As a row's running max and sum: (lse, 1), or (-inf, 0) for a row
+     * that saw nothing in any part, or NaN. */
+    float l = 1.0f;
+    if (lse == -INFINITY) l = 0.0f;
+    if (lse != lse) l = NAN;
+    cpu_fwd_finish(pb, x.h0 + hx, lo < hi, lse, l, orow, &t->lse[y], &t->lo[y]);
   }
+  attn__cpu_store(pb, &pb->o, x.b, rq, x.nr, x.h0 + hx, t->o + (size_t)hx * x.nr * d, d);
+  if (pb->has_lse)
+    attn__cpu_store_lse(pb, x.b, rq, x.nr, x.h0 + hx, t->lse + hx * x.nr, t->lo + hx * x.nr);
 }
 
 int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cpu_config *cfg,
@@ -519,8 +528,8 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
     if (sc->splits > 1) {
       /* After the loop's barrier: every part is written. */
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t u = 0; u < tiles; u++)
-        cpu_fwd_merge(&w, &t, u);
+      for (int64_t m = 0; m < tiles * sc->heads; m++)
+        cpu_fwd_merge(&w, &t, m / sc->heads, (int)(m % sc->heads));
     }
   }
 
