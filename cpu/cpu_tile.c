@@ -889,8 +889,8 @@ CPU_FEW512 static void cpu_pv_keys_avx512(const char *const *rows, ptrdiff_t off
  * elements a step): one chain of 16 lanes per row and column, as
  * cpu_qk_cols_avx512's, with no conversion of the keys, and the 16 chains
  * reduced together. A step loads r + n vectors for r n products, and a
- * lane sum costs about 2 instructions where 8 chains (two rows of four
- * columns, padded to eight) cost 6. A score's steps are the same whatever
+ * lane sum costs about 3 instructions where 8 chains (two rows of four
+ * columns, padded to eight) cost about 6. A score's steps are the same whatever
  * r, n and its place, so the forward's many heads and the backward's one
  * agree. */
 CPU_FEWBF16 CPU_INLINE void cpu_qk_tile_dpbf16(const uint16_t *const *k, int r, const uint16_t *qb,
@@ -1146,7 +1146,7 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
    * of the sequence, past this block's end too, so that the stream does
    * not stop at every block. Keys and values go to L2, not L1: they wait
    * there for their products without holding L1's few miss buffers, which
-   * left the loads waiting (decoding from memory 1.3-1.6x faster;
+   * left the loads waiting (decoding from memory 1.2-1.7x faster;
    * bench/NOTES_decode.md). */
   const int step = isa == 3 ? 4 : 2;
   const int64_t kbytes = d * (int64_t)attn_dtype_size(dt), vbytes = d * 2;
