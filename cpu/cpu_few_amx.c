@@ -57,31 +57,33 @@ static const uint16_t *cpu_few_rows16(const uint16_t *const *k, ptrdiff_t off, i
 }
 
 /* The d elements of rows x[a] + i hstep, a in [a0, a1), i < nkv, fetched
- * ahead of the products that read them. */
+ * ahead of the products that read them, into L2: they wait there without
+ * holding L1's few miss buffers (as attn__cpu_qk_few's rows do). */
 static void cpu_few_fetch(const uint16_t *const *x, int a0, int a1, int nkv, ptrdiff_t hstep,
                           int d) {
   for (int a = a0; a < a1; a++)
     for (int i = 0; i < nkv; i++)
       for (int e = 0; e < d; e += 32)
-        __builtin_prefetch(x[a] + i * hstep + e);
+        __builtin_prefetch(x[a] + i * hstep + e, 0, 2);
 }
 
 CPU_AMX_TARGET void ATTN_CPU_QK_FEW_AMX_NAME(const uint16_t *const *k, const uint16_t *const *v,
                                              ptrdiff_t hstep, int nkv, const int *cols, int bc,
-                                             int d, const uint32_t *qp, int ldq, float scale,
-                                             float *st, int ld) {
+                                             int kn, int d, const uint32_t *qp, int ldq,
+                                             float scale, float *st, int ld) {
   uint16_t buf[2][16 * ATTN_MAX_HEAD_DIM];
   float c[2][16 * 16];
   cpu_amx_tiles();
   /* 32 keys a step, every kv head's before the next keys, so that the
-   * cache is read in address order; the next step's keys and this one's
-   * values fetched meanwhile (attn__cpu_pv_few reads them next). Two
-   * blocks of 16 keys: their chains of products run side by side. */
-  cpu_few_fetch(k, 0, bc < 32 ? bc : 32, nkv, hstep, d);
+   * cache is read in address order; the next step's keys (past the
+   * block's end too: the stream does not stop at every block) and this
+   * one's values fetched meanwhile (attn__cpu_pv_few reads them next).
+   * Two blocks of 16 keys: their chains of products run side by side. */
+  cpu_few_fetch(k, 0, kn < 32 ? kn : 32, nkv, hstep, d);
   for (int a0 = 0; a0 < bc; a0 += 32) {
     const int left = bc - a0, a1 = a0 + 32 < bc ? a0 + 32 : bc;
     const int rows[2] = {left < 16 ? left : 16, left <= 16 ? 0 : left < 32 ? left - 16 : 16};
-    cpu_few_fetch(k, a1, a1 + 32 < bc ? a1 + 32 : bc, nkv, hstep, d);
+    cpu_few_fetch(k, a1, a1 + 32 < kn ? a1 + 32 : kn, nkv, hstep, d);
     if (v) cpu_few_fetch(v, a0, a1, nkv, hstep, d);
     for (int h = 0; h < nkv; h++) {
       const uint16_t *src[2] = {NULL, NULL};

@@ -194,12 +194,13 @@ int attn__cpu_few_pairs(const attn__problem *pb);
  * any addresses) against columns [cols[i], cols[i + 1]): st[a ld + c] =
  * scale k.q[c], Q^T in pairs (qp[p ldq + c], 16 columns readable from
  * each column a tile starts at); the value rows v (laid out as k), when
- * not NULL, fetched meanwhile. O += P V: one kv head, n columns, P in the
+ * not NULL, and the key rows k[bc..kn), the sequence's next, fetched
+ * meanwhile. O += P V: one kv head, n columns, P in the
  * softmax's pairs (pairs[p ldp + c]), V's rows v[0..bc), O n rows of d.
  * attn__cpu_amx: whether this process may use the tiles (cpu_bf16.c). */
 void attn__cpu_qk_few_amx(const uint16_t *const *k, const uint16_t *const *v, ptrdiff_t hstep,
-                          int nkv, const int *cols, int bc, int d, const uint32_t *qp, int ldq,
-                          float scale, float *st, int ld);
+                          int nkv, const int *cols, int bc, int kn, int d, const uint32_t *qp,
+                          int ldq, float scale, float *st, int ld);
 void attn__cpu_pv_few_amx(const uint16_t *const *v, int bc, int d, const uint32_t *pairs, int ldp,
                           int n, float *o);
 int attn__cpu_amx(void);

@@ -1093,15 +1093,18 @@ static void cpu_qk_few_tiles(const attn__problem *pb, const attn__tensor *t, con
     cpu_kv_cols(pb, h0, nh, nr, hk, &cols[hk - hk0], &c1);
     cols[hk - hk0 + 1] = c1;
   }
-  /* The values' rows when they have the keys' layout, to fetch. */
+  /* The values' rows when they have the keys' layout, to fetch, and the
+   * sequence's next 32 key rows past the block. */
   const int fetch = v && v->dtype == ATTN_BF16 && v->sd == 1 && v->sh == t->sh;
-  const uint16_t *k[ATTN__CPU_TILE_MAX], *vr[ATTN__CPU_TILE_MAX];
-  for (int a = 0; a < bc; a++) {
+  const int64_t left = attn__seq_k(pb, b) - j0;
+  const int kn = left < bc + 32 ? (int)(left > bc ? left : bc) : bc + 32;
+  const uint16_t *k[ATTN__CPU_TILE_MAX + 32], *vr[ATTN__CPU_TILE_MAX];
+  for (int a = 0; a < kn; a++)
     k[a] = (const uint16_t *)cpu_key_at(pb, t, b, j0 + a, hk0);
-    if (fetch) vr[a] = (const uint16_t *)cpu_key_at(pb, v, b, j0 + a, hk0);
-  }
+  for (int a = 0; fetch && a < bc; a++)
+    vr[a] = (const uint16_t *)cpu_key_at(pb, v, b, j0 + a, hk0);
   attn__cpu_qk_few_amx(k, fetch ? vr : NULL, (ptrdiff_t)t->sh, (int)(hk1 - hk0 + 1), cols, bc,
-                       (int)d, cpu_qp, ldp, pb->scale, st, ld);
+                       kn, (int)d, cpu_qp, ldp, pb->scale, st, ld);
 }
 #endif
 

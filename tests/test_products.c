@@ -30,8 +30,8 @@ void at_amx_kernel_emulated(int m, int n, int kp, float alpha, const uint16_t *a
                             const uint32_t *b, int ldb, float beta, float *c, int ldc);
 
 void at_qk_few_amx_emulated(const uint16_t *const *k, const uint16_t *const *v, ptrdiff_t hstep,
-                            int nkv, const int *cols, int bc, int d, const uint32_t *qp, int ldq,
-                            float scale, float *st, int ld);
+                            int nkv, const int *cols, int bc, int kn, int d, const uint32_t *qp,
+                            int ldq, float scale, float *st, int ld);
 void at_pv_few_amx_emulated(const uint16_t *const *v, int bc, int d, const uint32_t *pairs, int ldp,
                             int n, float *o);
 
@@ -580,13 +580,13 @@ static void few_row_tiles_agree_with_sums(at_backend *b) {
                             attn__cpu_bf16_bits(qf[c * d + 2 * p + 1]) << 16;
       const float scale = 1.0f / sqrtf((float)d);
       static const int cols[] = {0, C, CT};
-      at_qk_few_amx_emulated(k, v, d, 2, cols, NK, d, qp, LDQ, scale, st, CT);
+      at_qk_few_amx_emulated(k, v, d, 2, cols, NK, NK, d, qp, LDQ, scale, st, CT);
       /* One head, four columns at a time. */
       for (int c0 = 0; c0 < CT; c0 += 4) {
         const int four[] = {c0, c0 + 4};
         for (int a = 0; a < NK; a++)
           kh[a] = k[a] + c0 / C * d;
-        at_qk_few_amx_emulated(kh, NULL, d, 1, four, NK, d, qp, LDQ, scale, one, CT);
+        at_qk_few_amx_emulated(kh, NULL, d, 1, four, NK, NK, d, qp, LDQ, scale, one, CT);
       }
       for (int a = 0; a < NK; a++)
         for (int c = 0; c < CT; c++) {
