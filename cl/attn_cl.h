@@ -145,8 +145,6 @@ enum attn__cl_bwd_shape {
 /* Whether a config decodes on the tensor cores (decode_mma.cl): where its
  * forward runs on them. */
 #define ATTN__CL_DECODES_MMA(t) ((t)->fwd == ATTN__CL_FWD_MMA)
-/* A decode work-group's items: decode_mma.cl's 128 (MMA_ITEMS), or NTD. */
-#define ATTN__CL_DECODE_ITEMS(t) (ATTN__CL_DECODES_MMA(t) ? 128 : (t)->ntd)
 
 /* The tiles one program is built with (fwd.cl's, fwd_rows.cl's and bwd.cl's
  * -D parameters). */
@@ -271,7 +269,6 @@ typedef struct attn__cl_impl {
   attn__cl_scratch cu_q, cu_k, alibi, delta;
   attn__cl_scratch work, work2; /* partial results: the decode's splits, dbias's row blocks,
                                  * attn_merge's sums */
-  attn__cl_scratch turns;       /* a split decode's turn per block of rows: zeros between calls */
 } attn__cl_impl;
 
 static inline attn__cl_impl *attn__cl_impl_of(attn_context *ctx) {
@@ -299,7 +296,6 @@ typedef struct attn__cl_workspace {
   size_t delta; /* backward: delta = rowsum(dO * O) of every row and head */
   size_t work;  /* forward: the splits' O parts; backward: dbias's row-block sums */
   size_t work2; /* forward: the splits' m_i and l_i */
-  size_t turns; /* a split decode: an int per block of rows (split.cl's last_part) */
 } attn__cl_workspace;
 
 /* How a forward pass runs its rows and keys: nsplit parts of each row's

@@ -336,16 +336,14 @@ typedef struct key_pages {
 /* The decode kernels' arguments (decode.cl, decode_mma.cl: the host sets
  * them alike): the forward's tensors and terms, then the key splits, the
  * blocks of DR rows per key/value head, whether every K and V row is whole
- * 16-byte chunks (vec), the parts' workspace (PART_ROW), and a turn per
- * block of rows (split.cl's last_part: zeros between launches). */
+ * 16-byte chunks (vec), and the parts' workspace (PART_ROW). */
 #define DECODE_ARGS                                                                                \
   __global const T *q, long qo, long4 qs, __global const RAW *k, long ko, long4 ks,                \
       __global const RAW *v, long vo, long4 vs, __global T *o, long oo, long4 os,                  \
       __global float *lse, long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k, \
       __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,          \
       float softcap, int wl, int wr, int nsplit, int nrb, int vec, __global float *part_o,         \
-      __global float *part_ml, int tq,                                                             \
-      __global volatile int *turns KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS
+      __global float *part_ml, int tq KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS
 
 /* A decode work-group's block: row block rb of key split split, key/value
  * head hk of sequence b (nq rows, nk keys; heads query heads in all), its

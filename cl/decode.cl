@@ -25,9 +25,8 @@
  *                      loaded under this tile's softmax and P V. With one
  *                      split the work-group ends its rows (O / l_i, lse,
  *                      sinks) as fwd.cl does; with several each writes its
- *                      part (O, m_i, l_i) to the workspace, and the last of
- *                      a block's splits to finish merges the parts and
- *                      ends the rows (split.cl's merge_row): one launch.
+ *                      part (O, m_i, l_i) to the workspace.
+ *   attn_split_merge   (split.cl) the parts merged, the rows ended.
  *
  * Splitting the keys (flash-decoding) is what fills the device when the
  * sequences and heads alone give too few work-groups: the host chooses the
@@ -137,7 +136,6 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(DECOD
 #if PAGED
   __local long vrow[NTD]; /* the tile's keys' V rows */
 #endif
-  MERGE_LOCALS;
 
   const int lid = get_local_id(0);
   DECODE_BLOCK(w);
@@ -340,5 +338,4 @@ __kernel __attribute__((reqd_work_group_size(NTD, 1, 1))) void attn_decode(DECOD
     const float mr = m[rr];
     DECODE_OUT(i, h, c, a, mr, lr);
   }
-  DECODE_MERGE(w);
 }

@@ -14,8 +14,7 @@
  * A tile thus costs a warp a few dozen instructions beside its copies,
  * where decode.cl's items each compute whole rows of scores; the warps'
  * states merge once, at the end, through local memory (merge_max,
- * merge_scale), and the rows end as decode.cl ends them, or become parts
- * that the block's last split merges (DECODE_MERGE, split.cl).
+ * merge_scale), and the rows end as decode.cl ends them, or become parts.
  * Built only where the device's config runs fwd_mma.cl (the plan); a build
  * that fails leaves the decoding to the forward kernel.
  */
@@ -39,7 +38,6 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_decode
   __local uint4 KVs_w[2 * MC * KST / 8];
   __local ushort *Ks = (__local ushort *)KVs_w, *Vs = Ks + MC * KST;
   __local float mls[NW][2][MR]; /* each warp's m_i and l_i of the rows */
-  MERGE_LOCALS;
 
   const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
   DECODE_BLOCK(rw);
@@ -174,5 +172,4 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_decode
     row_of(rb, rr, hk, group, nq, &i, &h);
     DECODE_OUT(i, h, c, a, mr, lr);
   }
-  DECODE_MERGE(rw);
 }

@@ -2,8 +2,8 @@
  * The OpenCL backend's launches: the programs (common.cl followed by fwd.cl
  * and bwd.cl, decode.cl, append.cl or merge.cl, built with the plan's tiles
  * and the problem's features), the kernels' arguments, and the passes
- * enqueued on the context's queue: the forward (attn_fwd and its split
- * merge, or attn_decode, which merges its own), the backward, the KV-cache append and attn_merge.
+ * enqueued on the context's queue: the forward (attn_fwd, or attn_decode
+ * and its merge), the backward, the KV-cache append and attn_merge.
  *
  * Programs are built per (cl_context, config, kind, features) on first use
  * and kept for the context's life.
@@ -148,11 +148,8 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
       }
       break;
     case ATTN__CL_PROG_DECODE:
-      /* The decode kernel's last work-group of a block merges its parts,
-       * with the kernel's own items (split.cl's NTM). */
-      len += snprintf(opts + len, n - (size_t)len, " -DDR=%d -DNTD=%d -DNTM=%d",
-                      1 << ((f >> ATTN__CL_F_DR_SHIFT) & 7u), t->ntd, ATTN__CL_DECODE_ITEMS(t));
-      srcs[ns++] = attn__cl_src_split;
+      len += snprintf(opts + len, n - (size_t)len, " -DDR=%d -DNTD=%d",
+                      1 << ((f >> ATTN__CL_F_DR_SHIFT) & 7u), t->ntd);
       if (ATTN__CL_DECODES_MMA(t)) {
         srcs[ns++] = attn__cl_src_mma;
         srcs[ns++] = attn__cl_src_decode_mma;
@@ -161,6 +158,8 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
         srcs[ns++] = attn__cl_src_decode;
         slots[nk++] = ATTN__CL_K_DECODE;
       }
+      srcs[ns++] = attn__cl_src_split;
+      slots[nk++] = ATTN__CL_K_SPLIT_MERGE;
       break;
     case ATTN__CL_PROG_APPEND:
       srcs[ns++] = attn__cl_src_append;
@@ -501,14 +500,7 @@ static int upload_params(attn_context *ctx, attn__cl_config *c, const attn__prob
   }
   if (ws->delta && (st = attn__cl_scratch_put(ctx, &im->delta, ws->delta, NULL))) return st;
   if (ws->work && (st = attn__cl_scratch_put(ctx, &im->work, ws->work, NULL))) return st;
-  if (ws->work2 && (st = attn__cl_scratch_put(ctx, &im->work2, ws->work2, NULL))) return st;
-  if (ws->turns && im->turns.bytes < ws->turns) {
-    /* Zeros once: each launch leaves them so (split.cl's last_part). */
-    void *zeros = calloc(1, ws->turns);
-    if (!zeros) return attn__error(ctx, ATTN_ENOMEM, "out of memory for %zu bytes", ws->turns);
-    st = attn__cl_scratch_put(ctx, &im->turns, ws->turns, zeros);
-    free(zeros);
-  }
+  if (ws->work2) st = attn__cl_scratch_put(ctx, &im->work2, ws->work2, NULL);
   return st;
 }
 
@@ -590,7 +582,7 @@ static int rows_aligned(const attn__problem *pb, size_t es) {
   return 1;
 }
 
-/* A split forward's parts merged and its rows ended (split.cl). */
+/* The rows' parts merged and the rows ended (split.cl). */
 static int split_merge(attn_context *ctx, const attn__problem *pb, const call *c, int nsplit) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
   attn__tensor no_lse;
@@ -647,7 +639,6 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
     arg_mem(&a, sp.nsplit > 1 ? im->work.mem : NULL);
     arg_mem(&a, sp.nsplit > 1 ? im->work2.mem : NULL);
     arg_int(&a, (cl_int)c.ws.tq);
-    arg_mem(&a, sp.nsplit > 1 ? im->turns.mem : NULL);
   }
   arg_features(&a, pb, c.features);
   if (c.features & ATTN__CL_F_SPLIT) {
@@ -658,13 +649,13 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
   }
   /* Work-groups: the splits of each block of rows, per (key/value) head and
    * sequence. */
-  const size_t items = decode ? (size_t)ATTN__CL_DECODE_ITEMS(c.t)
-                       : rows ? 1
-                              : 16 * (size_t)(c.t->br / c.t->tm);
+  const size_t items = slot == ATTN__CL_K_DECODE_MMA ? kernel_items[slot]
+                       : decode                      ? (size_t)c.t->ntd
+                       : rows                        ? 1
+                                                     : 16 * (size_t)(c.t->br / c.t->tm);
   st = launch(ctx, a.k, &a, kernel_names[slot], (size_t)sp.nsplit * (size_t)sp.nrb * items,
               (size_t)(decode ? pb->heads_kv : pb->heads_q), (size_t)pb->batch, items);
-  /* A decode merges its parts itself (DECODE_MERGE). */
-  if (!st && !decode && sp.nsplit > 1) st = split_merge(ctx, pb, &c, sp.nsplit);
+  if (!st && sp.nsplit > 1) st = split_merge(ctx, pb, &c, sp.nsplit);
   return st ? st : finish(ctx, pb);
 }
 

@@ -199,16 +199,11 @@ static int bwd_shape_fits(const attn__cl_tiles *t) {
          (t->bdk * t->bk) % nt == 0;
 }
 
-/* split.cl's MAX_SPLITS. */
-#define MAX_SPLITS 128
-
 /* decode.cl's local memory: Q (as floats, later the key slices' sums), S,
  * the rows' partial maxima and sums, and the tile's V rows when paged (K
- * and V themselves go straight to registers); then split.cl's merge
- * (MERGE_LOCALS). */
+ * and V themselves go straight to registers). */
 static size_t decode_local_bytes(int hd, int dr, int ntd) {
-  return 4u * ((size_t)dr * hd + (size_t)ntd * dr + (size_t)ntd + (size_t)dr) + 8u * (size_t)ntd +
-         4u * (MAX_SPLITS + 1) + 20u * (size_t)ntd;
+  return 4u * ((size_t)dr * hd + (size_t)ntd * dr + (size_t)ntd + (size_t)dr) + 8u * (size_t)ntd;
 }
 
 /* The local-memory fitting rule: smaller local memories shrink the
@@ -247,8 +242,7 @@ static int fit(const attn__cl_device *dev, int hd, attn__cl_tiles *t) {
   while (t->ntd >= 16 &&
          ((size_t)t->ntd > dev->max_wg || decode_local_bytes(hd, t->dr, t->ntd) > lmem))
     t->ntd /= 2;
-  /* The merge takes a float4 of a row an item (split.cl's NG). */
-  if (t->ntd < 16 || t->ntd < t->dr || 4 * t->ntd < hd) t->dr = t->ntd = 0;
+  if (t->ntd < 16 || t->ntd < t->dr) t->dr = t->ntd = 0;
   return dev->max_wg >= 128 && dev->max_wg >= (size_t)(16 * (t->br / t->tm));
 }
 
@@ -429,6 +423,8 @@ int attn__cl_prog_kind(int family, unsigned features) {
   return family == ATTN__CL_BWD ? ATTN__CL_PROG_BWD : ATTN__CL_PROG_FWD;
 }
 
+/* split.cl's MAX_SPLITS. */
+#define MAX_SPLITS 128
 /* The decode kernel runs problems of at most this many query rows per
  * sequence; above it, attn_fwd's blocks of Br rows are no longer mostly
  * padding. */
@@ -522,8 +518,6 @@ void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const att
     const size_t parts = (size_t)sp.nsplit * (size_t)pb->heads_q * (size_t)ws->tq;
     ws->work = parts * (size_t)c->hd * sizeof(float);
     ws->work2 = 2 * parts * sizeof(float);
-    if (plan->kernel == ATTN__CL_DECODE)
-      ws->turns = (size_t)(pb->batch * pb->heads_kv * sp.nrb) * sizeof(cl_int);
   }
   if (plan->backward && pb->has_dbias && dbias_over_rows(pb)) {
     /* A row-block sum per work-group of one launch of attn_bwd_dq, which
@@ -582,7 +576,7 @@ int attn__cl_plan(attn_context *ctx, const attn__problem *pb, int backward, attn
   if (st) return st;
   attn__cl_workspace ws;
   attn__cl_workspace_of(ctx, pb, out, &ws);
-  out->workspace = 2 * ws.cu + ws.alibi + ws.delta + ws.work + ws.work2 + ws.turns;
+  out->workspace = 2 * ws.cu + ws.alibi + ws.delta + ws.work + ws.work2;
   out->name = c->name[out->kernel]; /* after a narrowing rebuild */
   return ATTN_OK;
 }

@@ -27,7 +27,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cat "$src/cl/common.cl" "$src/cl/mma.cl" "$src/cl/fwd_mma.cl" >"$tmp/fwd.cl"
 cat "$src/cl/common.cl" "$src/cl/bwd.cl" "$src/cl/mma.cl" "$src/cl/bwd_mma.cl" >"$tmp/bwd.cl"
-cat "$src/cl/common.cl" "$src/cl/split.cl" "$src/cl/mma.cl" "$src/cl/decode_mma.cl" >"$tmp/dec.cl"
+cat "$src/cl/common.cl" "$src/cl/mma.cl" "$src/cl/decode_mma.cl" "$src/cl/split.cl" >"$tmp/dec.cl"
 failed=0
 # check PROGRAM OPTIONS...: the program with each set of options, for sm_80 and sm_90.
 check() {
