@@ -418,8 +418,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           constexpr int NQ = KQ / 16;
           if constexpr (BR == 64 && DP > 64) {
             /* dV's k-steps between dQ's: two accumulator chains in flight
-             * rather than one after the other, 1-3 % faster at d = 96 and
-             * 128; at d = 64 the extra live registers cost more. */
+             * rather than one waiting on its own results (1-3 % at d = 96
+             * and 128). Not at Br = 128 (d = 64) nor for d = 64's softcap
+             * tiles: two chains of eight steps there ran slower. */
             static_assert(KB <= NQ, "dV's k-steps fit between dQ's");
 #pragma unroll
             for (int kk = 0; kk < NQ; ++kk) {
