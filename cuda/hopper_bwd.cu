@@ -419,8 +419,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           if constexpr (BR == 64 && DP > 64) {
             /* dV's k-steps between dQ's: two accumulator chains in flight
              * rather than one waiting on its own results (1-3 % at d = 96
-             * and 128). Not at Br = 128 (d = 64) nor for d = 64's softcap
-             * tiles: two chains of eight steps there ran slower. */
+             * and 128). Not at d = 64: at Br = 128 its two chains of eight
+             * steps ran slower, and its softcap tiles are untimed. */
             static_assert(KB <= NQ, "dV's k-steps fit between dQ's");
 #pragma unroll
             for (int kk = 0; kk < NQ; ++kk) {
