@@ -416,24 +416,23 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint64_t a_ds =
               wg::desc_mn_major(ds_slot + (dq_row0 / 64) * kBc * 128 + k_row0 * 128, kBc * 128);
           constexpr int NQ = KQ / 16;
-          if constexpr (BR == 64 && DP > 64) {
-            /* dV's k-steps between dQ's: two accumulator chains in flight
-             * rather than one waiting on its own results (1-3 % at d = 96
-             * and 128). Not at d = 64: at Br = 128 its two chains of eight
-             * steps ran slower, and its softcap tiles are untimed. */
-            static_assert(KB <= NQ, "dV's k-steps fit between dQ's");
-#pragma unroll
-            for (int kk = 0; kk < NQ; ++kk) {
-              if (kk < KB) mma::rs(dv, pa[kk], b_do + wg::kstep_mn_major(kk), 1);
-              mma::ss_mn(dq, a_ds + wg::kstep_mn_major(kk), b_dq + wg::kstep_mn_major(kk), kk > 0);
-            }
-          } else {
+          /* dV's k-steps between dQ's: two accumulator chains in flight
+           * rather than one waiting on its own results (1-3 % at d = 96
+           * and 128). Not at d = 64: at Br = 128 its two chains of eight
+           * steps ran slower, and its softcap tiles are untimed. */
+          constexpr bool kPaired = BR == 64 && DP > 64;
+          static_assert(!kPaired || KB <= NQ, "dV's k-steps fit between dQ's");
+          if constexpr (!kPaired) {
 #pragma unroll
             for (int kk = 0; kk < KB; ++kk)
               mma::rs(dv, pa[kk], b_do + wg::kstep_mn_major(kk), 1);
+          }
 #pragma unroll
-            for (int kk = 0; kk < NQ; ++kk)
-              mma::ss_mn(dq, a_ds + wg::kstep_mn_major(kk), b_dq + wg::kstep_mn_major(kk), kk > 0);
+          for (int kk = 0; kk < NQ; ++kk) {
+            if constexpr (kPaired) {
+              if (kk < KB) mma::rs(dv, pa[kk], b_do + wg::kstep_mn_major(kk), 1);
+            }
+            mma::ss_mn(dq, a_ds + wg::kstep_mn_major(kk), b_dq + wg::kstep_mn_major(kk), kk > 0);
           }
         }
         wg::commit();
