@@ -110,17 +110,20 @@ static size_t cpu_fwd_vp_floats(const attn__problem *pb, const attn__cpu_config 
   return (size_t)pb->batch * kblocks * (size_t)pb->heads_kv * cpu_fwd_slot_pairs(pb, cfg);
 }
 
-/* f16 and bf16 inputs with f32 products are converted to f32 tiles, every
- * key block once per tile that reads it: once per block of query rows (16
- * times a block at N = 1024, which took 13 % of a bf16 forward on the build
- * host, perf). Converted once per call instead, K then V, in slots laid
- * out as the pairs above (Bc x d floats each), when tiles would convert a
- * block more than once and the copy stays under CPU_FWD_CONVERT_MAX: a
- * long context converts per tile rather than double its memory. */
+/* K and V rows that the f32 products cannot read in place (f16 and bf16,
+ * f32 rows that alias: see attn__cpu_keys_copied) are copied into f32
+ * tiles, every key block once per tile that reads it: once per block of
+ * query rows (16 times a block at N = 1024, which took 13 % of a bf16
+ * forward on the build host and 10-12 % of an f32 one at H d = 2048 on the
+ * VM, perf). Copied once per call instead, K then V, in slots laid out as
+ * the pairs above (Bc x d floats each), when tiles would copy a block more
+ * than once and the copy stays under CPU_FWD_CONVERT_MAX: a long context
+ * copies per tile rather than double its memory. */
 #define CPU_FWD_CONVERT_MAX ((size_t)256 << 20)
 static size_t cpu_fwd_kvf_floats(const attn__problem *pb, const attn__cpu_config *cfg,
                                  const attn__cpu_schedule *sc) {
-  if (sc->products != ATTN__CPU_PRODUCTS_F32 || pb->dtype == ATTN_F32 || sc->rows <= cfg->few_rows)
+  if (sc->products != ATTN__CPU_PRODUCTS_F32 || sc->rows <= cfg->few_rows) return 0;
+  if (!attn__cpu_keys_copied(pb, &pb->k, cfg->bc) && !attn__cpu_keys_copied(pb, &pb->v, cfg->bc))
     return 0;
   const int64_t group = pb->heads_q / pb->heads_kv;
   if (pb->seqlen_q <= sc->rows && group <= sc->heads) return 0; /* each block read once */

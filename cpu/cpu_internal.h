@@ -141,6 +141,9 @@ const float *attn__cpu_view(const attn__problem *pb, const attn__tensor *t, int6
  * unit column stride on one page (or unpaged). */
 void attn__cpu_load_keys(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0,
                          int64_t nr, int64_t h, float *dst, int64_t ld);
+/* Whether attn__cpu_view_keys copies blocks of nr key rows of t (pages
+ * aside: a block across two pages is copied whatever this says). */
+int attn__cpu_keys_copied(const attn__problem *pb, const attn__tensor *t, int64_t nr);
 const float *attn__cpu_view_keys(const attn__problem *pb, const attn__tensor *t, int64_t b,
                                  int64_t j0, int64_t nr, int64_t h, float *scratch, int *ld);
 void attn__cpu_store_keys(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0,
