@@ -67,6 +67,7 @@ typedef struct cpu_fwd_work {
   attn__cpu_bf16_kernel *kernel; /* ATTN__CPU_PRODUCTS_BF16's */
   uint16_t *vt;                  /* its V^T, or NULL (cpu_fwd_prepacks) */
   float *kf, *vf;                /* K and V in f32, or NULL (cpu_fwd_kvf_floats) */
+  uint16_t *kh;                  /* K in bf16, or NULL (cpu_fwd_kh_floats) */
   int64_t kblocks;               /* key blocks of the capacity */
   size_t slot;                   /* bf16 elements of one key block's V^T */
 } cpu_fwd_work;
@@ -120,23 +121,41 @@ static size_t cpu_fwd_vp_floats(const attn__problem *pb, const attn__cpu_config 
  * than once and the copy stays under CPU_FWD_CONVERT_MAX: a long context
  * copies per tile rather than double its memory. */
 #define CPU_FWD_CONVERT_MAX ((size_t)256 << 20)
+/* Elements of one such copy of K (or V): Bc x d a slot, the capacity's
+ * blocks; 0 where each block is read once (a single tile of rows and of
+ * heads per kv head). */
+static size_t cpu_fwd_copy_elements(const attn__problem *pb, const attn__cpu_config *cfg,
+                                    const attn__cpu_schedule *sc) {
+  const int64_t group = pb->heads_q / pb->heads_kv;
+  if (sc->rows <= cfg->few_rows || (pb->seqlen_q <= sc->rows && group <= sc->heads)) return 0;
+  const size_t kblocks = (size_t)((pb->seqlen_k + cfg->bc - 1) / cfg->bc);
+  return (size_t)pb->batch * kblocks * (size_t)pb->heads_kv * (size_t)cfg->bc *
+         (size_t)pb->head_dim;
+}
 static size_t cpu_fwd_kvf_floats(const attn__problem *pb, const attn__cpu_config *cfg,
                                  const attn__cpu_schedule *sc) {
-  if (sc->products != ATTN__CPU_PRODUCTS_F32 || sc->rows <= cfg->few_rows) return 0;
+  if (sc->products != ATTN__CPU_PRODUCTS_F32) return 0;
   if (!attn__cpu_keys_copied(pb, &pb->k, cfg->bc) && !attn__cpu_keys_copied(pb, &pb->v, cfg->bc))
     return 0;
-  const int64_t group = pb->heads_q / pb->heads_kv;
-  if (pb->seqlen_q <= sc->rows && group <= sc->heads) return 0; /* each block read once */
-  const size_t kblocks = (size_t)((pb->seqlen_k + cfg->bc - 1) / cfg->bc);
-  const size_t floats = 2 * (size_t)pb->batch * kblocks * (size_t)pb->heads_kv * (size_t)cfg->bc *
-                        (size_t)pb->head_dim;
+  const size_t floats = 2 * cpu_fwd_copy_elements(pb, cfg, sc);
   return floats * sizeof(float) <= CPU_FWD_CONVERT_MAX ? floats : 0;
+}
+/* The bf16 products read K's rows in place (V's come transposed, above)
+ * but where their rows alias or are strided: K's bf16 rows copied once
+ * per call then, under the same bound. In floats, rounded up. */
+static size_t cpu_fwd_kh_floats(const attn__problem *pb, const attn__cpu_config *cfg,
+                                const attn__cpu_schedule *sc) {
+  if (sc->products == ATTN__CPU_PRODUCTS_F32 || !attn__cpu_keys_copied_bf16(pb, &pb->k, cfg->bc))
+    return 0;
+  const size_t halves = cpu_fwd_copy_elements(pb, cfg, sc);
+  return halves * sizeof(uint16_t) <= CPU_FWD_CONVERT_MAX ? (halves + 1) / 2 : 0;
 }
 
 size_t attn__cpu_forward_workspace(const attn__problem *pb, const attn__cpu_config *cfg,
                                    const attn__cpu_schedule *sc, int nthreads) {
   return ((size_t)nthreads * cpu_fwd_thread_floats(pb, cfg, sc) + cpu_fwd_part_floats(pb, cfg, sc) +
-          cpu_fwd_vp_floats(pb, cfg, sc) + cpu_fwd_kvf_floats(pb, cfg, sc)) *
+          cpu_fwd_vp_floats(pb, cfg, sc) + cpu_fwd_kvf_floats(pb, cfg, sc) +
+          cpu_fwd_kh_floats(pb, cfg, sc)) *
          sizeof(float);
 }
 
@@ -258,8 +277,10 @@ static void cpu_fwd_qk_bf16(const cpu_fwd_work *w, const cpu_fwd_tiles *t, const
                             int products, int64_t j0, int bc) {
   const attn__problem *pb = w->pb;
   const int d = (int)pb->head_dim, ld = t->br, nr = x->nr;
-  int ldk;
-  const uint16_t *k = attn__cpu_view_keys_bf16(pb, &pb->k, x->b, j0, bc, x->hk, t->kb, &ldk);
+  int ldk = d;
+  const uint16_t *k =
+      w->kh ? w->kh + (size_t)((x->b * w->kblocks + j0 / t->bc) * pb->heads_kv + x->hk) * t->bc * d
+            : attn__cpu_view_keys_bf16(pb, &pb->k, x->b, j0, bc, x->hk, t->kb, &ldk);
   for (int hx = 0; hx < x->nh; hx++) {
     if (products == ATTN__CPU_PRODUCTS_BF16)
       w->kernel(bc, nr, d / 2, pb->scale, k, ldk, t->qp + hx * nr, ld, 0.0f, t->st + hx * nr, ld);
@@ -488,6 +509,9 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
   const size_t kvf = cpu_fwd_kvf_floats(pb, cfg, sc);
   w.kf = kvf ? w.part_o + parts + cpu_fwd_vp_floats(pb, cfg, sc) : NULL;
   w.vf = kvf ? w.kf + kvf / 2 : NULL;
+  w.kh = cpu_fwd_kh_floats(pb, cfg, sc)
+             ? (uint16_t *)(w.part_o + parts + cpu_fwd_vp_floats(pb, cfg, sc) + kvf)
+             : NULL;
   const int64_t tiles = units[pb->batch], items = tiles * sc->splits;
   attn__debug("cpu forward: %lld tiles of %d head(s) x %d rows, keys in %d part(s), on %d threads",
               (long long)tiles, sc->heads, sc->rows, sc->splits, nthreads);
@@ -511,18 +535,22 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
                                  (cfg->bc + 1) / 2 * 2);
       }
     }
-    if (w.kf) {
-      /* K and V in f32, before any tile reads them. */
+    if (w.kf || w.kh) {
+      /* K and V in f32, or K in bf16, before any tile reads them. */
       const int64_t hkv = pb->heads_kv, slots = pb->batch * w.kblocks * hkv;
-      const size_t floats = (size_t)cfg->bc * (size_t)pb->head_dim;
+      const size_t slot = (size_t)cfg->bc * (size_t)pb->head_dim;
 #pragma omp for schedule(dynamic, 8)
       for (int64_t x = 0; x < slots; x++) {
         const int64_t b = x / (w.kblocks * hkv), kb = x / hkv % w.kblocks, hk = x % hkv;
         const int64_t nk = attn__seq_k(pb, b), j0 = kb * cfg->bc;
         if (j0 >= nk) continue;
         const int64_t bc = nk - j0 < cfg->bc ? nk - j0 : cfg->bc;
-        attn__cpu_load_keys(pb, &pb->k, b, j0, bc, hk, w.kf + (size_t)x * floats, pb->head_dim);
-        attn__cpu_load_keys(pb, &pb->v, b, j0, bc, hk, w.vf + (size_t)x * floats, pb->head_dim);
+        if (w.kh) {
+          attn__cpu_load_bf16(pb, &pb->k, 1, b, j0, bc, hk, w.kh + (size_t)x * slot, pb->head_dim);
+        } else {
+          attn__cpu_load_keys(pb, &pb->k, b, j0, bc, hk, w.kf + (size_t)x * slot, pb->head_dim);
+          attn__cpu_load_keys(pb, &pb->v, b, j0, bc, hk, w.vf + (size_t)x * slot, pb->head_dim);
+        }
       }
     }
 #pragma omp for schedule(dynamic, 1)

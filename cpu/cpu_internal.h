@@ -141,6 +141,9 @@ const float *attn__cpu_view(const attn__problem *pb, const attn__tensor *t, int6
  * unit column stride on one page (or unpaged). */
 void attn__cpu_load_keys(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0,
                          int64_t nr, int64_t h, float *dst, int64_t ld);
+/* Whether nr rows `bytes` apart alias in L1 (cpu_tile.c), and are then
+ * copied rather than read in place. */
+int attn__cpu_rows_alias(int64_t bytes, int64_t nr);
 /* Whether attn__cpu_view_keys copies blocks of nr key rows of t (pages
  * aside: a block across two pages is copied whatever this says). */
 int attn__cpu_keys_copied(const attn__problem *pb, const attn__tensor *t, int64_t nr);
@@ -336,6 +339,9 @@ unsigned attn__cpu_products_usable(attn_context *ctx);
  * sequence-local, through attn__key_row). */
 void attn__cpu_load_bf16(const attn__problem *pb, const attn__tensor *t, int keys, int64_t b,
                          int64_t row, int64_t nr, int64_t h, uint16_t *dst, int64_t ld);
+/* Whether attn__cpu_view_keys_bf16 copies blocks of nr key rows of t
+ * (pages aside, as attn__cpu_keys_copied). */
+int attn__cpu_keys_copied_bf16(const attn__problem *pb, const attn__tensor *t, int64_t nr);
 const uint16_t *attn__cpu_view_keys_bf16(const attn__problem *pb, const attn__tensor *t, int64_t b,
                                          int64_t j0, int64_t nr, int64_t h, uint16_t *scratch,
                                          int *ld);

@@ -223,6 +223,15 @@ static void multi_query_heads_match_reference(at_backend *b) {
   forward(b, base(ATTN_F32, 2, 70, 90, 6, 1, 64));
 }
 
+/* Rows a multiple of 4 KiB apart (H d = 1024 in f32, 2048 in bf16), which
+ * the CPU copies out of the tensors rather than read in place (once per
+ * call for the forward's keys, per tile elsewhere): several query tiles
+ * over the same key blocks, forward and backward. */
+static void rows_4_kib_apart_match_reference(at_backend *b) {
+  backward(b, causal(base(ATTN_F32, 1, 150, 150, 16, 8, 128)));
+  forward(b, base(ATTN_BF16, 1, 150, 140, 16, 16, 128));
+}
+
 /* ---------------------------------------------------------------------- */
 /* Forward: variable-length batches                                         */
 /* ---------------------------------------------------------------------- */
@@ -648,6 +657,7 @@ int main(int argc, char **argv) {
       AT_TEST(alibi_with_causal_and_softcap_matches_reference),
       AT_TEST(grouped_query_heads_match_reference),
       AT_TEST(multi_query_heads_match_reference),
+      AT_TEST(rows_4_kib_apart_match_reference),
       AT_TEST(varlen_matches_reference),
       AT_TEST(varlen_with_different_key_lengths_matches_reference),
       AT_TEST(varlen_with_empty_sequences_gives_zero_rows),
