@@ -24,7 +24,7 @@
  * (dV, dK) and over keys (dQ) are blocks of 2 rows x 4 float8 columns.
  *
  * The -D parameters (cl/plan.c's tiles table, CPU class): RB, a multiple
- * of 4, and KB, a multiple of 16, as fwd_rows.cl takes them.
+ * of 8, and KB, a multiple of 16, as fwd_rows.cl takes them.
  */
 /* RB and KB, the product S = Q K^T (rows_dot_keys) and the sums of products
  * (sum_products): common.cl. */

@@ -611,7 +611,7 @@ inline float row_end_at(int i, int nq, int nk, int wl, int wr, float sink, float
 #endif
 #define NV (HD / 8) /* float8s per row, a multiple of 4 */
 #ifndef RB
-#define RB 32 /* query rows per work-item, a multiple of 4 */
+#define RB 32 /* query rows per work-item, a multiple of 8 */
 #endif
 #ifndef KB
 #define KB 32 /* keys per tile, a multiple of 16 */
