@@ -81,6 +81,15 @@ def attn_run(exe, backend, args, repeat, log, timeout=600):
     return {"us": float(m.group(1)) * 1e3, "gflops": float(m.group(3)), "gbs": float(m.group(4))}
 
 
+def best_run(exe, backend, args, repeat, log, rounds):
+    """The fastest of `rounds` processes' medians: a process whose threads share their cores with
+    another task's has every call a scheduler slice long (12 ms where others took 0.3-1.6 on the
+    host: OpenBLAS's pthreads pool spinning at start, CMakeLists.txt; any other busy task alike)."""
+    runs = [attn_run(exe, backend, args, repeat, log) for _ in range(max(1, rounds))]
+    ok = [r for r in runs if "us" in r]
+    return min(ok, key=lambda r: r["us"]) if ok else runs[-1]
+
+
 def attn_bandwidth(exe, log):
     cmd = [exe, "bandwidth", "--backend", "cpu"]
     log.write("$ " + " ".join(cmd) + "\n")
@@ -329,14 +338,16 @@ def cpu(a, log):
             for nq, page in [(1, None), (4, None)] + [(1, p) for p in PAGES]:
                 name = "%s, %s" % (row_name(b, nk, nq, page), dtype)
                 bw = attn_bandwidth(a.attn, log)
-                r = attn_run(a.attn, "cpu", decode_args(b, nk, nq, dtype, page), a.repeat, log)
+                r = best_run(a.attn, "cpu", decode_args(b, nk, nq, dtype, page), a.repeat, log,
+                             a.rounds)
                 res.append({"name": name, "attn": r, "bandwidth_gbs": bw})
                 rows.append([name, cell(r), cell(r, "gbs"), fmt(bw, 1),
                              fmt(r["gbs"] / bw if "gbs" in r and bw else None, 2)])
                 print(json.dumps(res[-1]), flush=True)
     out["decode"] = res
     print("\nDecode, CPU, %d query heads over %d KV heads, d = %d; µs per call (median); against the"
-          " read rate of `attn bandwidth` just before the row.\n" % (HQ, HKV, D))
+          " read rate of `attn bandwidth` just before the row; the faster of %d processes a row.\n"
+          % (HQ, HKV, D, a.rounds))
     table(["rows", "attn µs", "attn GB/s", "read GB/s", "of read rate"], rows)
     errors([(r["name"], r["attn"]) for r in res])
     pf = dict(PREFILL_CPU)
@@ -356,6 +367,8 @@ def main():
     ap.add_argument("--shapes", default="", help="BxKEYS,... (e.g. 1x8192,8x32768): these rows only")
     ap.add_argument("--dtypes", default="bf16,f32", help="--cpu: the dtypes of the decode rows")
     ap.add_argument("--repeat", type=int, default=0, help="timed calls per row (gpu 50, cpu 5)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="cpu: processes per row, the fastest median kept (2)")
     ap.add_argument("--prefill-repeat", type=int, default=0, help="timed calls per prefill row (gpu 10, cpu 2)")
     ap.add_argument("--quick", action="store_true", help="--cpu: keys and prefill length cut 16x / 4x")
     ap.add_argument("--json", help="write every figure here")

@@ -7,11 +7,16 @@
  *
  * The workers use no cmocka assertion (cmocka is not thread-safe): each
  * fills its own report, which the test checks after joining.
+ *
+ * And OpenBLAS's threads: where the build chose OpenBLAS's OpenMP build
+ * (CMakeLists.txt says why), the one loaded is that build, not a pthreads
+ * one whose pool would spin beside attn's OpenMP threads.
  */
 #define _POSIX_C_SOURCE 200809L
 
 #include "testutil.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -264,11 +269,23 @@ static void a_refused_call_leaves_the_message_alone(at_backend *b) {
   assert_int_equal(attn_context_synchronize(b->ctx), ATTN_OK);
 }
 
+static void openblas_threads_are_openmps_where_built_so(at_backend *b) {
+  if (b->kind != ATTN_BACKEND_CPU) at_skip("OpenBLAS is the CPU backend's");
+#if defined(ATTN_TEST_OPENBLAS_OPENMP)
+  /* 0 sequential, 1 pthreads, 2 OpenMP (OpenBLAS's cblas.h). */
+  print_message("  OpenBLAS: %s\n", openblas_get_config());
+  assert_int_equal(openblas_get_parallel(), 2);
+#else
+  at_skip("built with the system's default OpenBLAS (no OpenMP build beside it, or not GCC)");
+#endif
+}
+
 int main(int argc, char **argv) {
   const at_test tests[] = {
       AT_TEST(eight_threads_on_their_own_contexts_compute_right),
       AT_TEST(eight_threads_sharing_a_context_get_right_answers_or_ebusy),
       AT_TEST(a_refused_call_leaves_the_message_alone),
+      AT_TEST(openblas_threads_are_openmps_where_built_so),
   };
   return at_main(argc, argv, "threads", tests, sizeof tests / sizeof tests[0], NULL, 0);
 }
