@@ -54,7 +54,7 @@ void attn__cpu_load_bf16(const attn__problem *pb, const attn__tensor *t, int key
  * forward at d = 128 on AVX512_BF16, against 5 % copied per tile). */
 static int cpu_bf16_in_place(const attn__problem *pb, const attn__tensor *t, int64_t nr) {
   return t->sd == 1 && t->ss >= pb->head_dim && t->ss <= INT_MAX && t->ss % 2 == 0 &&
-         !attn__cpu_rows_alias(t->ss * 2, nr);
+         !attn__cpu_rows_alias(t->ss, 2, nr);
 }
 
 int attn__cpu_keys_copied_bf16(const attn__problem *pb, const attn__tensor *t, int64_t nr) {

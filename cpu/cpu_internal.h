@@ -141,9 +141,9 @@ const float *attn__cpu_view(const attn__problem *pb, const attn__tensor *t, int6
  * unit column stride on one page (or unpaged). */
 void attn__cpu_load_keys(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t j0,
                          int64_t nr, int64_t h, float *dst, int64_t ld);
-/* Whether nr rows `bytes` apart alias in L1 (cpu_tile.c), and are then
- * copied rather than read in place. */
-int attn__cpu_rows_alias(int64_t bytes, int64_t nr);
+/* Whether nr rows ss elements of size bytes apart alias in L1 (cpu_tile.c),
+ * and are then copied rather than read in place. */
+int attn__cpu_rows_alias(int64_t ss, int size, int64_t nr);
 /* Whether attn__cpu_view_keys copies blocks of nr key rows of t (pages
  * aside: a block across two pages is copied whatever this says). */
 int attn__cpu_keys_copied(const attn__problem *pb, const attn__tensor *t, int64_t nr);

@@ -247,18 +247,20 @@ float *attn__cpu_inplace(const attn__problem *pb, const attn__tensor *t, int64_t
   return (float *)cpu_row(t, b, row, h);
 }
 
-/* Whether rows `bytes` apart share the L1 sets of one another: a
- * multiple of 4 KiB apart (the set index of a 32-48 KiB, 8-12 way L1 runs
- * over 4 KiB), the tile's rows then all fall into the same few sets and
- * evict each other in every product (H = 16, d = 128 in bshd: 8 KiB). Such
- * rows are copied into a contiguous tile instead: measured on the build
- * host, one thread, B=1 H=16 N=1024 d=128, a backward of 471-486 ms
- * against 489-519 in place (CPU time, 3 runs each). */
-int attn__cpu_rows_alias(int64_t bytes, int64_t nr) {
-  return nr > 8 && bytes % 4096 == 0;
+/* Whether rows ss elements of size bytes apart share the L1 sets of one
+ * another: a multiple of 4 KiB apart (the set index of a 32-48 KiB, 8-12
+ * way L1 runs over 4 KiB), the tile's rows then all fall into the same few
+ * sets and evict each other in every product (H = 16, d = 128 in bshd: 8
+ * KiB). Such rows are copied into a contiguous tile instead: measured on
+ * the build host, one thread, B=1 H=16 N=1024 d=128, a backward of 471-486
+ * ms against 489-519 in place (CPU time, 3 runs each). */
+int attn__cpu_rows_alias(int64_t ss, int size, int64_t nr) {
+  /* ss size % 4096 without the product, which a hostile stride overflows
+   * (size divides 4096). */
+  return nr > 8 && ss % (4096 / size) == 0;
 }
 static int cpu_rows_alias(int64_t ss, int64_t nr) {
-  return attn__cpu_rows_alias(ss * (int64_t)sizeof(float), nr);
+  return attn__cpu_rows_alias(ss, (int)sizeof(float), nr);
 }
 
 const float *attn__cpu_view(const attn__problem *pb, const attn__tensor *t, int64_t b, int64_t row,
