@@ -33,7 +33,10 @@ if ! { cmake -S . -B "$BUILD" -DATTN_WITH_CUDA=OFF -DATTN_WITH_OPENCL=OFF -DATTN
   tail -30 "$OUT/build.log"
   exit 1
 fi
-grep -E "CPU bf16 products" "$OUT/build.log"
+# Which OpenBLAS: its pthreads build's pool spins beside attn's threads for a
+# while after each process starts (CMakeLists.txt), so the rows are taken with
+# its OpenMP build where the machine has it (Debian's libopenblas-openmp-dev).
+grep -E "CPU bf16 products|OpenBLAS: " "$OUT/build.log"
 ATTN=$BUILD/tools/attn
 grep -m1 "model name" /proc/cpuinfo
 grep -m1 -o -w -E "avx512_bf16|amx_bf16|avx512f|avx512_fp16" /proc/cpuinfo | sort -u | tr '\n' ' '; echo
