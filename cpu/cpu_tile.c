@@ -1434,10 +1434,11 @@ void attn__cpu_scores(const attn__problem *pb, int64_t b, int64_t h, int64_t i0,
  * polynomial on |r| <= ln2/2 in Horner's form, 1 + r + r^2 (c2 + ... +
  * c6 r^4) with c2..c6 fitted for the least relative error (0.9 ulp at most
  * on [-87, 88] against exp in double; Cephes' degree-7 form, 1.0 ulp, took
- * two more instructions a vector), times 2^n built from the exponent bits. Below -87 (and for -inf)
- * the result is exactly 0: e^-87 is already below FLT_MIN, and a masked score must weigh nothing.
- * NaN gives NaN (a NaN score must reach the row's sum), without converting NaN to an int, which C
- * leaves undefined. */
+ * two more instructions a vector), times 2^n built from the exponent bits.
+ * Below -87 (and for -inf) the result is exactly 0: e^-87 is already below
+ * FLT_MIN, and a masked score must weigh nothing. NaN gives NaN (a NaN
+ * score must reach the row's sum), without converting NaN to an int, which
+ * C leaves undefined. */
 #define CPU_EXP_C2 4.9999994040e-01f
 #define CPU_EXP_C3 1.6666521132e-01f
 #define CPU_EXP_C4 4.1668388993e-02f
