@@ -17,72 +17,59 @@
  * its items between barriers and vectorizes across items, so bwd.cl's
  * 128-item groups spend their time in those loops and in local-memory
  * copies; a single item keeps its operands in the CPU's caches and its
- * float8s in SIMD registers. S and dP are register blocks of 4 rows x 16
- * keys over K^T and V^T staged 8 keys to a float8 (fwd_rows.cl's product,
- * so that S comes out bit-identical to the forward's: exp(S - lse)
- * amplifies any difference where the logits are large); the sums over rows
- * (dV, dK) and over keys (dQ) are blocks of 2 rows x 4 float8 columns.
+ * float8s in SIMD registers. S and dP are register blocks of 4 x 16 over
+ * an operand staged transposed, 8 to a float8, once a work-item: K^T and
+ * V^T of the key block in dK/dV, Q^T and dO^T of the row block in dQ (which
+ * computes S^T and dP^T, so that its key tiles serve as loaded). The
+ * products' order makes S bit-identical to the forward's either way
+ * (exp(S - lse) amplifies any difference where the logits are large); the
+ * sums over rows (dV, dK) and over keys (dQ) are blocks of 2 rows x 4
+ * float8 columns.
  *
  * The -D parameters (cl/plan.c's tiles table, CPU class): RB, a multiple
  * of 8, and KB, a multiple of 16, as fwd_rows.cl takes them.
  */
-/* RB and KB, the product S = Q K^T (rows_dot_keys) and the sums of products
- * (sum_products): common.cl. */
+/* RB and KB, the products S = Q K^T and S^T = K Q^T (rows_dot_keys,
+ * keys_dot_rows) and the sums of products (sum_products): common.cl. */
 #ifndef DBIAS
 #define DBIAS 0 /* dbias: 0 none, 1 added tile by tile, 2 through row-block sums */
 #endif
 #define KG (KB / 8) /* float8s of keys in a row of K^T */
 
-/* Keys j0 .. j0 + kn of a [.., HD] operand transposed, 8 keys to a float8:
- * yt[c][g] holds column c of keys 8g .. 8g + 7, zero past kn. */
-inline void stage_keys_t(float8 (*yt)[KG], __global const T *p, long4 s, int j0, int kn, int d) {
-  for (int g = 0; g < KG; ++g) {
-    float8 r[8][NV];
-    for (int u = 0; u < 8; ++u) {
-      if (8 * g + u < kn) {
-        load_row(r[u], p + (j0 + 8 * g + u) * s.s1, s.s3, d);
-      } else {
-        for (int c = 0; c < NV; ++c)
-          r[u][c] = 0.0f;
-      }
-    }
-    for (int c = 0; c < NV; ++c) {
-      float8 x[8], t[8];
-      for (int u = 0; u < 8; ++u)
-        x[u] = r[u][c];
-      transpose8(t, x);
-      for (int u = 0; u < 8; ++u)
-        yt[8 * c + u][g] = t[u];
-    }
-  }
-}
-
-/* The rows' operands and statistics: Q and dO rows (zero past the
- * sequence), lse (hi, lo) and delta; lse -inf past the sequence's end, which
- * marks the row as passing no gradient. */
-typedef struct rows_block {
-  float8 q[RB][NV], g[RB][NV];
-  float lse[RB], lo[RB], delta[RB];
-} rows_block;
-
-inline void stage_rows_block(rows_block *rb, __global const T *qp, long4 qs, __global const T *gp,
-                             long4 gs, __global const float *lse, long lo_, long4 ls,
-                             __global const float *delta, int b, int h, seq_info seq, int i0,
-                             int tq, int d) {
-  for (int i = 0; i < RB; ++i) {
-    const int r = i0 + i;
-    if (r < seq.nq) {
-      load_row(rb->q[i], qp + r * qs.s1, qs.s3, d);
-      load_row(rb->g[i], gp + r * gs.s1, gs.s3, d);
-      __global const float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + r);
-      rb->lse[i] = lp[0];
-      rb->lo[i] = ls.s3 ? lp[ls.s3] : 0.0f;
-      rb->delta[i] = delta[h * (long)tq + seq.qflat + r];
+/* n rows r0.. of a [.., HD] operand into x[0 .. m - 1], zero past n. */
+inline void stage_rows(float8 (*x)[NV], int m, __global const T *p, long4 s, int r0, int n, int d) {
+  for (int i = 0; i < m; ++i)
+    if (i < n) {
+      load_row(x[i], p + (r0 + i) * s.s1, s.s3, d);
     } else {
       for (int c = 0; c < NV; ++c)
-        rb->q[i][c] = rb->g[i][c] = 0.0f;
-      rb->lse[i] = -INFINITY;
-      rb->lo[i] = rb->delta[i] = 0.0f;
+        x[i][c] = 0.0f;
+    }
+}
+
+/* The statistics of a block of rows: lse (hi, lo) and delta, lse -inf past
+ * the sequence's end, which marks the row as passing no gradient; and the
+ * keys each row sees, [klo, khi). */
+typedef struct rows_stats {
+  float lse[RB], lo[RB], delta[RB];
+  int klo[RB], khi[RB];
+} rows_stats;
+
+inline void stage_stats(rows_stats *st, __global const float *lse, long lo_, long4 ls,
+                        __global const float *delta, int b, int h, seq_info seq, int i0, int tq,
+                        int wl, int wr) {
+  for (int i = 0; i < RB; ++i) {
+    const int r = i0 + i;
+    st->klo[i] = st->khi[i] = 0;
+    if (r < seq.nq) {
+      __global const float *lp = HEAD_ROWS(lse, lo_, ls, b, h, seq.q0 + r);
+      st->lse[i] = lp[0];
+      st->lo[i] = ls.s3 ? lp[ls.s3] : 0.0f;
+      st->delta[i] = delta[h * (long)tq + seq.qflat + r];
+      key_range(diag(r, seq.nq, seq.nk), seq.nk, wl, wr, &st->klo[i], &st->khi[i]);
+    } else {
+      st->lse[i] = -INFINITY;
+      st->lo[i] = st->delta[i] = 0.0f;
     }
   }
 }
@@ -96,63 +83,72 @@ inline void stage_rows_block(rows_block *rb, __global const T *qp, long4 qs, __g
 #endif
 #if DBIAS
 /* dS before softcap's derivative, the bias's gradient. */
-#define ROWS_DR_PARAM , float(*dr)[KB]
+#define ROWS_DR_PARAM , float *dr
 #define ROWS_DR(x) , (x)
 #else
 #define ROWS_DR_PARAM
 #define ROWS_DR(x)
 #endif
 
-/* P into p and dS into ds for rows i0.. of rb and keys j0 .. j0 + kn of
- * kt/vt (K^T and V^T), by bwd.cl's p_ds. */
-inline void rows_p_ds(const rows_block *rb, float8 (*kt)[KG], float8 (*vt)[KG], float (*p)[KB],
-                      float (*ds)[KB], int i0, int j0, int kn, int nq, int nk, float scale,
-                      float softcap, float slope, int wl, int wr ROWS_BIAS_PARAM ROWS_DR_PARAM) {
+/* P and dS, in place over S in p and dP in ds, of rows i0.. (st) and keys
+ * j0 .. j0 + kn, by bwd.cl's p_ds: p and ds [RB][KB], or with kt [KB][RB]
+ * (S^T and dP^T). A run of 8 scores along the contiguous dimension whose
+ * rows all see its keys, with no softcap or ALiBi, takes p_ds's whole case
+ * on float8s; dr (DBIAS) gets dS before softcap's derivative. */
+inline void p_ds_tile(const rows_stats *st, float *p, float *ds, int kt, int i0, int j0, int kn,
+                      int nq, int nk, float scale, float softcap, float slope, int wl,
+                      int wr ROWS_BIAS_PARAM ROWS_DR_PARAM) {
   /* S * scale rounded before lse is taken from it, as the forward and
    * bwd.cl round it: a fused multiply-subtract here would differ by the
    * rounding, which exp amplifies where the logits are large. */
 #pragma OPENCL FP_CONTRACT OFF
-  rows_dot_keys(p, (const float *)rb->q, kt, kn);
-  rows_dot_keys(ds, (const float *)rb->g, vt, kn);
-  /* No softcap or ALiBi: a run of 8 keys that a row sees whole needs only
-   * the scale (and the bias, 8 keys a load), on float8s. */
   const int plain = softcap == 0.0f && slope == 0.0f;
-  for (int i = 0; i < RB; ++i) {
-    const int r = i0 + i, dg = diag(r, nq, nk);
-    const float li = rb->lse[i], lo = rb->lo[i], de = rb->delta[i];
-    int klo, khi;
-    key_range(dg, nk, wl, wr, &klo, &khi);
-    const int live = r < nq && li != -INFINITY;
-    for (int j = 0; j < KB; j += 8) {
-      const int jg = j0 + j;
-      if (plain && live && jg >= klo && jg + 8 <= khi && j + 8 <= kn) {
-        float8 x = vload8(0, &p[i][j]) * scale;
+  const int na = kt ? KB : RB, nb = kt ? RB : KB, di = kt ? 1 : 0, dj = kt ? 0 : 1;
+  for (int a = 0; a < na; ++a)
+    for (int c = 0; c < nb; c += 8) {
+      const int i = kt ? c : a, j = kt ? a : c, jg = j0 + j, o = a * nb + c;
+      /* The run's rows: the keys all of them see, and their statistics. */
+      int rlo = st->klo[i], rhi = st->khi[i], live = st->lse[i] != -INFINITY;
+      float8 li = st->lse[i], lo = st->lo[i], de = st->delta[i];
+      if (kt) {
+        for (int e = 1; e < 8; ++e) {
+          rlo = max(rlo, st->klo[i + e]);
+          rhi = min(rhi, st->khi[i + e]);
+          live = live && st->lse[i + e] != -INFINITY;
+        }
+        li = vload8(0, &st->lse[i]);
+        lo = vload8(0, &st->lo[i]);
+        de = vload8(0, &st->delta[i]);
+      }
+      const int run = kt ? 1 : 8; /* keys in the run */
+      if (plain && live && jg >= rlo && jg + run <= rhi && j + run <= kn) {
+        float8 x = vload8(0, p + o) * scale;
 #if HAS_BIAS
-        x += load_any8(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + jg * bias_s.s3, bias_s.s3);
+        x += load_any8(bias, BIAS_DTYPE, bias_h + (i0 + i) * bias_s.s2 + jg * bias_s.s3,
+                       kt ? bias_s.s2 : bias_s.s3);
 #endif
         const float8 pp = EXP_FROM(x - li, lo);
-        const float8 dd = pp * (vload8(0, &ds[i][j]) - de);
-        vstore8(pp, 0, &p[i][j]);
-        vstore8(dd, 0, &ds[i][j]);
+        const float8 dd = pp * (vload8(0, ds + o) - de);
+        vstore8(pp, 0, p + o);
+        vstore8(dd, 0, ds + o);
 #if DBIAS
-        vstore8(dd, 0, &dr[i][j]);
+        vstore8(dd, 0, dr + o);
 #endif
         continue;
       }
       for (int e = 0; e < 8; ++e) {
+        const int ie = i + e * di, je = j + e * dj, r = i0 + ie;
         float de_ = 0.0f, dre = 0.0f;
-        p[i][j + e] = j + e < kn
-                          ? p_ds(p[i][j + e], ds[i][j + e], r, jg + e, nq, nk, li, lo, de, scale,
-                                 softcap, slope, wl, wr, 0, &de_,
-                                 &dre P_DS_BIAS(bias_at(bias, bias_h, bias_s, r, jg + e, nq, nk)))
-                          : 0.0f;
-        ds[i][j + e] = de_;
+        p[o + e] = je < kn ? p_ds(p[o + e], ds[o + e], r, j0 + je, nq, nk, st->lse[ie], st->lo[ie],
+                                  st->delta[ie], scale, softcap, slope, wl, wr, 0, &de_,
+                                  &dre P_DS_BIAS(bias_at(bias, bias_h, bias_s, r, j0 + je, nq, nk)))
+                           : 0.0f;
+        ds[o + e] = de_;
 #if DBIAS
-        dr[i][j + e] = dre;
+        dr[o + e] = dre;
 #endif
       }
     }
-  }
 }
 
 /* n rows of acc (times f) into the first d columns of rows r0.. of p. */
@@ -180,14 +176,14 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dkdv_rows(
   const int nq = seq.nq, nk = seq.nk;
   if (j0 >= nk) return;
   const int kn = min(KB, nk - j0);
-  float8 kt[HD][KG], vt[HD][KG], dk_acc[KB][NV], dv_acc[KB][NV];
+  float8 kt[HD][KG], vt[HD][KG], qr[RB][NV], gr[RB][NV], dk_acc[KB][NV], dv_acc[KB][NV];
   float p[RB][KB], ds[RB][KB];
 #if DBIAS
   float dr[RB][KB];
 #endif
-  rows_block rb;
-  stage_keys_t(kt, HEAD_ROWS(k, ko, ks, b, hk, seq.k0), ks, j0, kn, d);
-  stage_keys_t(vt, HEAD_ROWS(v, vo, vs, b, hk, seq.k0), vs, j0, kn, d);
+  rows_stats st;
+  stage_t(&kt[0][0], KG, HEAD_ROWS(k, ko, ks, b, hk, seq.k0), ks, j0, kn, d);
+  stage_t(&vt[0][0], KG, HEAD_ROWS(v, vo, vs, b, hk, seq.k0), vs, j0, kn, d);
   for (int j = 0; j < KB; ++j)
     for (int c = 0; c < NV; ++c)
       dk_acc[j][c] = dv_acc[j][c] = 0.0f;
@@ -202,12 +198,17 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dkdv_rows(
     __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
     __global const T *gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
     for (int i0 = ilo; i0 < ihi; i0 += RB) {
-      stage_rows_block(&rb, qp, qs, gp, gs, lse, lo_, ls, delta, b, h, seq, i0, tq, d);
-      rows_p_ds(&rb, kt, vt, p, ds, i0, j0, kn, nq, nk, scale, softcap, slope, wl,
-                wr ROWS_BIAS(bias_h) ROWS_DR(dr));
+      const int n = min(RB, nq - i0);
+      stage_rows(qr, RB, qp, qs, i0, n, d);
+      stage_rows(gr, RB, gp, gs, i0, n, d);
+      stage_stats(&st, lse, lo_, ls, delta, b, h, seq, i0, tq, wl, wr);
+      rows_dot_keys(p, (const float *)qr, kt, kn);
+      rows_dot_keys(ds, (const float *)gr, vt, kn);
+      p_ds_tile(&st, &p[0][0], &ds[0][0], 0, i0, j0, kn, nq, nk, scale, softcap, slope, wl,
+                wr ROWS_BIAS(bias_h) ROWS_DR(&dr[0][0]));
       /* Keys rounded up to 2: p and ds are zero past kn. */
-      sum_products(dv_acc, (kn + 1) & ~1, &p[0][0], 1, KB, rb.g, RB);
-      sum_products(dk_acc, (kn + 1) & ~1, &ds[0][0], 1, KB, rb.q, RB);
+      sum_products(dv_acc, (kn + 1) & ~1, &p[0][0], 1, KB, gr, RB);
+      sum_products(dk_acc, (kn + 1) & ~1, &ds[0][0], 1, KB, qr, RB);
     }
   }
   store_rows(HEAD_ROWS(dk, dko, dks, b, hk, seq.k0), dks, j0, kn, dk_acc, scale, d);
@@ -227,15 +228,18 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dq_rows(
   DQ_BLOCK(RB);
   __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
   __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
-  float8 kt[HD][KG], vt[HD][KG], kr[KB][NV], dq_acc[RB][NV];
-  float p[RB][KB], ds[RB][KB];
+  /* S^T = K Q^T and dP^T = V dO^T over Q^T and dO^T staged once: the key
+   * tiles' rows serve as they are, and K's rows are dQ's operand too. */
+  float8 qt[HD][RB / 8], gt[HD][RB / 8], kr[KB][NV], vr[KB][NV], dq_acc[RB][NV];
+  float p[KB][RB], ds[KB][RB];
 #if DBIAS
-  float dr[RB][KB];
+  float dr[KB][RB];
 #endif
-  rows_block rb;
-  stage_rows_block(&rb, HEAD_ROWS(q, qo, qs, b, h, seq.q0), qs,
-                   HEAD_ROWS(dout, go, gs, b, h, seq.q0), gs, lse, lo_, ls, delta, b, h, seq, i0,
-                   tq, d);
+  rows_stats st;
+  const int n = min(RB, nq - i0);
+  stage_t(&qt[0][0], RB / 8, HEAD_ROWS(q, qo, qs, b, h, seq.q0), qs, i0, n, d);
+  stage_t(&gt[0][0], RB / 8, HEAD_ROWS(dout, go, gs, b, h, seq.q0), gs, i0, n, d);
+  stage_stats(&st, lse, lo_, ls, delta, b, h, seq, i0, tq, wl, wr);
   for (int i = 0; i < RB; ++i)
     for (int c = 0; c < NV; ++c)
       dq_acc[i][c] = 0.0f;
@@ -245,33 +249,28 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dq_rows(
   key_block_range(i0, min(i0 + RB, nq), nq, nk, wl, wr, &lo, &hi);
   for (int j0 = lo; j0 < hi; j0 += KB) {
     const int kn = min(KB, nk - j0);
-    stage_keys_t(kt, kp, ks, j0, kn, d);
-    stage_keys_t(vt, vp, vs, j0, kn, d);
-    for (int j = 0; j < KB; ++j)
-      if (j < kn) {
-        load_row(kr[j], kp + (j0 + j) * ks.s1, ks.s3, d);
-      } else {
-        for (int c = 0; c < NV; ++c)
-          kr[j][c] = 0.0f;
-      }
-    rows_p_ds(&rb, kt, vt, p, ds, i0, j0, kn, nq, nk, scale, softcap, slope, wl,
-              wr ROWS_BIAS(bias_h) ROWS_DR(dr));
+    stage_rows(kr, KB, kp, ks, j0, kn, d);
+    stage_rows(vr, KB, vp, vs, j0, kn, d);
+    keys_dot_rows(p, (const float *)kr, qt, kn);
+    keys_dot_rows(ds, (const float *)vr, gt, kn);
+    p_ds_tile(&st, &p[0][0], &ds[0][0], 1, i0, j0, kn, nq, nk, scale, softcap, slope, wl,
+              wr ROWS_BIAS(bias_h) ROWS_DR(&dr[0][0]));
 #if DBIAS == 1
     /* The launch's only adder of these elements. */
     for (int i = 0; i < RB && i0 + i < nq; ++i)
       for (int j = 0; j < kn; ++j)
-        dbp[(i0 + i) * dbias_s.s2 + (j0 + j) * dbias_s.s3] += dr[i][j];
+        dbp[(i0 + i) * dbias_s.s2 + (j0 + j) * dbias_s.s3] += dr[j][i];
 #elif DBIAS == 2
     /* The block's rows summed in order, into the work-item's own slot. */
     for (int j = 0; j < kn; ++j) {
       float sum = 0.0f;
       for (int i = 0; i < RB; ++i)
-        sum += dr[i][j];
+        sum += dr[j][i];
       dbp[j0 + j] = sum;
     }
 #endif
     /* dQ += dS K, keys in order. */
-    sum_products(dq_acc, RB, &ds[0][0], KB, 1, kr, kn);
+    sum_products(dq_acc, RB, &ds[0][0], 1, RB, kr, kn);
   }
   store_rows(HEAD_ROWS(dq, dqo, dqs, b, h, seq.q0), dqs, i0, min(RB, nq - i0), dq_acc, scale, d);
 }

@@ -664,6 +664,31 @@ inline void transpose8(float8 *t, const float8 *r) {
   }
 }
 
+/* Rows j0 .. j0 + n of a [.., HD] operand transposed, 8 rows to a float8:
+ * yt[c * ng + g] holds column c of rows 8g .. 8g + 7 (g < ng), zero past n:
+ * K^T and V^T of a key block, or Q^T and dO^T of a row block. */
+inline void stage_t(float8 *yt, int ng, __global const T *p, long4 s, int j0, int n, int d) {
+  for (int g = 0; g < ng; ++g) {
+    float8 r[8][NV];
+    for (int u = 0; u < 8; ++u) {
+      if (8 * g + u < n) {
+        load_row(r[u], p + (j0 + 8 * g + u) * s.s1, s.s3, d);
+      } else {
+        for (int c = 0; c < NV; ++c)
+          r[u][c] = 0.0f;
+      }
+    }
+    for (int c = 0; c < NV; ++c) {
+      float8 x[8], t[8];
+      for (int u = 0; u < 8; ++u)
+        x[u] = r[u][c];
+      transpose8(t, x);
+      for (int u = 0; u < 8; ++u)
+        yt[(8 * c + u) * ng + g] = t[u];
+    }
+  }
+}
+
 /* The sum of the lanes. */
 inline float lane_sum(float8 x) {
   const float4 a = x.lo + x.hi;
@@ -678,19 +703,25 @@ inline float lane_max(float8 x) {
   return fmax(b.s0, b.s1);
 }
 
-/* out[i][j] = row i of xf (RB rows of HD floats) . key j of yt (K^T, 8 keys
- * to a float8) for the first kn keys: 4 rows x 16 keys at a time, each an
- * FMA per column in column order from 0, as bwd.cl computes S too. The
- * forward's S and the backward's must be bit-identical, or exp(S - lse)
- * amplifies the difference where the logits are large. */
-inline void rows_dot_keys(float (*out)[KB], const float *xf, float8 (*yt)[KB / 8], int kn) {
-  for (int i = 0; i < RB; i += 4)
-    for (int g = 0; g < (kn + 7) / 8; g += 2) {
+/* out[a][8g .. 8g + 7] = row a of xf (rows of HD floats) . columns 8g ..
+ * 8g + 7 of yt (HD rows of ldy float8s) for a < na, a multiple of 4, and
+ * g < ng: 4 rows x 16 columns at a time (x 8 for an odd ng's last), each
+ * an FMA per column in column order from 0, as bwd.cl computes S too. The
+ * order makes S = Q K^T (xf Q's rows, yt K^T) and S^T = K Q^T (xf K's rows,
+ * yt Q^T) the same numbers: the forward's S and the backward's must be
+ * bit-identical, or exp(S - lse) amplifies the difference where the logits
+ * are large. */
+inline void dot_products(float *out, int ldo, const float *xf, const float8 *yt, int ldy, int na,
+                         int ng) {
+  for (int a = 0; a < na; a += 4) {
+    const float *x = xf + a * HD;
+    int g = 0;
+    for (; g + 2 <= ng; g += 2) {
       float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f, a7 = 0.0f;
       for (int c = 0; c < HD; ++c) {
-        const float8 y0 = yt[c][g], y1 = yt[c][g + 1];
-        const float8 x0 = (float8)(xf[i * HD + c]), x1 = (float8)(xf[(i + 1) * HD + c]),
-                     x2 = (float8)(xf[(i + 2) * HD + c]), x3 = (float8)(xf[(i + 3) * HD + c]);
+        const float8 y0 = yt[c * ldy + g], y1 = yt[c * ldy + g + 1];
+        const float8 x0 = (float8)(x[c]), x1 = (float8)(x[HD + c]), x2 = (float8)(x[2 * HD + c]),
+                     x3 = (float8)(x[3 * HD + c]);
         a0 = fma(x0, y0, a0);
         a1 = fma(x0, y1, a1);
         a2 = fma(x1, y0, a2);
@@ -700,15 +731,44 @@ inline void rows_dot_keys(float (*out)[KB], const float *xf, float8 (*yt)[KB / 8
         a6 = fma(x3, y0, a6);
         a7 = fma(x3, y1, a7);
       }
-      vstore8(a0, g, out[i]);
-      vstore8(a1, g + 1, out[i]);
-      vstore8(a2, g, out[i + 1]);
-      vstore8(a3, g + 1, out[i + 1]);
-      vstore8(a4, g, out[i + 2]);
-      vstore8(a5, g + 1, out[i + 2]);
-      vstore8(a6, g, out[i + 3]);
-      vstore8(a7, g + 1, out[i + 3]);
+      float *o = out + a * ldo;
+      vstore8(a0, g, o);
+      vstore8(a1, g + 1, o);
+      vstore8(a2, g, o + ldo);
+      vstore8(a3, g + 1, o + ldo);
+      vstore8(a4, g, o + 2 * ldo);
+      vstore8(a5, g + 1, o + 2 * ldo);
+      vstore8(a6, g, o + 3 * ldo);
+      vstore8(a7, g + 1, o + 3 * ldo);
     }
+    if (g < ng) {
+      float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+      for (int c = 0; c < HD; ++c) {
+        const float8 y0 = yt[c * ldy + g];
+        a0 = fma((float8)(x[c]), y0, a0);
+        a1 = fma((float8)(x[HD + c]), y0, a1);
+        a2 = fma((float8)(x[2 * HD + c]), y0, a2);
+        a3 = fma((float8)(x[3 * HD + c]), y0, a3);
+      }
+      float *o = out + a * ldo;
+      vstore8(a0, g, o);
+      vstore8(a1, g, o + ldo);
+      vstore8(a2, g, o + 2 * ldo);
+      vstore8(a3, g, o + 3 * ldo);
+    }
+  }
+}
+
+/* S = Q K^T of RB rows (xf) and the first kn keys of K^T (8 keys to a
+ * float8), into out[RB][KB]; keys rounded up to 16. */
+inline void rows_dot_keys(float (*out)[KB], const float *xf, float8 (*yt)[KB / 8], int kn) {
+  dot_products(&out[0][0], KB, xf, &yt[0][0], KB / 8, RB, (kn + 15) / 16 * 2);
+}
+
+/* S^T = K Q^T of the first kn keys (xf, K's rows) and RB rows of Q^T (8
+ * rows to a float8), into out[KB][RB]; keys rounded up to 4. */
+inline void keys_dot_rows(float (*out)[RB], const float *xf, float8 (*yt)[RB / 8], int kn) {
+  dot_products(&out[0][0], RB, xf, &yt[0][0], RB / 8, (kn + 3) & ~3, RB / 8);
 }
 
 /* acc[a] += sum over b < nb of w[a * wa + b * wb] * x[b] for a < na, na

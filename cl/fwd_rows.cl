@@ -2,10 +2,11 @@
  * Forward pass shaped for CPU devices (PoCL): one work-item per work-group,
  * each running a block of RB query rows of one (sequence, head) through the
  * same FlashAttention steps as fwd.cl:
+ *   stage Q^T (8 rows to a float8) once
  *   for each tile of KB keys that some row of the block can see
  *     stage K and V rows as f32 (read straight from global memory: the CPU's
  *     caches do what local memory does on a GPU)
- *     S = Q K^T            (dot products over float8s of the head dimension)
+ *     S^T = K Q^T          (dot products over the head dimension)
  *     S -> scale, softcap, ALiBi, mask, bias       (common.cl's rules)
  *     m_i' = max(m_i, rowmax S), P = exp(S - m_i'),
  *     l_i = l_i e^(m_i - m_i') + rowsum P, O = O e^(m_i - m_i') + P V
@@ -15,43 +16,51 @@
  * barriers, and vectorizes only across items, so fwd.cl's 128-item groups
  * spend their time in those loops and in local-memory copies. A single item
  * has neither; its vector types become the CPU's SIMD registers. The
- * products are register blocks of 4 rows x 16 keys (Q K^T, over K^T staged
- * 8 keys to a float8: six loads per eight FMAs) and 2 rows x 4 float8
- * columns (P V: the same ratio), so that the FMA units, not the loads, set
- * the pace. The exponentials run on float8s.
+ * products are register blocks of 4 keys x 16 rows (K Q^T: six loads per
+ * eight FMAs) and 2 rows x 4 float8 columns (P V: the same ratio), so that
+ * the FMA units, not the loads, set the pace. Scores held transposed, 8
+ * rows to a float8, let the key tiles serve as loaded (no transpose a
+ * tile) and the row max, exponentials and sums run down the keys on whole
+ * vectors.
  *
  * The -D parameters (cl/plan.c's tiles table, CPU class): RB, a multiple
  * of 8, and KB, a multiple of 16. RB * HD and KB * HD floats each stay
  * within a CPU's L1 or L2 cache.
  */
-/* HD, NV, RB, KB and the rows' helpers (load_row, transpose8, rows_dot_keys):
+/* HD, NV, RB, KB and the rows' helpers (load_row, stage_t, keys_dot_rows):
  * common.cl. */
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_ARGS) {
   FWD_BLOCK(RB);
   const float slope = alibi ? alibi[h] : 0.0f;
-  /* No softcap and no ALiBi: a run of keys that a row sees whole needs only
-   * the scale (and the bias, 8 keys a load). */
+  /* No softcap and no ALiBi: a key that 8 rows see needs only the scale
+   * (and the bias, 8 rows a load). */
   const int plain = softcap == 0.0f && slope == 0.0f;
 
-  float8 qr[RB][NV], acc[RB][NV], kt[KB][NV], vt[KB][NV], ktr[HD][KB / 8];
-  float s[RB][KB], m_i[RB], l_i[RB], alpha[RB];
-  const float *qf = (const float *)qr; /* row i, column c: qf[i * HD + c] */
+  /* S^T = K Q^T over Q^T staged once, so that the key tiles serve as
+   * loaded and the softmax runs 8 rows a vector down the keys. */
+  float8 qt[HD][RB / 8], acc[RB][NV], kt[KB][NV], vt[KB][NV];
+  float s[KB][RB], m_i[RB], l_i[RB];
   int klo[RB], khi[RB];
+  stage_t(&qt[0][0], RB / 8, qp, qs, r0, min(RB, nq - r0), d);
   for (int i = 0; i < RB; ++i) {
     const int r = r0 + i;
-    if (r < nq) {
-      load_row(qr[i], qp + r * qs.s1, qs.s3, d);
-      key_range(diag(r, nq, nk), nk, wl, wr, &klo[i], &khi[i]);
-    } else {
-      for (int c = 0; c < NV; ++c)
-        qr[i][c] = 0.0f;
-      klo[i] = khi[i] = 0; /* past the sequence: sees nothing */
-    }
+    klo[i] = khi[i] = 0; /* past the sequence: sees nothing */
+    if (r < nq) key_range(diag(r, nq, nk), nk, wl, wr, &klo[i], &khi[i]);
     for (int c = 0; c < NV; ++c)
       acc[i][c] = 0.0f;
     m_i[i] = -INFINITY;
     l_i[i] = 0.0f;
+  }
+  /* Per 8 rows: the keys all of them see. */
+  int glo[RB / 8], ghi[RB / 8];
+  for (int g = 0; g < RB / 8; ++g) {
+    glo[g] = klo[8 * g];
+    ghi[g] = khi[8 * g];
+    for (int e = 1; e < 8; ++e) {
+      glo[g] = max(glo[g], klo[8 * g + e]);
+      ghi[g] = min(ghi[g], khi[8 * g + e]);
+    }
   }
 
   /* The keys some row of the block can see. */
@@ -73,83 +82,67 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_A
       }
     }
 
-    /* K^T, 8 keys to a float8. */
-    for (int g = 0; g < KB / 8; ++g)
-      for (int c = 0; c < NV; ++c) {
-        float8 r[8], t[8];
-        for (int u = 0; u < 8; ++u)
-          r[u] = kt[8 * g + u][c];
-        transpose8(t, r);
-        for (int u = 0; u < 8; ++u)
-          ktr[8 * c + u][g] = t[u];
-      }
+    /* S^T, bit-identical to the backward's S (common.cl). */
+    keys_dot_rows(s, (const float *)kt, qt, kn);
 
-    /* S = Q K^T, bit-identical to the backward's (common.cl). */
-    rows_dot_keys(s, qf, ktr, kn);
-
-    /* Scores, mask and each row's new max, row by row, 8 keys at a time. */
-    float mx_i[RB];
-    for (int i = 0; i < RB; ++i) {
-      const int r = r0 + i, dg = diag(r, nq, nk);
-      float mx = m_i[i];
-      for (int j = 0; j < KB; j += 8) {
-        const int jg = j0 + j;
-        float x[8];
-        vstore8(vload8(0, &s[i][j]) * scale, 0, x);
-        if (plain && jg >= klo[i] && jg + 8 <= khi[i] && jg + 8 <= jend) {
+    /* Scores and mask, 8 rows at a time down each key, and the rows' new
+     * max. */
+    float8 mx[RB / 8];
+    for (int g = 0; g < RB / 8; ++g)
+      mx[g] = vload8(g, m_i);
+    for (int j = 0; j < KB; ++j) {
+      const int jg = j0 + j;
+      for (int g = 0; g < RB / 8; ++g) {
+        float8 x = vload8(g, s[j]) * scale;
+        if (plain && jg >= glo[g] && jg < ghi[g] && jg < jend) {
 #if HAS_BIAS
-          vstore8(vload8(0, x) + load_any8(bias, BIAS_DTYPE,
-                                           bias_h + r * bias_s.s2 + jg * bias_s.s3, bias_s.s3),
-                  0, x);
+          x += load_any8(bias, BIAS_DTYPE, bias_h + (r0 + 8 * g) * bias_s.s2 + jg * bias_s.s3,
+                         bias_s.s2);
 #endif
         } else {
+          float y[8];
+          vstore8(x, 0, y);
           for (int e = 0; e < 8; ++e) {
-            const int jj = jg + e;
+            const int r = r0 + 8 * g + e, dg = diag(r, nq, nk);
             float tc;
-            const int in = r < nq && jj < jend && jj < nk && key_visible(dg, jj, wl, wr);
+            const int in = r < nq && jg < jend && jg < nk && key_visible(dg, jg, wl, wr);
 #if HAS_BIAS
-            x[e] = in ? score_scaled(x[e], softcap, slope, dg - jj, &tc) +
-                            load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + jj * bias_s.s3)
+            y[e] = in ? score_scaled(y[e], softcap, slope, dg - jg, &tc) +
+                            load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + jg * bias_s.s3)
                       : -INFINITY;
 #else
-            x[e] = in ? score_scaled(x[e], softcap, slope, dg - jj, &tc) : -INFINITY;
+            y[e] = in ? score_scaled(y[e], softcap, slope, dg - jg, &tc) : -INFINITY;
 #endif
           }
+          x = vload8(0, y);
         }
-        const float8 x8 = vload8(0, x);
-        vstore8(x8, 0, &s[i][j]);
-        mx = fmax(mx, lane_max(x8));
+        vstore8(x, g, s[j]);
+        mx[g] = fmax(mx[g], x);
       }
-      mx_i[i] = mx;
     }
-    /* alpha = e^(m_old - m_new), 8 rows a vector: as one scalar call per
-     * row and tile (PoCL's exp2 is some 60 instructions) it cost about a
-     * tenth of the forward. A row with no visible key so far keeps m_i =
-     * -inf; subtracting 0 instead keeps exp() at 0 rather than NaN. */
-    float mu_i[RB];
-    for (int i = 0; i < RB; i += 8) {
-      const float8 mx = vload8(0, &mx_i[i]), mu = select(mx, (float8)0.0f, isequal(mx, -INFINITY));
-      vstore8(EXP_FROM(vload8(0, &m_i[i]), mu), 0, &alpha[i]);
-      vstore8(mu, 0, &mu_i[i]);
-      vstore8(mx, 0, &m_i[i]);
-    }
-    /* P = e^(S - mu) and the rows' sums. */
-    for (int i = 0; i < RB; ++i) {
-      const float mu = mu_i[i];
+    /* alpha = e^(m_old - m_new), P = e^(S - m_new) and the rows' sums. A
+     * row with no visible key so far keeps m_i = -inf; subtracting 0
+     * instead keeps exp() at 0 rather than NaN. */
+    float alpha[RB];
+    for (int g = 0; g < RB / 8; ++g) {
+      const float8 mu = select(mx[g], (float8)0.0f, isequal(mx[g], -INFINITY));
+      const float8 a = EXP_FROM(vload8(g, m_i), mu);
       float8 l8 = 0.0f;
-      for (int j = 0; j < KB; j += 8) {
-        const float8 p = EXP_FROM(vload8(0, &s[i][j]), mu);
+      for (int j = 0; j < KB; ++j) {
+        const float8 p = EXP_FROM(vload8(g, s[j]), mu);
         l8 += p;
-        vstore8(p, 0, &s[i][j]);
+        vstore8(p, g, s[j]);
       }
-      l_i[i] = l_i[i] * alpha[i] + lane_sum(l8);
+      vstore8(a, g, alpha);
+      vstore8(vload8(g, l_i) * a + l8, g, l_i);
+      vstore8(mx[g], g, m_i);
     }
 
     /* O = O alpha + P V, keys in order. */
     for (int i = 0; i < RB; ++i)
       for (int c = 0; c < NV; ++c)
         acc[i][c] *= alpha[i];
-    sum_products(acc, RB, &s[0][0], KB, 1, vt, kn);
+    sum_products(acc, RB, &s[0][0], 1, RB, vt, kn);
   }
 
   /* The rows' ends. */

@@ -71,11 +71,12 @@ enum { CLASS_NV_MMA, CLASS_GPU, CLASS_CPU };
  * for the fallback, see attn__cl_config_tiles): RB query rows per
  * work-item, so that each K and V row staged as f32 serves RB rows, with
  * the rows' Q and O (2 * RB * HD floats) and the K and V tiles (2 * KB *
- * HD) within a core's L1 and L2 caches: RB = 32 up to HD = 128, 16 above;
- * KB = 64 up to HD = 64, 32 above (attn tune through PoCL on 2 Zen 4 cores,
- * N = 2048, f32, forward and backward ms: HD 64 KB 64 77 + 204 against 84 +
- * 219 at KB 32, the other tiles 88-129 + 235-289; HD 128 KB 64 179 + 431
- * against 157 + 494, whose forward is the one that falls short).
+ * HD) within a core's L1 and L2 caches: RB = 32 up to HD = 64, 64 up to
+ * HD = 128, 16 above; KB = 64 up to HD = 64, 32 above (attn tune through
+ * PoCL on 2 Zen 4 cores, N = 2048, f32, forward and backward ms: HD 64 RB
+ * 32 KB 64 61 + 194 against 60-65 + 198-207 for RB 32 or 64 at KB 32, the
+ * others 63-94 + 201-245; HD 128 RB 64 KB 32 112 + 382 against 125-127 +
+ * 378-386 for RB 32 at KB 32 or 64, the others 130-226 + 397-535).
  * Its backward's dK/dV and dQ kernels are bwd_rows.cl's, for the same
  * reasons, with the same RB and KB (bwd.cl's tiles stay for the fallback,
  * at 128 work-items: PoCL runs a group as loops over its items, so a larger
@@ -108,7 +109,7 @@ static const struct tiles_row {
     {CLASS_CPU,
      ANY_DTYPE,
      128,
-     {64, 64, 8, 16, 16, 32, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 32, 32}},
+     {64, 64, 8, 16, 16, 32, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 64, 32}},
     {CLASS_CPU,
      ANY_DTYPE,
      ATTN_MAX_HEAD_DIM,
