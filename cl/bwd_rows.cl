@@ -49,10 +49,11 @@ inline void stage_rows(float8 (*x)[NV], int m, __global const T *p, long4 s, int
 
 /* The statistics of a block of rows: lse (hi, lo) and delta, lse -inf past
  * the sequence's end, which marks the row as passing no gradient; and the
- * keys each row sees, [klo, khi). */
+ * keys each row sees, [klo, khi), and each 8 rows all see, [glo, ghi):
+ * none for a row that passes no gradient. */
 typedef struct rows_stats {
   float lse[RB], lo[RB], delta[RB];
-  int klo[RB], khi[RB];
+  int klo[RB], khi[RB], glo[RB / 8], ghi[RB / 8];
 } rows_stats;
 
 inline void stage_stats(rows_stats *st, __global const float *lse, long lo_, long4 ls,
@@ -66,10 +67,19 @@ inline void stage_stats(rows_stats *st, __global const float *lse, long lo_, lon
       st->lse[i] = lp[0];
       st->lo[i] = ls.s3 ? lp[ls.s3] : 0.0f;
       st->delta[i] = delta[h * (long)tq + seq.qflat + r];
-      key_range(diag(r, seq.nq, seq.nk), seq.nk, wl, wr, &st->klo[i], &st->khi[i]);
+      if (st->lse[i] != -INFINITY)
+        key_range(diag(r, seq.nq, seq.nk), seq.nk, wl, wr, &st->klo[i], &st->khi[i]);
     } else {
       st->lse[i] = -INFINITY;
       st->lo[i] = st->delta[i] = 0.0f;
+    }
+  }
+  for (int g = 0; g < RB / 8; ++g) {
+    st->glo[g] = st->klo[8 * g];
+    st->ghi[g] = st->khi[8 * g];
+    for (int e = 1; e < 8; ++e) {
+      st->glo[g] = max(st->glo[g], st->klo[8 * g + e]);
+      st->ghi[g] = min(st->ghi[g], st->khi[8 * g + e]);
     }
   }
 }
@@ -107,21 +117,13 @@ inline void p_ds_tile(const rows_stats *st, float *p, float *ds, int kt, int i0,
   for (int a = 0; a < na; ++a)
     for (int c = 0; c < nb; c += 8) {
       const int i = kt ? c : a, j = kt ? a : c, jg = j0 + j, o = a * nb + c;
-      /* The run's rows: the keys all of them see, and their statistics. */
-      int rlo = st->klo[i], rhi = st->khi[i], live = st->lse[i] != -INFINITY;
-      float8 li = st->lse[i], lo = st->lo[i], de = st->delta[i];
-      if (kt) {
-        for (int e = 1; e < 8; ++e) {
-          rlo = max(rlo, st->klo[i + e]);
-          rhi = min(rhi, st->khi[i + e]);
-          live = live && st->lse[i + e] != -INFINITY;
-        }
-        li = vload8(0, &st->lse[i]);
-        lo = vload8(0, &st->lo[i]);
-        de = vload8(0, &st->delta[i]);
-      }
+      /* The keys all of the run's rows see, and the rows' statistics. */
+      const int rlo = kt ? st->glo[i / 8] : st->klo[i], rhi = kt ? st->ghi[i / 8] : st->khi[i];
       const int run = kt ? 1 : 8; /* keys in the run */
-      if (plain && live && jg >= rlo && jg + run <= rhi && j + run <= kn) {
+      if (plain && jg >= rlo && jg + run <= rhi && j + run <= kn) {
+        const float8 li = kt ? vload8(0, &st->lse[i]) : (float8)(st->lse[i]);
+        const float8 lo = kt ? vload8(0, &st->lo[i]) : (float8)(st->lo[i]);
+        const float8 de = kt ? vload8(0, &st->delta[i]) : (float8)(st->delta[i]);
         float8 x = vload8(0, p + o) * scale;
 #if HAS_BIAS
         x += load_any8(bias, BIAS_DTYPE, bias_h + (i0 + i) * bias_s.s2 + jg * bias_s.s3,
