@@ -85,11 +85,13 @@ inline void stage_stats(rows_stats *st, __global const float *lse, long lo_, lon
 }
 
 #if HAS_BIAS
-#define ROWS_BIAS_PARAM , __global const uchar *bias, long bias_h, long4 bias_s
-#define ROWS_BIAS(bh) , bias, (bh), bias_s
+/* The bias at bias_h, read where it is needed (bt 0) or from the tile that
+ * stage_bias_t staged at bt. */
+#define ROWS_BIAS_PARAM , __global const uchar *bias, long bias_h, long4 bias_s, const float *bt
+#define ROWS_BIAS(bh, t) , bias, (bh), bias_s, (t)
 #else
 #define ROWS_BIAS_PARAM
-#define ROWS_BIAS(bh)
+#define ROWS_BIAS(bh, t)
 #endif
 #if DBIAS
 /* dS before softcap's derivative, the bias's gradient. */
@@ -126,8 +128,9 @@ inline void p_ds_tile(const rows_stats *st, float *p, float *ds, int kt, int i0,
         const float8 de = kt ? vload8(0, &st->delta[i]) : (float8)(st->delta[i]);
         float8 x = vload8(0, p + o) * scale;
 #if HAS_BIAS
-        x += load_any8(bias, BIAS_DTYPE, bias_h + (i0 + i) * bias_s.s2 + jg * bias_s.s3,
-                       kt ? bias_s.s2 : bias_s.s3);
+        x += bt ? vload8(0, bt + o)
+                : load_any8(bias, BIAS_DTYPE, bias_h + (i0 + i) * bias_s.s2 + jg * bias_s.s3,
+                            kt ? bias_s.s2 : bias_s.s3);
 #endif
         const float8 pp = EXP_FROM(x - li, lo);
         const float8 dd = pp * (vload8(0, ds + o) - de);
@@ -141,10 +144,12 @@ inline void p_ds_tile(const rows_stats *st, float *p, float *ds, int kt, int i0,
       for (int e = 0; e < 8; ++e) {
         const int ie = i + e * di, je = j + e * dj, r = i0 + ie;
         float de_ = 0.0f, dre = 0.0f;
-        p[o + e] = je < kn ? p_ds(p[o + e], ds[o + e], r, j0 + je, nq, nk, st->lse[ie], st->lo[ie],
-                                  st->delta[ie], scale, softcap, slope, wl, wr, 0, &de_,
-                                  &dre P_DS_BIAS(bias_at(bias, bias_h, bias_s, r, j0 + je, nq, nk)))
-                           : 0.0f;
+        p[o + e] =
+            je < kn ? p_ds(p[o + e], ds[o + e], r, j0 + je, nq, nk, st->lse[ie], st->lo[ie],
+                           st->delta[ie], scale, softcap, slope, wl, wr, 0, &de_,
+                           &dre P_DS_BIAS(bt ? bt[o + e]
+                                             : bias_at(bias, bias_h, bias_s, r, j0 + je, nq, nk)))
+                    : 0.0f;
         ds[o + e] = de_;
 #if DBIAS
         dr[o + e] = dre;
@@ -207,7 +212,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dkdv_rows(
       rows_dot_keys(p, (const float *)qr, kt, kn);
       rows_dot_keys(ds, (const float *)gr, vt, kn);
       p_ds_tile(&st, &p[0][0], &ds[0][0], 0, i0, j0, kn, nq, nk, scale, softcap, slope, wl,
-                wr ROWS_BIAS(bias_h) ROWS_DR(&dr[0][0]));
+                wr ROWS_BIAS(bias_h, 0) ROWS_DR(&dr[0][0]));
       /* Keys rounded up to 2: p and ds are zero past kn. */
       sum_products(dv_acc, (kn + 1) & ~1, &p[0][0], 1, KB, gr, RB);
       sum_products(dk_acc, (kn + 1) & ~1, &ds[0][0], 1, KB, qr, RB);
@@ -255,8 +260,12 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dq_rows(
     stage_rows(vr, KB, vp, vs, j0, kn, d);
     keys_dot_rows(p, (const float *)kr, qt, kn);
     keys_dot_rows(ds, (const float *)vr, gt, kn);
+#if HAS_BIAS
+    float bt[KB][RB];
+    stage_bias_t(bt, bias, bias_h, bias_s, i0, nq, j0, j0 + kn);
+#endif
     p_ds_tile(&st, &p[0][0], &ds[0][0], 1, i0, j0, kn, nq, nk, scale, softcap, slope, wl,
-              wr ROWS_BIAS(bias_h) ROWS_DR(&dr[0][0]));
+              wr ROWS_BIAS(bias_h, &bt[0][0]) ROWS_DR(&dr[0][0]));
 #if DBIAS == 1
     /* The launch's only adder of these elements. */
     for (int i = 0; i < RB && i0 + i < nq; ++i)

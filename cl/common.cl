@@ -689,6 +689,36 @@ inline void stage_t(float8 *yt, int ng, __global const T *p, long4 s, int j0, in
   }
 }
 
+#if HAS_BIAS
+/* The bias (of dtype BIAS_DTYPE, rows at bias_h) of query rows r0 .. r0 +
+ * RB - 1 and keys j0 .. j0 + KB - 1 as f32, transposed: bt[j][i], zero
+ * from row nq and key jn on, unread there. Read along the keys, 8 x 8 at a
+ * time, for the kernels whose scores are S^T: a bias read down the rows
+ * costs a load a score. */
+inline void stage_bias_t(float (*bt)[RB], __global const uchar *bias, long bias_h, long4 s, int r0,
+                         int nq, int j0, int jn) {
+  for (int g = 0; g < RB / 8; ++g)
+    for (int jb = 0; jb < KB; jb += 8) {
+      const int i = r0 + 8 * g, j = j0 + jb, whole = i + 8 <= nq && j + 8 <= jn;
+      float8 r[8], t[8];
+      for (int u = 0; u < 8; ++u) {
+        const long at = bias_h + (i + u) * s.s2 + j * s.s3;
+        if (whole) {
+          r[u] = load_any8(bias, BIAS_DTYPE, at, s.s3);
+        } else {
+          float x[8];
+          for (int e = 0; e < 8; ++e)
+            x[e] = i + u < nq && j + e < jn ? load_any(bias, BIAS_DTYPE, at + e * s.s3) : 0.0f;
+          r[u] = vload8(0, x);
+        }
+      }
+      transpose8(t, r);
+      for (int u = 0; u < 8; ++u)
+        vstore8(t[u], g, bt[jb + u]);
+    }
+}
+#endif
+
 /* The sum of the lanes. */
 inline float lane_sum(float8 x) {
   const float4 a = x.lo + x.hi;

@@ -84,6 +84,10 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_A
 
     /* S^T, bit-identical to the backward's S (common.cl). */
     keys_dot_rows(s, (const float *)kt, qt, kn);
+#if HAS_BIAS
+    float bt[KB][RB];
+    stage_bias_t(bt, bias, bias_h, bias_s, r0, nq, j0, jend);
+#endif
 
     /* Scores and mask, 8 rows at a time down each key, and the rows' new
      * max. */
@@ -96,8 +100,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_A
         float8 x = vload8(g, s[j]) * scale;
         if (plain && jg >= glo[g] && jg < ghi[g] && jg < jend) {
 #if HAS_BIAS
-          x += load_any8(bias, BIAS_DTYPE, bias_h + (r0 + 8 * g) * bias_s.s2 + jg * bias_s.s3,
-                         bias_s.s2);
+          x += vload8(g, bt[j]);
 #endif
         } else {
           float y[8];
@@ -107,8 +110,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_A
             float tc;
             const int in = r < nq && jg < jend && jg < nk && key_visible(dg, jg, wl, wr);
 #if HAS_BIAS
-            y[e] = in ? score_scaled(y[e], softcap, slope, dg - jg, &tc) +
-                            load_any(bias, BIAS_DTYPE, bias_h + r * bias_s.s2 + jg * bias_s.s3)
+            y[e] = in ? score_scaled(y[e], softcap, slope, dg - jg, &tc) + bt[j][8 * g + e]
                       : -INFINITY;
 #else
             y[e] = in ? score_scaled(y[e], softcap, slope, dg - jg, &tc) : -INFINITY;
