@@ -74,14 +74,7 @@ inline void stage_stats(rows_stats *st, __global const float *lse, long lo_, lon
       st->lo[i] = st->delta[i] = 0.0f;
     }
   }
-  for (int g = 0; g < RB / 8; ++g) {
-    st->glo[g] = st->klo[8 * g];
-    st->ghi[g] = st->khi[8 * g];
-    for (int e = 1; e < 8; ++e) {
-      st->glo[g] = max(st->glo[g], st->klo[8 * g + e]);
-      st->ghi[g] = min(st->ghi[g], st->khi[8 * g + e]);
-    }
-  }
+  rows_common_keys(st->klo, st->khi, st->glo, st->ghi);
 }
 
 #if HAS_BIAS

@@ -689,6 +689,19 @@ inline void stage_t(float8 *yt, int ng, __global const T *p, long4 s, int j0, in
   }
 }
 
+/* The keys each 8 rows all see, [glo[g], ghi[g]), from each row's [klo,
+ * khi): where a run of 8 rows at one key needs no mask. */
+inline void rows_common_keys(const int *klo, const int *khi, int *glo, int *ghi) {
+  for (int g = 0; g < RB / 8; ++g) {
+    glo[g] = klo[8 * g];
+    ghi[g] = khi[8 * g];
+    for (int e = 1; e < 8; ++e) {
+      glo[g] = max(glo[g], klo[8 * g + e]);
+      ghi[g] = min(ghi[g], khi[8 * g + e]);
+    }
+  }
+}
+
 #if HAS_BIAS
 /* The bias (of dtype BIAS_DTYPE, rows at bias_h) of query rows r0 .. r0 +
  * RB - 1 and keys j0 .. j0 + KB - 1 as f32, transposed: bt[j][i], zero

@@ -52,16 +52,8 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_A
     m_i[i] = -INFINITY;
     l_i[i] = 0.0f;
   }
-  /* Per 8 rows: the keys all of them see. */
   int glo[RB / 8], ghi[RB / 8];
-  for (int g = 0; g < RB / 8; ++g) {
-    glo[g] = klo[8 * g];
-    ghi[g] = khi[8 * g];
-    for (int e = 1; e < 8; ++e) {
-      glo[g] = max(glo[g], klo[8 * g + e]);
-      ghi[g] = min(ghi[g], khi[8 * g + e]);
-    }
-  }
+  rows_common_keys(klo, khi, glo, ghi);
 
   /* The keys some row of the block can see. */
   int lo, hi;
