@@ -114,6 +114,7 @@ typedef struct attn__cl_device {
   cl_ulong max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
   size_t max_wg;
   int nv_cc; /* NVIDIA's compute capability, major * 10 + minor; 0 on other devices */
+  int simd_floats; /* CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT: 16 on AVX-512 CPUs */
 } attn__cl_device;
 
 /* The shape of the forward kernel (attn__cl_tiles.fwd). */
@@ -161,6 +162,7 @@ typedef struct attn__cl_tiles {
   int fwd;    /* the forward kernel's shape (attn__cl_fwd_shape) */
   int bwd;    /* the backward's dK/dV and dQ kernels' shape (attn__cl_bwd_shape) */
   int rb, kb; /* attn_fwd_rows, bwd_rows.cl: query rows per work-item (RB), keys per tile (KB) */
+  int vw;     /* their products' vector width (VW), 8 or 16: set by plan.c's fit() */
 } attn__cl_tiles;
 
 /* attn__plan.kernel: the kernel family that runs. */

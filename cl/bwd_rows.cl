@@ -24,10 +24,10 @@
  * products' order makes S bit-identical to the forward's either way
  * (exp(S - lse) amplifies any difference where the logits are large); the
  * sums over rows (dV, dK) and over keys (dQ) are blocks of 2 rows x 4
- * float8 columns.
+ * vectors (VW floats each) of columns.
  *
- * The -D parameters (cl/plan.c's tiles table, CPU class): RB, a multiple
- * of 8, and KB, a multiple of 16, as fwd_rows.cl takes them.
+ * The -D parameters (cl/plan.c's tiles table, CPU class): RB, KB and VW as
+ * fwd_rows.cl takes them.
  */
 /* RB and KB, the products S = Q K^T and S^T = K Q^T (rows_dot_keys,
  * keys_dot_rows) and the sums of products (sum_products): common.cl. */
@@ -35,17 +35,6 @@
 #define DBIAS 0 /* dbias: 0 none, 1 added tile by tile, 2 through row-block sums */
 #endif
 #define KG (KB / 8) /* float8s of keys in a row of K^T */
-
-/* n rows r0.. of a [.., HD] operand into x[0 .. m - 1], zero past n. */
-inline void stage_rows(float8 (*x)[NV], int m, __global const T *p, long4 s, int r0, int n, int d) {
-  for (int i = 0; i < m; ++i)
-    if (i < n) {
-      load_row(x[i], p + (r0 + i) * s.s1, s.s3, d);
-    } else {
-      for (int c = 0; c < NV; ++c)
-        x[i][c] = 0.0f;
-    }
-}
 
 /* The statistics of a block of rows: lse (hi, lo) and delta, lse -inf past
  * the sequence's end, which marks the row as passing no gradient; and the
@@ -74,7 +63,7 @@ inline void stage_stats(rows_stats *st, __global const float *lse, long lo_, lon
       st->lo[i] = st->delta[i] = 0.0f;
     }
   }
-  rows_common_keys(st->klo, st->khi, st->glo, st->ghi);
+  rows_common_keys(st->klo, st->khi, 8, st->glo, st->ghi);
 }
 
 #if HAS_BIAS
@@ -199,8 +188,8 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dkdv_rows(
     __global const T *gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
     for (int i0 = ilo; i0 < ihi; i0 += RB) {
       const int n = min(RB, nq - i0);
-      stage_rows(qr, RB, qp, qs, i0, n, d);
-      stage_rows(gr, RB, gp, gs, i0, n, d);
+      load_block(qr, RB, qp, qs, i0, n, d);
+      load_block(gr, RB, gp, gs, i0, n, d);
       stage_stats(&st, lse, lo_, ls, delta, b, h, seq, i0, tq, wl, wr);
       rows_dot_keys(p, (const float *)qr, kt, kn);
       rows_dot_keys(ds, (const float *)gr, vt, kn);
@@ -249,8 +238,8 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dq_rows(
   key_block_range(i0, min(i0 + RB, nq), nq, nk, wl, wr, &lo, &hi);
   for (int j0 = lo; j0 < hi; j0 += KB) {
     const int kn = min(KB, nk - j0);
-    stage_rows(kr, KB, kp, ks, j0, kn, d);
-    stage_rows(vr, KB, vp, vs, j0, kn, d);
+    load_block(kr, KB, kp, ks, j0, kn, d);
+    load_block(vr, KB, vp, vs, j0, kn, d);
     keys_dot_rows(p, (const float *)kr, qt, kn);
     keys_dot_rows(ds, (const float *)vr, gt, kn);
 #if HAS_BIAS

@@ -611,7 +611,7 @@ inline float row_end_at(int i, int nq, int nk, int wl, int wr, float sink, float
 #endif
 #define NV (HD / 8) /* float8s per row, a multiple of 4 */
 #ifndef RB
-#define RB 32 /* query rows per work-item, a multiple of 8 */
+#define RB 32 /* query rows per work-item, a multiple of 16 */
 #endif
 #ifndef KB
 #define KB 32 /* keys per tile, a multiple of 16 */
@@ -664,20 +664,24 @@ inline void transpose8(float8 *t, const float8 *r) {
   }
 }
 
+/* n rows r0.. of a [.., HD] operand into x[0 .. m - 1], zero past n. */
+inline void load_block(float8 (*x)[NV], int m, __global const T *p, long4 s, int r0, int n, int d) {
+  for (int i = 0; i < m; ++i)
+    if (i < n) {
+      load_row(x[i], p + (r0 + i) * s.s1, s.s3, d);
+    } else {
+      for (int c = 0; c < NV; ++c)
+        x[i][c] = 0.0f;
+    }
+}
+
 /* Rows j0 .. j0 + n of a [.., HD] operand transposed, 8 rows to a float8:
  * yt[c * ng + g] holds column c of rows 8g .. 8g + 7 (g < ng), zero past n:
  * K^T and V^T of a key block, or Q^T and dO^T of a row block. */
 inline void stage_t(float8 *yt, int ng, __global const T *p, long4 s, int j0, int n, int d) {
   for (int g = 0; g < ng; ++g) {
     float8 r[8][NV];
-    for (int u = 0; u < 8; ++u) {
-      if (8 * g + u < n) {
-        load_row(r[u], p + (j0 + 8 * g + u) * s.s1, s.s3, d);
-      } else {
-        for (int c = 0; c < NV; ++c)
-          r[u][c] = 0.0f;
-      }
-    }
+    load_block(r, 8, p, s, j0 + 8 * g, n - 8 * g, d);
     for (int c = 0; c < NV; ++c) {
       float8 x[8], t[8];
       for (int u = 0; u < 8; ++u)
@@ -689,15 +693,15 @@ inline void stage_t(float8 *yt, int ng, __global const T *p, long4 s, int j0, in
   }
 }
 
-/* The keys each 8 rows all see, [glo[g], ghi[g]), from each row's [klo,
- * khi): where a run of 8 rows at one key needs no mask. */
-inline void rows_common_keys(const int *klo, const int *khi, int *glo, int *ghi) {
-  for (int g = 0; g < RB / 8; ++g) {
-    glo[g] = klo[8 * g];
-    ghi[g] = khi[8 * g];
-    for (int e = 1; e < 8; ++e) {
-      glo[g] = max(glo[g], klo[8 * g + e]);
-      ghi[g] = min(ghi[g], khi[8 * g + e]);
+/* The keys each n rows (8 or VW) all see, [glo[g], ghi[g]), from each
+ * row's [klo, khi): where a run of n rows at one key needs no mask. */
+inline void rows_common_keys(const int *klo, const int *khi, int n, int *glo, int *ghi) {
+  for (int g = 0; g < RB / n; ++g) {
+    glo[g] = klo[n * g];
+    ghi[g] = khi[n * g];
+    for (int e = 1; e < n; ++e) {
+      glo[g] = max(glo[g], klo[n * g + e]);
+      ghi[g] = min(ghi[g], khi[n * g + e]);
     }
   }
 }
@@ -746,25 +750,41 @@ inline float lane_max(float8 x) {
   return fmax(b.s0, b.s1);
 }
 
+/* The products' vectors: VW floats (cl/plan.c: 16 where the device's SIMD
+ * holds 16, as AVX-512 does, and the tiles divide into them; else 8), GV
+ * float8s of a row block or of a row each. */
+#ifndef VW
+#define VW 8
+#endif
+#if VW == 16
+typedef float16 floatv;
+#define VLOADV(p) vload16(0, (const float *)(p))
+#define VSTOREV(x, p) vstore16((x), 0, (float *)(p))
+#else
+typedef float8 floatv;
+#define VLOADV(p) vload8(0, (const float *)(p))
+#define VSTOREV(x, p) vstore8((x), 0, (float *)(p))
+#endif
+#define GV (VW / 8)
+
 /* out[a][8g .. 8g + 7] = row a of xf (rows of HD floats) . columns 8g ..
  * 8g + 7 of yt (HD rows of ldy float8s) for a < na, a multiple of 4, and
- * g < ng: 4 rows x 16 columns at a time (x 8 for an odd ng's last), each
- * an FMA per column in column order from 0, as bwd.cl computes S too. The
- * order makes S = Q K^T (xf Q's rows, yt K^T) and S^T = K Q^T (xf K's rows,
- * yt Q^T) the same numbers: the forward's S and the backward's must be
+ * g < ng, a multiple of 2 GV: 4 rows x 2 vectors at a time, each an FMA
+ * per column in column order from 0, as bwd.cl computes S too. The order
+ * makes S = Q K^T (xf Q's rows, yt K^T) and S^T = K Q^T (xf K's rows, yt
+ * Q^T) the same numbers: the forward's S and the backward's must be
  * bit-identical, or exp(S - lse) amplifies the difference where the logits
  * are large. */
 inline void dot_products(float *out, int ldo, const float *xf, const float8 *yt, int ldy, int na,
                          int ng) {
   for (int a = 0; a < na; a += 4) {
     const float *x = xf + a * HD;
-    int g = 0;
-    for (; g + 2 <= ng; g += 2) {
-      float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f, a7 = 0.0f;
+    for (int g = 0; g < ng; g += 2 * GV) {
+      floatv a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f, a7 = 0.0f;
       for (int c = 0; c < HD; ++c) {
-        const float8 y0 = yt[c * ldy + g], y1 = yt[c * ldy + g + 1];
-        const float8 x0 = (float8)(x[c]), x1 = (float8)(x[HD + c]), x2 = (float8)(x[2 * HD + c]),
-                     x3 = (float8)(x[3 * HD + c]);
+        const floatv y0 = VLOADV(yt + c * ldy + g), y1 = VLOADV(yt + c * ldy + g + GV);
+        const floatv x0 = (floatv)(x[c]), x1 = (floatv)(x[HD + c]), x2 = (floatv)(x[2 * HD + c]),
+                     x3 = (floatv)(x[3 * HD + c]);
         a0 = fma(x0, y0, a0);
         a1 = fma(x0, y1, a1);
         a2 = fma(x1, y0, a2);
@@ -774,38 +794,23 @@ inline void dot_products(float *out, int ldo, const float *xf, const float8 *yt,
         a6 = fma(x3, y0, a6);
         a7 = fma(x3, y1, a7);
       }
-      float *o = out + a * ldo;
-      vstore8(a0, g, o);
-      vstore8(a1, g + 1, o);
-      vstore8(a2, g, o + ldo);
-      vstore8(a3, g + 1, o + ldo);
-      vstore8(a4, g, o + 2 * ldo);
-      vstore8(a5, g + 1, o + 2 * ldo);
-      vstore8(a6, g, o + 3 * ldo);
-      vstore8(a7, g + 1, o + 3 * ldo);
-    }
-    if (g < ng) {
-      float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-      for (int c = 0; c < HD; ++c) {
-        const float8 y0 = yt[c * ldy + g];
-        a0 = fma((float8)(x[c]), y0, a0);
-        a1 = fma((float8)(x[HD + c]), y0, a1);
-        a2 = fma((float8)(x[2 * HD + c]), y0, a2);
-        a3 = fma((float8)(x[3 * HD + c]), y0, a3);
-      }
-      float *o = out + a * ldo;
-      vstore8(a0, g, o);
-      vstore8(a1, g, o + ldo);
-      vstore8(a2, g, o + 2 * ldo);
-      vstore8(a3, g, o + 3 * ldo);
+      float *o = out + a * ldo + 8 * g;
+      VSTOREV(a0, o);
+      VSTOREV(a1, o + VW);
+      VSTOREV(a2, o + ldo);
+      VSTOREV(a3, o + ldo + VW);
+      VSTOREV(a4, o + 2 * ldo);
+      VSTOREV(a5, o + 2 * ldo + VW);
+      VSTOREV(a6, o + 3 * ldo);
+      VSTOREV(a7, o + 3 * ldo + VW);
     }
   }
 }
 
 /* S = Q K^T of RB rows (xf) and the first kn keys of K^T (8 keys to a
- * float8), into out[RB][KB]; keys rounded up to 16. */
+ * float8), into out[RB][KB]; keys rounded up to 2 vectors. */
 inline void rows_dot_keys(float (*out)[KB], const float *xf, float8 (*yt)[KB / 8], int kn) {
-  dot_products(&out[0][0], KB, xf, &yt[0][0], KB / 8, RB, (kn + 15) / 16 * 2);
+  dot_products(&out[0][0], KB, xf, &yt[0][0], KB / 8, RB, (kn + 16 * GV - 1) / (16 * GV) * 2 * GV);
 }
 
 /* S^T = K Q^T of the first kn keys (xf, K's rows) and RB rows of Q^T (8
@@ -816,19 +821,23 @@ inline void keys_dot_rows(float (*out)[RB], const float *xf, float8 (*yt)[RB / 8
 
 /* acc[a] += sum over b < nb of w[a * wa + b * wb] * x[b] for a < na, na
  * even (w is zero where a or b runs past the data): 2 rows of acc x 4
- * float8 columns at a time, b in order: the forward's P V and the
- * backward's dQ sum over the keys, dV and dK over the query rows (w[i][j]
- * read down a column). */
+ * vectors at a time, b in order: the forward's P V and the backward's dQ
+ * sum over the keys, dV and dK over the query rows (w[i][j] read down a
+ * column). */
 inline void sum_products(float8 (*acc)[NV], int na, const float *w, int wa, int wb, float8 (*x)[NV],
                          int nb) {
   for (int a = 0; a < na; a += 2)
-    for (int c = 0; c < NV; c += 4) {
-      float8 a0 = acc[a][c], a1 = acc[a][c + 1], a2 = acc[a][c + 2], a3 = acc[a][c + 3];
-      float8 a4 = acc[a + 1][c], a5 = acc[a + 1][c + 1], a6 = acc[a + 1][c + 2],
-             a7 = acc[a + 1][c + 3];
+    for (int c = 0; c < NV; c += 4 * GV) {
+      float8 *r0 = acc[a] + c, *r1 = acc[a + 1] + c;
+      floatv a0 = VLOADV(r0), a1 = VLOADV(r0 + GV), a2 = VLOADV(r0 + 2 * GV),
+             a3 = VLOADV(r0 + 3 * GV);
+      floatv a4 = VLOADV(r1), a5 = VLOADV(r1 + GV), a6 = VLOADV(r1 + 2 * GV),
+             a7 = VLOADV(r1 + 3 * GV);
       for (int b = 0; b < nb; ++b) {
-        const float8 w0 = w[a * wa + b * wb], w1 = w[(a + 1) * wa + b * wb];
-        const float8 y0 = x[b][c], y1 = x[b][c + 1], y2 = x[b][c + 2], y3 = x[b][c + 3];
+        const floatv w0 = w[a * wa + b * wb], w1 = w[(a + 1) * wa + b * wb];
+        const float8 *y = x[b] + c;
+        const floatv y0 = VLOADV(y), y1 = VLOADV(y + GV), y2 = VLOADV(y + 2 * GV),
+                     y3 = VLOADV(y + 3 * GV);
         a0 = fma(w0, y0, a0);
         a1 = fma(w0, y1, a1);
         a2 = fma(w0, y2, a2);
@@ -838,13 +847,13 @@ inline void sum_products(float8 (*acc)[NV], int na, const float *w, int wa, int 
         a6 = fma(w1, y2, a6);
         a7 = fma(w1, y3, a7);
       }
-      acc[a][c] = a0;
-      acc[a][c + 1] = a1;
-      acc[a][c + 2] = a2;
-      acc[a][c + 3] = a3;
-      acc[a + 1][c] = a4;
-      acc[a + 1][c + 1] = a5;
-      acc[a + 1][c + 2] = a6;
-      acc[a + 1][c + 3] = a7;
+      VSTOREV(a0, r0);
+      VSTOREV(a1, r0 + GV);
+      VSTOREV(a2, r0 + 2 * GV);
+      VSTOREV(a3, r0 + 3 * GV);
+      VSTOREV(a4, r1);
+      VSTOREV(a5, r1 + GV);
+      VSTOREV(a6, r1 + 2 * GV);
+      VSTOREV(a7, r1 + 3 * GV);
     }
 }

@@ -97,6 +97,9 @@ static void probe(void) {
       d->info.memory_bytes = mem;
       d->info.compute_units = (int)cus;
       d->nv_cc = nv_compute_capability(cl, ids[i]);
+      cl_uint simd = 0;
+      cl->clGetDeviceInfo(ids[i], CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT, sizeof simd, &simd, NULL);
+      d->simd_floats = (int)simd;
       ++n;
     }
   }

@@ -16,15 +16,17 @@
  * barriers, and vectorizes only across items, so fwd.cl's 128-item groups
  * spend their time in those loops and in local-memory copies. A single item
  * has neither; its vector types become the CPU's SIMD registers. The
- * products are register blocks of 4 keys x 16 rows (K Q^T: six loads per
- * eight FMAs) and 2 rows x 4 float8 columns (P V: the same ratio), so that
- * the FMA units, not the loads, set the pace. Scores held transposed, 8
+ * products are register blocks of 4 keys x 2 vectors of rows (K Q^T: six
+ * loads per eight FMAs) and 2 rows x 4 vectors of columns (P V: the same
+ * ratio), so that the FMA units, not the loads, set the pace; a vector is
+ * VW floats, as wide as the device's SIMD. Scores held transposed, 8
  * rows to a float8, let the key tiles serve as loaded (no transpose a
  * tile) and the row max, exponentials and sums run down the keys on whole
  * vectors.
  *
  * The -D parameters (cl/plan.c's tiles table, CPU class): RB, a multiple
- * of 8, and KB, a multiple of 16. RB * HD and KB * HD floats each stay
+ * of 16, and KB, a multiple of 16 (of 32 both, and HD of 64, where VW, the
+ * products' vector width, is 16). RB * HD and KB * HD floats each stay
  * within a CPU's L1 or L2 cache.
  */
 /* HD, NV, RB, KB and the rows' helpers (load_row, stage_t, keys_dot_rows):
@@ -33,12 +35,12 @@
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_ARGS) {
   FWD_BLOCK(RB);
   const float slope = alibi ? alibi[h] : 0.0f;
-  /* No softcap and no ALiBi: a key that 8 rows see needs only the scale
-   * (and the bias, 8 rows a load). */
+  /* No softcap and no ALiBi: a key that a vector of rows sees needs only
+   * the scale (and the bias, a vector load). */
   const int plain = softcap == 0.0f && slope == 0.0f;
 
   /* S^T = K Q^T over Q^T staged once, so that the key tiles serve as
-   * loaded and the softmax runs 8 rows a vector down the keys. */
+   * loaded and the softmax runs VW rows a vector down the keys. */
   float8 qt[HD][RB / 8], acc[RB][NV], kt[KB][NV], vt[KB][NV];
   float s[KB][RB], m_i[RB], l_i[RB];
   int klo[RB], khi[RB];
@@ -52,8 +54,8 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_A
     m_i[i] = -INFINITY;
     l_i[i] = 0.0f;
   }
-  int glo[RB / 8], ghi[RB / 8];
-  rows_common_keys(klo, khi, glo, ghi);
+  int glo[RB / VW], ghi[RB / VW];
+  rows_common_keys(klo, khi, VW, glo, ghi);
 
   /* The keys some row of the block can see. */
   int lo, hi;
@@ -81,36 +83,36 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_A
     stage_bias_t(bt, bias, bias_h, bias_s, r0, nq, j0, jend);
 #endif
 
-    /* Scores and mask, 8 rows at a time down each key, and the rows' new
-     * max. */
-    float8 mx[RB / 8];
-    for (int g = 0; g < RB / 8; ++g)
-      mx[g] = vload8(g, m_i);
+    /* Scores and mask, a vector of rows at a time down each key, and the
+     * rows' new max. */
+    floatv mx[RB / VW];
+    for (int g = 0; g < RB / VW; ++g)
+      mx[g] = VLOADV(m_i + g * VW);
     for (int j = 0; j < KB; ++j) {
       const int jg = j0 + j;
-      for (int g = 0; g < RB / 8; ++g) {
-        float8 x = vload8(g, s[j]) * scale;
+      for (int g = 0; g < RB / VW; ++g) {
+        floatv x = VLOADV(s[j] + g * VW) * scale;
         if (plain && jg >= glo[g] && jg < ghi[g] && jg < jend) {
 #if HAS_BIAS
-          x += vload8(g, bt[j]);
+          x += VLOADV(bt[j] + g * VW);
 #endif
         } else {
-          float y[8];
-          vstore8(x, 0, y);
-          for (int e = 0; e < 8; ++e) {
-            const int r = r0 + 8 * g + e, dg = diag(r, nq, nk);
+          float y[VW];
+          VSTOREV(x, y);
+          for (int e = 0; e < VW; ++e) {
+            const int r = r0 + VW * g + e, dg = diag(r, nq, nk);
             float tc;
             const int in = r < nq && jg < jend && jg < nk && key_visible(dg, jg, wl, wr);
 #if HAS_BIAS
-            y[e] = in ? score_scaled(y[e], softcap, slope, dg - jg, &tc) + bt[j][8 * g + e]
+            y[e] = in ? score_scaled(y[e], softcap, slope, dg - jg, &tc) + bt[j][VW * g + e]
                       : -INFINITY;
 #else
             y[e] = in ? score_scaled(y[e], softcap, slope, dg - jg, &tc) : -INFINITY;
 #endif
           }
-          x = vload8(0, y);
+          x = VLOADV(y);
         }
-        vstore8(x, g, s[j]);
+        VSTOREV(x, s[j] + g * VW);
         mx[g] = fmax(mx[g], x);
       }
     }
@@ -118,24 +120,24 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_A
      * row with no visible key so far keeps m_i = -inf; subtracting 0
      * instead keeps exp() at 0 rather than NaN. */
     float alpha[RB];
-    for (int g = 0; g < RB / 8; ++g) {
-      const float8 mu = select(mx[g], (float8)0.0f, isequal(mx[g], -INFINITY));
-      const float8 a = EXP_FROM(vload8(g, m_i), mu);
-      float8 l8 = 0.0f;
+    for (int g = 0; g < RB / VW; ++g) {
+      const floatv mu = select(mx[g], (floatv)0.0f, isequal(mx[g], -INFINITY));
+      const floatv a = EXP_FROM(VLOADV(m_i + g * VW), mu);
+      floatv lv = 0.0f;
       for (int j = 0; j < KB; ++j) {
-        const float8 p = EXP_FROM(vload8(g, s[j]), mu);
-        l8 += p;
-        vstore8(p, g, s[j]);
+        const floatv p = EXP_FROM(VLOADV(s[j] + g * VW), mu);
+        lv += p;
+        VSTOREV(p, s[j] + g * VW);
       }
-      vstore8(a, g, alpha);
-      vstore8(vload8(g, l_i) * a + l8, g, l_i);
-      vstore8(mx[g], g, m_i);
+      VSTOREV(a, alpha + g * VW);
+      VSTOREV(VLOADV(l_i + g * VW) * a + lv, l_i + g * VW);
+      VSTOREV(mx[g], m_i + g * VW);
     }
 
     /* O = O alpha + P V, keys in order. */
     for (int i = 0; i < RB; ++i)
-      for (int c = 0; c < NV; ++c)
-        acc[i][c] *= alpha[i];
+      for (int c = 0; c < NV; c += GV)
+        VSTOREV(VLOADV(acc[i] + c) * alpha[i], acc[i] + c);
     sum_products(acc, RB, &s[0][0], 1, RB, vt, kn);
   }
 

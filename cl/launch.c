@@ -103,7 +103,8 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
                       " -DBJK=%d",
                       t->br, t->bc, t->tm, t->dk, t->jk, t->bq, t->bk, t->btm, t->bdk, t->bjk);
       if (t->fwd == ATTN__CL_FWD_ROWS || t->bwd == ATTN__CL_BWD_ROWS)
-        len += snprintf(opts + len, n - (size_t)len, " -DRB=%d -DKB=%d", t->rb, t->kb);
+        len +=
+            snprintf(opts + len, n - (size_t)len, " -DRB=%d -DKB=%d -DVW=%d", t->rb, t->kb, t->vw);
       if (kind != ATTN__CL_PROG_BWD && t->fwd == ATTN__CL_FWD_ROWS) {
         srcs[ns++] = attn__cl_src_fwd_rows;
         slots[nk++] = ATTN__CL_K_FWD_ROWS;

@@ -85,35 +85,35 @@ static const struct tiles_row {
   int cls, dtype, hd_max;
   attn__cl_tiles t; /* in attn__cl_tiles's order */
 } tiles_table[] = {
-    /* br, bc, tm, dk, jk; bq, bk, btm, bdk, bjk; dr, ntd; the shapes; rb, kb */
+    /* br, bc, tm, dk, jk; bq, bk, btm, bdk, bjk; dr, ntd; the shapes; rb, kb; vw (fit()) */
     {CLASS_NV_MMA,
      ATTN_F16,
      128,
-     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA, 0, 0}},
+     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA, 0, 0, 0}},
     {CLASS_NV_MMA,
      ATTN_BF16,
      128,
-     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA, 0, 0}},
+     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA, 0, 0, 0}},
     {CLASS_GPU,
      ANY_DTYPE,
      128,
-     {128, 64, 8, 16, 8, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_TILES, ATTN__CL_BWD_TILES, 0, 0}},
+     {128, 64, 8, 16, 8, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_TILES, ATTN__CL_BWD_TILES, 0, 0, 0}},
     {CLASS_GPU,
      ANY_DTYPE,
      ATTN_MAX_HEAD_DIM,
-     {32, 64, 4, 16, 16, 64, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_TILES, ATTN__CL_BWD_TILES, 0, 0}},
+     {32, 64, 4, 16, 16, 64, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_TILES, ATTN__CL_BWD_TILES, 0, 0, 0}},
     {CLASS_CPU,
      ANY_DTYPE,
      64,
-     {64, 64, 8, 16, 16, 32, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 32, 64}},
+     {64, 64, 8, 16, 16, 32, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 32, 64, 0}},
     {CLASS_CPU,
      ANY_DTYPE,
      128,
-     {64, 64, 8, 16, 16, 32, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 64, 32}},
+     {64, 64, 8, 16, 16, 32, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 64, 32, 0}},
     {CLASS_CPU,
      ANY_DTYPE,
      ATTN_MAX_HEAD_DIM,
-     {32, 64, 4, 16, 16, 32, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 16, 32}},
+     {32, 64, 4, 16, 16, 32, 32, 4, 16, 8, 8, 64, ATTN__CL_FWD_ROWS, ATTN__CL_BWD_ROWS, 16, 32, 0}},
 };
 
 static const attn__cl_tiles *table_row(int cls, int dtype, int hd) {
@@ -252,6 +252,10 @@ static int fit(const attn__cl_device *dev, int hd, attn__cl_tiles *t) {
          ((size_t)t->ntd > dev->max_wg || decode_local_bytes(hd, t->dr, t->ntd) > lmem))
     t->ntd /= 2;
   if (t->ntd < 16 || t->ntd < t->dr) t->dr = t->ntd = 0;
+  /* The rows kernels' products on vectors as wide as the device's SIMD
+   * where the tiles divide into them: a float8 takes half an AVX-512 FMA
+   * unit, and the compiler does not fuse two. */
+  t->vw = dev->simd_floats >= 16 && hd % 64 == 0 && t->rb % 32 == 0 && t->kb % 32 == 0 ? 16 : 8;
   return dev->max_wg >= 128 && dev->max_wg >= (size_t)(16 * (t->br / t->tm));
 }
 
@@ -262,8 +266,8 @@ static void name_fwd(attn__cl_config *c) {
              "opencl attn_fwd_mma HD=%d Br=%d Bc=%d (tensor cores, inline PTX)", c->hd,
              ATTN__CL_MMA_ROWS, ATTN__CL_MMA_ROWS);
   else if (t->fwd == ATTN__CL_FWD_ROWS)
-    snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0], "opencl attn_fwd_rows HD=%d RB=%d KB=%d",
-             c->hd, t->rb, t->kb);
+    snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
+             "opencl attn_fwd_rows HD=%d RB=%d KB=%d VW=%d", c->hd, t->rb, t->kb, t->vw);
   else
     snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
              "opencl attn_fwd HD=%d Br=%d Bc=%d TM=%d DK=%d JK=%d", c->hd, t->br, t->bc, t->tm,
@@ -277,8 +281,8 @@ static void name_bwd(attn__cl_config *c) {
              "opencl attn_bwd_mma HD=%d KR=%d MQ=%d (tensor cores, inline PTX)", c->hd,
              ATTN__CL_MMA_ROWS, attn__cl_mma_query_rows(c->hd, 0));
   else if (t->bwd == ATTN__CL_BWD_ROWS)
-    snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0], "opencl attn_bwd_rows HD=%d RB=%d KB=%d",
-             c->hd, t->rb, t->kb);
+    snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0],
+             "opencl attn_bwd_rows HD=%d RB=%d KB=%d VW=%d", c->hd, t->rb, t->kb, t->vw);
   else
     snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0],
              "opencl attn_bwd HD=%d BQ=%d BK=%d BTM=%d BDK=%d BJK=%d", c->hd, t->bq, t->bk, t->btm,

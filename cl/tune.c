@@ -40,7 +40,7 @@ static const struct {
 /* attn_fwd_rows's and bwd_rows.cl's rows per work-item and keys per tile. */
 static const struct {
   int rb, kb;
-} rows_tiles[] = {{32, 32}, {16, 32}, {32, 16}, {64, 32}, {32, 64}, {16, 64}, {8, 32}};
+} rows_tiles[] = {{32, 32}, {16, 32}, {32, 16}, {64, 32}, {32, 64}, {16, 64}};
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 #define LINE_INTS 18
