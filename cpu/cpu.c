@@ -107,6 +107,11 @@ int attn__cpu_threads(void) {
  * products (the rule below). The rows are split by head dimension so that attn_tune (cpu_tune.c)
  * can keep other tiles for each on another machine.
  *
+ * Few rows: query blocks of up to 16 rows a head (a decoding step, or a verifier's draft tokens)
+ * take the few-row products, with heads packed beside them in the tile (16 x 4 at GQA 4): as
+ * 64-row tiles they would pay for 64 rows whatever they hold, and a bf16 forward would transpose
+ * the whole cache first (bench/NOTES_decode.md: 2-7x slower at 5-16 rows).
+ *
  * Key splitting: 4 work items per thread let dynamic scheduling even out
  * tiles of unequal length; a part of at least 4 key blocks (256 keys) makes
  * its merge (one row of d per part) cost under 1 % of the part. At most 64
@@ -115,7 +120,7 @@ int attn__cpu_threads(void) {
 #define CPU_ROW(dt, hd, r, c)                                                   \
   {                                                                             \
     .dtype = (dt), .max_head_dim = (hd), .br = (r), .bc = (c), .split_fill = 4, \
-    .split_min_blocks = 4, .few_rows = 4, .split_workspace = (size_t)64 << 20   \
+    .split_min_blocks = 4, .few_rows = 16, .split_workspace = (size_t)64 << 20  \
   }
 static const attn__cpu_config cpu_configs[ATTN__CPU_ROWS] = {
     CPU_ROW(ATTN_F32, 64, 64, 128),  CPU_ROW(ATTN_F32, 128, 64, 128),
