@@ -107,27 +107,28 @@ int attn__cpu_threads(void) {
  * products (the rule below). The rows are split by head dimension so that attn_tune (cpu_tune.c)
  * can keep other tiles for each on another machine.
  *
- * Few rows: query blocks of up to 16 rows a head (a decoding step, or a verifier's draft tokens)
- * take the few-row products, with heads packed beside them in the tile (16 x 4 at GQA 4): as
- * 64-row tiles they would pay for 64 rows whatever they hold, and a bf16 forward would transpose
- * the whole cache first (bench/NOTES_decode.md: 2-7x slower at 5-16 rows).
+ * Few rows: query blocks of up to 16 rows a head for bf16, 8 for f32 and f16 (a decoding step,
+ * or a verifier's draft tokens), take the few-row products, with heads packed beside them in the
+ * tile (16 x 4 at GQA 4): as 64-row tiles they would pay for 64 rows whatever they hold, and a
+ * bf16 forward would transpose the whole cache first. f32's 64-row products on AVX-512 overtake
+ * the few-row ones at 16 rows a head of GQA 4 (bench/NOTES_decode.md).
  *
  * Key splitting: 4 work items per thread let dynamic scheduling even out
  * tiles of unequal length; a part of at least 4 key blocks (256 keys) makes
  * its merge (one row of d per part) cost under 1 % of the part. At most 64
  * MiB of parts: only an explicit num_splits on a large problem gets near
  * it, and splitting such a problem gains nothing on a CPU. */
-#define CPU_ROW(dt, hd, r, c)                                                   \
-  {                                                                             \
-    .dtype = (dt), .max_head_dim = (hd), .br = (r), .bc = (c), .split_fill = 4, \
-    .split_min_blocks = 4, .few_rows = 16, .split_workspace = (size_t)64 << 20  \
+#define CPU_ROW(dt, hd, r, c, few)                                                \
+  {                                                                               \
+    .dtype = (dt), .max_head_dim = (hd), .br = (r), .bc = (c), .split_fill = 4,   \
+    .split_min_blocks = 4, .few_rows = (few), .split_workspace = (size_t)64 << 20 \
   }
 static const attn__cpu_config cpu_configs[ATTN__CPU_ROWS] = {
-    CPU_ROW(ATTN_F32, 64, 64, 128),  CPU_ROW(ATTN_F32, 128, 64, 128),
-    CPU_ROW(ATTN_F32, 256, 64, 64),  CPU_ROW(ATTN_F16, 64, 64, 128),
-    CPU_ROW(ATTN_F16, 128, 64, 128), CPU_ROW(ATTN_F16, 256, 64, 64),
-    CPU_ROW(ATTN_BF16, 64, 64, 128), CPU_ROW(ATTN_BF16, 128, 64, 128),
-    CPU_ROW(ATTN_BF16, 256, 64, 64)};
+    CPU_ROW(ATTN_F32, 64, 64, 128, 8),   CPU_ROW(ATTN_F32, 128, 64, 128, 8),
+    CPU_ROW(ATTN_F32, 256, 64, 64, 8),   CPU_ROW(ATTN_F16, 64, 64, 128, 8),
+    CPU_ROW(ATTN_F16, 128, 64, 128, 8),  CPU_ROW(ATTN_F16, 256, 64, 64, 8),
+    CPU_ROW(ATTN_BF16, 64, 64, 128, 16), CPU_ROW(ATTN_BF16, 128, 64, 128, 16),
+    CPU_ROW(ATTN_BF16, 256, 64, 64, 16)};
 #undef CPU_ROW
 
 attn__cpu_sgemm_fn *attn__cpu_row_gemm(const attn__cpu_config *cfg) {
