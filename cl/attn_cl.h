@@ -113,7 +113,7 @@ typedef struct attn__cl_device {
   cl_ulong local_mem;
   cl_ulong max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
   size_t max_wg;
-  int nv_cc; /* NVIDIA's compute capability, major * 10 + minor; 0 on other devices */
+  int nv_cc;       /* NVIDIA's compute capability, major * 10 + minor; 0 on other devices */
   int simd_floats; /* CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT: 16 on AVX-512 CPUs */
 } attn__cl_device;
 
@@ -213,6 +213,7 @@ enum attn__cl_kernel_slot {
   ATTN__CL_K_DQ,
   ATTN__CL_K_DKDV_ROWS,
   ATTN__CL_K_DQ_ROWS,
+  ATTN__CL_K_DQ_PARTS,
   ATTN__CL_K_DKDV_MMA,
   ATTN__CL_K_DQ_MMA,
   ATTN__CL_K_ZERO,
@@ -327,6 +328,11 @@ int attn__cl_config_portable(attn_context *ctx, attn__cl_config *config);
 /* The query rows a work-group of the config's dQ kernel takes (RB, BQ, or
  * bwd_mma.cl's 64): its grid, and DBIAS 2's row-block sums. */
 int attn__cl_dq_rows(const attn__cl_tiles *t);
+/* The key chunks of the rows backward's dQ parts (attn_bwd_dkdv_rows with
+ * dq_part, summed by attn_bwd_dq_parts), and the key blocks a chunk (*kpc);
+ * 0 where dQ takes its own kernel. */
+int attn__cl_dq_chunks(attn_context *ctx, const attn__problem *pb, const attn__cl_config *c,
+                       int *kpc);
 /* attn_bwd_dkdv_mma's query rows a block (its MQ) at head dim hd, with a
  * bias of bias_bytes an element (0: none). */
 int attn__cl_mma_query_rows(int hd, int bias_bytes);

@@ -678,7 +678,6 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
   }
 }
 
-#if DBIAS
 /* Zeroes a float tensor of shape (n0, n1, n2, n3) and strides s from p + o:
  * item (x, y, z) takes elements 4 x .. 4 x + 3 of rows y, y + the grid's
  * height, .. of (z / n1, z % n1), as one float4 where they are contiguous
@@ -698,7 +697,6 @@ __kernel void attn_bwd_zero(__global float *p, long o, long4 s, int n1, int n2, 
     }
   }
 }
-#endif
 
 #if DBIAS == 2
 /* After a launch of attn_bwd_dq with the grid (nqb, ny, nz) and first

@@ -2,16 +2,22 @@
  * Backward pass shaped for CPU devices (PoCL), beside fwd_rows.cl: the
  * kernels of bwd.cl's dK/dV and dQ steps with one work-item per work-group,
  * run after bwd.cl's attn_bwd_pre (delta_i = rowsum(dO_i * O_i)):
- *   attn_bwd_dkdv_rows  one item per block of KB keys of one key/value head:
- *                       for each query head sharing it and each block of RB
- *                       query rows that can see the keys, recompute
- *                       P = exp(S - lse) and dS = P (dP - delta), dP = dO V^T,
- *                       then dV += P^T dO, dK += dS^T Q (scaled at the end)
- *   attn_bwd_dq_rows    one item per block of RB query rows: the same P and
- *                       dS for each tile of KB keys, dQ += dS K, and dbias
- *                       as bwd.cl's attn_bwd_dq adds it (DBIAS 1 and 2)
+ *   attn_bwd_dkdv_rows  one item per chunk of key blocks (KB keys each) of one
+ *                       key/value head: for each block, each query head
+ *                       sharing it and each block of RB query rows that can
+ *                       see the keys, recompute P = exp(S - lse) and
+ *                       dS = P (dP - delta), dP = dO V^T, then dV += P^T dO,
+ *                       dK += dS^T Q (scaled at the end), and, without
+ *                       dbias, the chunk's part of dQ += dS K
+ *   attn_bwd_dq_parts   dQ, the parts summed in chunk order
+ *   attn_bwd_dq_rows    with dbias (chunks of one key block): one item per
+ *                       block of RB query rows, the same P and dS for each
+ *                       tile of KB keys, dQ += dS K, and dbias as bwd.cl's
+ *                       attn_bwd_dq adds it (DBIAS 1 and 2)
  * As in bwd.cl, each output element is owned by one work-item and summed in
- * a fixed order, without atomics.
+ * a fixed order, without atomics. dQ in parts takes 5 products a tile where
+ * dQ's own kernel repeats S and dP (7); a part per chunk of keys rather than
+ * per key block keeps the parts' memory within cl/plan.c's bound.
  *
  * Why this shape: as for fwd_rows.cl, PoCL runs a work-group as loops over
  * its items between barriers and vectorizes across items, so bwd.cl's
@@ -158,50 +164,92 @@ inline void store_rows(__global T *p, long4 s, int r0, int n, float8 (*acc)[NV],
       __global const int *cu_q, __global const int *cu_k, __global const float *alibi, int nq_all, \
       int nk_all, int group, int d, float scale, float softcap, int wl, int wr, int tq BIAS_ARGS
 
+/* dK and dV of chunk_blocks key blocks from block chunk_blocks *
+ * group_id(0) on, one after another; with dq_part, dQ's part from those
+ * keys too (dS K, unscaled, added into rows of HD floats at dq_part +
+ * ((chunk * heads + h) * tq + row) * HD, zeroed before the launch), so that
+ * S and dP are computed once rather than again by attn_bwd_dq_rows: the
+ * parts are summed in chunk order by attn_bwd_dq_parts. */
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dkdv_rows(
-    ROWS_BWD_ARGS, __global T *dk, long dko, long4 dks, __global T *dv, long dvo, long4 dvs) {
-  const int b = get_group_id(2), hk = get_group_id(1), j0 = get_group_id(0) * KB;
+    ROWS_BWD_ARGS, __global T *dk, long dko, long4 dks, __global T *dv, long dvo, long4 dvs,
+    __global float *dq_part, int chunk_blocks) {
+  const int b = get_group_id(2), hk = get_group_id(1), ch = get_group_id(0);
   const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
   const int nq = seq.nq, nk = seq.nk;
-  if (j0 >= nk) return;
-  const int kn = min(KB, nk - j0);
-  float8 kt[HD][KG], vt[HD][KG], qr[RB][NV], gr[RB][NV], dk_acc[KB][NV], dv_acc[KB][NV];
+  const int heads = get_num_groups(1) * group;
+  float8 kt[HD][KG], vt[HD][KG], kr[KB][NV], qr[RB][NV], gr[RB][NV], dk_acc[KB][NV], dv_acc[KB][NV],
+      dq_acc[RB][NV];
   float p[RB][KB], ds[RB][KB];
 #if DBIAS
   float dr[RB][KB];
 #endif
   rows_stats st;
-  stage_t(&kt[0][0], KG, HEAD_ROWS(k, ko, ks, b, hk, seq.k0), ks, j0, kn, d);
-  stage_t(&vt[0][0], KG, HEAD_ROWS(v, vo, vs, b, hk, seq.k0), vs, j0, kn, d);
-  for (int j = 0; j < KB; ++j)
-    for (int c = 0; c < NV; ++c)
-      dk_acc[j][c] = dv_acc[j][c] = 0.0f;
+  const int jend = min(nk, (ch + 1) * chunk_blocks * KB);
+  for (int j0 = ch * chunk_blocks * KB; j0 < jend; j0 += KB) {
+    const int kn = min(KB, nk - j0);
+    __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
+    stage_t(&kt[0][0], KG, kp, ks, j0, kn, d);
+    stage_t(&vt[0][0], KG, HEAD_ROWS(v, vo, vs, b, hk, seq.k0), vs, j0, kn, d);
+    if (dq_part) load_block(kr, KB, kp, ks, j0, kn, d);
+    for (int j = 0; j < KB; ++j)
+      for (int c = 0; c < NV; ++c)
+        dk_acc[j][c] = dv_acc[j][c] = 0.0f;
 
-  /* The query rows that see some key of the block. */
-  int ilo, ihi;
-  query_block_range(j0, j0 + kn, nq, nk, wl, wr, &ilo, &ihi);
-  for (int hh = 0; hh < group; ++hh) {
-    const int h = hk * group + hh;
-    const float slope = alibi ? alibi[h] : 0.0f;
-    BIAS_HEAD;
-    __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
-    __global const T *gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
-    for (int i0 = ilo; i0 < ihi; i0 += RB) {
-      const int n = min(RB, nq - i0);
-      load_block(qr, RB, qp, qs, i0, n, d);
-      load_block(gr, RB, gp, gs, i0, n, d);
-      stage_stats(&st, lse, lo_, ls, delta, b, h, seq, i0, tq, wl, wr);
-      rows_dot_keys(p, (const float *)qr, kt, kn);
-      rows_dot_keys(ds, (const float *)gr, vt, kn);
-      p_ds_tile(&st, &p[0][0], &ds[0][0], 0, i0, j0, kn, nq, nk, scale, softcap, slope, wl,
-                wr ROWS_BIAS(bias_h, 0) ROWS_DR(&dr[0][0]));
-      /* Keys rounded up to 2: p and ds are zero past kn. */
-      sum_products(dv_acc, (kn + 1) & ~1, &p[0][0], 1, KB, gr, RB);
-      sum_products(dk_acc, (kn + 1) & ~1, &ds[0][0], 1, KB, qr, RB);
+    /* The query rows that see some key of the block. */
+    int ilo, ihi;
+    query_block_range(j0, j0 + kn, nq, nk, wl, wr, &ilo, &ihi);
+    for (int hh = 0; hh < group; ++hh) {
+      const int h = hk * group + hh;
+      const float slope = alibi ? alibi[h] : 0.0f;
+      BIAS_HEAD;
+      __global const T *qp = HEAD_ROWS(q, qo, qs, b, h, seq.q0);
+      __global const T *gp = HEAD_ROWS(dout, go, gs, b, h, seq.q0);
+      __global float *dqp =
+          dq_part ? dq_part + (((long)ch * heads + h) * tq + seq.qflat) * HD : dq_part;
+      for (int i0 = ilo; i0 < ihi; i0 += RB) {
+        const int n = min(RB, nq - i0);
+        load_block(qr, RB, qp, qs, i0, n, d);
+        load_block(gr, RB, gp, gs, i0, n, d);
+        stage_stats(&st, lse, lo_, ls, delta, b, h, seq, i0, tq, wl, wr);
+        rows_dot_keys(p, (const float *)qr, kt, kn);
+        rows_dot_keys(ds, (const float *)gr, vt, kn);
+        p_ds_tile(&st, &p[0][0], &ds[0][0], 0, i0, j0, kn, nq, nk, scale, softcap, slope, wl,
+                  wr ROWS_BIAS(bias_h, 0) ROWS_DR(&dr[0][0]));
+        /* Keys rounded up to 2: p and ds are zero past kn. */
+        sum_products(dv_acc, (kn + 1) & ~1, &p[0][0], 1, KB, gr, RB);
+        sum_products(dk_acc, (kn + 1) & ~1, &ds[0][0], 1, KB, qr, RB);
+        if (!dq_part) continue;
+        /* dQ's part += dS K, keys in order. */
+        for (int i = 0; i < RB; ++i)
+          for (int c = 0; c < NV; ++c)
+            dq_acc[i][c] = i < n ? vload8(c, dqp + (long)(i0 + i) * HD) : 0.0f;
+        sum_products(dq_acc, RB, &ds[0][0], KB, 1, kr, kn);
+        for (int i = 0; i < n; ++i)
+          for (int c = 0; c < NV; ++c)
+            vstore8(dq_acc[i][c], c, dqp + (long)(i0 + i) * HD);
+      }
     }
+    store_rows(HEAD_ROWS(dk, dko, dks, b, hk, seq.k0), dks, j0, kn, dk_acc, scale, d);
+    store_rows(HEAD_ROWS(dv, dvo, dvs, b, hk, seq.k0), dvs, j0, kn, dv_acc, 1.0f, d);
   }
-  store_rows(HEAD_ROWS(dk, dko, dks, b, hk, seq.k0), dks, j0, kn, dk_acc, scale, d);
-  store_rows(HEAD_ROWS(dv, dvo, dvs, b, hk, seq.k0), dvs, j0, kn, dv_acc, 1.0f, d);
+}
+
+/* dQ from the parts of attn_bwd_dkdv_rows's nchunk chunks, summed in chunk
+ * order and scaled: a work-item a row of a head. */
+__kernel void attn_bwd_dq_parts(__global const float *dq_part, int nchunk, __global const int *cu_q,
+                                int nq_all, int tq, int d, float scale, __global T *dq, long dqo,
+                                long4 dqs) {
+  const int r = get_global_id(0), h = get_group_id(1), b = get_group_id(2);
+  const seq_info seq = seq_info_of(cu_q, cu_q, b, nq_all, nq_all);
+  if (r >= seq.nq) return;
+  const int heads = get_num_groups(1);
+  __global T *op = HEAD_ROWS(dq, dqo, dqs, b, h, seq.q0);
+  for (int c = 0; c < d; ++c) {
+    float x = 0.0f;
+    for (int ch = 0; ch < nchunk; ++ch)
+      x += dq_part[(((long)ch * heads + h) * tq + seq.qflat + r) * HD + c];
+    STORE(op, r * dqs.s1 + c * dqs.s3, x * scale);
+  }
 }
 
 #if DBIAS

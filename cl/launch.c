@@ -31,6 +31,7 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_DQ] = "attn_bwd_dq",
     [ATTN__CL_K_DKDV_ROWS] = "attn_bwd_dkdv_rows",
     [ATTN__CL_K_DQ_ROWS] = "attn_bwd_dq_rows",
+    [ATTN__CL_K_DQ_PARTS] = "attn_bwd_dq_parts",
     [ATTN__CL_K_DKDV_MMA] = "attn_bwd_dkdv_mma",
     [ATTN__CL_K_DQ_MMA] = "attn_bwd_dq_mma",
     [ATTN__CL_K_ZERO] = "attn_bwd_zero",
@@ -49,13 +50,13 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
  * the decode's and bwd.cl's dK/dV and dQ kernels' depend on their tiles:
  * 0 here). */
 static const size_t kernel_items[ATTN__CL_K_COUNT] = {
-    [ATTN__CL_K_FWD] = 0,           [ATTN__CL_K_FWD_ROWS] = 1, [ATTN__CL_K_FWD_MMA] = 128,
-    [ATTN__CL_K_PRE] = 64,          [ATTN__CL_K_DKDV] = 0,     [ATTN__CL_K_DQ] = 0,
-    [ATTN__CL_K_DKDV_ROWS] = 1,     [ATTN__CL_K_DQ_ROWS] = 1,  [ATTN__CL_K_DQ_MMA] = 128,
-    [ATTN__CL_K_DKDV_MMA] = 128,    [ATTN__CL_K_ZERO] = 64,    [ATTN__CL_K_DBIAS_SUM] = 64,
-    [ATTN__CL_K_DSINKS] = 64,       [ATTN__CL_K_DECODE] = 0,   [ATTN__CL_K_DECODE_MMA] = 128,
-    [ATTN__CL_K_SPLIT_MERGE] = 128, [ATTN__CL_K_APPEND] = 64,  [ATTN__CL_K_MERGE_MAX] = 1,
-    [ATTN__CL_K_MERGE_ADD] = 64,    [ATTN__CL_K_OFFSETS] = 64,
+    [ATTN__CL_K_FWD] = 0,          [ATTN__CL_K_FWD_ROWS] = 1,      [ATTN__CL_K_FWD_MMA] = 128,
+    [ATTN__CL_K_PRE] = 64,         [ATTN__CL_K_DKDV] = 0,          [ATTN__CL_K_DQ] = 0,
+    [ATTN__CL_K_DKDV_ROWS] = 1,    [ATTN__CL_K_DQ_ROWS] = 1,       [ATTN__CL_K_DQ_MMA] = 128,
+    [ATTN__CL_K_DQ_PARTS] = 64,    [ATTN__CL_K_DKDV_MMA] = 128,    [ATTN__CL_K_ZERO] = 64,
+    [ATTN__CL_K_DBIAS_SUM] = 64,   [ATTN__CL_K_DSINKS] = 64,       [ATTN__CL_K_DECODE] = 0,
+    [ATTN__CL_K_DECODE_MMA] = 128, [ATTN__CL_K_SPLIT_MERGE] = 128, [ATTN__CL_K_APPEND] = 64,
+    [ATTN__CL_K_MERGE_MAX] = 1,    [ATTN__CL_K_MERGE_ADD] = 64,    [ATTN__CL_K_OFFSETS] = 64,
 };
 
 static void release_one(attn__cl_impl *im, attn__cl_program *p) {
@@ -128,6 +129,7 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
           srcs[ns++] = attn__cl_src_bwd_rows;
           slots[nk++] = ATTN__CL_K_DKDV_ROWS;
           slots[nk++] = ATTN__CL_K_DQ_ROWS;
+          slots[nk++] = ATTN__CL_K_DQ_PARTS;
         } else if (t->bwd == ATTN__CL_BWD_MMA) {
           if (!mma) srcs[ns++] = attn__cl_src_mma;
           srcs[ns++] = attn__cl_src_bwd_mma;
@@ -143,7 +145,8 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
           slots[nk++] = ATTN__CL_K_DKDV;
           slots[nk++] = ATTN__CL_K_DQ;
         }
-        if (f & (ATTN__CL_F_DBIAS1 | ATTN__CL_F_DBIAS2)) slots[nk++] = ATTN__CL_K_ZERO;
+        if (f & (ATTN__CL_F_DBIAS1 | ATTN__CL_F_DBIAS2) || t->bwd == ATTN__CL_BWD_ROWS)
+          slots[nk++] = ATTN__CL_K_ZERO;
         if (f & ATTN__CL_F_DBIAS2) slots[nk++] = ATTN__CL_K_DBIAS_SUM;
         if (f & ATTN__CL_F_SINKS) slots[nk++] = ATTN__CL_K_DSINKS;
       }
@@ -765,6 +768,15 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
   if (st) return st;
 
   const int rows = c.t->bwd == ATTN__CL_BWD_ROWS, mma = c.t->bwd == ATTN__CL_BWD_MMA;
+  int kpc;
+  const int hd = ((const attn__cl_config *)plan->config)->hd;
+  const int chunks = attn__cl_dq_chunks(ctx, pb, plan->config, &kpc);
+  if (chunks) {
+    /* dQ's parts, added to from zero. */
+    const int64_t s[4] = {0, tq * hd, hd, 1}, n[4] = {1, (int64_t)chunks * pb->heads_q, tq, hd};
+    st = zero(ctx, &c, im->work.mem, 0, s, n);
+    if (st) return st;
+  }
   const int slots[2] = {rows  ? ATTN__CL_K_DKDV_ROWS
                         : mma ? ATTN__CL_K_DKDV_MMA
                               : ATTN__CL_K_DKDV,
@@ -787,9 +799,27 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
       arg_tensor(&b, &pb->dv, es);
       const int block = rows ? c.t->kb : mma ? ATTN__CL_MMA_ROWS : c.t->bk;
       const size_t items = rows ? 1 : mma ? kernel_items[ATTN__CL_K_DKDV_MMA] : bwd_items(c.t);
-      st = launch(ctx, b.k, &b, kernel_names[slots[0]],
-                  (size_t)((pb->seqlen_k + block - 1) / block) * items, (size_t)pb->heads_kv,
-                  (size_t)pb->batch, items);
+      size_t gx = (size_t)((pb->seqlen_k + block - 1) / block) * items;
+      if (rows) {
+        /* A key block a work-item, or a chunk of them with dQ's parts. */
+        arg_mem(&b, chunks ? im->work.mem : NULL);
+        arg_int(&b, chunks ? kpc : 1);
+        if (chunks) gx = (size_t)chunks;
+      }
+      st = launch(ctx, b.k, &b, kernel_names[slots[0]], gx, (size_t)pb->heads_kv, (size_t)pb->batch,
+                  items);
+    } else if (chunks) {
+      args s = args_of(im, p->k[ATTN__CL_K_DQ_PARTS]);
+      arg_mem(&s, im->work.mem);
+      arg_int(&s, chunks);
+      arg_mem(&s, c.cu_q);
+      arg_int(&s, (cl_int)pb->seqlen_q);
+      arg_int(&s, (cl_int)tq);
+      arg_int(&s, (cl_int)pb->head_dim);
+      arg_float(&s, (float)pb->scale);
+      arg_tensor(&s, &pb->dq, es);
+      st = launch(ctx, s.k, &s, kernel_names[ATTN__CL_K_DQ_PARTS], cover(pb->seqlen_q, 64),
+                  (size_t)pb->heads_q, (size_t)pb->batch, 64);
     } else {
       st = backward_dq(ctx, pb, &c, &b);
     }

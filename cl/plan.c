@@ -516,6 +516,30 @@ void attn__cl_split_of(attn_context *ctx, const attn__problem *pb, const attn__p
   sp->nsplit = (int)(n < 1 ? 1 : n);
 }
 
+/* One pass computes S and dP once for dK, dV and dQ (5 products a tile
+ * rather than 7): each work-item adds dS K into an f32 part of dQ of its
+ * own chunk of keys, and the parts are summed in chunk order. Two chunks'
+ * work-items a compute unit across sequences and kv heads, up to 64 MiB of
+ * parts (one chunk whatever its size). dbias keeps dQ's own kernel: its
+ * broadcast dimensions would have work-items add to one element. */
+#define DQ_PARTS_BYTES ((size_t)64 << 20)
+int attn__cl_dq_chunks(attn_context *ctx, const attn__problem *pb, const attn__cl_config *c,
+                       int *kpc) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  *kpc = 0;
+  if (c->t.bwd != ATTN__CL_BWD_ROWS || pb->has_dbias) return 0;
+  const int64_t units = pb->batch * pb->heads_kv, kb = c->t.kb;
+  const int64_t blocks = (longest_keys(pb) + kb - 1) / kb;
+  const int64_t tq = pb->varlen ? pb->total_q : pb->batch * pb->seqlen_q;
+  const size_t part = (size_t)pb->heads_q * (size_t)tq * (size_t)c->hd * sizeof(float);
+  int64_t n = (2 * (int64_t)im->dev->info.compute_units + units - 1) / units;
+  if (part && (size_t)n > DQ_PARTS_BYTES / part) n = (int64_t)(DQ_PARTS_BYTES / part);
+  if (n > blocks) n = blocks;
+  if (n < 1) n = 1;
+  *kpc = (int)((blocks + n - 1) / n);
+  return blocks > 0 ? (int)((blocks + *kpc - 1) / *kpc) : 1;
+}
+
 void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const attn__plan *plan,
                            attn__cl_workspace *ws) {
   memset(ws, 0, sizeof *ws);
@@ -532,6 +556,11 @@ void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const att
     ws->work = parts * (size_t)c->hd * sizeof(float);
     ws->work2 = 2 * parts * sizeof(float);
   }
+  int kpc;
+  const int chunks = plan->backward ? attn__cl_dq_chunks(ctx, pb, c, &kpc) : 0;
+  if (chunks)
+    ws->work =
+        (size_t)chunks * (size_t)pb->heads_q * (size_t)ws->tq * (size_t)c->hd * sizeof(float);
   if (plan->backward && pb->has_dbias && dbias_over_rows(pb)) {
     /* A row-block sum per work-group of one launch of attn_bwd_dq, which
      * covers one sequence or head where dbias sums over them. */
