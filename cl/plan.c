@@ -520,8 +520,9 @@ void attn__cl_split_of(attn_context *ctx, const attn__problem *pb, const attn__p
  * rather than 7): each work-item adds dS K into an f32 part of dQ of its
  * own chunk of keys, and the parts are summed in chunk order. Two chunks'
  * work-items a compute unit across sequences and kv heads, up to 64 MiB of
- * parts (one chunk whatever its size). dbias keeps dQ's own kernel: its
- * broadcast dimensions would have work-items add to one element. */
+ * parts (one chunk, an f32 dQ, where the device can hold it). dbias keeps
+ * dQ's own kernel: its broadcast dimensions would have work-items add to
+ * one element. */
 #define DQ_PARTS_BYTES ((size_t)64 << 20)
 int attn__cl_dq_chunks(attn_context *ctx, const attn__problem *pb, const attn__cl_config *c,
                        int *kpc) {
@@ -532,6 +533,7 @@ int attn__cl_dq_chunks(attn_context *ctx, const attn__problem *pb, const attn__c
   const int64_t blocks = (longest_keys(pb) + kb - 1) / kb;
   const int64_t tq = pb->varlen ? pb->total_q : pb->batch * pb->seqlen_q;
   const size_t part = (size_t)pb->heads_q * (size_t)tq * (size_t)c->hd * sizeof(float);
+  if (part > im->dev->max_alloc) return 0;
   int64_t n = (2 * (int64_t)im->dev->info.compute_units + units - 1) / units;
   if (part && (size_t)n > DQ_PARTS_BYTES / part) n = (int64_t)(DQ_PARTS_BYTES / part);
   if (n > blocks) n = blocks;
