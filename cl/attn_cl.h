@@ -144,8 +144,9 @@ enum attn__cl_bwd_shape {
 #define ATTN__CL_MMA_DECODE_ROWS 16
 
 /* Whether a config decodes on the tensor cores (decode_mma.cl): where its
- * forward runs on them. */
-#define ATTN__CL_DECODES_MMA(t) ((t)->fwd == ATTN__CL_FWD_MMA)
+ * forward runs on them, on 16-bit data (f32 decodes read twice the bytes
+ * for the same products: decode.cl keeps up with them). */
+#define ATTN__CL_DECODES_MMA(c) ((c)->t.fwd == ATTN__CL_FWD_MMA && (c)->dtype != ATTN_F32)
 
 /* The tiles one program is built with (fwd.cl's, fwd_rows.cl's and bwd.cl's
  * -D parameters). */
@@ -335,7 +336,7 @@ int attn__cl_dq_chunks(attn_context *ctx, const attn__problem *pb, const attn__c
                        int *kpc);
 /* attn_bwd_dkdv_mma's query rows a block (its MQ) at head dim hd, with a
  * bias of bias_bytes an element (0: none). */
-int attn__cl_mma_query_rows(int hd, int bias_bytes);
+int attn__cl_mma_query_rows(int dtype, int hd, int bias_bytes);
 /* Replaces a GPU config by the device's 128-work-item row, where the
  * compiled forward kernel cannot run the GPU row's work-group: the plan's
  * config pointer then names what runs. 0 when no narrower row fits. */

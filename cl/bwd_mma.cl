@@ -19,7 +19,9 @@
  * beside them and a block's bias tile (the plan's
  * attn__cl_mma_query_rows, -DMQ). Each S^T element is the forward's S
  * element: the same 16-element products summed k16 step by k16 step in the
- * same order, the operands' roles swapped.
+ * same order, the operands' roles swapped (f32: the same three TF32
+ * products a k8 step, the two small ones summed apart in swapped order,
+ * which moves S by float32's rounding, not the split's).
  *
  * attn_bwd_dq_mma: BQ = 64 query rows of one (sequence, head), over key
  * blocks of MK = 32:
@@ -41,16 +43,19 @@
  * dQ's key block with its K and V (BIAS_STAGED; an f32 bias above HD 96
  * is loaded by each lane, a block at once): read element by element in
  * the score loop instead, each load's wait stands alone. The PTX and the
- * staging: mma.cl; the arguments: bwd.cl. HD at most 128.
+ * staging: mma.cl; the arguments: bwd.cl. HD at most 128; f32 (three
+ * TF32 products a product, with fwd_mma.cl's f32 forward, whose lse
+ * these scores must match) at most 64, where K and V's f32 rows of a block
+ * fit.
  */
 #define QR 64                                      /* query rows per work-group (BQ) */
 #define MK 32                                      /* keys per block */
-#define QST (HD + 8)                               /* Q, dO, K and V rows in local memory */
+#define QST (HD + PAD)                             /* Q, dO, K and V rows in local memory */
 #define NDN (HD / 8)                               /* 8-column tiles of dQ, dK, dV a warp holds */
-#define NDK (HD / 16)                              /* k16 steps of Q K^T */
+#define NDK (HD / KSTEP)                           /* k steps of Q K^T */
 #define NSK (MK / 8)                               /* 8-column tiles of S */
-#define QUNITS (2 * QR * QST / 8)                  /* Q and dO, in 16-byte units */
-#define KUNITS (2 * 2 * MK * QST / 8)              /* K and V of two blocks */
+#define QUNITS (2 * QR * QST / UNIT)               /* Q and dO, in 16-byte units */
+#define KUNITS (2 * 2 * MK * QST / UNIT)           /* K and V of two blocks */
 #define BUNITS (QUNITS > KUNITS ? QUNITS : KUNITS) /* they share the buffer */
 #define KR 64                                      /* keys per dK/dV work-group */
 #ifndef MQ
@@ -64,9 +69,9 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
     BWD_ARGS, __global T *dk, long dko, long4 dks, __global T *dv, long dvo, long4 dvs) {
   /* As attn_bwd_dq_mma: S * scale rounded before lse is taken from it. */
 #pragma OPENCL FP_CONTRACT OFF
-  __local uint4 kv_w[2 * KR * QST / 8], qg_w[2 * MQ * QST / 8];
-  __local ushort *Ks = (__local ushort *)kv_w, *Vs = Ks + KR * QST;
-  __local ushort *Qs = (__local ushort *)qg_w, *Gs = Qs + MQ * QST;
+  __local uint4 kv_w[2 * KR * QST / UNIT], qg_w[2 * MQ * QST / UNIT];
+  __local RAW *Ks = (__local RAW *)kv_w, *Vs = Ks + KR * QST;
+  __local RAW *Qs = (__local RAW *)qg_w, *Gs = Qs + MQ * QST;
   __local float lse_s[MQ], lo_s[MQ], delta_s[MQ];
 #if HAS_BIAS
   __local uint4 bias_w[MQ * KBST * BIAS_BYTES / 16];
@@ -81,10 +86,10 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
 
   /* The block's K and V, for the whole pass; they land with the first
    * block's Q and dO (copies_wait). */
-  stage_rows(Ks, QST, KR, (__global const ushort *)HEAD_ROWS(k, ko, ks, b, hk, seq.k0), ks, j0, nk,
-             d, 0, lid);
-  stage_rows(Vs, QST, KR, (__global const ushort *)HEAD_ROWS(v, vo, vs, b, hk, seq.k0), vs, j0, nk,
-             d, 0, lid);
+  stage_rows(Ks, QST, KR, (__global const RAW *)HEAD_ROWS(k, ko, ks, b, hk, seq.k0), ks, j0, nk, d,
+             0, lid);
+  stage_rows(Vs, QST, KR, (__global const RAW *)HEAD_ROWS(v, vo, vs, b, hk, seq.k0), vs, j0, nk, d,
+             0, lid);
 
   /* The warp's keys: the lane's two, 16 w + g and 16 w + g + 8. */
   const int kw = 16 * w;
@@ -102,8 +107,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
     const int h = hk * group + hh;
     const float slope = alibi ? alibi[h] : 0.0f;
     BIAS_HEAD;
-    __global const ushort *qp = (__global const ushort *)HEAD_ROWS(q, qo, qs, b, h, seq.q0);
-    __global const ushort *gp = (__global const ushort *)HEAD_ROWS(dout, go, gs, b, h, seq.q0);
+    __global const RAW *qp = (__global const RAW *)HEAD_ROWS(q, qo, qs, b, h, seq.q0);
+    __global const RAW *gp = (__global const RAW *)HEAD_ROWS(dout, go, gs, b, h, seq.q0);
     for (int i0 = ilo / MQ * MQ; i0 < ihi; i0 += MQ) {
       barrier(CLK_LOCAL_MEM_FENCE); /* the last block's reads are done */
       stage_rows(Qs, QST, MQ, qp, qs, i0, nq, d, 0, lid);
@@ -177,12 +182,11 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
 #else
 #define STAGE_DQ_BIAS(j)
 #endif
-#define STAGE_KV(j)                                                                            \
-  do {                                                                                         \
-    stage_rows(KV_SLOT(j), QST, MK, (__global const ushort *)kp, ks, (j), nk, d, 0, lid);      \
-    stage_rows(KV_SLOT(j) + MK * QST, QST, MK, (__global const ushort *)vp, vs, (j), nk, d, 0, \
-               lid);                                                                           \
-    STAGE_DQ_BIAS(j);                                                                          \
+#define STAGE_KV(j)                                                                               \
+  do {                                                                                            \
+    stage_rows(KV_SLOT(j), QST, MK, (__global const RAW *)kp, ks, (j), nk, d, 0, lid);            \
+    stage_rows(KV_SLOT(j) + MK * QST, QST, MK, (__global const RAW *)vp, vs, (j), nk, d, 0, lid); \
+    STAGE_DQ_BIAS(j);                                                                             \
   } while (0)
 
 __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq_mma(
@@ -191,8 +195,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
    * bwd.cl round it (see tile_p_ds). */
 #pragma OPENCL FP_CONTRACT OFF
   __local uint4 buf[BUNITS];
-  __local ushort *Qs = (__local ushort *)buf, *Gs = Qs + QR * QST;
-  __local ushort *KVs = (__local ushort *)buf; /* block j's K, V at its slot (j / MK) % 2 */
+  __local RAW *Qs = (__local RAW *)buf, *Gs = Qs + QR * QST;
+  __local RAW *KVs = (__local RAW *)buf; /* block j's K, V at its slot (j / MK) % 2 */
 #if DBIAS == 2
   __local float colsum[4 * MK];
 #endif
@@ -207,22 +211,16 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
 
   /* The warp's rows of Q and dO as A fragments, for the whole pass. */
-  stage_rows(Qs, QST, QR, (__global const ushort *)HEAD_ROWS(q, qo, qs, b, h, seq.q0), qs, i0, nq,
+  stage_rows(Qs, QST, QR, (__global const RAW *)HEAD_ROWS(q, qo, qs, b, h, seq.q0), qs, i0, nq, d,
+             0, lid);
+  stage_rows(Gs, QST, QR, (__global const RAW *)HEAD_ROWS(dout, go, gs, b, h, seq.q0), gs, i0, nq,
              d, 0, lid);
-  stage_rows(Gs, QST, QR, (__global const ushort *)HEAD_ROWS(dout, go, gs, b, h, seq.q0), gs, i0,
-             nq, d, 0, lid);
   copies_wait();
   barrier(CLK_LOCAL_MEM_FENCE);
   uint qa[NDK][4], ga[NDK][4];
   const int qr = 16 * w + g;
-#pragma unroll
-  for (int kk = 0; kk < NDK; ++kk)
-#pragma unroll
-    for (int f = 0; f < 4; ++f) {
-      const int row = qr + 8 * (f & 1), col = 16 * kk + 8 * (f >> 1) + 2 * t;
-      qa[kk][f] = word_at(Qs, row, QST, col);
-      ga[kk][f] = word_at(Gs, row, QST, col);
-    }
+  rows_fragments(qa, NDK, Qs + 16 * w * QST, QST, lane);
+  rows_fragments(ga, NDK, Gs + 16 * w * QST, QST, lane);
 
   /* The lane's two rows: lse (hi, lo) and delta; -inf past the sequence,
    * which marks a row as passing no gradient. */
@@ -253,7 +251,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   if (lo < hi) STAGE_KV(lo / MK * MK);
   copies_commit();
   for (int j0 = lo / MK * MK; j0 < hi; j0 += MK) {
-    __local ushort *Ks = KV_SLOT(j0), *Vs = Ks + MK * QST;
+    __local RAW *Ks = KV_SLOT(j0), *Vs = Ks + MK * QST;
     barrier(CLK_LOCAL_MEM_FENCE); /* the last block's reads of the other slot are done */
     if (j0 + MK < hi) STAGE_KV(j0 + MK);
     copies_commit();

@@ -1,16 +1,16 @@
 /*
  * Forward pass on NVIDIA's tensor cores (sm_80 and later), through inline
- * PTX: the vendor path beside fwd.cl for f16 and bf16, with fwd.cl's
- * arguments, steps and rules (common.cl). One work-group of 4 warps takes
- * MR = 64 query rows of one (sequence, head), 16 rows a warp, over key
- * tiles of MC = 64:
- *   S = Q K^T      mma.sync m16n8k16, Q's fragments held in registers, K
- *                  row-major in local memory (ldmatrix)
+ * PTX: the vendor path beside fwd.cl, with fwd.cl's arguments, steps and
+ * rules (common.cl). One work-group of 4 warps takes MR = 64 query rows of
+ * one (sequence, head), 16 rows a warp, over key tiles of MC = 64:
+ *   S = Q K^T      mma.sync (m16n8k16 f16/bf16, or f32 as three TF32
+ *                  m16n8k8 products, mma.cl), Q's fragments held in
+ *                  registers, K row-major in local memory
  *   S -> scale, softcap, ALiBi, bias, mask, online softmax (common.cl), the
  *        row maxima and sums over the 4 lanes that share a row (shfl.sync)
- *   O += P V       P packed to 16 bits from S's accumulators, which already
- *                  lie as the next product's A fragments; V row-major in
- *                  local memory too (ldmatrix, transposed)
+ *   O += P V       P from S's accumulators, which already lie as the next
+ *                  product's A fragments (packed to 16 bits, or split to
+ *                  TF32 pairs); V row-major in local memory too
  * Lane (g, t) = (lane / 4, lane % 4) of warp w holds rows 16 w + g and
  * 16 w + g + 8, and of each 8 columns of S or O the columns 2 t, 2 t + 1:
  * the m16n8k16 layout of C and D. K, V and a bias tile come by cp.async,
@@ -21,8 +21,9 @@
  * The PTX and the staging: mma.cl, which precedes this file. Built only
  * for a device whose driver takes PTX in OpenCL C (NVIDIA, the plan checks
  * the compute capability); a build that fails falls back to the device's
- * GPU row, fwd.cl (attn__cl_config_portable). HD at most 128: O, S and Q's fragments take
- * HD / 2 + 32 + HD / 4 registers a lane.
+ * GPU row, fwd.cl (attn__cl_config_portable). HD at most 128 (f32: 64, the plan's rows): O,
+ * S and Q's fragments take HD / 2 + 32 + HD / 4 registers a lane (f32: HD / 2 + 64 + HD / 2,
+ * S's small terms summed apart).
  */
 #ifndef HD
 #define HD 64
@@ -30,10 +31,10 @@
 #define MR 64 /* query rows per work-group */
 #define MC 64 /* keys per tile */
 #define MT MMA_ITEMS
-#define KST (HD + 8)  /* Q, K and V rows in local memory, in 16-bit elements */
-#define NSN (MC / 8)  /* 8-column tiles of S a warp holds */
-#define NON (HD / 8)  /* of O */
-#define NQK (HD / 16) /* k16 steps of Q K^T */
+#define KST (HD + PAD)   /* Q, K and V rows in local memory, in elements */
+#define NSN (MC / 8)     /* 8-column tiles of S a warp holds */
+#define NON (HD / 8)     /* of O */
+#define NQK (HD / KSTEP) /* k steps of Q K^T */
 /* A staged bias tile's rows (BIAS_STAGED, mma.cl) are BST elements apart:
  * a lane's pairs of row g and of row g + 8 fall in distinct banks. */
 #if BIAS_STAGED
@@ -59,15 +60,16 @@
 #else
 #define STAGE_BIAS(j)
 #endif
-#define STAGE_K(j)                                               \
-  STAGE_ROWS(Ks, MC, (__global const ushort *)kp, ks, j, nk, 1); \
+#define STAGE_K(j)                                            \
+  STAGE_ROWS(Ks, MC, (__global const RAW *)kp, ks, j, nk, 1); \
   STAGE_BIAS(j)
 
 __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_ARGS) {
-  /* Q passes through Ks before the first tile. 16-byte units, for the
-   * staging's stores (KST keeps rows whole units apart). */
-  __local uint4 Ks_w[MC * KST / 8], Vs_w[MC * KST / 8];
-  __local ushort *Ks = (__local ushort *)Ks_w, *Vs = (__local ushort *)Vs_w;
+  /* Q passes through Ks and Vs, one buffer, before the first tile.
+   * 16-byte units, for the staging's stores (KST keeps rows whole units
+   * apart). */
+  __local uint4 KVs_w[2 * MC * KST / UNIT];
+  __local RAW *Ks = (__local RAW *)KVs_w, *Vs = Ks + MC * KST;
 #if BIAS_STAGED
   __local uint4 Bs_w[MR * BST * BIAS_BYTES / 16];
   __local uchar *Bs = (__local uchar *)Bs_w;
@@ -85,18 +87,12 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
   key_block_common(r0, r0 + MR, nq, nk, wl, wr, &all_lo, &all_hi);
 
   /* The warp's rows of Q as A fragments, for the whole pass. */
-  STAGE_ROWS(Ks, MR, (__global const ushort *)qp, qs, r0, nq, 0);
+  STAGE_ROWS(Ks, MR, (__global const RAW *)qp, qs, r0, nq, 0);
   copies_wait();
   barrier(CLK_LOCAL_MEM_FENCE);
   uint qa[NQK][4];
   const int qr = 16 * w + g;
-#pragma unroll
-  for (int kk = 0; kk < NQK; ++kk) {
-    qa[kk][0] = word_at(Ks, qr, KST, 16 * kk + 2 * t);
-    qa[kk][1] = word_at(Ks, qr + 8, KST, 16 * kk + 2 * t);
-    qa[kk][2] = word_at(Ks, qr, KST, 16 * kk + 8 + 2 * t);
-    qa[kk][3] = word_at(Ks, qr + 8, KST, 16 * kk + 8 + 2 * t);
-  }
+  rows_fragments(qa, NQK, Ks + 16 * w * KST, KST, lane);
 
   /* The lane's two rows: their running max and (partial) sum, and O. */
   const int ra = r0 + qr, rb = ra + 8;
@@ -131,7 +127,7 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
       }
 #endif
     barrier(CLK_LOCAL_MEM_FENCE); /* the last tile's P V is done with Vs */
-    STAGE_ROWS(Vs, MC, (__global const ushort *)vp, vs, j0, nk, 1);
+    STAGE_ROWS(Vs, MC, (__global const RAW *)vp, vs, j0, nk, 1);
     copies_commit();
     copies_wait_but_last(); /* the tile's K (and bias) */
     barrier(CLK_LOCAL_MEM_FENCE);

@@ -138,7 +138,7 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
           if (f & ATTN__CL_F_BIAS)
             bias_bytes = ((f >> ATTN__CL_F_BIAS_SHIFT) & 3u) == ATTN_F32 ? 4 : 2;
           len += snprintf(opts + len, n - (size_t)len, " -DMQ=%d",
-                          attn__cl_mma_query_rows(c->hd, bias_bytes));
+                          attn__cl_mma_query_rows(c->dtype, c->hd, bias_bytes));
           slots[nk++] = ATTN__CL_K_DKDV_MMA;
           slots[nk++] = ATTN__CL_K_DQ_MMA;
         } else {
@@ -154,7 +154,7 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
     case ATTN__CL_PROG_DECODE:
       len += snprintf(opts + len, n - (size_t)len, " -DDR=%d -DNTD=%d",
                       1 << ((f >> ATTN__CL_F_DR_SHIFT) & 7u), t->ntd);
-      if (ATTN__CL_DECODES_MMA(t)) {
+      if (ATTN__CL_DECODES_MMA(c)) {
         srcs[ns++] = attn__cl_src_mma;
         srcs[ns++] = attn__cl_src_decode_mma;
         slots[nk++] = ATTN__CL_K_DECODE_MMA;
@@ -624,11 +624,11 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
   attn__tensor no_lse;
   memset(&no_lse, 0, sizeof no_lse);
   const int rows = !decode && c.t->fwd == ATTN__CL_FWD_ROWS;
-  const int slot = decode && ATTN__CL_DECODES_MMA(c.t) ? ATTN__CL_K_DECODE_MMA
-                   : decode                            ? ATTN__CL_K_DECODE
-                   : rows                              ? ATTN__CL_K_FWD_ROWS
-                   : c.t->fwd == ATTN__CL_FWD_MMA      ? ATTN__CL_K_FWD_MMA
-                                                       : ATTN__CL_K_FWD;
+  const int slot = decode && ATTN__CL_DECODES_MMA(c.p->config) ? ATTN__CL_K_DECODE_MMA
+                   : decode                                    ? ATTN__CL_K_DECODE
+                   : rows                                      ? ATTN__CL_K_FWD_ROWS
+                   : c.t->fwd == ATTN__CL_FWD_MMA              ? ATTN__CL_K_FWD_MMA
+                                                               : ATTN__CL_K_FWD;
   args a = args_of(im, p->k[slot]);
   arg_tensor(&a, &pb->q, es);
   arg_tensor(&a, &pb->k, es);

@@ -1,14 +1,20 @@
 /*
  * NVIDIA's tensor cores from OpenCL C, through inline PTX (sm_80 and
- * later), for the kernels that run on them (fwd_mma.cl, bwd_mma.cl, which
- * follow this file): mma.sync m16n8k16 on f16 or bf16 (DTYPE) with f32
- * accumulators, the pack of two floats into one 16-bit pair, the lane
- * exchange of a warp, the staging of 16-bit tiles row-major into local
- * memory, and the products' B fragments read from there by ldmatrix, four
- * 8 x 8 matrices an instruction (transposed for an operand whose rows are
- * the product's k). Fragments follow the PTX ISA: lane (g, t) = (lane / 4,
- * lane % 4) holds rows g and g + 8, and of each 8 columns the columns 2 t,
- * 2 t + 1, of C and D.
+ * later), for the kernels that run on them (fwd_mma.cl, bwd_mma.cl,
+ * decode_mma.cl, which follow this file): mma.sync on f16 or bf16 (DTYPE)
+ * m16n8k16 tiles, or on f32 as three TF32 m16n8k8 products (below), with
+ * f32 accumulators; the lane exchange of a warp; the staging of tiles
+ * row-major into local memory as stored (RAW elements); and the products'
+ * fragments read from there. Fragments follow the PTX ISA: lane (g, t) =
+ * (lane / 4, lane % 4) holds rows g and g + 8, and of each 8 columns the
+ * columns 2 t, 2 t + 1, of C and D, in both shapes.
+ *
+ * f32 ("3xTF32"): TF32 keeps 10 of float32's 23 mantissa bits, so each
+ * operand x is split into hi = tf32(x) and lo = tf32(x - hi), and a b is
+ * taken as a_lo b_hi + a_hi b_lo + a_hi b_hi: what it drops, a_lo b_lo and
+ * the roundings of lo, is within a few units of float32's roundoff, the
+ * accuracy rule's bar, at three times one TF32 product's cost (a TF32
+ * product runs at twice an f32 FMA's rate per tensor core element).
  */
 #ifndef HD
 #define HD 64
@@ -17,14 +23,32 @@
 #define MMA_ITEMS 128 /* work-items of a work-group: 4 warps */
 #endif
 
+/* EB: bytes an element in local memory; UNIT: elements a 16-byte unit;
+ * KSTEP: the products' k a step; PAD: what local rows add to HD, so that
+ * the fragments' reads fall in distinct banks (ldmatrix's 8 rows of a
+ * 16-byte column for 16-bit tiles; for f32, rows 4 words apart: lane (g,
+ * t)'s word g * PAD + t, and the transposed read's 2 t * PAD + g). */
+#if DTYPE == 0
+#define EB 4
+#define KSTEP 8
+#define PAD 4
+#define MAX_NN 8 /* the most 8-column tiles of S a product takes (tile_times_rows) */
+#else
+#define EB 2
+#define KSTEP 16
+#define PAD 8
+#endif
+#define UNIT (16 / EB)
+
 #if DTYPE == 1
 #define MMA_TYPES "f32.f16.f16.f32"
 #define CVT_PAIR "cvt.rn.f16x2.f32"
-#else
+#elif DTYPE == 2
 #define MMA_TYPES "f32.bf16.bf16.f32"
 #define CVT_PAIR "cvt.rn.bf16x2.f32"
 #endif
 
+#if DTYPE != 0
 /* d = a b + d for one m16n8k16 tile (fragments as the PTX ISA lays them). */
 inline void mma_tile(float *d, const uint *a, uint b0, uint b1) {
   float e0, e1, e2, e3;
@@ -45,6 +69,54 @@ inline uint pack_pair(float x, float y) {
   __asm__ __volatile__(CVT_PAIR " %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
   return r;
 }
+#else
+/* d = a b + d for one m16n8k8 TF32 tile. */
+inline void mma_tf32(float *d, const uint *a, uint b0, uint b1) {
+  float e0, e1, e2, e3;
+  __asm__ __volatile__(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+      " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+      : "=f"(e0), "=f"(e1), "=f"(e2), "=f"(e3)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(d[0]), "f"(d[1]),
+        "f"(d[2]), "f"(d[3]));
+  d[0] = e0;
+  d[1] = e1;
+  d[2] = e2;
+  d[3] = e3;
+}
+
+/* x (a float's bits) as hi + lo: hi rounded to TF32 (to nearest, ties
+ * away, as cvt.rna.tf32.f32, by integer arithmetic: the cvt is five
+ * instructions with its NaN and infinity tests, and a split per element of
+ * every fragment made it the kernels' largest cost); lo = x - hi exactly,
+ * whose top 19 bits the tensor cores read as TF32: 2^-21 |x| at most is
+ * lost. A NaN gives a NaN lo (a canonical NaN's hi is -0), so NaN stays
+ * NaN; a finite |x| above TF32's largest finite value, 3.4026e38, rounds
+ * to an infinite hi, as cvt.rna rounds it. */
+inline void split_tf32(uint x, uint *hi, uint *lo) {
+  *hi = (x + 0x1000u) & 0xffffe000u;
+  *lo = as_uint(as_float(x) - as_float(*hi));
+}
+
+/* d = a b + d, a and b float32 fragments of an m16n8k8 tile (a split
+ * already: ah, al; b as floats' bits), by three TF32 products, the small
+ * terms first. */
+inline void mma_tile(float *d, const uint *ah, const uint *al, uint b0, uint b1) {
+  uint h0, l0, h1, l1;
+  split_tf32(b0, &h0, &l0);
+  split_tf32(b1, &h1, &l1);
+  mma_tf32(d, al, h0, h1);
+  mma_tf32(d, ah, l0, l1);
+  mma_tf32(d, ah, h0, h1);
+}
+
+/* A fragment split into its hi and lo parts. */
+inline void split_fragment(const uint *a, uint *ah, uint *al) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    split_tf32(a[i], &ah[i], &al[i]);
+}
+#endif
 
 /* x from the lane whose id differs from this one's by the bits of m. */
 inline float lane_xor(float x, int m) {
@@ -95,28 +167,27 @@ inline void copies_wait_but_last(void) {
 }
 
 /* Rows j0 .. j0 + rows - 1 of a [.., HD] operand (n rows, d columns) into
- * local memory, row j at j * ld, zero past the ends: key rows (keyed,
- * through KEY_ROW) or query rows; ld a multiple of 8, so that rows are
- * whole 16-byte units and 8 rows of a unit column fall in distinct banks
- * (ldmatrix). An item moves 8 columns at a time: one copy16 where the run
- * is contiguous and aligned, which lands later (copies_wait), else element
- * by element, stored at once; consecutive items take consecutive runs of a
- * row. */
-inline void stage_tile(__local ushort *dst, int ld, int rows, __global const ushort *p, long4 s,
-                       int j0, int n, int d, int keyed, int lid KEY_PAGES_PARAM) {
-  for (int e = lid; e < rows * HD / 8; e += MMA_ITEMS) {
-    const int j = e / (HD / 8), c = 8 * (e % (HD / 8));
-    __local ushort *at = dst + j * ld + c;
+ * local memory as stored, row j at j * ld, zero past the ends: key rows
+ * (keyed, through KEY_ROW) or query rows; ld HD + PAD, so that rows are
+ * whole 16-byte units. An item moves a unit (UNIT columns) at a time: one
+ * copy16 where the run is contiguous and aligned, which lands later
+ * (copies_wait), else element by element, stored at once; consecutive
+ * items take consecutive units of a row. */
+inline void stage_tile(__local RAW *dst, int ld, int rows, __global const RAW *p, long4 s, int j0,
+                       int n, int d, int keyed, int lid KEY_PAGES_PARAM) {
+  for (int e = lid; e < rows * HD / UNIT; e += MMA_ITEMS) {
+    const int j = e / (HD / UNIT), c = UNIT * (e % (HD / UNIT));
+    __local RAW *at = dst + j * ld + c;
     uint w[4] = {0u, 0u, 0u, 0u};
     if (j0 + j < n) {
       const long row = keyed ? KEY_ROW(j0 + j, s) : (long)(j0 + j) * s.s1;
-      __global const ushort *src = p + row + c * s.s3;
-      if (s.s3 == 1 && c + 8 <= d && ((ulong)src & 15u) == 0u) {
+      __global const RAW *src = p + row + c * s.s3;
+      if (s.s3 == 1 && c + UNIT <= d && ((ulong)src & 15u) == 0u) {
         copy16(at, src);
         continue;
       }
-      for (int u = 0; u < 8 && c + u < d; ++u)
-        w[u / 2] |= (uint)src[u * s.s3] << (16 * (u % 2));
+      for (int u = 0; u < UNIT && c + u < d; ++u)
+        w[u * EB / 4] |= (uint)src[u * s.s3] << (8 * (u * EB % 4));
     }
     *(__local uint4 *)at = (uint4)(w[0], w[1], w[2], w[3]);
   }
@@ -131,16 +202,16 @@ inline void stage_tile(__local ushort *dst, int ld, int rows, __global const ush
  * first, an item's rows at once, so that those reads are in flight
  * together rather than one before each copy (at most 64 rows). 1 when it
  * staged the rows, 0 when stage_tile must. */
-#define WHOLE_ROWS_AN_ITEM (64 * (HD / 8) / MMA_ITEMS)
-inline int stage_whole_rows(__local ushort *dst, int ld, int rows, __global const ushort *p,
-                            long4 s, int j0, int n, int d, int keyed, int lid KEY_PAGES_PARAM) {
-  const int upr = HD / 8, paged = PAGED && keyed; /* units a row */
+#define WHOLE_ROWS_AN_ITEM (64 * (HD / UNIT) / MMA_ITEMS)
+inline int stage_whole_rows(__local RAW *dst, int ld, int rows, __global const RAW *p, long4 s,
+                            int j0, int n, int d, int keyed, int lid KEY_PAGES_PARAM) {
+  const int upr = HD / UNIT, paged = PAGED && keyed; /* units a row */
   if (s.s3 != 1 || d != HD || j0 + rows > n || (paged && rows > 64) || MMA_ITEMS % upr != 0 ||
-      ((s.s1 * 2) & 15) != 0 ||
-      (paged ? (((ulong)p & 15u) != 0u || ((s.s0 * 2) & 15) != 0)
+      ((s.s1 * EB) & 15) != 0 ||
+      (paged ? (((ulong)p & 15u) != 0u || ((s.s0 * EB) & 15) != 0)
              : (((ulong)(p + j0 * s.s1)) & 15u) != 0u))
     return 0;
-  const int i = lid / upr, c = 8 * (lid % upr), step = MMA_ITEMS / upr;
+  const int i = lid / upr, c = UNIT * (lid % upr), step = MMA_ITEMS / upr;
 #if PAGED
   if (paged) {
     long off[WHOLE_ROWS_AN_ITEM];
@@ -153,20 +224,21 @@ inline int stage_whole_rows(__local ushort *dst, int ld, int rows, __global cons
     return 1;
   }
 #endif
-  __global const ushort *src = p + (j0 + i) * s.s1 + c;
-  __local ushort *at = dst + i * ld + c;
+  __global const RAW *src = p + (j0 + i) * s.s1 + c;
+  __local RAW *at = dst + i * ld + c;
   for (int e = lid; e < rows * upr; e += MMA_ITEMS, src += step * s.s1, at += step * ld)
     copy16(at, src);
   return 1;
 }
 
 /* The rows by stage_whole_rows where they allow it, else by stage_tile. */
-inline void stage_rows(__local ushort *dst, int ld, int rows, __global const ushort *p, long4 s,
-                       int j0, int n, int d, int keyed, int lid KEY_PAGES_PARAM) {
+inline void stage_rows(__local RAW *dst, int ld, int rows, __global const RAW *p, long4 s, int j0,
+                       int n, int d, int keyed, int lid KEY_PAGES_PARAM) {
   if (!stage_whole_rows(dst, ld, rows, p, s, j0, n, d, keyed, lid KEY_PAGES))
     stage_tile(dst, ld, rows, p, s, j0, n, d, keyed, lid KEY_PAGES);
 }
 
+#if DTYPE != 0
 /* Four 8 x 8 matrices of 16-bit elements from local memory: lane l gives
  * the address of row l % 8 of matrix l / 8 (16 bytes, aligned); r[m] is
  * matrix m's fragment, lane (g, t) holding its row g, columns 2 t and
@@ -211,14 +283,71 @@ inline void tile_times_rows(float (*s)[4], int nn, const uint (*a)[4], int kd,
     }
   }
 }
+#else
+/* The A fragments of the warp's 16 rows of a row-major local tile (rows
+ * at rows, row i at i * ld) as kd k8 steps, as stored (split at use):
+ * lane (g, t) reads words g * ld + t (+ 4, + 8 ld), distinct banks for
+ * ld = HD + PAD. */
+inline void rows_fragments(uint (*a)[4], int kd, __local const RAW *rows, int ld, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int kk = 0; kk < kd; ++kk) {
+    __local const RAW *r = rows + g * ld + 8 * kk + t;
+    a[kk][0] = r[0];
+    a[kk][1] = r[8 * ld];
+    a[kk][2] = r[4];
+    a[kk][3] = r[8 * ld + 4];
+  }
+}
+
+/* s = A B^T for the nn 8-column tiles of s: A the warp's 16 rows as kd k8
+ * steps of fragments, B's rows (the keys) row-major in local memory, row c
+ * at c * ld: tile n's fragment of step kk is row 8 n + g's words 8 kk + t
+ * and + 4, the A fragment's columns. Each step's A is split once for all
+ * nn tiles. The small terms (a_lo b_hi + a_hi b_lo) are summed apart from
+ * the large and added at the end: the tensor cores' f32 sums align a
+ * small addend to a large accumulator without rounding it, and added to
+ * it step by step they cost large scores (hundreds and more) most of what
+ * the split buys: 9x float32's error on o where a score's terms sum to
+ * about 10^3, against 2.6x summed apart. */
+inline void tile_times_rows(float (*s)[4], int nn, const uint (*a)[4], int kd,
+                            __local const RAW *rows, int ld, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  float sm[MAX_NN][4];
+#pragma unroll
+  for (int n = 0; n < nn; ++n)
+    s[n][0] = s[n][1] = s[n][2] = s[n][3] = sm[n][0] = sm[n][1] = sm[n][2] = sm[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < kd; ++kk) {
+    uint ah[4], al[4];
+    split_fragment(a[kk], ah, al);
+#pragma unroll
+    for (int n = 0; n < nn; ++n) {
+      __local const RAW *r = rows + (8 * n + g) * ld + 8 * kk + t;
+      uint h0, l0, h1, l1;
+      split_tf32(r[0], &h0, &l0);
+      split_tf32(r[4], &h1, &l1);
+      mma_tf32(sm[n], al, h0, h1);
+      mma_tf32(sm[n], ah, l0, l1);
+      mma_tf32(s[n], ah, h0, h1);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < nn; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      s[n][e] += sm[n][e];
+}
+#endif
 
 /* Whether the forward's and dQ's bias tiles go through local memory
  * (bias_copy, with K's copies): where they fit beside K and V in the 48 KB
  * that NVIDIA's OpenCL gives a work-group (fwd_mma.cl's 64 x 64 tile,
  * attn_bwd_dq_mma's two slots of 64 x 32), every case but an f32 bias at
- * HD above 96, whose lanes load their own elements instead.
- * attn_bwd_dkdv_mma stages its block's always: the plan sizes MQ for it. */
-#if HAS_BIAS && (BIAS_DTYPE != 0 || HD <= 96)
+ * HD above 96 (16-bit data) or above 32 (f32 data), whose lanes load their
+ * own elements instead. attn_bwd_dkdv_mma stages its block's always: the
+ * plan sizes MQ for it. */
+#if HAS_BIAS && (BIAS_DTYPE != 0 || (DTYPE == 0 ? HD <= 32 : HD <= 96))
 #define BIAS_STAGED 1
 #else
 #define BIAS_STAGED 0
@@ -324,6 +453,7 @@ inline void softmax_step(float (*s)[4], int nn, float mx_a, float mx_b, float *m
   }
 }
 
+#if DTYPE != 0
 /* acc += A B over k keys, for the nn 8-column tiles of acc (nn even): A
  * the 16 x k product whose accumulators s holds (S's or dS's: tiles 2 kk
  * and 2 kk + 1 are k16 step kk's A fragment, packed to 16 bits), B's k
@@ -345,3 +475,27 @@ inline void acc_times_tile(float (*acc)[4], int nn, float (*s)[4], int k, __loca
     }
   }
 }
+#else
+/* acc += A B over k keys, for the nn 8-column tiles of acc: A the 16 x k
+ * product whose accumulators s holds (S's or dS's), B's k rows (the keys)
+ * row-major in local memory, row c at c * ld. Tile kk of s is k8 step
+ * kk's A fragment with its keys in the order 0, 2, 4, 6, 1, 3, 5, 7 (lane
+ * t holds keys 2 t and 2 t + 1 of the accumulator, a fragment's columns t
+ * and t + 4): B's fragment takes the same order, rows 2 t and 2 t + 1,
+ * column g. */
+inline void acc_times_tile(float (*acc)[4], int nn, float (*s)[4], int k, __local const RAW *b,
+                           int ld, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int kk = 0; kk < k / 8; ++kk) {
+    const uint a[4] = {as_uint(s[kk][0]), as_uint(s[kk][2]), as_uint(s[kk][1]), as_uint(s[kk][3])};
+    uint ah[4], al[4];
+    split_fragment(a, ah, al);
+#pragma unroll
+    for (int n = 0; n < nn; ++n) {
+      __local const RAW *r = b + (8 * kk + 2 * t) * ld + 8 * n + g;
+      mma_tile(acc[n], ah, al, r[0], r[ld]);
+    }
+  }
+}
+#endif

@@ -32,7 +32,12 @@ static int hd_bucket(int64_t d) {
 /* Device classes. NV_MMA: an NVIDIA GPU of compute capability 8.0 or
  * later, whose driver takes inline PTX: its f16 and bf16 rows up to
  * HD = 128 run the tensor-core forward and backward (fwd_mma.cl,
- * bwd_mma.cl), the rest its GPU rows.
+ * bwd_mma.cl), its f32 rows up to HD = 64 too (three TF32 products a
+ * product, float32's accuracy: mma.cl); the rest its GPU rows. f32 stops
+ * at 64 with the backward, whose block's K and V rows in f32 leave no
+ * room above it in 48 KiB: a forward there beside bwd.cl would hand it an
+ * lse its float32 scores do not match (big logits' dV off by 10^3 of
+ * float32's error).
  * GPU: a GPU or accelerator running 256-item work-groups. CPU: the rest;
  * PoCL runs a work-group as loops over its items. A small local memory is
  * not a class: the fitting rule below shrinks any row to it. */
@@ -94,6 +99,10 @@ static const struct tiles_row {
      ATTN_BF16,
      128,
      {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA, 0, 0, 0}},
+    {CLASS_NV_MMA,
+     ATTN_F32,
+     64,
+     {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA, 0, 0, 0}},
     {CLASS_GPU,
      ANY_DTYPE,
      128,
@@ -142,22 +151,29 @@ static int fwd_staging_fits(const attn__cl_tiles *t) {
          (t->dk * t->bc) % nt == 0;
 }
 
+/* A row of Q, K, V or dO in the tensor-core kernels' local memory: HD
+ * elements as stored and mma.cl's PAD (8 16-bit elements, 4 f32 ones). */
+static size_t mma_row_bytes(int dtype, int hd) {
+  return dtype == ATTN_F32 ? 4u * (size_t)(hd + 4) : 2u * (size_t)(hd + 8);
+}
+
 /* attn_bwd_dkdv_mma's local memory with a block of rows query rows: its
  * 64 keys' K and V, kept for the whole pass, the block's Q and dO rows
  * (16-bit rows 8 elements longer) with their lse (hi, lo) and delta, and
  * with a bias (bias_bytes an element, 0 without) the block's bias tile,
  * rows 8 elements longer. */
-static size_t dkdv_mma_bytes(int hd, int rows, int bias_bytes) {
+static size_t dkdv_mma_bytes(int dtype, int hd, int rows, int bias_bytes) {
   const size_t keys = ATTN__CL_MMA_ROWS, r = (size_t)rows;
-  return 2u * 2u * (keys + r) * (size_t)(hd + 8) + 3u * 4u * r +
+  return 2u * mma_row_bytes(dtype, hd) * (keys + r) + 3u * 4u * r +
          (size_t)bias_bytes * r * (keys + 8u);
 }
 
 /* Its query rows a block: as many as fit in NVIDIA's 48 KiB, up to 64;
- * without a bias 64 at HD 64, 32 at 96, 16 at 128. */
-int attn__cl_mma_query_rows(int hd, int bias_bytes) {
+ * without a bias 64 at HD 64, 32 at 96, 16 at 128 (f32: 64 at HD 32, 16
+ * at 64). */
+int attn__cl_mma_query_rows(int dtype, int hd, int bias_bytes) {
   int rows = 64;
-  while (rows > 16 && dkdv_mma_bytes(hd, rows, bias_bytes) > 48 * 1024)
+  while (rows > 16 && dkdv_mma_bytes(dtype, hd, rows, bias_bytes) > 48 * 1024)
     rows /= 2;
   return rows;
 }
@@ -169,16 +185,19 @@ int attn__cl_mma_query_rows(int hd, int bias_bytes) {
  * only up to HD 96); attn_bwd_dkdv_mma's at its MQ; attn_bwd_dq_mma's, 64
  * rows of Q and dO or two blocks of 32 keys of K and V (the same bytes), a
  * staged bias's two 64 x 32 slots, rows 8 elements longer, and 512 bytes of
- * sums. Their tiles are fixed; the row's br, bc, tm, dk and jk are
+ * sums. f32 (the forward alone): K and V rows of 64 keys up to HD 64, 32
+ * above, each row 4 elements longer, and a staged bias tile of 64 rows of
+ * those keys, rows 8 elements longer (BIAS_STAGED: an f32 one except at
+ * HD 64). Their tiles are fixed; the row's br, bc, tm, dk and jk are
  * attn_fwd's, for the fallback (attn__cl_config_tiles). */
-static size_t mma_local_bytes(int hd) {
+static size_t mma_local_bytes(int dtype, int hd) {
   const size_t keys = ATTN__CL_MMA_ROWS; /* fwd_mma.cl's MC, as its MR */
-  const size_t staged = hd <= 96 ? 4u : 2u;
-  const size_t fwd = 2u * 2u * keys * (size_t)(hd + 8) + staged * keys * (keys + 8u);
-  const size_t dq = 2u * 2u * (keys / 2u) * (size_t)(hd + 8) * 2u + staged * 2u * keys * 40u + 512u;
+  const size_t staged = (dtype == ATTN_F32 ? hd <= 32 : hd <= 96) ? 4u : 2u;
+  const size_t fwd = 2u * mma_row_bytes(dtype, hd) * keys + staged * keys * (keys + 8u);
+  const size_t dq = 2u * mma_row_bytes(dtype, hd) * keys + staged * 2u * keys * 40u + 512u;
   size_t most = fwd > dq ? fwd : dq;
   for (int b = 0; b <= 4; b += 2) {
-    const size_t dkdv = dkdv_mma_bytes(hd, attn__cl_mma_query_rows(hd, b), b);
+    const size_t dkdv = dkdv_mma_bytes(dtype, hd, attn__cl_mma_query_rows(dtype, hd, b), b);
     most = most > dkdv ? most : dkdv;
   }
   return most;
@@ -220,9 +239,10 @@ static size_t decode_local_bytes(int hd, int dr, int ntd) {
  * first (its P and dS tiles are most of its local memory), then its
  * staging steps and query tile, which must also keep its work-items within
  * the device's work-group. 0 when nothing fits the device. */
-static int fit(const attn__cl_device *dev, int hd, attn__cl_tiles *t) {
+static int fit(const attn__cl_device *dev, int dtype, int hd, attn__cl_tiles *t) {
   size_t lmem = (size_t)dev->local_mem;
-  if (t->fwd == ATTN__CL_FWD_MMA && (mma_local_bytes(hd) > lmem || dev->max_wg < 128)) return 0;
+  if (t->fwd == ATTN__CL_FWD_MMA && (mma_local_bytes(dtype, hd) > lmem || dev->max_wg < 128))
+    return 0;
   while (fwd_local_bytes(hd, t) > lmem || !fwd_staging_fits(t)) {
     if (t->jk > 4)
       t->jk /= 2;
@@ -263,8 +283,10 @@ static void name_fwd(attn__cl_config *c) {
   const attn__cl_tiles *t = &c->t;
   if (t->fwd == ATTN__CL_FWD_MMA)
     snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
-             "opencl attn_fwd_mma HD=%d Br=%d Bc=%d (tensor cores, inline PTX)", c->hd,
-             ATTN__CL_MMA_ROWS, ATTN__CL_MMA_ROWS);
+             "opencl attn_fwd_mma HD=%d Br=%d Bc=%d (tensor cores%s, inline PTX)", c->hd,
+             ATTN__CL_MMA_ROWS,
+             c->dtype == ATTN_F32 && c->hd > 64 ? ATTN__CL_MMA_ROWS / 2 : ATTN__CL_MMA_ROWS,
+             c->dtype == ATTN_F32 ? ", 3xTF32" : "");
   else if (t->fwd == ATTN__CL_FWD_ROWS)
     snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
              "opencl attn_fwd_rows HD=%d RB=%d KB=%d VW=%d", c->hd, t->rb, t->kb, t->vw);
@@ -279,7 +301,7 @@ static void name_bwd(attn__cl_config *c) {
   if (t->bwd == ATTN__CL_BWD_MMA)
     snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0],
              "opencl attn_bwd_mma HD=%d KR=%d MQ=%d (tensor cores, inline PTX)", c->hd,
-             ATTN__CL_MMA_ROWS, attn__cl_mma_query_rows(c->hd, 0));
+             ATTN__CL_MMA_ROWS, attn__cl_mma_query_rows(c->dtype, c->hd, 0));
   else if (t->bwd == ATTN__CL_BWD_ROWS)
     snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0],
              "opencl attn_bwd_rows HD=%d RB=%d KB=%d VW=%d", c->hd, t->rb, t->kb, t->vw);
@@ -292,7 +314,7 @@ static void name_bwd(attn__cl_config *c) {
 static void name_all(attn__cl_config *c) {
   name_fwd(c);
   name_bwd(c);
-  if (ATTN__CL_DECODES_MMA(&c->t))
+  if (ATTN__CL_DECODES_MMA(c))
     snprintf(c->name[ATTN__CL_DECODE], sizeof c->name[0],
              "opencl attn_decode_mma HD=%d DR=%d (tensor cores, inline PTX)", c->hd,
              ATTN__CL_MMA_DECODE_ROWS);
@@ -317,7 +339,7 @@ static int choose(attn_context *ctx, int cls, int dtype, int hd, attn__cl_config
   if (!row) return 0;
   attn__cl_tiles t = *row;
   attn__cl_tuned_tiles(ctx, dtype, hd, &t);
-  if (!fit(im->dev, hd, &t)) return 0;
+  if (!fit(im->dev, dtype, hd, &t)) return 0;
   c->valid = 1;
   c->dtype = dtype;
   c->hd = hd;
@@ -335,7 +357,7 @@ const attn__cl_tiles *attn__cl_table_row(const attn__cl_config *c) {
 int attn__cl_config_use(attn_context *ctx, attn__cl_config *c, const attn__cl_tiles *t) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
   attn__cl_tiles f = *t;
-  if (!fit(im->dev, c->hd, &f)) return ATTN_EUNSUPPORTED;
+  if (!fit(im->dev, c->dtype, c->hd, &f)) return ATTN_EUNSUPPORTED;
   attn__cl_drop_programs(im, c);
   c->t = f;
   name_all(c);
@@ -468,7 +490,7 @@ void attn__cl_split_of(attn_context *ctx, const attn__problem *pb, const attn__p
     /* As few rows per work-group as the rows of a key/value head need (a
      * power of two): rows past them would cost their share of the
      * arithmetic, reading nothing more. The tensor cores take 16 at once. */
-    if (ATTN__CL_DECODES_MMA(&c->t)) {
+    if (ATTN__CL_DECODES_MMA(c)) {
       sp->dr = ATTN__CL_MMA_DECODE_ROWS;
     } else {
       sp->dr = 1;
@@ -483,7 +505,7 @@ void attn__cl_split_of(attn_context *ctx, const attn__problem *pb, const attn__p
      * decode_mma.cl's (128 items, 35 KB of local memory, 160-170
      * registers at d = 128) run three at once on an H200, where a fourth
      * a compute unit makes a second wave of whole parts. */
-    const int per_cu = ATTN__CL_DECODES_MMA(&c->t) ? 3 : dev->info.is_gpu ? 4 : 1;
+    const int per_cu = ATTN__CL_DECODES_MMA(c) ? 3 : dev->info.is_gpu ? 4 : 1;
     want = (int64_t)per_cu * dev->info.compute_units;
   } else {
     const int rows = c->t.fwd == ATTN__CL_FWD_ROWS;

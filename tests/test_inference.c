@@ -776,7 +776,55 @@ static void tensor_core_cases(at_backend *b) {
     run_forward(b, &c);
     c.flags = ATTN_CAUSAL;
     run_forward(b, &c);
+    /* f32, each product as three TF32 ones: every bucket, causal. */
+    c.dt = ATTN_F32;
+    run_forward(b, &c);
+    c.flags = 0;
+    run_forward(b, &c);
   }
+  /* f32 with a bias of each staging (an f32 one at d = 64, which its lanes
+   * load; a bf16 one, staged), softcap, sinks, ALiBi, the keys split; over
+   * pages with used lengths; and its gradients on the tensor cores too, a
+   * bias's gradient per element and summed over broadcast rows. */
+  icase f = {.dt = ATTN_F32,
+             .B = 2,
+             .Nq = 77,
+             .cap = 300,
+             .Hq = 8,
+             .Hkv = 2,
+             .d = 64,
+             .bias = 1,
+             .bias_dt = ATTN_F32,
+             .sinks = 1,
+             .softcap = 30,
+             .alibi = 1,
+             .splits = 3};
+  run_forward(b, &f);
+  f.d = 32;
+  f.bias_dt = ATTN_BF16;
+  f.page = 16;
+  f.has_used = 1;
+  f.used[0] = 0;
+  f.used[1] = 290;
+  f.splits = 0;
+  run_forward(b, &f);
+  icase fg = {.dt = ATTN_F32,
+              .B = 2,
+              .Nq = 100,
+              .cap = 90,
+              .Hq = 4,
+              .Hkv = 2,
+              .d = 64,
+              .bias = 1,
+              .bias_dt = ATTN_F32,
+              .flags = ATTN_CAUSAL};
+  run_backward(b, &fg);
+  fg.d = 32;
+  fg.bias = 1 + BIAS_ROWS;
+  fg.bias_dt = ATTN_BF16;
+  fg.softcap = 15;
+  fg.sinks = 1;
+  run_backward(b, &fg);
   icase c = {.dt = ATTN_BF16,
              .B = 2,
              .Nq = 77,
@@ -853,8 +901,9 @@ static void tensor_core_cases(at_backend *b) {
 
 /* NVIDIA GPUs of compute capability 8.0 and later run f16 and bf16
  * forwards and backwards up to d = 128 on their tensor cores through
- * OpenCL (fwd_mma.cl, bwd_mma.cl: inline PTX), f32 and d = 256 on
- * the portable kernels; the portable path stays beside it (a driver that
+ * OpenCL (fwd_mma.cl, bwd_mma.cl: inline PTX), f32 up to d = 64 there too
+ * (three TF32 products a product), f32 above it and d = 256 on the
+ * portable kernels; the portable path stays beside it (a driver that
  * cannot build the tensor-core program gets it): both agree with the
  * reference over every head dim bucket, causal, a cache with pages, a bias
  * with sinks, softcap and ALiBi, splits, and gradients with dbias. */
@@ -870,7 +919,8 @@ static void opencl_tensor_cores_where_nvidia_has_them(at_backend *b) {
   }
   assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_F16, 128), 1);
   assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_BF16, 32), 1);
-  assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_F32, 64), 0);
+  assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_F32, 64), 1);
+  assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_F32, 128), 0);
   assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_F16, 256), 0);
   tensor_core_cases(b);
   assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_BF16, 128), 1); /* it built: no fallback */
@@ -881,6 +931,7 @@ static void opencl_tensor_cores_where_nvidia_has_them(at_backend *b) {
   assert_int_equal(attn_context_create(spec, &p.ctx), ATTN_OK);
   assert_true(at_cl_portable(p.ctx) > 0);
   assert_int_equal(at_cl_fwd_mma(p.ctx, ATTN_F16, 128), 0);
+  assert_int_equal(at_cl_fwd_mma(p.ctx, ATTN_F32, 64), 0);
   tensor_core_cases(&p);
   attn_context_free(p.ctx);
 }
