@@ -298,8 +298,9 @@ typedef struct attn__cl_workspace {
   size_t alibi; /* the slopes, uploaded */
   int64_t tq;   /* rows of delta per head: every query row of every sequence */
   size_t delta; /* backward: delta = rowsum(dO * O) of every row and head */
-  size_t work;  /* forward: the splits' O parts; backward: dbias's row-block sums */
+  size_t work;  /* forward: the splits' O parts; backward: dbias's row-block sums, or dQ's parts */
   size_t work2; /* forward: the splits' m_i and l_i */
+  int dq_chunks, dq_kpc; /* backward: attn__cl_dq_chunks's, 0 without dQ's parts */
 } attn__cl_workspace;
 
 /* How a forward pass runs its rows and keys: nsplit parts of each row's
@@ -329,11 +330,6 @@ int attn__cl_config_portable(attn_context *ctx, attn__cl_config *config);
 /* The query rows a work-group of the config's dQ kernel takes (RB, BQ, or
  * bwd_mma.cl's 64): its grid, and DBIAS 2's row-block sums. */
 int attn__cl_dq_rows(const attn__cl_tiles *t);
-/* The key chunks of the rows backward's dQ parts (attn_bwd_dkdv_rows with
- * dq_part, summed by attn_bwd_dq_parts), and the key blocks a chunk (*kpc);
- * 0 where dQ takes its own kernel. */
-int attn__cl_dq_chunks(attn_context *ctx, const attn__problem *pb, const attn__cl_config *c,
-                       int *kpc);
 /* attn_bwd_dkdv_mma's query rows a block (its MQ) at head dim hd, with a
  * bias of bias_bytes an element (0: none). */
 int attn__cl_mma_query_rows(int dtype, int hd, int bias_bytes);

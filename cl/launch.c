@@ -768,9 +768,8 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
   if (st) return st;
 
   const int rows = c.t->bwd == ATTN__CL_BWD_ROWS, mma = c.t->bwd == ATTN__CL_BWD_MMA;
-  int kpc;
   const int hd = ((const attn__cl_config *)plan->config)->hd;
-  const int chunks = attn__cl_dq_chunks(ctx, pb, plan->config, &kpc);
+  const int chunks = c.ws.dq_chunks, kpc = c.ws.dq_kpc;
   if (chunks) {
     /* dQ's parts, added to from zero. */
     const int64_t s[4] = {0, tq * hd, hd, 1}, n[4] = {1, (int64_t)chunks * pb->heads_q, tq, hd};

@@ -538,7 +538,10 @@ void attn__cl_split_of(attn_context *ctx, const attn__problem *pb, const attn__p
   sp->nsplit = (int)(n < 1 ? 1 : n);
 }
 
-/* One pass computes S and dP once for dK, dV and dQ (5 products a tile
+/* The key chunks of the rows backward's dQ parts (attn_bwd_dkdv_rows with
+ * dq_part, summed by attn_bwd_dq_parts), and the key blocks a chunk (*kpc);
+ * 0 where dQ takes its own kernel.
+ * One pass computes S and dP once for dK, dV and dQ (5 products a tile
  * rather than 7): each work-item adds dS K into an f32 part of dQ of its
  * own chunk of keys, and the parts are summed in chunk order. Two chunks'
  * work-items a compute unit across sequences and kv heads, up to 64 MiB of
@@ -546,8 +549,8 @@ void attn__cl_split_of(attn_context *ctx, const attn__problem *pb, const attn__p
  * dQ's own kernel: its broadcast dimensions would have work-items add to
  * one element. */
 #define DQ_PARTS_BYTES ((size_t)64 << 20)
-int attn__cl_dq_chunks(attn_context *ctx, const attn__problem *pb, const attn__cl_config *c,
-                       int *kpc) {
+static int dq_chunks(attn_context *ctx, const attn__problem *pb, const attn__cl_config *c,
+                     int *kpc) {
   attn__cl_impl *im = attn__cl_impl_of(ctx);
   *kpc = 0;
   if (c->t.bwd != ATTN__CL_BWD_ROWS || pb->has_dbias) return 0;
@@ -580,11 +583,10 @@ void attn__cl_workspace_of(attn_context *ctx, const attn__problem *pb, const att
     ws->work = parts * (size_t)c->hd * sizeof(float);
     ws->work2 = 2 * parts * sizeof(float);
   }
-  int kpc;
-  const int chunks = plan->backward ? attn__cl_dq_chunks(ctx, pb, c, &kpc) : 0;
-  if (chunks)
-    ws->work =
-        (size_t)chunks * (size_t)pb->heads_q * (size_t)ws->tq * (size_t)c->hd * sizeof(float);
+  if (plan->backward) ws->dq_chunks = dq_chunks(ctx, pb, c, &ws->dq_kpc);
+  if (ws->dq_chunks)
+    ws->work = (size_t)ws->dq_chunks * (size_t)pb->heads_q * (size_t)ws->tq * (size_t)c->hd *
+               sizeof(float);
   if (plan->backward && pb->has_dbias && dbias_over_rows(pb)) {
     /* A row-block sum per work-group of one launch of attn_bwd_dq, which
      * covers one sequence or head where dbias sums over them. */
