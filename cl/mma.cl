@@ -90,31 +90,37 @@ inline void mma_tf32(float *d, const uint *a, uint b0, uint b1) {
  * instructions with its NaN and infinity tests, and a split per element of
  * every fragment made it the kernels' largest cost); lo = x - hi exactly,
  * whose top 19 bits the tensor cores read as TF32: 2^-21 |x| at most is
- * lost. A NaN gives a NaN lo (a canonical NaN's hi is -0), so NaN stays
- * NaN; a finite |x| above TF32's largest finite value, 3.4026e38, rounds
- * to an infinite hi, as cvt.rna rounds it. */
-inline void split_tf32(uint x, uint *hi, uint *lo) {
+ * lost. fin: hi where x is finite, else 0, for the small terms. An
+ * infinite x has lo and fin 0, so that only hi times the other's hi meets
+ * the infinity (x - hi would be NaN, and hi times a lo of 0 would be 0 *
+ * inf): a key of inf whose score is -inf then weighs nothing, as in
+ * float32. A NaN x has a NaN lo whatever its hi, so NaN stays NaN. A
+ * finite |x| of 3.40265e38 or more rounds to an infinite hi and gives NaN
+ * products (float32's are finite where the other operand is small). */
+inline void split_tf32(uint x, uint *hi, uint *fin, uint *lo) {
+  const int inf = (x & 0x7fffffffu) == 0x7f800000u;
   *hi = (x + 0x1000u) & 0xffffe000u;
-  *lo = as_uint(as_float(x) - as_float(*hi));
+  *fin = inf ? 0u : *hi;
+  *lo = inf ? 0u : as_uint(as_float(x) - as_float(*hi));
 }
 
 /* d = a b + d, a and b float32 fragments of an m16n8k8 tile (a split
- * already: ah, al; b as floats' bits), by three TF32 products, the small
- * terms first. */
-inline void mma_tile(float *d, const uint *ah, const uint *al, uint b0, uint b1) {
-  uint h0, l0, h1, l1;
-  split_tf32(b0, &h0, &l0);
-  split_tf32(b1, &h1, &l1);
-  mma_tf32(d, al, h0, h1);
-  mma_tf32(d, ah, l0, l1);
+ * already: ah, af, al as split_tf32's hi, fin, lo; b as floats' bits), by
+ * three TF32 products, the small terms first. */
+inline void mma_tile(float *d, const uint *ah, const uint *af, const uint *al, uint b0, uint b1) {
+  uint h0, f0, l0, h1, f1, l1;
+  split_tf32(b0, &h0, &f0, &l0);
+  split_tf32(b1, &h1, &f1, &l1);
+  mma_tf32(d, al, f0, f1);
+  mma_tf32(d, af, l0, l1);
   mma_tf32(d, ah, h0, h1);
 }
 
-/* A fragment split into its hi and lo parts. */
-inline void split_fragment(const uint *a, uint *ah, uint *al) {
+/* A fragment split into its parts (split_tf32). */
+inline void split_fragment(const uint *a, uint *ah, uint *af, uint *al) {
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    split_tf32(a[i], &ah[i], &al[i]);
+    split_tf32(a[i], &ah[i], &af[i], &al[i]);
 }
 #endif
 
@@ -319,16 +325,16 @@ inline void tile_times_rows(float (*s)[4], int nn, const uint (*a)[4], int kd,
     s[n][0] = s[n][1] = s[n][2] = s[n][3] = sm[n][0] = sm[n][1] = sm[n][2] = sm[n][3] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < kd; ++kk) {
-    uint ah[4], al[4];
-    split_fragment(a[kk], ah, al);
+    uint ah[4], af[4], al[4];
+    split_fragment(a[kk], ah, af, al);
 #pragma unroll
     for (int n = 0; n < nn; ++n) {
       __local const RAW *r = rows + (8 * n + g) * ld + 8 * kk + t;
-      uint h0, l0, h1, l1;
-      split_tf32(r[0], &h0, &l0);
-      split_tf32(r[4], &h1, &l1);
-      mma_tf32(sm[n], al, h0, h1);
-      mma_tf32(sm[n], ah, l0, l1);
+      uint h0, f0, l0, h1, f1, l1;
+      split_tf32(r[0], &h0, &f0, &l0);
+      split_tf32(r[4], &h1, &f1, &l1);
+      mma_tf32(sm[n], al, f0, f1);
+      mma_tf32(sm[n], af, l0, l1);
       mma_tf32(s[n], ah, h0, h1);
     }
   }
@@ -489,12 +495,12 @@ inline void acc_times_tile(float (*acc)[4], int nn, float (*s)[4], int k, __loca
 #pragma unroll
   for (int kk = 0; kk < k / 8; ++kk) {
     const uint a[4] = {as_uint(s[kk][0]), as_uint(s[kk][2]), as_uint(s[kk][1]), as_uint(s[kk][3])};
-    uint ah[4], al[4];
-    split_fragment(a, ah, al);
+    uint ah[4], af[4], al[4];
+    split_fragment(a, ah, af, al);
 #pragma unroll
     for (int n = 0; n < nn; ++n) {
       __local const RAW *r = b + (8 * kk + 2 * t) * ld + 8 * n + g;
-      mma_tile(acc[n], ah, al, r[0], r[ld]);
+      mma_tile(acc[n], ah, af, al, r[0], r[ld]);
     }
   }
 }
