@@ -10,11 +10,11 @@
  * columns 2 t, 2 t + 1, of C and D, in both shapes.
  *
  * f32 ("3xTF32"): TF32 keeps 10 of float32's 23 mantissa bits, so each
- * operand x is split into hi = tf32(x) and lo = tf32(x - hi), and a b is
- * taken as a_lo b_hi + a_hi b_lo + a_hi b_hi: what it drops, a_lo b_lo and
- * the roundings of lo, is within a few units of float32's roundoff, the
- * accuracy rule's bar, at three times one TF32 product's cost (a TF32
- * product runs at twice an f32 FMA's rate per tensor core element).
+ * operand x is split into hi, x rounded to TF32, and lo = x - hi
+ * (split_tf32), and a b is taken as a_lo b_hi + a_hi b_lo + a_hi b_hi:
+ * what it drops, a_lo b_lo and lo's bits past TF32's, is about 2^-21 of
+ * |a b|, within the accuracy rule's bar once S's small terms are summed
+ * apart (tile_times_rows), at three TF32 products for one.
  */
 #ifndef HD
 #define HD 64
