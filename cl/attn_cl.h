@@ -300,7 +300,7 @@ typedef struct attn__cl_workspace {
   size_t delta; /* backward: delta = rowsum(dO * O) of every row and head */
   size_t work;  /* forward: the splits' O parts; backward: dbias's row-block sums, or dQ's parts */
   size_t work2; /* forward: the splits' m_i and l_i */
-  int dq_chunks, dq_kpc; /* backward: attn__cl_dq_chunks's, 0 without dQ's parts */
+  int dq_chunks, dq_kpc; /* backward: dQ's parts and key blocks a part (plan.c), 0 without */
 } attn__cl_workspace;
 
 /* How a forward pass runs its rows and keys: nsplit parts of each row's

@@ -185,11 +185,12 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dkdv_rows(
 #endif
   rows_stats st;
   const int jend = min(nk, (ch + 1) * chunk_blocks * KB);
+  __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
+  __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
   for (int j0 = ch * chunk_blocks * KB; j0 < jend; j0 += KB) {
     const int kn = min(KB, nk - j0);
-    __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
     stage_t(&kt[0][0], KG, kp, ks, j0, kn, d);
-    stage_t(&vt[0][0], KG, HEAD_ROWS(v, vo, vs, b, hk, seq.k0), vs, j0, kn, d);
+    stage_t(&vt[0][0], KG, vp, vs, j0, kn, d);
     if (dq_part) load_block(kr, KB, kp, ks, j0, kn, d);
     for (int j = 0; j < KB; ++j)
       for (int c = 0; c < NV; ++c)

@@ -185,10 +185,9 @@ int attn__cl_mma_query_rows(int dtype, int hd, int bias_bytes) {
  * only up to HD 96); attn_bwd_dkdv_mma's at its MQ; attn_bwd_dq_mma's, 64
  * rows of Q and dO or two blocks of 32 keys of K and V (the same bytes), a
  * staged bias's two 64 x 32 slots, rows 8 elements longer, and 512 bytes of
- * sums. f32 (the forward alone): K and V rows of 64 keys up to HD 64, 32
- * above, each row 4 elements longer, and a staged bias tile of 64 rows of
- * those keys, rows 8 elements longer (BIAS_STAGED: an f32 one except at
- * HD 64). Their tiles are fixed; the row's br, bc, tm, dk and jk are
+ * sums. f32 (up to HD 64) the same with 4-byte elements and rows 4
+ * elements longer (mma_row_bytes), an f32 bias staged only up to HD 32.
+ * Their tiles are fixed; the row's br, bc, tm, dk and jk are
  * attn_fwd's, for the fallback (attn__cl_config_tiles). */
 static size_t mma_local_bytes(int dtype, int hd) {
   const size_t keys = ATTN__CL_MMA_ROWS; /* fwd_mma.cl's MC, as its MR */
@@ -284,9 +283,7 @@ static void name_fwd(attn__cl_config *c) {
   if (t->fwd == ATTN__CL_FWD_MMA)
     snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
              "opencl attn_fwd_mma HD=%d Br=%d Bc=%d (tensor cores%s, inline PTX)", c->hd,
-             ATTN__CL_MMA_ROWS,
-             c->dtype == ATTN_F32 && c->hd > 64 ? ATTN__CL_MMA_ROWS / 2 : ATTN__CL_MMA_ROWS,
-             c->dtype == ATTN_F32 ? ", 3xTF32" : "");
+             ATTN__CL_MMA_ROWS, ATTN__CL_MMA_ROWS, c->dtype == ATTN_F32 ? ", 3xTF32" : "");
   else if (t->fwd == ATTN__CL_FWD_ROWS)
     snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
              "opencl attn_fwd_rows HD=%d RB=%d KB=%d VW=%d", c->hd, t->rb, t->kb, t->vw);
