@@ -85,11 +85,12 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
   if (j0 >= nk) return; /* the whole group leaves: no barrier is skipped */
 
   /* The block's K and V, for the whole pass; they land with the first
-   * block's Q and dO (copies_wait). */
+   * block's Q and dO (copies_wait), their NaNs made quiet then. */
   stage_rows(Ks, QST, KR, (__global const RAW *)HEAD_ROWS(k, ko, ks, b, hk, seq.k0), ks, j0, nk, d,
              0, lid);
   stage_rows(Vs, QST, KR, (__global const RAW *)HEAD_ROWS(v, vo, vs, b, hk, seq.k0), vs, j0, nk, d,
              0, lid);
+  int kv_quiet = 0;
 
   /* The warp's keys: the lane's two, 16 w + g and 16 w + g + 8. */
   const int kw = 16 * w;
@@ -119,6 +120,13 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
       stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, MQ, MMA_ITEMS,
                       lid);
       copies_wait();
+      if (!kv_quiet) {
+        quiet_nans(Ks, QST, KR, lid);
+        quiet_nans(Vs, QST, KR, lid);
+        kv_quiet = 1;
+      }
+      quiet_nans(Qs, QST, MQ, lid);
+      quiet_nans(Gs, QST, MQ, lid);
       barrier(CLK_LOCAL_MEM_FENCE);
 
       uint fa[NDK][4];
@@ -216,6 +224,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   stage_rows(Gs, QST, QR, (__global const RAW *)HEAD_ROWS(dout, go, gs, b, h, seq.q0), gs, i0, nq,
              d, 0, lid);
   copies_wait();
+  quiet_nans(Qs, QST, QR, lid);
+  quiet_nans(Gs, QST, QR, lid);
   barrier(CLK_LOCAL_MEM_FENCE);
   uint qa[NDK][4], ga[NDK][4];
   const int qr = 16 * w + g;
@@ -256,6 +266,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
     if (j0 + MK < hi) STAGE_KV(j0 + MK);
     copies_commit();
     copies_wait_but_last(); /* this block's */
+    quiet_nans(Ks, QST, MK, lid);
+    quiet_nans(Vs, QST, MK, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
 
     float s[NSK][4], dp[NSK][4];

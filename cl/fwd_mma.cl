@@ -89,6 +89,7 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
   /* The warp's rows of Q as A fragments, for the whole pass. */
   STAGE_ROWS(Ks, MR, (__global const RAW *)qp, qs, r0, nq, 0);
   copies_wait();
+  quiet_nans(Ks, KST, MR, lid);
   barrier(CLK_LOCAL_MEM_FENCE);
   uint qa[NQK][4];
   const int qr = 16 * w + g;
@@ -130,6 +131,7 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
     STAGE_ROWS(Vs, MC, (__global const RAW *)vp, vs, j0, nk, 1);
     copies_commit();
     copies_wait_but_last(); /* the tile's K (and bias) */
+    quiet_nans(Ks, KST, MC, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
 
     float s[NSN][4];
@@ -186,7 +188,7 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
     /* The online softmax (mma.cl). */
     softmax_step(s, NSN, mx_a, mx_b, &m_a, &m_b, &l_a, &l_b, acc, NON);
 
-    copies_wait();                /* the tile's V */
+    copies_wait();                /* the tile's V (P V needs no quiet_nans) */
     barrier(CLK_LOCAL_MEM_FENCE); /* V landed; Ks and Bs read */
     if (j0 + MC < jend) {
       STAGE_K(j0 + MC);

@@ -90,37 +90,34 @@ inline void mma_tf32(float *d, const uint *a, uint b0, uint b1) {
  * instructions with its NaN and infinity tests, and a split per element of
  * every fragment made it the kernels' largest cost); lo = x - hi exactly,
  * whose top 19 bits the tensor cores read as TF32: 2^-21 |x| at most is
- * lost. fin: hi where x is finite, else 0, for the small terms. An
- * infinite x has lo and fin 0, so that only hi times the other's hi meets
- * the infinity (x - hi would be NaN, and hi times a lo of 0 would be 0 *
- * inf): a key of inf whose score is -inf then weighs nothing, as in
- * float32. A NaN x has a NaN lo whatever its hi, so NaN stays NaN. A
- * finite |x| of 3.40265e38 or more rounds to an infinite hi and gives NaN
- * products (float32's are finite where the other operand is small). */
-inline void split_tf32(uint x, uint *hi, uint *fin, uint *lo) {
-  const int inf = (x & 0x7fffffffu) == 0x7f800000u;
+ * lost. No test on x: an infinite x keeps hi infinite and has a NaN lo
+ * (inf - inf), which tile_times_rows sets aside; a NaN x has a NaN lo, and
+ * a NaN hi where it is the quiet NaN that quiet_nans makes of a staged
+ * one. A finite |x| of 3.40265e38 or more rounds to an infinite hi and
+ * gives NaN products (float32's are finite where the other operand is
+ * small). */
+inline void split_tf32(uint x, uint *hi, uint *lo) {
   *hi = (x + 0x1000u) & 0xffffe000u;
-  *fin = inf ? 0u : *hi;
-  *lo = inf ? 0u : as_uint(as_float(x) - as_float(*hi));
+  *lo = as_uint(as_float(x) - as_float(*hi));
 }
 
 /* d = a b + d, a and b float32 fragments of an m16n8k8 tile (a split
- * already: ah, af, al as split_tf32's hi, fin, lo; b as floats' bits), by
- * three TF32 products, the small terms first. */
-inline void mma_tile(float *d, const uint *ah, const uint *af, const uint *al, uint b0, uint b1) {
-  uint h0, f0, l0, h1, f1, l1;
-  split_tf32(b0, &h0, &f0, &l0);
-  split_tf32(b1, &h1, &f1, &l1);
-  mma_tf32(d, al, f0, f1);
-  mma_tf32(d, af, l0, l1);
+ * already: ah, al as split_tf32's hi, lo; b as floats' bits), by three TF32
+ * products, the small terms first. */
+inline void mma_tile(float *d, const uint *ah, const uint *al, uint b0, uint b1) {
+  uint h0, l0, h1, l1;
+  split_tf32(b0, &h0, &l0);
+  split_tf32(b1, &h1, &l1);
+  mma_tf32(d, al, h0, h1);
+  mma_tf32(d, ah, l0, l1);
   mma_tf32(d, ah, h0, h1);
 }
 
 /* A fragment split into its parts (split_tf32). */
-inline void split_fragment(const uint *a, uint *ah, uint *af, uint *al) {
+inline void split_fragment(const uint *a, uint *ah, uint *al) {
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    split_tf32(a[i], &ah[i], &af[i], &al[i]);
+    split_tf32(a[i], &ah[i], &al[i]);
 }
 #endif
 
@@ -244,6 +241,25 @@ inline void stage_rows(__local RAW *dst, int ld, int rows, __global const RAW *p
     stage_tile(dst, ld, rows, p, s, j0, n, d, keyed, lid KEY_PAGES);
 }
 
+/* A staged f32 tile's NaNs made the quiet NaN 0x7fc00000, whose TF32 hi
+ * is NaN too (split_tf32's rounding carries a NaN of low payload to an
+ * infinite hi, of high payload to a zero one), so that a NaN operand
+ * makes S's large terms NaN, which tile_times_rows keeps. Each item reads
+ * back the units it staged (stage_tile's and stage_whole_rows' units lid,
+ * lid + MMA_ITEMS, ..., landed: after its copies_wait or
+ * copies_wait_but_last), before the barrier that shows the tile, and
+ * rewrites a unit only where it holds a NaN. 16-bit tiles are not split. */
+inline void quiet_nans(__local RAW *dst, int ld, int rows, int lid) {
+#if DTYPE == 0
+  for (int e = lid; e < rows * HD / UNIT; e += MMA_ITEMS) {
+    __local uint4 *at = (__local uint4 *)(dst + e / (HD / UNIT) * ld + UNIT * (e % (HD / UNIT)));
+    const uint4 x = *at, m = x & 0x7fffffffu;
+    if (max(max(m.x, m.y), max(m.z, m.w)) > 0x7f800000u)
+      *at = select(x, (uint4)0x7fc00000u, m > 0x7f800000u);
+  }
+#endif
+}
+
 #if DTYPE != 0
 /* Four 8 x 8 matrices of 16-bit elements from local memory: lane l gives
  * the address of row l % 8 of matrix l / 8 (16 bytes, aligned); r[m] is
@@ -315,7 +331,11 @@ inline void rows_fragments(uint (*a)[4], int kd, __local const RAW *rows, int ld
  * small addend to a large accumulator without rounding it, and added to
  * it step by step they cost large scores (hundreds and more) most of what
  * the split buys: 9.3x float32's error on o in the golden case big_logits,
- * against 1.9x summed apart. */
+ * against 1.9x summed apart. An S element that meets an infinity (or the
+ * sum of whose large terms overflows) is its large terms' sum alone: the
+ * infinity's hi gives it as float32 would (inf, or NaN for inf - inf or
+ * inf * 0), where its NaN lo would make the small terms NaN. A NaN
+ * operand makes the large terms NaN (quiet_nans). */
 inline void tile_times_rows(float (*s)[4], int nn, const uint (*a)[4], int kd,
                             __local const RAW *rows, int ld, int lane) {
   const int g = lane / 4, t = lane % 4;
@@ -325,16 +345,16 @@ inline void tile_times_rows(float (*s)[4], int nn, const uint (*a)[4], int kd,
     s[n][0] = s[n][1] = s[n][2] = s[n][3] = sm[n][0] = sm[n][1] = sm[n][2] = sm[n][3] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < kd; ++kk) {
-    uint ah[4], af[4], al[4];
-    split_fragment(a[kk], ah, af, al);
+    uint ah[4], al[4];
+    split_fragment(a[kk], ah, al);
 #pragma unroll
     for (int n = 0; n < nn; ++n) {
       __local const RAW *r = rows + (8 * n + g) * ld + 8 * kk + t;
-      uint h0, f0, l0, h1, f1, l1;
-      split_tf32(r[0], &h0, &f0, &l0);
-      split_tf32(r[4], &h1, &f1, &l1);
-      mma_tf32(sm[n], al, f0, f1);
-      mma_tf32(sm[n], af, l0, l1);
+      uint h0, l0, h1, l1;
+      split_tf32(r[0], &h0, &l0);
+      split_tf32(r[4], &h1, &l1);
+      mma_tf32(sm[n], al, h0, h1);
+      mma_tf32(sm[n], ah, l0, l1);
       mma_tf32(s[n], ah, h0, h1);
     }
   }
@@ -342,7 +362,7 @@ inline void tile_times_rows(float (*s)[4], int nn, const uint (*a)[4], int kd,
   for (int n = 0; n < nn; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      s[n][e] += sm[n][e];
+      s[n][e] = isinf(s[n][e]) ? s[n][e] : s[n][e] + sm[n][e];
 }
 #endif
 
@@ -488,19 +508,21 @@ inline void acc_times_tile(float (*acc)[4], int nn, float (*s)[4], int k, __loca
  * kk's A fragment with its keys in the order 0, 2, 4, 6, 1, 3, 5, 7 (lane
  * t holds keys 2 t and 2 t + 1 of the accumulator, a fragment's columns t
  * and t + 4): B's fragment takes the same order, rows 2 t and 2 t + 1,
- * column g. */
+ * column g. The sums keep no small terms apart, so an infinity in B (V,
+ * dO, Q, K) gives NaN where float32 may give inf: non-finite either way.
+ * NaN stays NaN through lo. */
 inline void acc_times_tile(float (*acc)[4], int nn, float (*s)[4], int k, __local const RAW *b,
                            int ld, int lane) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int kk = 0; kk < k / 8; ++kk) {
     const uint a[4] = {as_uint(s[kk][0]), as_uint(s[kk][2]), as_uint(s[kk][1]), as_uint(s[kk][3])};
-    uint ah[4], af[4], al[4];
-    split_fragment(a, ah, af, al);
+    uint ah[4], al[4];
+    split_fragment(a, ah, al);
 #pragma unroll
     for (int n = 0; n < nn; ++n) {
       __local const RAW *r = b + (8 * kk + 2 * t) * ld + 8 * n + g;
-      mma_tile(acc[n], ah, af, al, r[0], r[ld]);
+      mma_tile(acc[n], ah, al, r[0], r[ld]);
     }
   }
 }

@@ -298,6 +298,45 @@ static void nan_in_q_gives_nan_gradients_where_the_row_reaches(at_backend *b) {
   at_free(x);
 }
 
+/* Key row 7 of batch 0, head 1 holds -inf where every q is positive: its
+ * score is -inf in every row, so it weighs nothing, in the gradients too
+ * (not causal, so every row's blocks meet it). dk and dv are all finite
+ * and the reference's; so is dq but for column 0, where dS = 0 meets k's
+ * -inf (0 * inf: NaN, or 0 where a backend skips the term). */
+static void a_key_of_minus_inf_score_has_finite_gradients(at_backend *b) {
+  small *x = small_new();
+  for (int64_t bb = 0; bb < B; bb++)
+    for (int64_t i = 0; i < N; i++)
+      for (int64_t h = 0; h < H; h++)
+        x->q[at_elem(bb, i, h, 0)] = 0.25f + fabsf(x->q[at_elem(bb, i, h, 0)]);
+  x->k[at_elem(0, 7, 1, 0)] = -INFINITY;
+  forward(b, x);
+  backward(b, x);
+  double *rdq = at_malloc(sizeof(double) * QN), *rdk = at_malloc(sizeof(double) * QN);
+  double *rdv = at_malloc(sizeof(double) * QN);
+  int rc = at_ref_backward(b->ctx, &x->p, &x->tq, &x->tk, &x->tv, &x->tdo, rdq, rdk, rdv);
+  assert_int_equal(rc, ATTN_OK);
+  const float *got[3] = {x->dq, x->dk, x->dv};
+  const double *want[3] = {rdq, rdk, rdv};
+  const char *names[3] = {"dq", "dk", "dv"};
+  for (int g = 0; g < 3; g++) {
+    double mx = 0;
+    for (int64_t e = 0; e < QN; e++)
+      if (g > 0 || e % D != 0) mx = fmax(mx, fabs(want[g][e]));
+    for (int64_t e = 0; e < QN; e++)
+      if ((g > 0 || e % D != 0) && !(fabs(got[g][e] - want[g][e]) <= at_tol_grad(ATTN_F32) * mx))
+        fail_msg("%s[%lld] is %g, the reference's %g", names[g], (long long)e, got[g][e],
+                 want[g][e]);
+  }
+  if (x->dk[at_elem(0, 7, 1, 1)] != 0.0f || x->dv[at_elem(0, 7, 1, 1)] != 0.0f)
+    fail_msg("the -inf key's dk and dv are %g and %g, expected 0", x->dk[at_elem(0, 7, 1, 1)],
+             x->dv[at_elem(0, 7, 1, 1)]);
+  at_free(rdq);
+  at_free(rdk);
+  at_free(rdv);
+  at_free(x);
+}
+
 /* ---------------------------------------------------------------------- */
 /* Strides of one-element dimensions                                        */
 /* ---------------------------------------------------------------------- */
@@ -527,6 +566,7 @@ static void nan_and_inf_past_the_decode_rows(at_backend *b) {
   inf_in_q_or_k_gives_what_the_reference_gives(b);
   scores_that_overflow_float32_give_nan_rows(b);
   nan_in_q_gives_nan_gradients_where_the_row_reaches(b);
+  a_key_of_minus_inf_score_has_finite_gradients(b);
   N = 12;
 }
 
@@ -538,6 +578,7 @@ int main(int argc, char **argv) {
       AT_TEST(nan_in_one_q_element_makes_that_row_nan),
       AT_TEST(nan_in_one_k_row_makes_the_rows_that_see_it_nan),
       AT_TEST(inf_in_q_or_k_gives_what_the_reference_gives),
+      AT_TEST(a_key_of_minus_inf_score_has_finite_gradients),
       AT_TEST(scores_that_overflow_float32_give_nan_rows),
       AT_TEST(nan_in_q_gives_nan_gradients_where_the_row_reaches),
       AT_TEST(nan_and_inf_past_the_decode_rows),
