@@ -294,6 +294,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_bwd_dq_rows(
 #if HAS_BIAS
     float bt[KB][RB];
     stage_bias_t(bt, bias, bias_h, bias_s, i0, nq, j0, j0 + kn);
+    prefetch_bias_t(bias, bias_h, bias_s, i0, nq, j0 + KB, min(hi, nk));
 #endif
     p_ds_tile(&st, &p[0][0], &ds[0][0], 1, i0, j0, kn, nq, nk, scale, softcap, slope, wl,
               wr ROWS_BIAS(bias_h, &bt[0][0]) ROWS_DR(&dr[0][0]));

@@ -644,20 +644,25 @@ inline void load_row(float8 *dst, __global const T *p, long sd, int d) {
 }
 
 /* The 8 x 8 block r[0..7] (rows, 8 columns each) transposed into t[0..7]:
- * t[c] holds column c of the eight rows. */
+ * t[c] holds column c of the eight rows. Unrolled, so that a and b stay in
+ * registers (PoCL kept the loops, and a and b on the stack). */
 inline void transpose8(float8 *t, const float8 *r) {
   float8 a[8], b[8];
+#pragma unroll
   for (int p = 0; p < 4; ++p) {
     const float8 x = r[2 * p], y = r[2 * p + 1];
     a[2 * p] = (float8)(x.s0, y.s0, x.s1, y.s1, x.s4, y.s4, x.s5, y.s5);
     a[2 * p + 1] = (float8)(x.s2, y.s2, x.s3, y.s3, x.s6, y.s6, x.s7, y.s7);
   }
+#pragma unroll
   for (int p = 0; p < 2; ++p)
+#pragma unroll
     for (int u = 0; u < 2; ++u) {
       const float8 x = a[4 * p + u], y = a[4 * p + 2 + u];
       b[4 * p + 2 * u] = (float8)(x.s01, y.s01, x.s45, y.s45);
       b[4 * p + 2 * u + 1] = (float8)(x.s23, y.s23, x.s67, y.s67);
     }
+#pragma unroll
   for (int c = 0; c < 4; ++c) {
     t[c] = (float8)(b[c].lo, b[4 + c].lo);
     t[c + 4] = (float8)(b[c].hi, b[4 + c].hi);
@@ -711,28 +716,58 @@ inline void rows_common_keys(const int *klo, const int *khi, int n, int *glo, in
  * RB - 1 and keys j0 .. j0 + KB - 1 as f32, transposed: bt[j][i], zero
  * from row nq and key jn on, unread there. Read along the keys, 8 x 8 at a
  * time, for the kernels whose scores are S^T: a bias read down the rows
- * costs a load a score. */
+ * costs a load a score. The whole blocks' loads and stores unrolled, as
+ * transpose8's loops: PoCL left them loops over arrays on the stack, and
+ * the staging cost a full bias most of its time beside the products. */
 inline void stage_bias_t(float (*bt)[RB], __global const uchar *bias, long bias_h, long4 s, int r0,
                          int nq, int j0, int jn) {
   for (int g = 0; g < RB / 8; ++g)
     for (int jb = 0; jb < KB; jb += 8) {
       const int i = r0 + 8 * g, j = j0 + jb, whole = i + 8 <= nq && j + 8 <= jn;
       float8 r[8], t[8];
-      for (int u = 0; u < 8; ++u) {
-        const long at = bias_h + (i + u) * s.s2 + j * s.s3;
-        if (whole) {
-          r[u] = load_any8(bias, BIAS_DTYPE, at, s.s3);
-        } else {
-          float x[8];
-          for (int e = 0; e < 8; ++e)
-            x[e] = i + u < nq && j + e < jn ? load_any(bias, BIAS_DTYPE, at + e * s.s3) : 0.0f;
-          r[u] = vload8(0, x);
+      if (whole && s.s3 == 1) {
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+          r[u] = load_any8(bias, BIAS_DTYPE, bias_h + (i + u) * s.s2 + j, 1);
+      } else {
+        for (int u = 0; u < 8; ++u) {
+          const long at = bias_h + (i + u) * s.s2 + j * s.s3;
+          if (whole) {
+            r[u] = load_any8(bias, BIAS_DTYPE, at, s.s3);
+          } else {
+            float x[8];
+            for (int e = 0; e < 8; ++e)
+              x[e] = i + u < nq && j + e < jn ? load_any(bias, BIAS_DTYPE, at + e * s.s3) : 0.0f;
+            r[u] = vload8(0, x);
+          }
         }
       }
       transpose8(t, r);
+#pragma unroll
       for (int u = 0; u < 8; ++u)
         vstore8(t[u], g, bt[jb + u]);
     }
+}
+
+/* The bias of rows r0 .. r0 + RB - 1 at keys j .. j + KB - 1 (none from
+ * key jn on) asked of the caches, a line at a time, where the compiler
+ * has a prefetch (PoCL's clang: its prefetch() emits nothing): the rows
+ * lie a bias row apart, more streams than a CPU's prefetchers follow, and
+ * stage_bias_t stalled on them. A tile ahead, so that they land under
+ * that tile's products. */
+inline void prefetch_bias_t(__global const uchar *bias, long bias_h, long4 s, int r0, int nq, int j,
+                            int jn) {
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_prefetch)
+  const int eb = BIAS_DTYPE == 0 ? 4 : 2, bytes = min(KB, jn - j) * eb;
+  if (s.s3 != 1 || bytes <= 0) return;
+  for (int u = 0; u < RB && r0 + u < nq; ++u) {
+    __global const uchar *p = bias + (bias_h + (r0 + u) * s.s2 + j) * eb;
+    for (int o = 0; o < bytes; o += 64)
+      __builtin_prefetch(p + o);
+  }
+#endif
+#endif
 }
 #endif
 

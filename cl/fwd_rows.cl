@@ -81,6 +81,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void attn_fwd_rows(FWD_A
 #if HAS_BIAS
     float bt[KB][RB];
     stage_bias_t(bt, bias, bias_h, bias_s, r0, nq, j0, jend);
+    prefetch_bias_t(bias, bias_h, bias_s, r0, nq, j0 + KB, jend);
 #endif
 
     /* Scores and mask, a vector of rows at a time down each key, and the
