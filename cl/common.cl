@@ -605,7 +605,14 @@ inline float row_end_at(int i, int nq, int nk, int wl, int wr, float sink, float
 #define PART_SLOT(x, y, z, nx, ny) ((((long)(z) * (ny) + (y)) * (nx) + (x)) * nk_all)
 
 /* Rows as float8s, for the CPU-shaped kernels (fwd_rows.cl, bwd_rows.cl),
- * which keep a row of the head dimension in NV registers of 8 floats. */
+ * which keep a row of the head dimension in NV registers of 8 floats.
+ * ROWS_PROGRAM: this program is theirs (launch.c gives RB to CPU-class
+ * programs only); the other programs compile these helpers unused. */
+#ifdef RB
+#define ROWS_PROGRAM 1
+#else
+#define ROWS_PROGRAM 0
+#endif
 #ifndef HD
 #define HD 64 /* the head dimension rounded up: 32, 64, then a multiple of 32 */
 #endif
@@ -750,21 +757,23 @@ inline void stage_bias_t(float (*bt)[RB], __global const uchar *bias, long bias_
 }
 
 /* The bias of rows r0 .. r0 + RB - 1 at keys j .. j + KB - 1 (none from
- * key jn on) asked of the caches, a line at a time, where the compiler
- * has a prefetch (PoCL's clang: its prefetch() emits nothing): the rows
- * lie a bias row apart, more streams than a CPU's prefetchers follow, and
- * stage_bias_t stalled on them. A tile ahead, so that they land under
- * that tile's products. */
+ * key jn on) asked of the caches, a line at a time, in CPU-class programs
+ * whose compiler has a prefetch (PoCL's clang: its prefetch() emits
+ * nothing): the rows lie a bias row apart, more streams than a CPU's
+ * prefetchers follow, and stage_bias_t stalled on them. A tile ahead, so
+ * that they land under that tile's products. The address goes through an
+ * integer: a CPU's address spaces are one, and a compiler may refuse a
+ * __global pointer where the builtin takes a plain one (NVIDIA's does). */
 inline void prefetch_bias_t(__global const uchar *bias, long bias_h, long4 s, int r0, int nq, int j,
                             int jn) {
-#if defined(__has_builtin)
+#if ROWS_PROGRAM && defined(__has_builtin)
 #if __has_builtin(__builtin_prefetch)
   const int eb = BIAS_DTYPE == 0 ? 4 : 2, bytes = min(KB, jn - j) * eb;
   if (s.s3 != 1 || bytes <= 0) return;
   for (int u = 0; u < RB && r0 + u < nq; ++u) {
     __global const uchar *p = bias + (bias_h + (r0 + u) * s.s2 + j) * eb;
     for (int o = 0; o < bytes; o += 64)
-      __builtin_prefetch(p + o);
+      __builtin_prefetch((const void *)(size_t)(p + o));
   }
 #endif
 #endif
