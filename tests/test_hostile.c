@@ -224,6 +224,30 @@ static void inf_in_q_or_k_gives_what_the_reference_gives(at_backend *b) {
   only_row_is_nan(b, x, 1, 0, 2, "-inf in q");
 }
 
+/* A float of the given bits. */
+static float float_of_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* NaNs whose payload is in the low bits only (a signalling NaN), or fills
+ * the mantissa, in q and in k: NaN out wherever the row reaches, as for the
+ * usual quiet NaN (a kernel that rounds or splits an operand must not turn
+ * such a NaN into an infinity or a zero). */
+static void nans_of_any_payload_stay_nan(at_backend *b) {
+  const uint32_t payloads[] = {0x7f800001u, 0x7fffffffu, 0xffffffffu, 0xff800fffu};
+  for (size_t n = 0; n < sizeof payloads / sizeof payloads[0]; n++) {
+    char what[64];
+    snprintf(what, sizeof what, "NaN 0x%08x in q", (unsigned)payloads[n]);
+    small *x = small_new();
+    x->q[at_elem(0, 5, 1, 3)] = float_of_bits(payloads[n]);
+    only_row_is_nan(b, x, 0, 1, 5, what);
+    snprintf(what, sizeof what, "NaN 0x%08x in k row 6", (unsigned)payloads[n]);
+    bad_key_row(b, float_of_bits(payloads[n]), 6, what);
+  }
+}
+
 /* Scores that overflow float32 (the reference, in double, does not
  * overflow) give NaN rows, never rows that look as if they saw no key. */
 static void scores_that_overflow_float32_give_nan_rows(at_backend *b) {
@@ -569,6 +593,7 @@ static void nan_and_inf_past_the_decode_rows(at_backend *b) {
   nan_in_one_q_element_makes_that_row_nan(b);
   nan_in_one_k_row_makes_the_rows_that_see_it_nan(b);
   inf_in_q_or_k_gives_what_the_reference_gives(b);
+  nans_of_any_payload_stay_nan(b);
   scores_that_overflow_float32_give_nan_rows(b);
   nan_in_q_gives_nan_gradients_where_the_row_reaches(b);
   a_key_of_minus_inf_score_has_finite_gradients(b);
@@ -584,6 +609,7 @@ int main(int argc, char **argv) {
       AT_TEST(nan_in_one_k_row_makes_the_rows_that_see_it_nan),
       AT_TEST(inf_in_q_or_k_gives_what_the_reference_gives),
       AT_TEST(a_key_of_minus_inf_score_has_finite_gradients),
+      AT_TEST(nans_of_any_payload_stay_nan),
       AT_TEST(scores_that_overflow_float32_give_nan_rows),
       AT_TEST(nan_in_q_gives_nan_gradients_where_the_row_reaches),
       AT_TEST(nan_and_inf_past_the_decode_rows),
