@@ -442,9 +442,10 @@ ATTN_API void attn_params_init(attn_params *p);
  * NULL) receives the natural-log sum of exp of each row's final scores. A row
  * that sees no key gets o = 0 and lse = -inf. Whether a row sees a key is
  * decided by the mask alone (causal, window, sequence lengths), never by the
- * values: a row that sees a key whose score is NaN or +-inf (a NaN or inf in
+ * values: a row that sees a key whose score is NaN or +inf (a NaN or inf in
  * q or k, or a score that overflows float32) gets o and lse NaN, on every
- * backend. */
+ * backend. A score of -inf from the inputs, in a row with a finite score,
+ * weighs nothing, as in float32's softmax (exp(-inf) = 0). */
 ATTN_API int attn_forward(attn_context *ctx, const attn_params *p, const attn_tensor *q,
                           const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
                           const attn_tensor *lse);
