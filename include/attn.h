@@ -90,7 +90,7 @@ extern "C" {
   X(EBUFFER, 20, "a buffer belongs to another context or is too small")         \
   X(EINVAL, 21, "invalid argument")                                             \
   X(EINTERNAL, 22, "internal error")                                            \
-  X(EBUSY, 23, "the context is in use by another call")                        \
+  X(EBUSY, 23, "the context is in use by another call")                         \
   X(ECACHE, 24, "KV-cache lengths or block table entries are out of range")     \
   X(EIO, 25, "a file could not be read or written")
 
@@ -485,8 +485,7 @@ ATTN_API int attn_supports(attn_context *ctx, const attn_params *p, const attn_t
  * o = 0 and lse = -inf. n is 1 to ATTN_MAX_MERGE. */
 #define ATTN_MAX_MERGE 256
 ATTN_API int attn_merge(attn_context *ctx, int n, const attn_tensor *o_parts,
-                        const attn_tensor *lse_parts, const attn_tensor *o,
-                        const attn_tensor *lse);
+                        const attn_tensor *lse_parts, const attn_tensor *o, const attn_tensor *lse);
 
 /* ------------------------------------------------------------------------ */
 /* 9. Tuning                                                                 */
