@@ -90,7 +90,6 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
              0, lid);
   stage_rows(Vs, QST, KR, (__global const RAW *)HEAD_ROWS(v, vo, vs, b, hk, seq.k0), vs, j0, nk, d,
              0, lid);
-  int kv_quiet = 0;
 
   /* The warp's keys: the lane's two, 16 w + g and 16 w + g + 8. */
   const int kw = 16 * w;
@@ -120,10 +119,9 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
       stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, MQ, MMA_ITEMS,
                       lid);
       copies_wait();
-      if (!kv_quiet) {
+      if (hh == 0 && i0 == ilo / MQ * MQ) { /* the first block: K and V landed too */
         quiet_nans(Ks, QST, KR, lid);
         quiet_nans(Vs, QST, KR, lid);
-        kv_quiet = 1;
       }
       quiet_nans(Qs, QST, MQ, lid);
       quiet_nans(Gs, QST, MQ, lid);
