@@ -15,8 +15,8 @@
  * 16 w + g + 8, and of each 8 columns of S or O the columns 2 t, 2 t + 1:
  * the m16n8k16 layout of C and D. K, V and a bias tile come by cp.async,
  * which holds no register in flight, one buffer each: a tile's V while
- * its Q K^T and softmax run, the next tile's K (and bias) while its P V
- * runs.
+ * its Q K^T and softmax run, the next tile's K while its P V runs, and
+ * its bias while that P V and its own Q K^T run.
  *
  * The PTX and the staging: mma.cl, which precedes this file. Built only
  * for a device whose driver takes PTX in OpenCL C (NVIDIA, the plan checks
@@ -54,15 +54,18 @@
   stage_rows(dst, KST, rows, p, s, j, n, d, keyed, lid KEY_PAGES)
 #endif
 
-/* Key tile j's K rows (and bias tile) asked for, into Ks (and Bs). */
+/* Key tile j's K rows (and bias tile) asked for, into Ks (and Bs). A
+ * staged bias is a group of copies of its own, after K's: its rows come
+ * from memory once, where K's are mostly in the L2, so Q K^T waits for K
+ * alone and the bias lands under it. */
 #if BIAS_STAGED
-#define STAGE_BIAS(j) bias_copy(Bs, BST, MR, MC, bias, bias_h, bias_s, r0, nq, j, nk, lid)
-#else
-#define STAGE_BIAS(j)
-#endif
 #define STAGE_K(j)                                            \
   STAGE_ROWS(Ks, MC, (__global const RAW *)kp, ks, j, nk, 1); \
-  STAGE_BIAS(j)
+  copies_commit();                                            \
+  bias_copy(Bs, BST, MR, MC, bias, bias_h, bias_s, r0, nq, j, nk, lid)
+#else
+#define STAGE_K(j) STAGE_ROWS(Ks, MC, (__global const RAW *)kp, ks, j, nk, 1)
+#endif
 
 __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_ARGS) {
   /* Q passes through Ks and Vs, one buffer, before the first tile.
@@ -104,9 +107,9 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
   for (int n = 0; n < NON; ++n)
     acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 
-  /* A tile's K (with its bias) and its V are two groups of copies in
-   * flight at once, in the two buffers: V lands under Q K^T and the
-   * softmax, the next tile's K under P V. */
+  /* A tile's K, its bias and its V are groups of copies in flight at
+   * once, in their buffers: V lands under Q K^T and the softmax, the next
+   * tile's K under P V, its bias under that P V and its Q K^T. */
   int j0, jend;
   split_keys(lo, hi, MC, split, nsplit, &j0, &jend);
   barrier(CLK_LOCAL_MEM_FENCE); /* Q's reads of Ks are done */
@@ -130,7 +133,11 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
     barrier(CLK_LOCAL_MEM_FENCE); /* the last tile's P V is done with Vs */
     STAGE_ROWS(Vs, MC, (__global const RAW *)vp, vs, j0, nk, 1);
     copies_commit();
-    copies_wait_but_last(); /* the tile's K (and bias) */
+#if BIAS_STAGED
+    copies_wait_but_two(); /* the tile's K; its bias and V in flight */
+#else
+    copies_wait_but_last(); /* the tile's K */
+#endif
     quiet_nans(Ks, KST, MC, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -138,6 +145,8 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
     tile_times_rows(s, NSN, qa, NQK, Ks, KST, lane);
 
 #if BIAS_STAGED
+    copies_wait_but_last(); /* the tile's bias */
+    barrier(CLK_LOCAL_MEM_FENCE);
     float bv[NSN][4];
 #pragma unroll
     for (int n = 0; n < NSN; ++n) {

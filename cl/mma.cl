@@ -149,8 +149,9 @@ inline uint local_addr(__local const void *p) {
 
 /* 16 bytes from global to local memory by cp.async: no register holds them
  * in flight. They land by the next copies_wait (every copy of the item's so
- * far) or copies_wait_but_last (all but the last group: copies_commit
- * closes a group); a barrier then shows them to the work-group. */
+ * far), copies_wait_but_last (all but the last group: copies_commit
+ * closes a group) or copies_wait_but_two; a barrier then shows them to the
+ * work-group. */
 inline void copy16(__local void *dst, __global const void *src) {
   __asm__ __volatile__("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(local_addr(dst)),
                        "l"((ulong)src)
@@ -167,6 +168,11 @@ inline void copies_wait(void) {
 
 inline void copies_wait_but_last(void) {
   __asm__ __volatile__("cp.async.wait_group 1;" ::: "memory");
+}
+
+/* All but the last two groups. */
+inline void copies_wait_but_two(void) {
+  __asm__ __volatile__("cp.async.wait_group 2;" ::: "memory");
 }
 
 /* Rows j0 .. j0 + rows - 1 of a [.., HD] operand (n rows, d columns) into
