@@ -137,7 +137,8 @@ enum attn__cl_bwd_shape {
 };
 
 /* The query rows (or keys) of a work-group of fwd_mma.cl and bwd_mma.cl
- * (their MR, QR and KR; 128 items, MMA_ITEMS), which the host's grids and
+ * (their MR, QR and KR, but KR is 32 for f32 above HD 64:
+ * attn__cl_mma_key_rows; 128 items, MMA_ITEMS), which the host's grids and
  * sizes follow. */
 #define ATTN__CL_MMA_ROWS 64
 /* decode_mma.cl's rows a work-group (its DR: the M of m16n8k16). */
@@ -333,6 +334,8 @@ int attn__cl_dq_rows(const attn__cl_tiles *t);
 /* attn_bwd_dkdv_mma's query rows a block (its MQ) at head dim hd, with a
  * bias of bias_bytes an element (0: none). */
 int attn__cl_mma_query_rows(int dtype, int hd, int bias_bytes);
+/* attn_bwd_dkdv_mma's keys a work-group (its KR) at head dim hd. */
+int attn__cl_mma_key_rows(int dtype, int hd);
 /* Replaces a GPU config by the device's 128-work-item row, where the
  * compiled forward kernel cannot run the GPU row's work-group: the plan's
  * config pointer then names what runs. 0 when no narrower row fits. */

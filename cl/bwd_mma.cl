@@ -7,7 +7,9 @@
  *
  * attn_bwd_dkdv_mma: KR = 64 keys of one (sequence, key/value head), for
  * each query head of the group and each block of MQ query rows that sees
- * them:
+ * them (f32 above HD 64, WIDE_F32: KR = 32, each 16-key slab two warps',
+ * each taking half of a block's rows, K's first half in registers, their
+ * sums added at the end):
  *   S^T = K Q^T, dP^T = V dO^T   K's and V's A fragments read from local
  *                                memory (ldmatrix), Q and dO row-major
  *                                there as the B operand
@@ -24,7 +26,8 @@
  * which moves S by float32's rounding, not the split's).
  *
  * attn_bwd_dq_mma: BQ = 64 query rows of one (sequence, head), over key
- * blocks of MK = 32:
+ * blocks of MK = 32 (WIDE_F32: 8, Q and dO staged one after the other,
+ * dO's last HD / 2 columns kept in local memory, not registers):
  *   S = Q K^T, dP = dO V^T     Q's and dO's fragments held in registers, K
  *                              and V row-major in local memory, two blocks
  *                              of them: the next in flight (cp.async)
@@ -43,25 +46,34 @@
  * dQ's key block with its K and V (BIAS_STAGED; an f32 bias above HD 96
  * is loaded by each lane, a block at once): read element by element in
  * the score loop instead, each load's wait stands alone. The PTX and the
- * staging: mma.cl; the arguments: bwd.cl. HD at most 128; f32 (three
- * TF32 products a product, with fwd_mma.cl's f32 forward, whose lse
- * these scores must match) at most 64, where K and V's f32 rows of a block
- * fit.
+ * staging: mma.cl; the arguments: bwd.cl. HD at most 128; f32 as three
+ * TF32 products a product, with fwd_mma.cl's f32 forward, whose lse these
+ * scores must match.
  */
-#define QR 64                                      /* query rows per work-group (BQ) */
-#define MK 32                                      /* keys per block */
-#define QST (HD + PAD)                             /* Q, dO, K and V rows in local memory */
-#define NDN (HD / 8)                               /* 8-column tiles of dQ, dK, dV a warp holds */
-#define NDK (HD / KSTEP)                           /* k steps of Q K^T */
-#define NSK (MK / 8)                               /* 8-column tiles of S */
-#define QUNITS (2 * QR * QST / UNIT)               /* Q and dO, in 16-byte units */
-#define KUNITS (2 * 2 * MK * QST / UNIT)           /* K and V of two blocks */
-#define BUNITS (QUNITS > KUNITS ? QUNITS : KUNITS) /* they share the buffer */
-#define KR 64                                      /* keys per dK/dV work-group */
+#define QR 64                  /* query rows per work-group (BQ) */
+#define MK (WIDE_F32 ? 8 : 32) /* keys per block */
+#define QST (HD + PAD)         /* Q, dO, K and V rows in local memory */
+#define NDN (HD / 8)           /* 8-column tiles of dQ, dK, dV a warp holds */
+#define NDK (HD / KSTEP)       /* k steps of Q K^T */
+#define NSK (MK / 8)           /* 8-column tiles of S */
+#define QUNITS ((WIDE_F32 ? 1 : 2) * QR * QST / UNIT) /* Q and dO, 16-byte units */
+#define GHST (HD / 2 + PAD)                           /* Gh's rows (WIDE_F32) */
+#define GHUNITS (WIDE_F32 ? QR * GHST / UNIT : 0)     /* Gh */
+#define KUNITS (GHUNITS + 2 * 2 * MK * QST / UNIT)    /* Gh, then K and V of two blocks */
+#define BUNITS (QUNITS > KUNITS ? QUNITS : KUNITS)    /* they share the buffer */
+#ifndef KR
+#define KR (WIDE_F32 ? 32 : 64) /* keys per dK/dV work-group (the plan's -DKR) */
+#endif
 #ifndef MQ
 #define MQ 16 /* query rows per dK/dV block */
 #endif
-#define NQT (MQ / 8)  /* 8-column tiles of S^T */
+#define NQT (MQ / 8)           /* 8-column tiles of S^T */
+#define SLAB_WARPS (64 / KR)   /* dK/dV's warps a 16-key slab, each a share of the block's rows */
+#define NQW (NQT / SLAB_WARPS) /* a warp's 8-column tiles of S^T */
+#define KHST (HD / 2 + PAD)    /* Kh's rows (SLAB_WARPS 2) */
+#if SLAB_WARPS > 1 && (2 * MQ < KR || NQT % SLAB_WARPS)
+#error "dK/dV: K is staged through the Q and dO buffer, and a slab's rows shared by its warps"
+#endif
 #define KBST (KR + 8) /* dK/dV's bias rows in local memory: a block's MQ query rows of KR keys */
 #define QBST (MK + 8) /* dQ's: QR query rows of MK keys, a slot a key block (BIAS_STAGED) */
 
@@ -69,9 +81,18 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
     BWD_ARGS, __global T *dk, long dko, long4 dks, __global T *dv, long dvo, long4 dvs) {
   /* As attn_bwd_dq_mma: S * scale rounded before lse is taken from it. */
 #pragma OPENCL FP_CONTRACT OFF
-  __local uint4 kv_w[2 * KR * QST / UNIT], qg_w[2 * MQ * QST / UNIT];
-  __local RAW *Ks = (__local RAW *)kv_w, *Vs = Ks + KR * QST;
+  /* K and V in local memory for the whole pass; with slabs shared by two
+   * warps (SLAB_WARPS 2), V and K's last HD / 2 columns (Kh), K's first
+   * HD / 2 in registers, K staged through the Q and dO buffer before the
+   * first block. */
+  __local uint4 kv_w[(SLAB_WARPS > 1 ? 1 : 2) * KR * QST / UNIT], qg_w[2 * MQ * QST / UNIT];
   __local RAW *Qs = (__local RAW *)qg_w, *Gs = Qs + MQ * QST;
+#if SLAB_WARPS > 1
+  __local uint4 kh_w[KR * KHST / UNIT];
+  __local RAW *Ks = Qs, *Vs = (__local RAW *)kv_w, *Kh = (__local RAW *)kh_w;
+#else
+  __local RAW *Ks = (__local RAW *)kv_w, *Vs = Ks + KR * QST;
+#endif
   __local float lse_s[MQ], lo_s[MQ], delta_s[MQ];
 #if HAS_BIAS
   __local uint4 bias_w[MQ * KBST * BIAS_BYTES / 16];
@@ -91,14 +112,27 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
   stage_rows(Vs, QST, KR, (__global const RAW *)HEAD_ROWS(v, vo, vs, b, hk, seq.k0), vs, j0, nk, d,
              0, lid);
 
-  /* The warp's keys: the lane's two, 16 w + g and 16 w + g + 8. */
-  const int kw = 16 * w;
+  /* The warp's keys: the lane's two, kw + g and kw + g + 8; and its share
+   * of a block's query rows, qw .. qw + 8 NQW - 1. */
+  const int kw = 16 * (w % (KR / 16)), qw = 8 * NQW * (w / (KR / 16));
   float dka[NDN][4], dva[NDN][4];
 #pragma unroll
   for (int n = 0; n < NDN; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       dka[n][e] = dva[n][e] = 0.0f;
+#if SLAB_WARPS > 1
+  uint ka[NDK / 2][4];
+  copies_wait();
+  quiet_nans(Ks, QST, KR, lid);
+  quiet_nans(Vs, QST, KR, lid);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  rows_fragments(ka, NDK / 2, Ks + kw * QST, QST, lane);
+  for (int e = lid; e < KR * HD / 2 / UNIT; e += MMA_ITEMS) {
+    const int j = e / (HD / 2 / UNIT), c = UNIT * (e % (HD / 2 / UNIT));
+    *(__local uint4 *)(Kh + j * KHST + c) = *(__local const uint4 *)(Ks + j * QST + HD / 2 + c);
+  }
+#endif
 
   /* The query rows that see some key of the block. */
   int ilo, ihi;
@@ -119,32 +153,39 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
       stage_row_stats(lse_s, lo_s, delta_s, lse, lo_, ls, delta, b, h, seq, i0, tq, MQ, MMA_ITEMS,
                       lid);
       copies_wait();
+#if SLAB_WARPS == 1
       if (hh == 0 && i0 == ilo / MQ * MQ) { /* the first block: K and V landed too */
         quiet_nans(Ks, QST, KR, lid);
         quiet_nans(Vs, QST, KR, lid);
       }
+#endif
       quiet_nans(Qs, QST, MQ, lid);
       quiet_nans(Gs, QST, MQ, lid);
       barrier(CLK_LOCAL_MEM_FENCE);
 
+      float s[NQW][4], dp[NQW][4];
+#if SLAB_WARPS > 1
+      halves_times_rows(s, NQW, ka, Kh + kw * KHST, KHST, NDK, Qs + qw * QST, QST, lane);
+      rows_times_rows(dp, NQW, Vs + kw * QST, QST, NDK, Gs + qw * QST, QST, lane);
+#else
       uint fa[NDK][4];
-      float s[NQT][4], dp[NQT][4];
       rows_fragments(fa, NDK, Ks + kw * QST, QST, lane);
-      tile_times_rows(s, NQT, fa, NDK, Qs, QST, lane);
+      tile_times_rows(s, NQW, fa, NDK, Qs, QST, lane);
       rows_fragments(fa, NDK, Vs + kw * QST, QST, lane);
-      tile_times_rows(dp, NQT, fa, NDK, Gs, QST, lane);
+      tile_times_rows(dp, NQW, fa, NDK, Gs, QST, lane);
+#endif
 
       /* P^T (into s) and dS^T (into dp) by the rules; e: 0, 1 the lane's
-       * first key, 2, 3 its second; query row i0 + 8 n + 2 t + (e & 1). */
+       * first key, 2, 3 its second; query row i0 + qw + 8 n + 2 t + (e & 1). */
       int all_lo, all_hi;
       key_block_common(i0, i0 + MQ, nq, nk, wl, wr, &all_lo, &all_hi);
       const int whole =
           softcap == 0.0f && slope == 0.0f && i0 + MQ <= nq && j0 >= all_lo && j0 + KR <= all_hi;
 #pragma unroll
-      for (int n = 0; n < NQT; ++n)
+      for (int n = 0; n < NQW; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int c = 8 * n + 2 * t + (e & 1), kc = kw + g + 8 * (e >> 1);
+          const int c = qw + 8 * n + 2 * t + (e & 1), kc = kw + g + 8 * (e >> 1);
           float ds, gr;
           s[n][e] =
               p_ds(s[n][e], dp[n][e], i0 + c, j0 + kc, nq, nk, lse_s[c], lo_s[c], delta_s[c], scale,
@@ -152,12 +193,44 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
           dp[n][e] = ds;
         }
 
-      /* dV += P^T dO, dK += dS^T Q. */
-      acc_times_tile(dva, NDN, s, MQ, Gs, QST, lane);
-      acc_times_tile(dka, NDN, dp, MQ, Qs, QST, lane);
+      /* dV += P^T dO, dK += dS^T Q, over the warp's rows. */
+      acc_times_tile(dva, NDN, s, 8 * NQW, Gs + qw * QST, QST, lane);
+      acc_times_tile(dka, NDN, dp, 8 * NQW, Qs + qw * QST, QST, lane);
     }
   }
   copies_wait(); /* a block no query row sees staged K and V all the same */
+
+#if SLAB_WARPS > 1
+  /* A slab's second warp's sums added to its first's, dK's and then dV's
+   * through local memory (V's buffer, free now: HD / 2 floats a lane, the
+   * lanes of a step adjacent), in that fixed order; the first warp
+   * stores. */
+  __local float *part = (__local float *)kv_w;
+  const int slot = w % (KR / 16) * 32 + lane, share = w / (KR / 16);
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (share == 1)
+#pragma unroll
+      for (int n = 0; n < NDN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          part[(4 * n + e) * 2 * KR + slot] = x ? dva[n][e] : dka[n][e];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (share == 0)
+#pragma unroll
+      for (int n = 0; n < NDN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float y = part[(4 * n + e) * 2 * KR + slot];
+          if (x)
+            dva[n][e] += y;
+          else
+            dka[n][e] += y;
+        }
+  }
+  if (share) return;
+#endif
 
   __global T *dkp = HEAD_ROWS(dk, dko, dks, b, hk, seq.k0);
   __global T *dvp = HEAD_ROWS(dv, dvo, dvs, b, hk, seq.k0);
@@ -201,8 +274,10 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
    * bwd.cl round it (see tile_p_ds). */
 #pragma OPENCL FP_CONTRACT OFF
   __local uint4 buf[BUNITS];
-  __local RAW *Qs = (__local RAW *)buf, *Gs = Qs + QR * QST;
-  __local RAW *KVs = (__local RAW *)buf; /* block j's K, V at its slot (j / MK) % 2 */
+  __local RAW *Qs = (__local RAW *)buf, *Gs = Qs + (WIDE_F32 ? 0 : QR * QST);
+  /* (WIDE_F32: dO's last HD / 2 columns, Gh, kept for the pass, then)
+   * block j's K, V at its slot (j / MK) % 2 */
+  __local RAW *Gh = (__local RAW *)buf, *KVs = Gh + GHUNITS * UNIT;
 #if DBIAS == 2
   __local float colsum[4 * MK];
 #endif
@@ -216,19 +291,50 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
   __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
 
-  /* The warp's rows of Q and dO as A fragments, for the whole pass. */
+  /* The warp's rows of Q and dO as A fragments, for the whole pass:
+   * staged together, or (WIDE_F32) dO where Q was once Q's fragments are
+   * read, and only dO's first HD / 2 columns' fragments, its others kept
+   * in Gh. */
+  uint qa[NDK][4], ga[WIDE_F32 ? NDK / 2 : NDK][4];
+  const int qr = 16 * w + g;
   stage_rows(Qs, QST, QR, (__global const RAW *)HEAD_ROWS(q, qo, qs, b, h, seq.q0), qs, i0, nq, d,
              0, lid);
+#if WIDE_F32
+  copies_wait();
+  quiet_nans(Qs, QST, QR, lid);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  rows_fragments(qa, NDK, Qs + 16 * w * QST, QST, lane);
+  barrier(CLK_LOCAL_MEM_FENCE);
+#endif
   stage_rows(Gs, QST, QR, (__global const RAW *)HEAD_ROWS(dout, go, gs, b, h, seq.q0), gs, i0, nq,
              d, 0, lid);
   copies_wait();
+#if !WIDE_F32
   quiet_nans(Qs, QST, QR, lid);
+#endif
   quiet_nans(Gs, QST, QR, lid);
   barrier(CLK_LOCAL_MEM_FENCE);
-  uint qa[NDK][4], ga[NDK][4];
-  const int qr = 16 * w + g;
+#if WIDE_F32
+  rows_fragments(ga, NDK / 2, Gs + 16 * w * QST, QST, lane);
+  {
+    /* Gh overlaps the staged rows: all read before any is written. */
+    uint4 x[QR * HD / 2 / UNIT / MMA_ITEMS];
+#pragma unroll
+    for (int i = 0; i < QR * HD / 2 / UNIT / MMA_ITEMS; ++i) {
+      const int e = lid + i * MMA_ITEMS, j = e / (HD / 2 / UNIT), c = UNIT * (e % (HD / 2 / UNIT));
+      x[i] = *(__local const uint4 *)(Gs + j * QST + HD / 2 + c);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+    for (int i = 0; i < QR * HD / 2 / UNIT / MMA_ITEMS; ++i) {
+      const int e = lid + i * MMA_ITEMS, j = e / (HD / 2 / UNIT), c = UNIT * (e % (HD / 2 / UNIT));
+      *(__local uint4 *)(Gh + j * GHST + c) = x[i];
+    }
+  }
+#else
   rows_fragments(qa, NDK, Qs + 16 * w * QST, QST, lane);
   rows_fragments(ga, NDK, Gs + 16 * w * QST, QST, lane);
+#endif
 
   /* The lane's two rows: lse (hi, lo) and delta; -inf past the sequence,
    * which marks a row as passing no gradient. */
@@ -270,7 +376,11 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
 
     float s[NSK][4], dp[NSK][4];
     tile_times_rows(s, NSK, qa, NDK, Ks, QST, lane);
+#if WIDE_F32
+    halves_times_rows(dp, NSK, ga, Gh + 16 * w * GHST, GHST, NDK, Vs, QST, lane);
+#else
     tile_times_rows(dp, NSK, ga, NDK, Vs, QST, lane);
+#endif
 
 #if HAS_BIAS
     /* The lane's bias of the block: from its staged tile, else loaded all

@@ -2,7 +2,8 @@
  * Forward pass on NVIDIA's tensor cores (sm_80 and later), through inline
  * PTX: the vendor path beside fwd.cl, with fwd.cl's arguments, steps and
  * rules (common.cl). One work-group of 4 warps takes MR = 64 query rows of
- * one (sequence, head), 16 rows a warp, over key tiles of MC = 64:
+ * one (sequence, head), 16 rows a warp, over key tiles of MC = 64 (32 for
+ * f32 above HD 64):
  *   S = Q K^T      mma.sync (m16n8k16 f16/bf16, or f32 as three TF32
  *                  m16n8k8 products, mma.cl), Q's fragments held in
  *                  registers, K row-major in local memory
@@ -21,15 +22,15 @@
  * The PTX and the staging: mma.cl, which precedes this file. Built only
  * for a device whose driver takes PTX in OpenCL C (NVIDIA, the plan checks
  * the compute capability); a build that fails falls back to the device's
- * GPU row, fwd.cl (attn__cl_config_portable). HD at most 128 (f32: 64, the plan's rows): O,
- * S and Q's fragments take HD / 2 + 32 + HD / 4 registers a lane (f32: HD / 2 + 64 + HD / 2,
- * S's small terms summed apart).
+ * GPU row, fwd.cl (attn__cl_config_portable). HD at most 128: O, S and Q's fragments take
+ * HD / 2 + MC / 2 + HD / 4 registers a lane (f32: HD / 2 + MC + HD / 2, S's small terms
+ * summed apart; MC = 32 above HD 64, WIDE_F32).
  */
 #ifndef HD
 #define HD 64
 #endif
-#define MR 64 /* query rows per work-group */
-#define MC 64 /* keys per tile */
+#define MR 64                   /* query rows per work-group */
+#define MC (WIDE_F32 ? 32 : 64) /* keys per tile; Q (MR rows) passes through K and V */
 #define MT MMA_ITEMS
 #define KST (HD + PAD)   /* Q, K and V rows in local memory, in elements */
 #define NSN (MC / 8)     /* 8-column tiles of S a warp holds */

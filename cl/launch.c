@@ -137,8 +137,9 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
           int bias_bytes = 0;
           if (f & ATTN__CL_F_BIAS)
             bias_bytes = ((f >> ATTN__CL_F_BIAS_SHIFT) & 3u) == ATTN_F32 ? 4 : 2;
-          len += snprintf(opts + len, n - (size_t)len, " -DMQ=%d",
-                          attn__cl_mma_query_rows(c->dtype, c->hd, bias_bytes));
+          len += snprintf(opts + len, n - (size_t)len, " -DMQ=%d -DKR=%d",
+                          attn__cl_mma_query_rows(c->dtype, c->hd, bias_bytes),
+                          attn__cl_mma_key_rows(c->dtype, c->hd));
           slots[nk++] = ATTN__CL_K_DKDV_MMA;
           slots[nk++] = ATTN__CL_K_DQ_MMA;
         } else {
@@ -796,7 +797,7 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
     if (w == 0) {
       arg_tensor(&b, &pb->dk, es);
       arg_tensor(&b, &pb->dv, es);
-      const int block = rows ? c.t->kb : mma ? ATTN__CL_MMA_ROWS : c.t->bk;
+      const int block = rows ? c.t->kb : mma ? attn__cl_mma_key_rows(pb->dtype, hd) : c.t->bk;
       const size_t items = rows ? 1 : mma ? kernel_items[ATTN__CL_K_DKDV_MMA] : bwd_items(c.t);
       size_t gx = (size_t)((pb->seqlen_k + block - 1) / block) * items;
       if (rows) {

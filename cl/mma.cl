@@ -39,6 +39,13 @@
 #define PAD 8
 #endif
 #define UNIT (16 / EB)
+/* f32 rows above HD 64 (HD 96, 128), of which NVIDIA's 48 KiB of local
+ * memory holds 64 fewer than the kernels' other tiles take: the forward's
+ * key tiles are 32 keys, dQ's key blocks 8 (Q and dO staged one after the
+ * other, dO's fragments half in registers, half read from local memory),
+ * and dK/dV takes KR = 32 keys, K likewise, two warps a 16-key slab
+ * (bwd_mma.cl). */
+#define WIDE_F32 (DTYPE == 0 && HD > 64)
 
 #if DTYPE == 1
 #define MMA_TYPES "f32.f16.f16.f32"
@@ -312,22 +319,22 @@ inline void tile_times_rows(float (*s)[4], int nn, const uint (*a)[4], int kd,
   }
 }
 #else
-/* The A fragments of the warp's 16 rows of a row-major local tile (rows
- * at rows, row i at i * ld) as kd k8 steps, as stored (split at use):
- * lane (g, t) reads words g * ld + t (+ 4, + 8 ld), distinct banks for
- * ld = HD + PAD. */
-inline void rows_fragments(uint (*a)[4], int kd, __local const RAW *rows, int ld, int lane) {
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int kk = 0; kk < kd; ++kk) {
-    __local const RAW *r = rows + g * ld + 8 * kk + t;
-    a[kk][0] = r[0];
-    a[kk][1] = r[8 * ld];
-    a[kk][2] = r[4];
-    a[kk][3] = r[8 * ld + 4];
-  }
+/* Step kk's A fragment of the warp's 16 rows of a row-major local tile
+ * (rows at rows, row i at i * ld), as stored (split at use): lane (g, t)
+ * reads words g * ld + t (+ 4, + 8 ld), distinct banks for ld = HD + PAD. */
+inline void fragment_at(uint *a, __local const RAW *rows, int ld, int kk, int lane) {
+  __local const RAW *r = rows + lane / 4 * ld + 8 * kk + lane % 4;
+  a[0] = r[0];
+  a[1] = r[8 * ld];
+  a[2] = r[4];
+  a[3] = r[8 * ld + 4];
 }
-
+/* Those fragments as kd k8 steps. */
+inline void rows_fragments(uint (*a)[4], int kd, __local const RAW *rows, int ld, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kd; ++kk)
+    fragment_at(a[kk], rows, ld, kk, lane);
+}
 /* s = A B^T for the nn 8-column tiles of s: A the warp's 16 rows as kd k8
  * steps of fragments, B's rows (the keys) row-major in local memory, row c
  * at c * ld: tile n's fragment of step kk is row 8 n + g's words 8 kk + t
@@ -341,37 +348,81 @@ inline void rows_fragments(uint (*a)[4], int kd, __local const RAW *rows, int ld
  * sum of whose large terms overflows) is its large terms' sum alone: the
  * infinity's hi gives it as float32 would (inf, or NaN for inf - inf or
  * inf * 0), where its NaN lo would make the small terms NaN. A NaN
- * operand makes the large terms NaN (quiet_nans). */
-inline void tile_times_rows(float (*s)[4], int nn, const uint (*a)[4], int kd,
-                            __local const RAW *rows, int ld, int lane) {
-  const int g = lane / 4, t = lane % 4;
-  float sm[MAX_NN][4];
+ * operand makes the large terms NaN (quiet_nans). The steps are
+ * step_times_rows, between sums_begin and sums_end. */
+inline void sums_begin(float (*s)[4], float (*sm)[4], int nn) {
 #pragma unroll
   for (int n = 0; n < nn; ++n)
     s[n][0] = s[n][1] = s[n][2] = s[n][3] = sm[n][0] = sm[n][1] = sm[n][2] = sm[n][3] = 0.0f;
+}
+inline void step_times_rows(float (*s)[4], float (*sm)[4], int nn, const uint *a,
+                            __local const RAW *rows, int ld, int kk, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  uint ah[4], al[4];
+  split_fragment(a, ah, al);
 #pragma unroll
-  for (int kk = 0; kk < kd; ++kk) {
-    uint ah[4], al[4];
-    split_fragment(a[kk], ah, al);
-#pragma unroll
-    for (int n = 0; n < nn; ++n) {
-      __local const RAW *r = rows + (8 * n + g) * ld + 8 * kk + t;
-      uint h0, l0, h1, l1;
-      split_tf32(r[0], &h0, &l0);
-      split_tf32(r[4], &h1, &l1);
-      mma_tf32(sm[n], al, h0, h1);
-      mma_tf32(sm[n], ah, l0, l1);
-      mma_tf32(s[n], ah, h0, h1);
-    }
+  for (int n = 0; n < nn; ++n) {
+    __local const RAW *r = rows + (8 * n + g) * ld + 8 * kk + t;
+    uint h0, l0, h1, l1;
+    split_tf32(r[0], &h0, &l0);
+    split_tf32(r[4], &h1, &l1);
+    mma_tf32(sm[n], al, h0, h1);
+    mma_tf32(sm[n], ah, l0, l1);
+    mma_tf32(s[n], ah, h0, h1);
   }
+}
+inline void sums_end(float (*s)[4], float (*sm)[4], int nn) {
 #pragma unroll
   for (int n = 0; n < nn; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       s[n][e] = isinf(s[n][e]) ? s[n][e] : s[n][e] + sm[n][e];
 }
+inline void tile_times_rows(float (*s)[4], int nn, const uint (*a)[4], int kd,
+                            __local const RAW *rows, int ld, int lane) {
+  float sm[MAX_NN][4];
+  sums_begin(s, sm, nn);
+#pragma unroll
+  for (int kk = 0; kk < kd; ++kk)
+    step_times_rows(s, sm, nn, a[kk], rows, ld, kk, lane);
+  sums_end(s, sm, nn);
+}
+/* tile_times_rows with A's fragments read a step at a time from its
+ * row-major local tile (arows, row i at i * lda): for a product whose A
+ * serves few tiles, where holding all its steps would cost HD / 2
+ * registers. */
+inline void rows_times_rows(float (*s)[4], int nn, __local const RAW *arows, int lda, int kd,
+                            __local const RAW *rows, int ld, int lane) {
+  float sm[MAX_NN][4];
+  sums_begin(s, sm, nn);
+#pragma unroll
+  for (int kk = 0; kk < kd; ++kk) {
+    uint a[4];
+    fragment_at(a, arows, lda, kk, lane);
+    step_times_rows(s, sm, nn, a, rows, ld, kk, lane);
+  }
+  sums_end(s, sm, nn);
+}
+/* tile_times_rows with A's first kd / 2 steps of fragments held (a) and
+ * its last kd / 2 read a step at a time from a local tile of those
+ * columns (arows, row i at i * lda): an A that serves the whole pass in
+ * half the registers, where local memory holds only its other half. */
+inline void halves_times_rows(float (*s)[4], int nn, const uint (*a)[4], __local const RAW *arows,
+                              int lda, int kd, __local const RAW *rows, int ld, int lane) {
+  float sm[MAX_NN][4];
+  sums_begin(s, sm, nn);
+#pragma unroll
+  for (int kk = 0; kk < kd / 2; ++kk)
+    step_times_rows(s, sm, nn, a[kk], rows, ld, kk, lane);
+#pragma unroll
+  for (int kk = kd / 2; kk < kd; ++kk) {
+    uint f[4];
+    fragment_at(f, arows, lda, kk - kd / 2, lane);
+    step_times_rows(s, sm, nn, f, rows, ld, kk, lane);
+  }
+  sums_end(s, sm, nn);
+}
 #endif
-
 /* Whether the forward's and dQ's bias tiles go through local memory
  * (bias_copy, with K's copies): where they fit beside K and V in the 48 KB
  * that NVIDIA's OpenCL gives a work-group (fwd_mma.cl's 64 x 64 tile,

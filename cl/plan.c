@@ -103,6 +103,10 @@ static const struct tiles_row {
      ATTN_F32,
      64,
      {64, 64, 8, 16, 16, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA, 0, 0, 0}},
+    {CLASS_NV_MMA,
+     ATTN_F32,
+     128,
+     {64, 32, 8, 16, 8, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA, 0, 0, 0}},
     {CLASS_GPU,
      ANY_DTYPE,
      128,
@@ -157,20 +161,35 @@ static size_t mma_row_bytes(int dtype, int hd) {
   return dtype == ATTN_F32 ? 4u * (size_t)(hd + 4) : 2u * (size_t)(hd + 8);
 }
 
+/* f32 rows above HD 64, of which 48 KiB holds 64 fewer (mma.cl's
+ * WIDE_F32): the forward's key tiles half as long, dQ's key blocks a
+ * quarter, dQ's Q and dO staged one after the other, dO's and dK/dV's K's
+ * last hd / 2 columns in local memory, their first in registers. */
+static int mma_wide(int dtype, int hd) {
+  return dtype == ATTN_F32 && hd > 64;
+}
+
+int attn__cl_mma_key_rows(int dtype, int hd) {
+  return mma_wide(dtype, hd) ? 32 : ATTN__CL_MMA_ROWS;
+}
+
 /* attn_bwd_dkdv_mma's local memory with a block of rows query rows: its
- * 64 keys' K and V, kept for the whole pass, the block's Q and dO rows
- * (16-bit rows 8 elements longer) with their lse (hi, lo) and delta, and
- * with a bias (bias_bytes an element, 0 without) the block's bias tile,
- * rows 8 elements longer. */
+ * KR keys' K and V (where mma_wide, V and K's last hd / 2 columns, rows 4
+ * floats longer, K staged through the Q and dO rows first), kept for the
+ * whole pass, the block's Q and dO rows (16-bit rows 8 elements longer)
+ * with their lse (hi, lo) and delta, and with a bias (bias_bytes an
+ * element, 0 without) the block's bias tile, rows 8 elements longer. */
 static size_t dkdv_mma_bytes(int dtype, int hd, int rows, int bias_bytes) {
-  const size_t keys = ATTN__CL_MMA_ROWS, r = (size_t)rows;
-  return 2u * mma_row_bytes(dtype, hd) * (keys + r) + 3u * 4u * r +
+  const size_t keys = (size_t)attn__cl_mma_key_rows(dtype, hd), r = (size_t)rows;
+  const size_t k =
+      mma_wide(dtype, hd) ? keys * 4u * ((size_t)hd / 2u + 4u) : keys * mma_row_bytes(dtype, hd);
+  return k + mma_row_bytes(dtype, hd) * (keys + 2u * r) + 3u * 4u * r +
          (size_t)bias_bytes * r * (keys + 8u);
 }
 
 /* Its query rows a block: as many as fit in NVIDIA's 48 KiB, up to 64;
  * without a bias 64 at HD 64, 32 at 96, 16 at 128 (f32: 64 at HD 32, 16
- * at 64). */
+ * at 64, 32 at 96 (16 with an f32 bias) and 16 at 128 beside 32 keys). */
 int attn__cl_mma_query_rows(int dtype, int hd, int bias_bytes) {
   int rows = 64;
   while (rows > 16 && dkdv_mma_bytes(dtype, hd, rows, bias_bytes) > 48 * 1024)
@@ -179,21 +198,25 @@ int attn__cl_mma_query_rows(int dtype, int hd, int bias_bytes) {
 }
 
 /* The tensor-core kernels' local memory, the most of them over the bias
- * dtypes (no bias, 16-bit, f32): fwd_mma.cl's, K and V rows of a 64-key
- * tile, 16-bit, each row 8 elements longer, and with a bias its 64 x 64
- * tile, rows 8 elements longer, where mma.cl stages it (BIAS_STAGED: f32
- * only up to HD 96); attn_bwd_dkdv_mma's at its MQ; attn_bwd_dq_mma's, 64
- * rows of Q and dO or two blocks of 32 keys of K and V (the same bytes), a
- * staged bias's two 64 x 32 slots, rows 8 elements longer, and 512 bytes of
- * sums. f32 (up to HD 64) the same with 4-byte elements and rows 4
- * elements longer (mma_row_bytes), an f32 bias staged only up to HD 32.
- * Their tiles are fixed; the row's br, bc, tm, dk and jk are
- * attn_fwd's, for the fallback (attn__cl_config_tiles). */
+ * dtypes (no bias, 16-bit, f32): fwd_mma.cl's, K and V rows of a key
+ * tile (64 keys, 32 where mma_wide), and with a bias its 64-row tile, rows
+ * 8 elements longer, where mma.cl stages it (BIAS_STAGED: an f32 bias
+ * only up to HD 96, 32 on f32 data); attn_bwd_dkdv_mma's at its MQ;
+ * attn_bwd_dq_mma's, 64 rows of Q and dO (one at a time where mma_wide)
+ * or two blocks of K and V (32 keys; where mma_wide 8, beside dO's last
+ * hd / 2 columns, rows 4 floats longer), a staged bias's
+ * two 64-row slots of a block, rows 8 elements longer, and 16 bytes a key
+ * of a block for the sums. Their tiles are fixed: the row's br and bc
+ * are fwd_mma.cl's MR and MC (the key splits count them), its tm, dk and
+ * jk attn_fwd's, for the fallback (attn__cl_config_tiles). */
 static size_t mma_local_bytes(int dtype, int hd) {
-  const size_t keys = ATTN__CL_MMA_ROWS; /* fwd_mma.cl's MC, as its MR */
+  const size_t rows = ATTN__CL_MMA_ROWS, row = mma_row_bytes(dtype, hd);
+  const size_t wide = (size_t)mma_wide(dtype, hd), tile = wide ? 32u : 64u, block = wide ? 8u : 32u;
   const size_t staged = (dtype == ATTN_F32 ? hd <= 32 : hd <= 96) ? 4u : 2u;
-  const size_t fwd = 2u * mma_row_bytes(dtype, hd) * keys + staged * keys * (keys + 8u);
-  const size_t dq = 2u * mma_row_bytes(dtype, hd) * keys + staged * 2u * keys * 40u + 512u;
+  const size_t fwd = 2u * row * tile + staged * rows * (tile + 8u);
+  const size_t gh = wide ? rows * 4u * ((size_t)hd / 2u + 4u) : 0u;
+  const size_t qg = (2u - wide) * rows * row, kv = gh + 4u * block * row;
+  const size_t dq = (qg > kv ? qg : kv) + staged * 2u * rows * (block + 8u) + 16u * block;
   size_t most = fwd > dq ? fwd : dq;
   for (int b = 0; b <= 4; b += 2) {
     const size_t dkdv = dkdv_mma_bytes(dtype, hd, attn__cl_mma_query_rows(dtype, hd, b), b);
@@ -282,8 +305,8 @@ static void name_fwd(attn__cl_config *c) {
   const attn__cl_tiles *t = &c->t;
   if (t->fwd == ATTN__CL_FWD_MMA)
     snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
-             "opencl attn_fwd_mma HD=%d Br=%d Bc=%d (tensor cores%s, inline PTX)", c->hd,
-             ATTN__CL_MMA_ROWS, ATTN__CL_MMA_ROWS, c->dtype == ATTN_F32 ? ", 3xTF32" : "");
+             "opencl attn_fwd_mma HD=%d Br=%d Bc=%d (tensor cores%s, inline PTX)", c->hd, t->br,
+             t->bc, c->dtype == ATTN_F32 ? ", 3xTF32" : "");
   else if (t->fwd == ATTN__CL_FWD_ROWS)
     snprintf(c->name[ATTN__CL_FWD], sizeof c->name[0],
              "opencl attn_fwd_rows HD=%d RB=%d KB=%d VW=%d", c->hd, t->rb, t->kb, t->vw);
@@ -298,7 +321,7 @@ static void name_bwd(attn__cl_config *c) {
   if (t->bwd == ATTN__CL_BWD_MMA)
     snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0],
              "opencl attn_bwd_mma HD=%d KR=%d MQ=%d (tensor cores, inline PTX)", c->hd,
-             ATTN__CL_MMA_ROWS, attn__cl_mma_query_rows(c->dtype, c->hd, 0));
+             attn__cl_mma_key_rows(c->dtype, c->hd), attn__cl_mma_query_rows(c->dtype, c->hd, 0));
   else if (t->bwd == ATTN__CL_BWD_ROWS)
     snprintf(c->name[ATTN__CL_BWD], sizeof c->name[0],
              "opencl attn_bwd_rows HD=%d RB=%d KB=%d VW=%d", c->hd, t->rb, t->kb, t->vw);
