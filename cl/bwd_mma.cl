@@ -128,10 +128,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
   quiet_nans(Vs, QST, KR, lid);
   barrier(CLK_LOCAL_MEM_FENCE);
   rows_fragments(ka, NDK / 2, Ks + kw * QST, QST, lane);
-  for (int e = lid; e < KR * HD / 2 / UNIT; e += MMA_ITEMS) {
-    const int j = e / (HD / 2 / UNIT), c = UNIT * (e % (HD / 2 / UNIT));
-    *(__local uint4 *)(Kh + j * KHST + c) = *(__local const uint4 *)(Ks + j * QST + HD / 2 + c);
-  }
+  keep_last_half(Kh, KHST, Ks, QST, KR, lid);
 #endif
 
   /* The query rows that see some key of the block. */
@@ -316,21 +313,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   barrier(CLK_LOCAL_MEM_FENCE);
 #if WIDE_F32
   rows_fragments(ga, NDK / 2, Gs + 16 * w * QST, QST, lane);
-  {
-    /* Gh overlaps the staged rows: all read before any is written. */
-    uint4 x[QR * HD / 2 / UNIT / MMA_ITEMS];
-#pragma unroll
-    for (int i = 0; i < QR * HD / 2 / UNIT / MMA_ITEMS; ++i) {
-      const int e = lid + i * MMA_ITEMS, j = e / (HD / 2 / UNIT), c = UNIT * (e % (HD / 2 / UNIT));
-      x[i] = *(__local const uint4 *)(Gs + j * QST + HD / 2 + c);
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-#pragma unroll
-    for (int i = 0; i < QR * HD / 2 / UNIT / MMA_ITEMS; ++i) {
-      const int e = lid + i * MMA_ITEMS, j = e / (HD / 2 / UNIT), c = UNIT * (e % (HD / 2 / UNIT));
-      *(__local uint4 *)(Gh + j * GHST + c) = x[i];
-    }
-  }
+  keep_last_half(Gh, GHST, Gs, QST, QR, lid);
 #else
   rows_fragments(qa, NDK, Qs + 16 * w * QST, QST, lane);
   rows_fragments(ga, NDK, Gs + 16 * w * QST, QST, lane);

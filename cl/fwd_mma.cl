@@ -2,8 +2,9 @@
  * Forward pass on NVIDIA's tensor cores (sm_80 and later), through inline
  * PTX: the vendor path beside fwd.cl, with fwd.cl's arguments, steps and
  * rules (common.cl). One work-group of 4 warps takes MR = 64 query rows of
- * one (sequence, head), 16 rows a warp, over key tiles of MC = 64 (32 for
- * f32 above HD 64):
+ * one (sequence, head), 16 rows a warp, over key tiles of MC = 64 (16 for
+ * f32 above HD 64, WIDE_F32, whose Q keeps its last HD / 2 columns in
+ * local memory, Qh, and its first as fragments):
  *   S = Q K^T      mma.sync (m16n8k16 f16/bf16, or f32 as three TF32
  *                  m16n8k8 products, mma.cl), Q's fragments held in
  *                  registers, K row-major in local memory
@@ -24,13 +25,16 @@
  * the compute capability); a build that fails falls back to the device's
  * GPU row, fwd.cl (attn__cl_config_portable). HD at most 128: O, S and Q's fragments take
  * HD / 2 + MC / 2 + HD / 4 registers a lane (f32: HD / 2 + MC + HD / 2, S's small terms
- * summed apart; MC = 32 above HD 64, WIDE_F32).
+ * summed apart; WIDE_F32: HD / 2 + MC + HD / 4, 112 at HD 128, where 32-key tiles with all
+ * of Q's fragments took 255 and spilled).
  */
 #ifndef HD
 #define HD 64
 #endif
 #define MR 64                   /* query rows per work-group */
-#define MC (WIDE_F32 ? 32 : 64) /* keys per tile; Q (MR rows) passes through K and V */
+#define MC (WIDE_F32 ? 16 : 64) /* keys per tile; Q (MR rows) passes through K and V */
+#define QHST (HD / 2 + PAD)     /* Qh's rows (WIDE_F32) */
+#define QHUNITS (WIDE_F32 ? MR * QHST / UNIT : 0)
 #define MT MMA_ITEMS
 #define KST (HD + PAD)   /* Q, K and V rows in local memory, in elements */
 #define NSN (MC / 8)     /* 8-column tiles of S a warp holds */
@@ -72,8 +76,8 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
   /* Q passes through Ks and Vs, one buffer, before the first tile.
    * 16-byte units, for the staging's stores (KST keeps rows whole units
    * apart). */
-  __local uint4 KVs_w[2 * MC * KST / UNIT];
-  __local RAW *Ks = (__local RAW *)KVs_w, *Vs = Ks + MC * KST;
+  __local uint4 KVs_w[2 * MC * KST / UNIT + QHUNITS];
+  __local RAW *Ks = (__local RAW *)KVs_w, *Vs = Ks + MC * KST, *Qh = Vs + MC * KST;
 #if BIAS_STAGED
   __local uint4 Bs_w[MR * BST * BIAS_BYTES / 16];
   __local uchar *Bs = (__local uchar *)Bs_w;
@@ -95,9 +99,16 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
   copies_wait();
   quiet_nans(Ks, KST, MR, lid);
   barrier(CLK_LOCAL_MEM_FENCE);
-  uint qa[NQK][4];
   const int qr = 16 * w + g;
+#if WIDE_F32
+  /* Q's first HD / 2 columns' fragments in registers, its last in Qh. */
+  uint qa[NQK / 2][4];
+  rows_fragments(qa, NQK / 2, Ks + 16 * w * KST, KST, lane);
+  keep_last_half(Qh, QHST, Ks, KST, MR, lid);
+#else
+  uint qa[NQK][4];
   rows_fragments(qa, NQK, Ks + 16 * w * KST, KST, lane);
+#endif
 
   /* The lane's two rows: their running max and (partial) sum, and O. */
   const int ra = r0 + qr, rb = ra + 8;
@@ -143,7 +154,11 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
     barrier(CLK_LOCAL_MEM_FENCE);
 
     float s[NSN][4];
+#if WIDE_F32
+    halves_times_rows(s, NSN, qa, Qh + 16 * w * QHST, QHST, NQK, Ks, KST, lane);
+#else
     tile_times_rows(s, NSN, qa, NQK, Ks, KST, lane);
+#endif
 
 #if BIAS_STAGED
     copies_wait_but_last(); /* the tile's bias */

@@ -41,10 +41,10 @@
 #define UNIT (16 / EB)
 /* f32 rows above HD 64 (HD 96, 128), of which NVIDIA's 48 KiB of local
  * memory holds 64 fewer than the kernels' other tiles take: the forward's
- * key tiles are 32 keys, dQ's key blocks 8 (Q and dO staged one after the
- * other, dO's fragments half in registers, half read from local memory),
- * and dK/dV takes KR = 32 keys, K likewise, two warps a 16-key slab
- * (bwd_mma.cl). */
+ * key tiles are 16 keys (Q's fragments half in registers, half read from
+ * local memory), dQ's key blocks 8 (Q and dO staged one after the other,
+ * dO's fragments halved likewise), and dK/dV takes KR = 32 keys, K
+ * halved likewise, two warps a 16-key slab (bwd_mma.cl). */
 #define WIDE_F32 (DTYPE == 0 && HD > 64)
 
 #if DTYPE == 1
@@ -402,6 +402,30 @@ inline void rows_times_rows(float (*s)[4], int nn, __local const RAW *arows, int
     step_times_rows(s, sm, nn, a, rows, ld, kk, lane);
   }
   sums_end(s, sm, nn);
+}
+/* The last HD / 2 columns of a staged tile's rows (64 at most) into a
+ * tile of their own (dst, row i at i * ldd, ldd HD / 2 + PAD), for
+ * halves_times_rows: every unit read before any is written, so dst may
+ * overlap the staged rows. Ends with the barrier between the reads and
+ * the writes; the writes need one more before they are read. */
+#define HALF_UNITS (HD / 2 / UNIT) /* units of a half row */
+inline void keep_last_half(__local RAW *dst, int ldd, __local const RAW *src, int lds, int rows,
+                           int lid) {
+  uint4 x[(64 * HALF_UNITS + MMA_ITEMS - 1) / MMA_ITEMS];
+#pragma unroll
+  for (int i = 0; i < (64 * HALF_UNITS + MMA_ITEMS - 1) / MMA_ITEMS; ++i) {
+    const int e = lid + i * MMA_ITEMS;
+    if (e < rows * HALF_UNITS)
+      x[i] =
+          *(__local const uint4 *)(src + e / HALF_UNITS * lds + HD / 2 + UNIT * (e % HALF_UNITS));
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+  for (int i = 0; i < (64 * HALF_UNITS + MMA_ITEMS - 1) / MMA_ITEMS; ++i) {
+    const int e = lid + i * MMA_ITEMS;
+    if (e < rows * HALF_UNITS)
+      *(__local uint4 *)(dst + e / HALF_UNITS * ldd + UNIT * (e % HALF_UNITS)) = x[i];
+  }
 }
 /* tile_times_rows with A's first kd / 2 steps of fragments held (a) and
  * its last kd / 2 read a step at a time from a local tile of those

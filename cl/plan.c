@@ -106,7 +106,7 @@ static const struct tiles_row {
     {CLASS_NV_MMA,
      ATTN_F32,
      128,
-     {64, 32, 8, 16, 8, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA, 0, 0, 0}},
+     {64, 16, 8, 16, 8, 64, 64, 4, 16, 8, 8, 64, ATTN__CL_FWD_MMA, ATTN__CL_BWD_MMA, 0, 0, 0}},
     {CLASS_GPU,
      ANY_DTYPE,
      128,
@@ -162,9 +162,10 @@ static size_t mma_row_bytes(int dtype, int hd) {
 }
 
 /* f32 rows above HD 64, of which 48 KiB holds 64 fewer (mma.cl's
- * WIDE_F32): the forward's key tiles half as long, dQ's key blocks a
- * quarter, dQ's Q and dO staged one after the other, dO's and dK/dV's K's
- * last hd / 2 columns in local memory, their first in registers. */
+ * WIDE_F32): the forward's key tiles and dQ's key blocks a quarter as
+ * long, dQ's Q and dO staged one after the other, the forward's Q's,
+ * dQ's dO's and dK/dV's K's last hd / 2 columns in local memory, their
+ * first in registers. */
 static int mma_wide(int dtype, int hd) {
   return dtype == ATTN_F32 && hd > 64;
 }
@@ -199,7 +200,8 @@ int attn__cl_mma_query_rows(int dtype, int hd, int bias_bytes) {
 
 /* The tensor-core kernels' local memory, the most of them over the bias
  * dtypes (no bias, 16-bit, f32): fwd_mma.cl's, K and V rows of a key
- * tile (64 keys, 32 where mma_wide), and with a bias its 64-row tile, rows
+ * tile (64 keys; 16 where mma_wide, beside Q's last hd / 2 columns, rows 4
+ * floats longer), and with a bias its 64-row tile, rows
  * 8 elements longer, where mma.cl stages it (BIAS_STAGED: an f32 bias
  * only up to HD 96, 32 on f32 data); attn_bwd_dkdv_mma's at its MQ;
  * attn_bwd_dq_mma's, 64 rows of Q and dO (one at a time where mma_wide)
@@ -211,10 +213,10 @@ int attn__cl_mma_query_rows(int dtype, int hd, int bias_bytes) {
  * jk attn_fwd's, for the fallback (attn__cl_config_tiles). */
 static size_t mma_local_bytes(int dtype, int hd) {
   const size_t rows = ATTN__CL_MMA_ROWS, row = mma_row_bytes(dtype, hd);
-  const size_t wide = (size_t)mma_wide(dtype, hd), tile = wide ? 32u : 64u, block = wide ? 8u : 32u;
+  const size_t wide = (size_t)mma_wide(dtype, hd), tile = wide ? 16u : 64u, block = wide ? 8u : 32u;
   const size_t staged = (dtype == ATTN_F32 ? hd <= 32 : hd <= 96) ? 4u : 2u;
-  const size_t fwd = 2u * row * tile + staged * rows * (tile + 8u);
-  const size_t gh = wide ? rows * 4u * ((size_t)hd / 2u + 4u) : 0u;
+  const size_t gh = wide ? rows * 4u * ((size_t)hd / 2u + 4u) : 0u; /* Qh, Gh */
+  const size_t fwd = 2u * row * tile + gh + staged * rows * (tile + 8u);
   const size_t qg = (2u - wide) * rows * row, kv = gh + 4u * block * row;
   const size_t dq = (qg > kv ? qg : kv) + staged * 2u * rows * (block + 8u) + 16u * block;
   size_t most = fwd > dq ? fwd : dq;
