@@ -26,8 +26,8 @@
  * which moves S by float32's rounding, not the split's).
  *
  * attn_bwd_dq_mma: BQ = 64 query rows of one (sequence, head), over key
- * blocks of MK = 32 (WIDE_F32: 8, Q and dO staged one after the other,
- * dO's last HD / 2 columns kept in local memory, not registers):
+ * blocks of MK = 32 (WIDE_F32: 8, one at a time, Q's and dO's last HD /
+ * 2 columns kept in local memory, not registers):
  *   S = Q K^T, dP = dO V^T     Q's and dO's fragments held in registers, K
  *                              and V row-major in local memory, two blocks
  *                              of them: the next in flight (cp.async)
@@ -56,11 +56,15 @@
 #define NDN (HD / 8)           /* 8-column tiles of dQ, dK, dV a warp holds */
 #define NDK (HD / KSTEP)       /* k steps of Q K^T */
 #define NSK (MK / 8)           /* 8-column tiles of S */
-#define QUNITS ((WIDE_F32 ? 1 : 2) * QR * QST / UNIT) /* Q and dO, 16-byte units */
-#define GHST (HD / 2 + PAD)                           /* Gh's rows (WIDE_F32) */
-#define GHUNITS (WIDE_F32 ? QR * GHST / UNIT : 0)     /* Gh */
-#define KUNITS (GHUNITS + 2 * 2 * MK * QST / UNIT)    /* Gh, then K and V of two blocks */
-#define BUNITS (QUNITS > KUNITS ? QUNITS : KUNITS)    /* they share the buffer */
+#define QUNITS ((WIDE_F32 ? 1 : 2) * QR * QST / UNIT)  /* Q and dO, 16-byte units */
+#define GHST (HD / 2 + PAD)                            /* Qh's and Gh's rows (WIDE_F32) */
+#define GHUNITS (WIDE_F32 ? 2 * QR * GHST / UNIT : 0)  /* Qh, Gh */
+#define NSLOT (WIDE_F32 ? 1 : 2)                       /* K and V blocks in local memory */
+#define KUNITS (GHUNITS + NSLOT * 2 * MK * QST / UNIT) /* Qh, Gh, then K and V */
+#define BUNITS (QUNITS > KUNITS ? QUNITS : KUNITS)     /* they share the buffer */
+#if WIDE_F32 && (3 * QR / 2 * GHST + QR / 2 * QST) / UNIT > BUNITS
+#error "dQ: dO's second 32 rows are staged past Qh and Gh's first 32 rows"
+#endif
 #ifndef KR
 #define KR (WIDE_F32 ? 32 : 64) /* keys per dK/dV work-group (the plan's -DKR) */
 #endif
@@ -250,9 +254,9 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
 
 /* Block j's slot in attn_bwd_dq_mma's buffer (and in its bias tiles'),
  * and its copies asked for. */
-#define KV_SLOT(j) (KVs + (j) / MK % 2 * 2 * MK * QST)
+#define KV_SLOT(j) (KVs + (j) / MK % NSLOT * 2 * MK * QST)
 #if BIAS_STAGED
-#define BIAS_SLOT(j) (Bs + (j) / MK % 2 * QR * QBST * BIAS_BYTES)
+#define BIAS_SLOT(j) (Bs + (j) / MK % NSLOT * QR * QBST * BIAS_BYTES)
 #define STAGE_DQ_BIAS(j) \
   bias_copy(BIAS_SLOT(j), QBST, QR, MK, bias, bias_h, bias_s, i0, nq, (j), nk, lid)
 #else
@@ -272,9 +276,10 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
 #pragma OPENCL FP_CONTRACT OFF
   __local uint4 buf[BUNITS];
   __local RAW *Qs = (__local RAW *)buf, *Gs = Qs + (WIDE_F32 ? 0 : QR * QST);
-  /* (WIDE_F32: dO's last HD / 2 columns, Gh, kept for the pass, then)
-   * block j's K, V at its slot (j / MK) % 2 */
-  __local RAW *Gh = (__local RAW *)buf, *KVs = Gh + GHUNITS * UNIT;
+  /* (WIDE_F32: Q's and dO's last HD / 2 columns, Qh and Gh, kept for the
+   * pass, then) block j's K, V at its slot (j / MK) % NSLOT */
+  __local RAW *Qh = (__local RAW *)buf, *Gh = Qh + (WIDE_F32 ? QR * GHST : 0),
+              *KVs = Qh + GHUNITS * UNIT;
 #if DBIAS == 2
   __local float colsum[4 * MK];
 #endif
@@ -288,33 +293,40 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
   __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
 
-  /* The warp's rows of Q and dO as A fragments, for the whole pass:
-   * staged together, or (WIDE_F32) dO where Q was once Q's fragments are
-   * read, and only dO's first HD / 2 columns' fragments, its others kept
-   * in Gh. */
-  uint qa[NDK][4], ga[WIDE_F32 ? NDK / 2 : NDK][4];
+  /* The warp's rows of Q and dO as A fragments, for the whole pass,
+   * staged together; or (WIDE_F32) the first HD / 2 columns' fragments,
+   * the last columns kept in Qh and Gh: Q staged first, then dO by halves
+   * of 32 rows past what Qh and Gh hold so far. */
   const int qr = 16 * w + g;
-  stage_rows(Qs, QST, QR, (__global const RAW *)HEAD_ROWS(q, qo, qs, b, h, seq.q0), qs, i0, nq, d,
-             0, lid);
+  __global const RAW *qp = (__global const RAW *)HEAD_ROWS(q, qo, qs, b, h, seq.q0);
+  __global const RAW *gp = (__global const RAW *)HEAD_ROWS(dout, go, gs, b, h, seq.q0);
 #if WIDE_F32
+  uint qa[NDK / 2][4], ga[NDK / 2][4];
+  stage_rows(Qs, QST, QR, qp, qs, i0, nq, d, 0, lid);
   copies_wait();
   quiet_nans(Qs, QST, QR, lid);
   barrier(CLK_LOCAL_MEM_FENCE);
-  rows_fragments(qa, NDK, Qs + 16 * w * QST, QST, lane);
-  barrier(CLK_LOCAL_MEM_FENCE);
-#endif
-  stage_rows(Gs, QST, QR, (__global const RAW *)HEAD_ROWS(dout, go, gs, b, h, seq.q0), gs, i0, nq,
-             d, 0, lid);
+  rows_fragments(qa, NDK / 2, Qs + 16 * w * QST, QST, lane);
+  keep_last_half(Qh, GHST, Qs, QST, QR, lid);
+#pragma unroll
+  for (int part = 0; part < 2; ++part) {
+    __local RAW *at = Gh + part * QR / 2 * GHST;
+    barrier(CLK_LOCAL_MEM_FENCE); /* the last rows' reads are done */
+    stage_rows(at, QST, QR / 2, gp, gs, i0 + part * QR / 2, nq, d, 0, lid);
+    copies_wait();
+    quiet_nans(at, QST, QR / 2, lid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (w / 2 == part) rows_fragments(ga, NDK / 2, at + 16 * (w % 2) * QST, QST, lane);
+    keep_last_half(at, GHST, at, QST, QR / 2, lid);
+  }
+#else
+  uint qa[NDK][4], ga[NDK][4];
+  stage_rows(Qs, QST, QR, qp, qs, i0, nq, d, 0, lid);
+  stage_rows(Gs, QST, QR, gp, gs, i0, nq, d, 0, lid);
   copies_wait();
-#if !WIDE_F32
   quiet_nans(Qs, QST, QR, lid);
-#endif
   quiet_nans(Gs, QST, QR, lid);
   barrier(CLK_LOCAL_MEM_FENCE);
-#if WIDE_F32
-  rows_fragments(ga, NDK / 2, Gs + 16 * w * QST, QST, lane);
-  keep_last_half(Gh, GHST, Gs, QST, QR, lid);
-#else
   rows_fragments(qa, NDK, Qs + 16 * w * QST, QST, lane);
   rows_fragments(ga, NDK, Gs + 16 * w * QST, QST, lane);
 #endif
@@ -343,25 +355,34 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   key_block_common(i0, i0 + QR, nq, nk, wl, wr, &all_lo, &all_hi);
   const int plain = softcap == 0.0f && slope == 0.0f && i0 + QR <= nq;
   /* A block's K and V are one group of copies, the next block's in flight
-   * while this one's products run, in the other slot. */
+   * while this one's products run, in the other slot; with one slot
+   * (WIDE_F32) each block's once the last one's products are done, the
+   * other work-groups of the SM running meanwhile. */
   barrier(CLK_LOCAL_MEM_FENCE); /* Q's and dO's reads are done */
-  if (lo < hi) STAGE_KV(lo / MK * MK);
+  if (NSLOT == 2 && lo < hi) STAGE_KV(lo / MK * MK);
   copies_commit();
   for (int j0 = lo / MK * MK; j0 < hi; j0 += MK) {
     __local RAW *Ks = KV_SLOT(j0), *Vs = Ks + MK * QST;
-    barrier(CLK_LOCAL_MEM_FENCE); /* the last block's reads of the other slot are done */
+    barrier(CLK_LOCAL_MEM_FENCE); /* the last block's reads of the slot are done */
+#if NSLOT == 1
+    STAGE_KV(j0);
+    copies_commit();
+    copies_wait();
+#else
     if (j0 + MK < hi) STAGE_KV(j0 + MK);
     copies_commit();
     copies_wait_but_last(); /* this block's */
+#endif
     quiet_nans(Ks, QST, MK, lid);
     quiet_nans(Vs, QST, MK, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
 
     float s[NSK][4], dp[NSK][4];
-    tile_times_rows(s, NSK, qa, NDK, Ks, QST, lane);
 #if WIDE_F32
+    halves_times_rows(s, NSK, qa, Qh + 16 * w * GHST, GHST, NDK, Ks, QST, lane);
     halves_times_rows(dp, NSK, ga, Gh + 16 * w * GHST, GHST, NDK, Vs, QST, lane);
 #else
+    tile_times_rows(s, NSK, qa, NDK, Ks, QST, lane);
     tile_times_rows(dp, NSK, ga, NDK, Vs, QST, lane);
 #endif
 

@@ -164,10 +164,16 @@ static size_t mma_row_bytes(int dtype, int hd) {
 /* f32 rows above HD 64, of which 48 KiB holds 64 fewer (mma.cl's
  * WIDE_F32): the forward's key tiles and dQ's key blocks a quarter as
  * long, dQ's Q and dO staged one after the other, the forward's Q's,
- * dQ's dO's and dK/dV's K's last hd / 2 columns in local memory, their
- * first in registers. */
+ * dQ's Q's and dO's and dK/dV's K's last hd / 2 columns in local memory,
+ * their first in registers. */
 static int mma_wide(int dtype, int hd) {
   return dtype == ATTN_F32 && hd > 64;
+}
+
+/* Where mma_wide, a row's last hd / 2 columns in local memory (mma.cl's
+ * keep_last_half), 4 floats longer. */
+static size_t mma_half_row_bytes(int hd) {
+  return 4u * ((size_t)hd / 2u + 4u);
 }
 
 int attn__cl_mma_key_rows(int dtype, int hd) {
@@ -183,7 +189,7 @@ int attn__cl_mma_key_rows(int dtype, int hd) {
 static size_t dkdv_mma_bytes(int dtype, int hd, int rows, int bias_bytes) {
   const size_t keys = (size_t)attn__cl_mma_key_rows(dtype, hd), r = (size_t)rows;
   const size_t k =
-      mma_wide(dtype, hd) ? keys * 4u * ((size_t)hd / 2u + 4u) : keys * mma_row_bytes(dtype, hd);
+      mma_wide(dtype, hd) ? keys * mma_half_row_bytes(hd) : keys * mma_row_bytes(dtype, hd);
   return k + mma_row_bytes(dtype, hd) * (keys + 2u * r) + 3u * 4u * r +
          (size_t)bias_bytes * r * (keys + 8u);
 }
@@ -205,20 +211,21 @@ int attn__cl_mma_query_rows(int dtype, int hd, int bias_bytes) {
  * 8 elements longer, where mma.cl stages it (BIAS_STAGED: an f32 bias
  * only up to HD 96, 32 on f32 data); attn_bwd_dkdv_mma's at its MQ;
  * attn_bwd_dq_mma's, 64 rows of Q and dO (one at a time where mma_wide)
- * or two blocks of K and V (32 keys; where mma_wide 8, beside dO's last
- * hd / 2 columns, rows 4 floats longer), a staged bias's
- * two 64-row slots of a block, rows 8 elements longer, and 16 bytes a key
- * of a block for the sums. Their tiles are fixed: the row's br and bc
- * are fwd_mma.cl's MR and MC (the key splits count them), its tm, dk and
- * jk attn_fwd's, for the fallback (attn__cl_config_tiles). */
+ * or two blocks of K and V (32 keys; where mma_wide one of 8, beside Q's
+ * and dO's last hd / 2 columns), a staged bias's slot for each block of
+ * K and V, rows 8 elements longer, and 16 bytes a key of a block for the
+ * sums. Their tiles are fixed: the row's br and bc are fwd_mma.cl's MR
+ * and MC (the key splits count them), its tm, dk and jk attn_fwd's, for
+ * the fallback (attn__cl_config_tiles). */
 static size_t mma_local_bytes(int dtype, int hd) {
   const size_t rows = ATTN__CL_MMA_ROWS, row = mma_row_bytes(dtype, hd);
   const size_t wide = (size_t)mma_wide(dtype, hd), tile = wide ? 16u : 64u, block = wide ? 8u : 32u;
   const size_t staged = (dtype == ATTN_F32 ? hd <= 32 : hd <= 96) ? 4u : 2u;
-  const size_t gh = wide ? rows * 4u * ((size_t)hd / 2u + 4u) : 0u; /* Qh, Gh */
-  const size_t fwd = 2u * row * tile + gh + staged * rows * (tile + 8u);
-  const size_t qg = (2u - wide) * rows * row, kv = gh + 4u * block * row;
-  const size_t dq = (qg > kv ? qg : kv) + staged * 2u * rows * (block + 8u) + 16u * block;
+  const size_t half = wide ? rows * mma_half_row_bytes(hd) : 0u; /* Q's or dO's */
+  const size_t fwd = 2u * row * tile + half + staged * rows * (tile + 8u);
+  const size_t slots = wide ? 1u : 2u, qg = (2u - wide) * rows * row;
+  const size_t kv = 2u * half + slots * 2u * block * row;
+  const size_t dq = (qg > kv ? qg : kv) + staged * slots * rows * (block + 8u) + 16u * block;
   size_t most = fwd > dq ? fwd : dq;
   for (int b = 0; b <= 4; b += 2) {
     const size_t dkdv = dkdv_mma_bytes(dtype, hd, attn__cl_mma_query_rows(dtype, hd, b), b);
