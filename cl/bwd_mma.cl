@@ -284,7 +284,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   __local float colsum[4 * MK];
 #endif
 #if BIAS_STAGED
-  __local uint4 bias_w[2 * QR * QBST * BIAS_BYTES / 16];
+  __local uint4 bias_w[NSLOT * QR * QBST * BIAS_BYTES / 16];
   __local uchar *Bs = (__local uchar *)bias_w;
 #endif
 

@@ -825,6 +825,17 @@ static void tensor_core_cases(at_backend *b) {
   fg.softcap = 15;
   fg.sinks = 1;
   run_backward(b, &fg);
+  /* Above d = 64, where Q's, dO's and K's last halves stay in local
+   * memory and dQ keeps three tiles of K and V, its bias loaded by the
+   * lanes: a bf16 bias summed over rows, an f32 one per element. */
+  fg.d = 128;
+  run_backward(b, &fg);
+  fg.d = 96;
+  fg.bias = 1;
+  fg.bias_dt = ATTN_F32;
+  fg.sinks = 0;
+  fg.Nq = 130;
+  run_backward(b, &fg);
   icase c = {.dt = ATTN_BF16,
              .B = 2,
              .Nq = 77,
@@ -902,8 +913,8 @@ static void tensor_core_cases(at_backend *b) {
 /* NVIDIA GPUs of compute capability 8.0 and later run f16 and bf16
  * forwards and backwards up to d = 128 on their tensor cores through
  * OpenCL (fwd_mma.cl, bwd_mma.cl: inline PTX), f32 up to d = 64 there too
- * (three TF32 products a product), f32 above it and d = 256 on the
- * portable kernels; the portable path stays beside it (a driver that
+ * (three TF32 products a product, above d = 64 with half of some
+ * operands in local memory), d = 256 on the portable kernels; the portable path stays beside it (a driver that
  * cannot build the tensor-core program gets it): both agree with the
  * reference over every head dim bucket, causal, a cache with pages, a bias
  * with sinks, softcap and ALiBi, splits, and gradients with dbias. */
@@ -920,7 +931,7 @@ static void opencl_tensor_cores_where_nvidia_has_them(at_backend *b) {
   assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_F16, 128), 1);
   assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_BF16, 32), 1);
   assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_F32, 64), 1);
-  assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_F32, 128), 0);
+  assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_F32, 128), 1);
   assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_F16, 256), 0);
   tensor_core_cases(b);
   assert_int_equal(at_cl_fwd_mma(b->ctx, ATTN_BF16, 128), 1); /* it built: no fallback */
