@@ -43,7 +43,7 @@
  * memory holds 64 fewer than the kernels' other tiles take: the forward's
  * key tiles are 16 keys (Q's fragments half in registers, half read from
  * local memory), dQ's key blocks 8 (Q and dO staged one after the other,
- * dO's fragments halved likewise), and dK/dV takes KR = 32 keys, K
+ * both their fragments halved likewise), and dK/dV takes KR = 32 keys, K
  * halved likewise, two warps a 16-key slab (bwd_mma.cl). */
 #define WIDE_F32 (DTYPE == 0 && HD > 64)
 
