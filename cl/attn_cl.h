@@ -228,6 +228,7 @@ enum attn__cl_kernel_slot {
   ATTN__CL_K_MERGE_MAX,
   ATTN__CL_K_MERGE_ADD,
   ATTN__CL_K_OFFSETS,
+  ATTN__CL_K_NAN_SCAN,
   ATTN__CL_K_COUNT
 };
 
@@ -272,6 +273,7 @@ typedef struct attn__cl_impl {
   attn__cl_program progs[ATTN__CL_MAX_PROGRAMS];
   int nprog;
   attn__cl_scratch cu_q, cu_k, alibi, delta;
+  attn__cl_scratch nans;        /* attn_nan_scan's flag */
   attn__cl_scratch work, work2; /* partial results: the decode's splits, dbias's row blocks,
                                  * attn_merge's sums */
 } attn__cl_impl;

@@ -430,7 +430,8 @@ __kernel void attn_bwd_pre(__global const T *o, long oo, long4 os, __global cons
       __global const T *v, long vo, long4 vs, __global const T *dout, long go, long4 gs,           \
       __global const float *lse, long lo_, long4 ls, __global const float *delta,                  \
       __global const int *cu_q, __global const int *cu_k, __global const float *alibi, int nq_all, \
-      int nk_all, int group, int d, float scale, float softcap, int wl, int wr, int tq BIAS_ARGS
+      int nk_all, int group, int d, float scale, float softcap, int wl, int wr NAN_ARGS,           \
+      int tq BIAS_ARGS
 
 __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dkdv(
     BWD_ARGS, __global T *dk, long dko, long4 dks, __global T *dv, long dvo, long4 dvs) {
@@ -680,20 +681,24 @@ __kernel __attribute__((reqd_work_group_size(NTB, 1, 1))) void attn_bwd_dq(BWD_A
 
 /* Zeroes a float tensor of shape (n0, n1, n2, n3) and strides s from p + o:
  * item (x, y, z) takes elements 4 x .. 4 x + 3 of rows y, y + the grid's
- * height, .. of (z / n1, z % n1), as one float4 where they are contiguous
- * and aligned. A work-item an element left the GPU dispatching work-groups
- * (millions of them for one dbias) rather than writing. */
-__kernel void attn_bwd_zero(__global float *p, long o, long4 s, int n1, int n2, int n3) {
-  const int x = 4 * get_global_id(0), z = get_global_id(2);
+ * height, .. of (z / n1, z % n1), z, z + the grid's depth, .., as one float4
+ * where they are contiguous and aligned. A work-item an element left the
+ * GPU dispatching work-groups (millions of them for one dbias) rather than
+ * writing; the strides over the grid keep it within the 65535 groups a
+ * dimension NVIDIA's OpenCL takes. */
+__kernel void attn_bwd_zero(__global float *p, long o, long4 s, int n0, int n1, int n2, int n3) {
+  const int x = 4 * get_global_id(0);
   if (x >= n3) return;
-  __global float *row = p + o + (z / n1) * s.s0 + (z % n1) * s.s1 + x * s.s3;
-  for (int y = get_global_id(1); y < n2; y += get_global_size(1)) {
-    __global float *at = row + y * s.s2;
-    if (s.s3 == 1 && x + 4 <= n3 && ((ulong)at & 15u) == 0u) {
-      *(__global float4 *)at = (float4)(0.0f);
-    } else {
-      for (int u = 0; u < 4 && x + u < n3; ++u)
-        at[u * s.s3] = 0.0f;
+  for (long z = get_global_id(2); z < (long)n0 * n1; z += get_global_size(2)) {
+    __global float *row = p + o + (z / n1) * s.s0 + (z % n1) * s.s1 + x * s.s3;
+    for (int y = get_global_id(1); y < n2; y += get_global_size(1)) {
+      __global float *at = row + y * s.s2;
+      if (s.s3 == 1 && x + 4 <= n3 && ((ulong)at & 15u) == 0u) {
+        *(__global float4 *)at = (float4)(0.0f);
+      } else {
+        for (int u = 0; u < 4 && x + u < n3; ++u)
+          at[u * s.s3] = 0.0f;
+      }
     }
   }
 }

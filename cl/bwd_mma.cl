@@ -104,6 +104,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
 #endif
 
   const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
+  const int seen = NANS_SEEN; /* quiet_nans' pass needed */
   const int b = get_group_id(2), hk = get_group_id(1), j0 = get_group_id(0) * KR;
   const seq_info seq = seq_info_of(cu_q, cu_k, b, nq_all, nk_all);
   const int nq = seq.nq, nk = seq.nk;
@@ -128,8 +129,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
 #if SLAB_WARPS > 1
   uint ka[NDK / 2][4];
   copies_wait();
-  quiet_nans(Ks, QST, KR, lid);
-  quiet_nans(Vs, QST, KR, lid);
+  quiet_nans(Ks, QST, KR, lid, seen);
+  quiet_nans(Vs, QST, KR, lid, seen);
   barrier(CLK_LOCAL_MEM_FENCE);
   rows_fragments(ka, NDK / 2, Ks + kw * QST, QST, lane);
   keep_last_half(Kh, KHST, Ks, QST, KR, lid);
@@ -156,12 +157,12 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dk
       copies_wait();
 #if SLAB_WARPS == 1
       if (hh == 0 && i0 == ilo / MQ * MQ) { /* the first block: K and V landed too */
-        quiet_nans(Ks, QST, KR, lid);
-        quiet_nans(Vs, QST, KR, lid);
+        quiet_nans(Ks, QST, KR, lid, seen);
+        quiet_nans(Vs, QST, KR, lid, seen);
       }
 #endif
-      quiet_nans(Qs, QST, MQ, lid);
-      quiet_nans(Gs, QST, MQ, lid);
+      quiet_nans(Qs, QST, MQ, lid, seen);
+      quiet_nans(Gs, QST, MQ, lid, seen);
       barrier(CLK_LOCAL_MEM_FENCE);
 
       float s[NQW][4], dp[NQW][4];
@@ -289,6 +290,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
 #endif
 
   const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
+  const int seen = NANS_SEEN; /* quiet_nans' pass needed */
   DQ_BLOCK(QR);
   __global const T *kp = HEAD_ROWS(k, ko, ks, b, hk, seq.k0);
   __global const T *vp = HEAD_ROWS(v, vo, vs, b, hk, seq.k0);
@@ -304,7 +306,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   uint qa[NDK / 2][4], ga[NDK / 2][4];
   stage_rows(Qs, QST, QR, qp, qs, i0, nq, d, 0, lid);
   copies_wait();
-  quiet_nans(Qs, QST, QR, lid);
+  quiet_nans(Qs, QST, QR, lid, seen);
   barrier(CLK_LOCAL_MEM_FENCE);
   rows_fragments(qa, NDK / 2, Qs + 16 * w * QST, QST, lane);
   keep_last_half(Qh, GHST, Qs, QST, QR, lid);
@@ -314,7 +316,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
     barrier(CLK_LOCAL_MEM_FENCE); /* the last rows' reads are done */
     stage_rows(at, QST, QR / 2, gp, gs, i0 + part * QR / 2, nq, d, 0, lid);
     copies_wait();
-    quiet_nans(at, QST, QR / 2, lid);
+    quiet_nans(at, QST, QR / 2, lid, seen);
     barrier(CLK_LOCAL_MEM_FENCE);
     if (w / 2 == part) rows_fragments(ga, NDK / 2, at + 16 * (w % 2) * QST, QST, lane);
     keep_last_half(at, GHST, at, QST, QR / 2, lid);
@@ -324,8 +326,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
   stage_rows(Qs, QST, QR, qp, qs, i0, nq, d, 0, lid);
   stage_rows(Gs, QST, QR, gp, gs, i0, nq, d, 0, lid);
   copies_wait();
-  quiet_nans(Qs, QST, QR, lid);
-  quiet_nans(Gs, QST, QR, lid);
+  quiet_nans(Qs, QST, QR, lid, seen);
+  quiet_nans(Gs, QST, QR, lid, seen);
   barrier(CLK_LOCAL_MEM_FENCE);
   rows_fragments(qa, NDK, Qs + 16 * w * QST, QST, lane);
   rows_fragments(ga, NDK, Gs + 16 * w * QST, QST, lane);
@@ -373,8 +375,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_ITEMS, 1, 1))) void attn_bwd_dq
     copies_commit();
     copies_wait_but_last(); /* this block's */
 #endif
-    quiet_nans(Ks, QST, MK, lid);
-    quiet_nans(Vs, QST, MK, lid);
+    quiet_nans(Ks, QST, MK, lid, seen);
+    quiet_nans(Vs, QST, MK, lid, seen);
     barrier(CLK_LOCAL_MEM_FENCE);
 
     float s[NSK][4], dp[NSK][4];

@@ -38,6 +38,14 @@
 #define HAS_SINKS 0 /* 1: one sink logit per query head */
 #endif
 
+#ifndef NAN_FLAG
+#define NAN_FLAG 0 /* 1: f32 on the tensor cores, whose NaN pass a scan's flag decides (mma.cl) */
+#endif
+#if NAN_FLAG
+#define NAN_ARGS , __global const int *nans
+#else
+#define NAN_ARGS
+#endif
 #if KV_USED
 /* used[used_o + b * used_sb]: sequence b's used rows; nnew rows appended
  * after them. */
@@ -434,7 +442,8 @@ inline rows rows_of(int rb, int hk, int group, int nq, int *ilo, int *ihi) {
       __global const T *v, long vo, long4 vs, __global T *o, long oo, long4 os,                    \
       __global float *lse, long lo_, long4 ls, __global const int *cu_q, __global const int *cu_k, \
       __global const float *alibi, int nq_all, int nk_all, int group, int d, float scale,          \
-      float softcap, int wl, int wr KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS SPLIT_ARGS
+      float softcap, int wl,                                                                       \
+      int wr NAN_ARGS KV_USED_ARGS PAGED_ARGS BIAS_ARGS SINK_ARGS SPLIT_ARGS
 
 /* A forward work-group's block of ROWS query rows (ROW_BLOCK) of head h of
  * sequence b, with nq rows and nk keys; qp, kp and vp (KV_HEADS); with a

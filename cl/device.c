@@ -138,8 +138,9 @@ int attn__cl_fail(attn_context *ctx, const char *what, cl_int err) {
 }
 
 static void release_scratch(attn__cl_impl *im) {
-  attn__cl_scratch *all[6] = {&im->cu_q, &im->cu_k, &im->alibi, &im->delta, &im->work, &im->work2};
-  for (int i = 0; i < 6; ++i) {
+  attn__cl_scratch *all[7] = {&im->cu_q, &im->cu_k, &im->alibi, &im->delta,
+                              &im->nans, &im->work, &im->work2};
+  for (int i = 0; i < 7; ++i) {
     if (all[i]->mem) im->cl->clReleaseMemObject(all[i]->mem);
     all[i]->mem = NULL;
     all[i]->bytes = 0;

@@ -84,6 +84,7 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
 #endif
 
   const int lid = get_local_id(0), lane = lid % 32, w = lid / 32, g = lane / 4, t = lane % 4;
+  const int seen = NANS_SEEN; /* quiet_nans' pass needed */
   FWD_BLOCK(MR);
 
   int lo, hi;
@@ -97,7 +98,7 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
   /* The warp's rows of Q as A fragments, for the whole pass. */
   STAGE_ROWS(Ks, MR, (__global const RAW *)qp, qs, r0, nq, 0);
   copies_wait();
-  quiet_nans(Ks, KST, MR, lid);
+  quiet_nans(Ks, KST, MR, lid, seen);
   barrier(CLK_LOCAL_MEM_FENCE);
   const int qr = 16 * w + g;
 #if WIDE_F32
@@ -150,7 +151,7 @@ __kernel __attribute__((reqd_work_group_size(MT, 1, 1))) void attn_fwd_mma(FWD_A
 #else
     copies_wait_but_last(); /* the tile's K */
 #endif
-    quiet_nans(Ks, KST, MC, lid);
+    quiet_nans(Ks, KST, MC, lid, seen);
     barrier(CLK_LOCAL_MEM_FENCE);
 
     float s[NSN][4];

@@ -44,6 +44,7 @@ static const char *const kernel_names[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_MERGE_MAX] = "attn_merge_max",
     [ATTN__CL_K_MERGE_ADD] = "attn_merge_add",
     [ATTN__CL_K_OFFSETS] = "attn_clamp_offsets",
+    [ATTN__CL_K_NAN_SCAN] = "attn_nan_scan",
 };
 
 /* The work-items per group each kernel is launched with (the forward's,
@@ -57,6 +58,7 @@ static const size_t kernel_items[ATTN__CL_K_COUNT] = {
     [ATTN__CL_K_DBIAS_SUM] = 64,   [ATTN__CL_K_DSINKS] = 64,       [ATTN__CL_K_DECODE] = 0,
     [ATTN__CL_K_DECODE_MMA] = 128, [ATTN__CL_K_SPLIT_MERGE] = 128, [ATTN__CL_K_APPEND] = 64,
     [ATTN__CL_K_MERGE_MAX] = 1,    [ATTN__CL_K_MERGE_ADD] = 64,    [ATTN__CL_K_OFFSETS] = 64,
+    [ATTN__CL_K_NAN_SCAN] = 64,
 };
 
 static void release_one(attn__cl_impl *im, attn__cl_program *p) {
@@ -132,6 +134,7 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
           slots[nk++] = ATTN__CL_K_DQ_PARTS;
         } else if (t->bwd == ATTN__CL_BWD_MMA) {
           if (!mma) srcs[ns++] = attn__cl_src_mma;
+          mma = 1;
           srcs[ns++] = attn__cl_src_bwd_mma;
           /* MQ makes room for the bias tile: its bytes an element. */
           int bias_bytes = 0;
@@ -150,6 +153,11 @@ static int program_parts(const attn__cl_config *c, int kind, unsigned f, const c
           slots[nk++] = ATTN__CL_K_ZERO;
         if (f & ATTN__CL_F_DBIAS2) slots[nk++] = ATTN__CL_K_DBIAS_SUM;
         if (f & ATTN__CL_F_SINKS) slots[nk++] = ATTN__CL_K_DSINKS;
+      }
+      if (mma && c->dtype == ATTN_F32) {
+        /* The f32 tensor-core kernels' NaN pass behind a scan (mma.cl). */
+        len += snprintf(opts + len, n - (size_t)len, " -DNAN_FLAG=1");
+        slots[nk++] = ATTN__CL_K_NAN_SCAN;
       }
       break;
     case ATTN__CL_PROG_DECODE:
@@ -510,7 +518,8 @@ static int upload_params(attn_context *ctx, attn__cl_config *c, const attn__prob
 }
 
 /* The arguments fwd.cl, decode.cl and bwd.cl share after the tensors. */
-static void arg_common(args *a, const attn__problem *pb, cl_mem cu_q, cl_mem cu_k, cl_mem alibi) {
+static void arg_common(args *a, const attn__problem *pb, cl_mem cu_q, cl_mem cu_k, cl_mem alibi,
+                       cl_mem nans) {
   arg_mem(a, cu_q);
   arg_mem(a, cu_k);
   arg_mem(a, alibi);
@@ -522,6 +531,7 @@ static void arg_common(args *a, const attn__problem *pb, cl_mem cu_q, cl_mem cu_
   arg_float(a, pb->softcap);
   arg_int(a, window_arg(pb->window_left, pb));
   arg_int(a, window_arg(pb->window_right, pb));
+  if (nans) arg_mem(a, nans); /* NAN_ARGS */
 }
 
 /* KV_USED_ARGS, PAGED_ARGS, BIAS_ARGS and SINK_ARGS (common.cl), for the
@@ -553,6 +563,7 @@ typedef struct call {
   unsigned features;
   size_t es; /* bytes per element of q, k, v, o and the gradients */
   cl_mem cu_q, cu_k, alibi;
+  cl_mem nans; /* attn_nan_scan's flag, where the program has the scan (NAN_FLAG) */
 } call;
 
 static int prepare(attn_context *ctx, const attn__problem *pb, const attn__plan *plan, call *c) {
@@ -566,6 +577,60 @@ static int prepare(attn_context *ctx, const attn__problem *pb, const attn__plan 
   if (!st) st = upload_params(ctx, config, pb, &c->ws, &c->cu_q, &c->cu_k, &c->alibi);
   if (!st) c->t = &c->p->config->t;
   c->es = esize_of(pb->dtype);
+  c->nans = NULL;
+  if (!st && c->p->k[ATTN__CL_K_NAN_SCAN]) {
+    attn__cl_impl *im = attn__cl_impl_of(ctx);
+    st = attn__cl_scratch_put(ctx, &im->nans, sizeof(cl_int), NULL);
+    c->nans = im->nans.mem;
+  }
+  return st;
+}
+
+/* attn_bwd_zero or attn_nan_scan (then with its flag) over the 4-byte
+ * tensor (n0, n1, n2, n3) of strides s at mem + off: a work-item 4 elements
+ * of a row in each of up to 16 rows, the grid's height and depth at most
+ * 65535 groups (the kernels stride over the rest). */
+static int over_rows(attn_context *ctx, cl_kernel k, const char *name, cl_mem mem, int64_t off,
+                     const int64_t s[4], const int64_t n[4], cl_mem flag) {
+  args a = args_of(attn__cl_impl_of(ctx), k);
+  arg_mem(&a, mem);
+  arg_long(&a, off);
+  arg_long4(&a, s[0], s[1], s[2], s[3]);
+  for (int i = 0; i < 4; ++i)
+    arg_int(&a, (cl_int)n[i]);
+  if (flag) arg_mem(&a, flag);
+  const int64_t ny = (n[2] + 15) / 16, nz = n[0] * n[1];
+  return launch(ctx, k, &a, name, cover((n[3] + 3) / 4, 64), (size_t)(ny < 65535 ? ny : 65535),
+                (size_t)(nz < 65535 ? nz : 65535), 64);
+}
+
+/* attn_nan_scan over the call's f32 operands (q, k, v, and dout for the
+ * backward), the flag cleared first: what the tensor-core kernels' NaN
+ * pass reads. Whole tensors: a KV cache's capacity, every page, so a NaN
+ * in a row no query sees costs the pass, not a wrong result. */
+static int scan_nans(attn_context *ctx, const attn__problem *pb, const call *c, int backward) {
+  attn__cl_impl *im = attn__cl_impl_of(ctx);
+  static const cl_int clear = 0; /* a static source: the write need not block */
+  cl_int err = im->cl->clEnqueueWriteBuffer(im->queue, c->nans, CL_FALSE, 0, sizeof clear, &clear,
+                                            0, NULL, NULL);
+  if (err != CL_SUCCESS) return attn__cl_fail(ctx, "clearing the NaN flag", err);
+  const int64_t q_rows[2] = {pb->varlen ? 1 : pb->batch, pb->varlen ? pb->total_q : pb->seqlen_q};
+  const int64_t k_rows[2] = {pb->page_size ? pb->num_pages
+                             : pb->varlen  ? 1
+                                           : pb->batch,
+                             pb->page_size ? pb->page_size
+                             : pb->varlen  ? pb->total_k
+                                           : pb->seqlen_k};
+  const attn__tensor *ts[4] = {&pb->q, &pb->k, &pb->v, &pb->dout};
+  int st = ATTN_OK;
+  for (int i = 0; i < (backward ? 4 : 3) && !st; ++i) {
+    const attn__tensor *t = ts[i];
+    const int64_t *rows = i == 1 || i == 2 ? k_rows : q_rows;
+    const int64_t heads = i == 1 || i == 2 ? pb->heads_kv : pb->heads_q, d = pb->head_dim;
+    const int64_t strides[4] = {t->sb, t->ss, t->sh, t->sd}, n[4] = {rows[0], rows[1], heads, d};
+    st = over_rows(ctx, c->p->k[ATTN__CL_K_NAN_SCAN], "attn_nan_scan", (cl_mem)t->native,
+                   (int64_t)(t->offset / 4), strides, n, c->nans);
+  }
   return st;
 }
 
@@ -636,7 +701,7 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
   arg_tensor(&a, &pb->v, es);
   arg_tensor(&a, &pb->o, es);
   arg_tensor(&a, pb->has_lse ? &pb->lse : &no_lse, 4);
-  arg_common(&a, pb, c.cu_q, c.cu_k, c.alibi);
+  arg_common(&a, pb, c.cu_q, c.cu_k, c.alibi, c.nans);
   if (decode) {
     arg_int(&a, sp.nsplit);
     arg_int(&a, sp.nrb);
@@ -658,8 +723,10 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
                        : decode                      ? (size_t)c.t->ntd
                        : rows                        ? 1
                                                      : 16 * (size_t)(c.t->br / c.t->tm);
-  st = launch(ctx, a.k, &a, kernel_names[slot], (size_t)sp.nsplit * (size_t)sp.nrb * items,
-              (size_t)(decode ? pb->heads_kv : pb->heads_q), (size_t)pb->batch, items);
+  if (c.nans) st = scan_nans(ctx, pb, &c, 0);
+  if (!st)
+    st = launch(ctx, a.k, &a, kernel_names[slot], (size_t)sp.nsplit * (size_t)sp.nrb * items,
+                (size_t)(decode ? pb->heads_kv : pb->heads_q), (size_t)pb->batch, items);
   if (!st && sp.nsplit > 1) st = split_merge(ctx, pb, &c, sp.nsplit);
   return st ? st : finish(ctx, pb);
 }
@@ -668,20 +735,10 @@ int attn__cl_forward(attn_context *ctx, const attn__problem *pb, const attn__pla
 /* Backward                                                                 */
 /* ---------------------------------------------------------------------- */
 
-/* Zeroes a float tensor of shape (n0, n1, n2, n3) and strides s: a
- * work-item 4 elements of a row in each of up to 16 rows. */
+/* Zeroes a float tensor of shape (n0, n1, n2, n3) and strides s. */
 static int zero(attn_context *ctx, const call *c, cl_mem mem, int64_t off, const int64_t s[4],
                 const int64_t n[4]) {
-  attn__cl_impl *im = attn__cl_impl_of(ctx);
-  args a = args_of(im, c->p->k[ATTN__CL_K_ZERO]);
-  arg_mem(&a, mem);
-  arg_long(&a, off);
-  arg_long4(&a, s[0], s[1], s[2], s[3]);
-  arg_int(&a, (cl_int)n[1]);
-  arg_int(&a, (cl_int)n[2]);
-  arg_int(&a, (cl_int)n[3]);
-  return launch(ctx, a.k, &a, "attn_bwd_zero", cover((n[3] + 3) / 4, 64),
-                (size_t)((n[2] + 15) / 16), (size_t)(n[0] * n[1]), 64);
+  return over_rows(ctx, c->p->k[ATTN__CL_K_ZERO], "attn_bwd_zero", mem, off, s, n, NULL);
 }
 
 /* dq, and dbias with it: one launch, or one per sequence and head over
@@ -767,6 +824,7 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
   st = launch(ctx, a.k, &a, "attn_bwd_pre", cover(pb->seqlen_q, 64), (size_t)pb->heads_q,
               (size_t)pb->batch, 64);
   if (st) return st;
+  if (c.nans && (st = scan_nans(ctx, pb, &c, 1))) return st;
 
   const int rows = c.t->bwd == ATTN__CL_BWD_ROWS, mma = c.t->bwd == ATTN__CL_BWD_MMA;
   const int hd = ((const attn__cl_config *)plan->config)->hd;
@@ -791,7 +849,7 @@ int attn__cl_backward(attn_context *ctx, const attn__problem *pb, const attn__pl
     arg_tensor(&b, &pb->dout, es);
     arg_tensor(&b, &pb->lse, 4);
     arg_mem(&b, im->delta.mem);
-    arg_common(&b, pb, c.cu_q, c.cu_k, c.alibi);
+    arg_common(&b, pb, c.cu_q, c.cu_k, c.alibi, c.nans);
     arg_int(&b, (cl_int)tq);
     if (c.features & ATTN__CL_F_BIAS) arg_bias(&b, &pb->bias);
     if (w == 0) {
