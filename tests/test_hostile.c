@@ -591,37 +591,31 @@ static void too_little_address_space_for_threads_does_not_end_the_process(at_bac
  * every row of o, every lse and every element of dq is NaN. */
 static void a_nan_in_the_last_of_many_key_rows_reaches_every_row(at_backend *b) {
   enum { NQ = 20, NK = 70000, D1 = 16 };
-  float *q = at_calloc((size_t)NQ * D1, sizeof(float)), *k = at_calloc((size_t)NK * D1, 4),
-        *v = at_calloc((size_t)NK * D1, 4), *o = at_calloc((size_t)NQ * D1, 4),
-        *lse = at_calloc(NQ, 4), *dout = at_calloc((size_t)NQ * D1, 4),
-        *dq = at_calloc((size_t)NQ * D1, 4), *dk = at_calloc((size_t)NK * D1, 4),
-        *dv = at_calloc((size_t)NK * D1, 4);
+  /* q, k, v, o, lse, dout, dq, dk, dv: the rows of each (lse: one a row) */
+  const int rows[9] = {NQ, NK, NK, NQ, NQ, NQ, NQ, NK, NK};
+  float *x[9];
+  attn_tensor t[9];
+  for (int i = 0; i < 9; i++) {
+    x[i] = at_calloc((size_t)rows[i] * (i == 4 ? 1 : D1), sizeof(float));
+    t[i] = i == 4 ? attn_tensor_lse(x[i], 1, 1, NQ)
+                  : attn_tensor_bshd(x[i], ATTN_F32, 1, rows[i], 1, D1);
+  }
   for (int i = 0; i < NQ * D1; i++)
-    q[i] = dout[i] = (float)(i % 7) / 7 - 0.5f;
+    x[0][i] = x[5][i] = (float)(i % 7) / 7 - 0.5f;
   for (int i = 0; i < NK * D1; i++)
-    k[i] = v[i] = (float)(i % 11) / 11 - 0.5f;
-  k[(NK - 1) * D1 + 5] = float_of_bits(0x7f800001u);
+    x[1][i] = x[2][i] = (float)(i % 11) / 11 - 0.5f;
+  x[1][(NK - 1) * D1 + 5] = float_of_bits(0x7f800001u);
   attn_params p;
   attn_params_init(&p);
-  const attn_tensor tq = attn_tensor_bshd(q, ATTN_F32, 1, NQ, 1, D1),
-                    tk = attn_tensor_bshd(k, ATTN_F32, 1, NK, 1, D1),
-                    tv = attn_tensor_bshd(v, ATTN_F32, 1, NK, 1, D1),
-                    to = attn_tensor_bshd(o, ATTN_F32, 1, NQ, 1, D1),
-                    tl = attn_tensor_lse(lse, 1, 1, NQ),
-                    tdo = attn_tensor_bshd(dout, ATTN_F32, 1, NQ, 1, D1),
-                    tdq = attn_tensor_bshd(dq, ATTN_F32, 1, NQ, 1, D1),
-                    tdk = attn_tensor_bshd(dk, ATTN_F32, 1, NK, 1, D1),
-                    tdv = attn_tensor_bshd(dv, ATTN_F32, 1, NK, 1, D1);
-  int rc = attn_forward(b->ctx, &p, &tq, &tk, &tv, &to, &tl);
+  int rc = attn_forward(b->ctx, &p, &t[0], &t[1], &t[2], &t[3], &t[4]);
   if (rc != ATTN_OK) fail_msg("forward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
-  if (!all_nan(o, NQ * D1) || !all_nan(lse, NQ))
+  if (!all_nan(x[3], NQ * D1) || !all_nan(x[4], NQ))
     fail_msg("a NaN in key row %d: o or lse holds a number", NK - 1);
-  rc = attn_backward(b->ctx, &p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv);
+  rc = attn_backward(b->ctx, &p, &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7], &t[8]);
   if (rc != ATTN_OK) fail_msg("backward: %s: %s", attn_status_name(rc), attn_errmsg(b->ctx));
-  if (!all_nan(dq, NQ * D1)) fail_msg("a NaN in key row %d: dq holds a number", NK - 1);
-  float *bufs[] = {q, k, v, o, lse, dout, dq, dk, dv};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-    at_free(bufs[i]);
+  if (!all_nan(x[6], NQ * D1)) fail_msg("a NaN in key row %d: dq holds a number", NK - 1);
+  for (int i = 0; i < 9; i++)
+    at_free(x[i]);
 }
 
 /* The NaN and inf cases at NMAX rows, past the decode kernels' 16: the
