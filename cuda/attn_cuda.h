@@ -3,8 +3,10 @@
  * its plan (cuda/plan.c) and its kernel families:
  *   - the decoding kernels (decode*.cu): a few query rows per KV head over
  *     a long KV cache, keys split across blocks (FlashDecoding);
- *   - the Hopper forward (wgmma, sm_90a only, f16/bf16; hopper_fwd.cu) for
- *     head dims 64, 96, 128 and 256 without the inference path's terms;
+ *   - the Hopper forward (wgmma, sm_90a only; hopper_fwd.cuh) for head dims
+ *     64, 96, 128 and 256, f16/bf16 (hopper_fwd.cu), and f32 through TF32
+ *     at 64 and 128 for dense problems without a bias or KV cache that
+ *     allow it (hopper_fwd_tf32.cu);
  *   - the Hopper backward (the same; hopper_bwd.cu) for head dims 64, 96
  *     and 128, without those terms and not in deterministic mode;
  *   - the tensor-core kernels (mma.sync + ldmatrix, f16/bf16; mma_*.cu) for
@@ -133,6 +135,7 @@ typedef struct attn__cuda_rows {
 
 /* The table, a family's rows each (in plan.c's order). */
 extern const attn__cuda_rows attn__cuda_hopper_forward_rows;
+extern const attn__cuda_rows attn__cuda_hopper_forward_rows_tf32;
 extern const attn__cuda_rows attn__cuda_hopper_backward_rows;
 extern const attn__cuda_rows attn__cuda_mma_forward_rows;
 extern const attn__cuda_rows attn__cuda_mma_backward_rows;
@@ -186,14 +189,30 @@ size_t attn__cuda_hopper_fwd_bias_smem(const attn__cuda_config *c);
 const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,
                                          int backward, char *why, size_t why_len);
 
+/* The Hopper TF32 forward's workspace (hopper_fwd_tf32.cu): q and k rounded
+ * to TF32, dense, then v^T, [batch][heads_kv][d][keys rounded up to 8],
+ * each 256-byte aligned; its size, with k's and v^T's offsets. */
+static inline size_t attn__cuda_tf32_staged(const attn__problem *pb, size_t *k_at, size_t *v_at) {
+  const size_t d = (size_t)pb->head_dim, b = (size_t)pb->batch, hk = (size_t)pb->heads_kv;
+  const size_t keys8 = ((size_t)pb->seqlen_k + 7) & ~(size_t)7;
+  const size_t q = (4 * b * (size_t)pb->heads_q * (size_t)pb->seqlen_q * d + 255) & ~(size_t)255;
+  const size_t k = (4 * b * hk * (size_t)pb->seqlen_k * d + 255) & ~(size_t)255;
+  *k_at = q;
+  *v_at = q + k;
+  return q + k + ((4 * b * hk * d * keys8 + 255) & ~(size_t)255);
+}
+
 /* The backward's workspace: a float per query row and head (D = rowsum(dO *
  * O); the tensor cores' second, lse * log2(e), follows it), each block
  * 256-byte aligned, then in atomic mode the fp32 dq accumulator. The
- * forward needs none. */
+ * forward needs none but the TF32 staging above. */
 static inline size_t attn__cuda_ws_rows(const attn__problem *pb) {
   return (sizeof(float) * (size_t)pb->total_q * (size_t)pb->heads_q + 255) & ~(size_t)255;
 }
 static inline size_t attn__cuda_workspace(attn__cuda_kernel k, const attn__problem *pb) {
+  size_t k_at, v_at;
+  if (k == ATTN__CUDA_HOPPER_FORWARD && pb->dtype == ATTN_F32)
+    return attn__cuda_tf32_staged(pb, &k_at, &v_at);
   const size_t per = attn__cuda_ws_rows(pb);
   const size_t dq = pb->deterministic ? 0 : per * (size_t)pb->head_dim;
   if (k == ATTN__CUDA_MMA_BACKWARD || k == ATTN__CUDA_HOPPER_BACKWARD) return 2 * per + dq;

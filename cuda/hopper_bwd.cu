@@ -535,8 +535,7 @@ static bool run(const attn__cuda_launch *L, const params &p, int *rc) {
   const int64_t rows_q = pb->varlen ? pb->total_q : pb->seqlen_q;
   const int64_t rows_k = pb->varlen ? pb->total_k : pb->seqlen_k;
   auto encode = [&](CUtensorMap *m, const tensor_ref &t, int64_t rows, int64_t heads, int box) {
-    return wg::encode_rows(m, t.ptr, pb->dtype == ATTN_BF16, D, rows, heads, seqs, t.ss, t.sh, t.sb,
-                           box);
+    return wg::encode_rows<T>(m, t.ptr, D, rows, heads, seqs, t.ss, t.sh, t.sb, box);
   };
   /* The dq accumulator, [heads_q][rows over the batch][D] fp32, in q's
    * coordinates (head dim, row, head, sequence). */

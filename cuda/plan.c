@@ -40,6 +40,8 @@ static int family_covers(attn__cuda_kernel k, const attn__problem *pb) {
         /* The Hopper forward reads its bias tiles with ldmatrix: 16 bits. */
         if (k == ATTN__CUDA_HOPPER_FORWARD) ok = ok && b->dtype == pb->dtype;
       }
+      /* Its TF32 rows stage dense copies of q, k and v^T. */
+      if (k == ATTN__CUDA_HOPPER_FORWARD && pb->dtype == ATTN_F32 && pb->varlen) ok = 0;
       if (pb->deterministic && attn__cuda_dbias_sums(pb)) ok = 0;
       return ok;
     }
@@ -110,11 +112,12 @@ static const attn__cuda_config *first_row(const attn__cuda_rows *t, const attn__
 const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,
                                          int backward, char *why, size_t why_len) {
   static const attn__cuda_rows *const table[] = {
-      &attn__cuda_decode_rows,         &attn__cuda_decode_rows_f32,
-      &attn__cuda_hopper_forward_rows, &attn__cuda_hopper_backward_rows,
-      &attn__cuda_mma_forward_rows,    &attn__cuda_mma_backward_rows,
-      &attn__cuda_f32_forward_rows,    &attn__cuda_general_rows_f32,
-      &attn__cuda_general_rows_f16,    &attn__cuda_general_rows_bf16,
+      &attn__cuda_decode_rows,          &attn__cuda_decode_rows_f32,
+      &attn__cuda_hopper_forward_rows,  &attn__cuda_hopper_forward_rows_tf32,
+      &attn__cuda_hopper_backward_rows, &attn__cuda_mma_forward_rows,
+      &attn__cuda_mma_backward_rows,    &attn__cuda_f32_forward_rows,
+      &attn__cuda_general_rows_f32,     &attn__cuda_general_rows_f16,
+      &attn__cuda_general_rows_bf16,
   };
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
     const attn__cuda_config *c = first_row(table[i], dev, pb, backward);

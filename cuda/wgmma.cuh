@@ -36,8 +36,11 @@
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 namespace attn_wgmma {
 
@@ -256,6 +259,56 @@ struct mma;
 ATTN_WG_DEFINE(false, "f16")
 ATTN_WG_DEFINE(true, "bf16")
 
+/* TF32 (f32 operands whose low 13 mantissa bits the caller has rounded
+ * away): m64nNk8, 32 bytes of a row a k-step as for 16 bits, both operands
+ * K-major (the instruction has no transpose for 32-bit elements). A from
+ * registers is a0 = (16 w + g, t), a1 = (16 w + g + 8, t), a2 = (16 w + g,
+ * t + 4), a3 = (16 w + g + 8, t + 4), as mma.sync's m16n8k8 (PTX ISA,
+ * "Register Fragments and Shared Memory Matrix Layouts", .tf32). */
+#define ATTN_WG_SS_TF32(N, ACC, A, B, S)                                           \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" #S                                          \
+  ", 0;\n"                                                                         \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 " ACC ", %" #A ", %" #B \
+  ", p, 1, 1;\n}\n"
+#define ATTN_WG_RS_TF32(N, ACC, A0, A1, A2, A3, B, S)                                           \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" #S                                                       \
+  ", 0;\n"                                                                                      \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 " ACC ", {%" #A0 ", %" #A1 ", %" #A2 \
+  ", %" #A3 "}, %" #B ", p, 1, 1;\n}\n"
+
+struct mma_tf32 {
+  static __device__ __forceinline__ void ss(float (&d)[8][4], uint64_t a, uint64_t b, int scale_d) {
+    asm volatile(ATTN_WG_SS_TF32(64, ATTN_WG_ACC32, 32, 33, 34)
+                 : ATTN_WG_F32(0)
+                 : "l"(a), "l"(b), "r"(scale_d));
+  }
+  static __device__ __forceinline__ void ss(float (&d)[16][4], uint64_t a, uint64_t b,
+                                            int scale_d) {
+    asm volatile(ATTN_WG_SS_TF32(128, ATTN_WG_ACC64, 64, 65, 66)
+                 : ATTN_WG_F32(0), ATTN_WG_F32(8)
+                 : "l"(a), "l"(b), "r"(scale_d));
+  }
+  static __device__ __forceinline__ void rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
+                                            int scale_d) {
+    asm volatile(ATTN_WG_RS_TF32(64, ATTN_WG_ACC32, 32, 33, 34, 35, 36, 37)
+                 : ATTN_WG_F32(0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+  }
+  static __device__ __forceinline__ void rs(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b,
+                                            int scale_d) {
+    asm volatile(ATTN_WG_RS_TF32(128, ATTN_WG_ACC64, 64, 65, 66, 67, 68, 69)
+                 : ATTN_WG_F32(0), ATTN_WG_F32(8)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+  }
+};
+
+/* The instructions of an element type: f16, bf16, or f32 as TF32. */
+template <typename T>
+using mma_of = typename std::conditional<std::is_same<T, float>::value, mma_tf32,
+                                         mma<std::is_same<T, __nv_bfloat16>::value>>::type;
+
+#undef ATTN_WG_RS_TF32
+#undef ATTN_WG_SS_TF32
 #undef ATTN_WG_DEFINE
 #undef ATTN_WG_RS
 #undef ATTN_WG_SS
@@ -421,16 +474,21 @@ inline bool encode_box(CUtensorMap *m, CUtensorMapDataType type, void *ptr,
 }
 
 /* The tensor map of `rows` rows of `heads` heads of `seqs` sequences (varlen:
- * 1, its rows all of them) of d 16-bit elements at ptr, strides ss, sh, sb in
- * elements, in boxes of 64 elements x box_rows rows. A dimension of one has
+ * 1, its rows all of them) of d elements of T at ptr, strides ss, sh, sb in
+ * elements, in boxes of 128 bytes x box_rows rows. A dimension of one has
  * no stride that matters; 16 bytes stand in for any. */
-inline bool encode_rows(CUtensorMap *m, void *ptr, bool bf16, int d, int64_t rows, int64_t heads,
-                        int64_t seqs, int64_t ss, int64_t sh, int64_t sb, int box_rows) {
-  auto stride = [](int64_t n, int64_t s) { return (cuuint64_t)(n == 1 || s == 0 ? 16 : 2 * s); };
+template <typename T>
+inline bool encode_rows(CUtensorMap *m, void *ptr, int d, int64_t rows, int64_t heads, int64_t seqs,
+                        int64_t ss, int64_t sh, int64_t sb, int box_rows) {
+  constexpr int64_t e = (int64_t)sizeof(T);
+  auto stride = [](int64_t n, int64_t s) { return (cuuint64_t)(n == 1 || s == 0 ? 16 : e * s); };
   const cuuint64_t dim[4] = {(cuuint64_t)d, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)seqs};
   const cuuint64_t strides[3] = {stride(rows, ss), stride(heads, sh), stride(seqs, sb)};
-  return encode_box(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                    ptr, dim, strides, 64, box_rows);
+  const CUtensorMapDataType type = std::is_same<T, float>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : std::is_same<T, __nv_bfloat16>::value
+                                       ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode_box(m, type, ptr, dim, strides, (int)(128 / e), box_rows);
 }
 
 }  // namespace attn_wgmma

@@ -198,6 +198,48 @@ static void full_bias(attn__problem *pb, attn_dtype dt) {
   pb->bias.sb = 8 * 1024 * 1024;
 }
 
+/* f32 with TF32 allowed on sm_90a code: the Hopper forward's TF32 rows at
+ * d = 64 and 128 for dense problems; varlen, a bias, a KV cache, other head
+ * dims and sm_90 code without the specific image take the mma.sync rows,
+ * and without the flag neither runs. */
+static void tf32_on_hopper_takes_the_warpgroup_rows(void **state) {
+  (void)state;
+  const int dims[] = {64, 128};
+  for (int i = 0; i < 2; i++) {
+    attn__problem pb;
+    problem_of(&pb, ATTN_F32, dims[i], 1);
+    const attn__cuda_config *c = plan_on(90, 227, 1, &pb, 0);
+    assert_non_null(c);
+    assert_int_equal(c->kernel, ATTN__CUDA_HOPPER_FORWARD);
+    assert_true(c->tf32);
+    size_t k_at, v_at;
+    assert_true(attn__cuda_workspace(c->kernel, &pb) == attn__cuda_tf32_staged(&pb, &k_at, &v_at));
+    assert_true(k_at == (size_t)4 * 8 * 1024 * dims[i] && v_at == 2 * k_at);
+    c = plan_on(90, 227, 0, &pb, 0);
+    assert_non_null(c);
+    assert_int_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
+    pb.varlen = 1;
+    c = plan_on(90, 227, 1, &pb, 0);
+    assert_non_null(c);
+    assert_int_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
+    pb.varlen = 0;
+    full_bias(&pb, ATTN_F32);
+    c = plan_on(90, 227, 1, &pb, 0);
+    assert_non_null(c);
+    assert_int_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
+    problem_of(&pb, ATTN_F32, dims[i], 0);
+    c = plan_on(90, 227, 1, &pb, 0);
+    assert_non_null(c);
+    assert_int_not_equal(c->kernel, ATTN__CUDA_HOPPER_FORWARD);
+    assert_int_not_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
+  }
+  attn__problem pb;
+  problem_of(&pb, ATTN_F32, 96, 1);
+  const attn__cuda_config *c = plan_on(90, 227, 1, &pb, 0);
+  assert_non_null(c);
+  assert_int_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
+}
+
 /* d = 128 on an H200 takes 176-key blocks where no mask pads them, and
  * where one does only from kMinKeysMaskedWide keys on; a bias keeps 128. */
 static void wide_key_blocks_only_where_the_diagonal_pays(void **state) {
@@ -333,6 +375,7 @@ int main(void) {
       cmocka_unit_test(f16_takes_the_tensor_cores_from_turing_on),
       cmocka_unit_test(bf16_and_tf32_take_them_from_ampere_on),
       cmocka_unit_test(bias_rows_of_any_length_take_the_tensor_cores),
+      cmocka_unit_test(tf32_on_hopper_takes_the_warpgroup_rows),
       cmocka_unit_test(wide_key_blocks_only_where_the_diagonal_pays),
       cmocka_unit_test(short_d64_rows_take_208_key_blocks),
       cmocka_unit_test(wide_key_blocks_only_where_they_pad_little),

@@ -81,6 +81,16 @@ static void tf32_softcap_and_alibi_match_reference(at_backend *b) {
   forward(b, s);
 }
 
+/* Many key blocks and query tiles (CUDA's Hopper rows: 64- or 128-key
+ * blocks, 128-row tiles, blocks that walk several tiles), keys not a
+ * multiple of 8. */
+static void tf32_long_sequences_match_reference(at_backend *b) {
+  forward(b, tf32(1, 520, 1003, 4, 2, 128));
+  at_shape s = tf32(2, 390, 390, 2, 2, 64);
+  s.flags |= ATTN_CAUSAL;
+  forward(b, s);
+}
+
 static void tf32_grouped_query_heads_match_reference(at_backend *b) {
   forward(b, tf32(2, 100, 160, 8, 2, 128));
 }
@@ -204,6 +214,7 @@ int main(int argc, char **argv) {
       AT_TEST(tf32_causal_with_more_keys_than_queries_matches_reference),
       AT_TEST(tf32_window_matches_reference),
       AT_TEST(tf32_softcap_and_alibi_match_reference),
+      AT_TEST(tf32_long_sequences_match_reference),
       AT_TEST(tf32_grouped_query_heads_match_reference),
       AT_TEST(tf32_varlen_with_empty_sequences_matches_reference),
       AT_TEST(tf32_large_scores_stay_within_their_own_rounding),
