@@ -61,6 +61,7 @@ problems=(
   "hopper_fwd_tiles_cache_f16_d128|--dtype f16 --dim 128 --seqlen-q 130 --seqlen-k 300 --heads 72 --heads-kv 8 --batch 3 --cache-extra 40 --append --sinks"
   "mma_bf16_bias_sinks|--dtype bf16 --dim 64 --seqlen 190 --heads 2 --bias heads --sinks --backward"
   "tf32_d128_causal|--dtype f32 --tf32 --dim 128 --seqlen 300 --heads 2 --causal"
+  "hopper_fwd_tf32_tiles_d64|--dtype f32 --tf32 --dim 64 --seqlen 333 --heads 72 --heads-kv 8 --sinks"
   "f32_d64|--dtype f32 --dim 64 --seqlen 150 --heads 2 --backward"
   "decode_paged_append|--dtype bf16 --dim 128 --seqlen-q 1 --seqlen-k 1000 --heads 8 --heads-kv 2 --batch 2 --cache-extra 100 --page-size 16 --append"
 )
