@@ -5,7 +5,7 @@
  *     a long KV cache, keys split across blocks (FlashDecoding);
  *   - the Hopper forward (wgmma, sm_90a only; hopper_fwd.cuh) for head dims
  *     64, 96, 128 and 256, f16/bf16 (hopper_fwd.cu), and f32 through TF32
- *     at 64 and 128 for dense problems without a bias or KV cache that
+ *     at 64, 96 and 128 for dense problems without a bias or KV cache that
  *     allow it (hopper_fwd_tf32.cu);
  *   - the Hopper backward (the same; hopper_bwd.cu) for head dims 64, 96
  *     and 128, without those terms and not in deterministic mode;

@@ -492,8 +492,7 @@ __global__ void __launch_bounds__(threads_ws(NC), 1)
   static_assert(NC == 2 || NC == 3, "the register splits above");
   static_assert(D % 32 == 0 && BC % 16 == 0 && (!BIAS || BC % 64 == 0),
                 "k16 steps of both products, whole 8-row groups, bias tiles of whole 64 keys");
-  static_assert(sizeof(T) == 2 || (DP == D && BC % kE == 0),
-                "TF32: whole 32-element column blocks of Q, K and V^T");
+  static_assert(sizeof(T) == 2 || BC % kE == 0, "TF32: V^T's column blocks of 32 keys");
   static_assert(STAGES >= 2 && QS >= 1, "at least double buffering");
 
   /* The swizzle works on shared addresses: every tile 1024-byte aligned

@@ -90,7 +90,7 @@ int launch_tf32(const attn__cuda_launch *L, params p) {
                               tile_rows(NC)) ||
       !wg::encode_rows<float>(&tk, sk, D, nk, hk, p.batch, D, (int64_t)nk * D, hk * nk * D, BC) ||
       !wg::encode_rows<float>(&tv, svt, nk8, D, hk, p.batch, nk8, (int64_t)D * nk8, hk * D * nk8,
-                              D))
+                              padded(D)))
     return fall_back(L);
   stage_rows<D><<<dim3((nq + 31) / 32, hq, p.batch), 256, 0, L->stream>>>(p.q, sq, nq, hq);
   stage_rows<D><<<dim3((nk + 31) / 32, hk, p.batch), 256, 0, L->stream>>>(p.k, sk, nk, hk);
@@ -100,10 +100,13 @@ int launch_tf32(const attn__cuda_launch *L, params p) {
 }
 
 /* The rows: d = 64 as the 16-bit rows' 128 x 128 tiles (192 KB: 32 KB a
- * K or V slot), d = 128 on 64-key blocks (192 KB: Q alone takes 64). */
+ * K or V slot), d = 96 and 128 on 64-key blocks (192 KB: Q alone takes 64;
+ * d = 96 in d = 128's tiles, the last 32 columns zeros from the maps). */
 constexpr attn__cuda_config fwd_rows_tf32[] = {
     fwd_row<float, 64, 128, 2, 2, 2>(
         "Hopper forward (wgmma), f32 as TF32, d = 64, 128 x 128 tiles, 2 K/V + 2 Q slots"),
+    fwd_row<float, 96, 64, 2, 1, 2>(
+        "Hopper forward (wgmma), f32 as TF32, d = 96, 128 x 64 tiles, 2 K/V + 1 Q slot"),
     fwd_row<float, 128, 64, 2, 1, 2>(
         "Hopper forward (wgmma), f32 as TF32, d = 128, 128 x 64 tiles, 2 K/V + 1 Q slot"),
 };
