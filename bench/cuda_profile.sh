@@ -62,7 +62,9 @@ if has profile; then
     for s in "${sections[@]}"; do sec+=(--section "$s"); done
     [ -n "$METRICS" ] && sec+=(--metrics "$METRICS")
     # shellcheck disable=SC2086  # args is a list of words
-    timeout 300 "$NCU" --kernel-name "regex:$kernel" --launch-skip 1 --launch-count 1 "${sec[@]}" \
+    # --clock-control none: the card's clocks as found (ncu would lock them to base otherwise).
+    timeout 300 "$NCU" --clock-control none --kernel-name "regex:$kernel" --launch-skip 1 \
+      --launch-count 1 "${sec[@]}" \
       --print-details all -f -o "$OUT/$name" \
       "$ATTN_BIN" run --backend cuda --repeat 2 --no-check $args >"$OUT/$name.log" 2>&1
     echo "ncu rc $?"
