@@ -189,6 +189,12 @@ size_t attn__cuda_hopper_fwd_bias_smem(const attn__cuda_config *c);
 const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,
                                          int backward, char *why, size_t why_len);
 
+/* The mma.sync TF32 row for a problem whose Hopper TF32 row cannot have its
+ * staged copies (the workspace cannot grow: cuda.c; no tensor map describes
+ * them: hopper_fwd_tf32.cu): the same problem with no workspace, or NULL. */
+const attn__cuda_config *attn__cuda_plan_unstaged(const attn__cuda_device *dev,
+                                                  const attn__problem *pb);
+
 /* The Hopper TF32 forward's workspace (hopper_fwd_tf32.cu): q and k rounded
  * to TF32, dense, then v^T, [batch][heads_kv][d][keys rounded up to 8],
  * each 256-byte aligned; its size, with k's and v^T's offsets. */

@@ -393,6 +393,19 @@ static int cuda_run(attn_context *ctx, const attn__problem *pb, const attn__plan
 
   if (plan->workspace) {
     st = grow(ctx, &I->ws, &I->ws_bytes, plan->workspace, "workspace");
+    /* The Hopper TF32 rows' workspace holds copies of q, k and v: where it
+     * cannot grow, the mma.sync TF32 row runs the problem without one. */
+    const attn__cuda_config *u =
+        st == ATTN_ENOMEM && c->tf32 && c->kernel == ATTN__CUDA_HOPPER_FORWARD
+            ? attn__cuda_plan_unstaged(&I->dev, pb)
+            : NULL;
+    if (u) {
+      attn__debug("cuda:%d: no room for %zu bytes of TF32 copies: %s", I->device, plan->workspace,
+                  u->name);
+      ctx->errmsg[0] = '\0';
+      c = u;
+      st = ATTN_OK;
+    }
     if (st != ATTN_OK) return st;
   }
   L.workspace = I->ws;

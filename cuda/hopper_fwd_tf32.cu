@@ -67,13 +67,8 @@ __global__ void __launch_bounds__(256)
 /* The mma.sync row of this problem, in this row's place where a tensor map
  * cannot describe the staged operands (or the driver has no encoder). */
 static int fall_back(const attn__cuda_launch *L) {
-  const attn__cuda_rows &t = attn__cuda_mma_forward_rows;
-  const int dim = attn__cuda_dim_bucket(ATTN__CUDA_MMA_FORWARD, L->pb->head_dim);
-  for (int i = 0; i < t.n; i++)
-    if (t.row[i].dtype == ATTN_F32 && t.row[i].tf32 && t.row[i].dim == dim &&
-        t.row[i].smem <= L->dev->smem_optin)
-      return t.row[i].launch(L, &t.row[i]);
-  return ATTN_EINTERNAL;
+  const attn__cuda_config *c = attn__cuda_plan_unstaged(L->dev, L->pb);
+  return c ? c->launch(L, c) : ATTN_EINTERNAL;
 }
 
 template <int D, int BC, int STAGES, int QS, int NC, bool SCORED>

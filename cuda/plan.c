@@ -109,6 +109,11 @@ static const attn__cuda_config *first_row(const attn__cuda_rows *t, const attn__
   return NULL;
 }
 
+const attn__cuda_config *attn__cuda_plan_unstaged(const attn__cuda_device *dev,
+                                                  const attn__problem *pb) {
+  return first_row(&attn__cuda_mma_forward_rows, dev, pb, 0);
+}
+
 const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,
                                          int backward, char *why, size_t why_len) {
   static const attn__cuda_rows *const table[] = {

@@ -215,6 +215,13 @@ static void tf32_on_hopper_takes_the_warpgroup_rows(void **state) {
     size_t k_at, v_at;
     assert_true(attn__cuda_workspace(c->kernel, &pb) == attn__cuda_tf32_staged(&pb, &k_at, &v_at));
     assert_true(k_at == (size_t)4 * 8 * 1024 * dims[i] && v_at == 2 * k_at);
+    /* Where the copies have no room, the mma.sync row, with no workspace. */
+    attn__cuda_device dev = {.cc = 90, .smem_optin = 227 * 1024, .arch = 90, .arch_specific = 1};
+    const attn__cuda_config *u = attn__cuda_plan_unstaged(&dev, &pb);
+    assert_non_null(u);
+    assert_int_equal(u->kernel, ATTN__CUDA_MMA_FORWARD);
+    assert_true(u->tf32);
+    assert_true(attn__cuda_workspace(u->kernel, &pb) == 0);
     c = plan_on(90, 227, 0, &pb, 0);
     assert_non_null(c);
     assert_int_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
