@@ -1046,6 +1046,14 @@ typedef void cpu_pv_keys_fn(const char *const *rows, ptrdiff_t off, attn_dtype d
  * against 97-100. */
 #define CPU_FEW_TILE_COLUMNS 16
 
+/* From this many columns (query rows) a kv head meets, f32 values are
+ * fetched with the keys too (attn__cpu_qk_few): the products of a key then
+ * take long enough to cover the extra lines in flight. Measured on the
+ * 2-core Zen 5 VM, f32 B=1 Hq=32 Hkv=8 d=128 32k keys, 2 threads, median
+ * of 15: 4 query rows (16 columns) 10.7-11.5 ms against 16.2-16.3; 2 rows
+ * (8 columns) 8.7-9.0 against 8.0-8.5. */
+#define CPU_FETCH_V_COLUMNS 16
+
 /* The instruction set of the products of few rows: 4 AMX's tiles (bf16
  * problems, d a multiple of 32, a kv head meeting at least
  * CPU_FEW_TILE_COLUMNS query rows: cpu_few_amx.c), 3 AVX-512 with the bf16
@@ -1141,12 +1149,14 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
   const int64_t hk0 = h0 / g, hk1 = (h0 + nh - 1) / g;
   const attn_dtype dt = t->dtype;
   const ptrdiff_t hstep = cpu_head_bytes(pb, t);
-  /* With 16-bit keys, the value rows of the block are fetched meanwhile
-   * (pv, when not NULL), so that attn__cpu_pv_few finds them in cache:
-   * measured, one thread, least CPU time of 8 runs decoding B=1 Hq=32
-   * Hkv=8 d=128 32k keys: bf16 15.8 ms against 17.7; f32 24.7 against
-   * 21.6 (twice the lines in flight beside the keys' own), so not there. */
-  const attn__tensor *pv = attn_dtype_size(dt) == 2 && t->sd == 1 && pb->v.sd == 1 ? v : NULL;
+  /* The value rows of the block are fetched meanwhile (pv, when not
+   * NULL), so that attn__cpu_pv_few finds them in cache, where the keys
+   * are 16-bit or a kv head meets CPU_FETCH_V_COLUMNS columns: measured,
+   * one thread, least CPU time of 8 runs decoding B=1 Hq=32 Hkv=8 d=128
+   * 32k keys: bf16 15.8 ms against 17.7; f32 24.7 against 21.6 (twice the
+   * lines in flight beside the keys' own, for products too few to cover
+   * them). */
+  const attn__tensor *pv = t->sd == 1 && pb->v.sd == 1 ? v : NULL;
   const ptrdiff_t vstep = pv ? cpu_head_bytes(pb, pv) : 0;
   /* Key rows two at a time (four for the bf16 dot product), which the
    * products take together, and the next rows' keys fetched meanwhile:
@@ -1161,7 +1171,8 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
    * left the loads waiting (decoding from memory 1.2-1.7x faster;
    * bench/NOTES_decode.md). */
   const int step = isa == 3 ? 4 : 2;
-  const int64_t kbytes = d * (int64_t)attn_dtype_size(dt), vbytes = d * 2;
+  const int64_t kbytes = d * (int64_t)attn_dtype_size(dt);
+  const int64_t vbytes = pv ? d * (int64_t)attn_dtype_size(pv->dtype) : 0;
   const int64_t left = attn__seq_k(pb, b) - j0; /* keys from j0 that exist */
   for (int a = 0; a < bc; a += step) {
     const int nk = bc - a < step ? bc - a : step;
@@ -1179,7 +1190,8 @@ void attn__cpu_qk_few(const attn__problem *pb, const attn__tensor *t, const attn
       cpu_kv_cols(pb, h0, nh, nr, hk, &c0, &c1);
       /* A kv head's lines at a time, spread over the loop rather than a
        * whole row's in one burst. */
-      for (int i = 0; pv && i < nk; i++)
+      const int fetch_v = pv && (attn_dtype_size(dt) == 2 || c1 - c0 >= CPU_FETCH_V_COLUMNS);
+      for (int i = 0; fetch_v && i < nk; i++)
         for (int64_t x = 0; x < vbytes; x += 64)
           __builtin_prefetch(vbase[i] + hk * vstep + x, 0, 2);
       for (int i = 0; t->sd == 1 && i < nn; i++)
