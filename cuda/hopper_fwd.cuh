@@ -4,21 +4,21 @@
  * (block of Br = 128 query rows, query head, sequence), a thread block per
  * tile or, when tiles are equally long, a block per SM that walks them
  * (persistent: launch_grid); consumer warpgroups of 64 rows each (wgmma's
- * M), two or, at d = 64, three (fwd_rows), and one producer. The
- * producer's one thread loads Q once and streams K and V blocks of Bc keys
- * through STAGES shared-memory slots with the bulk tensor copy engine (TMA,
- * the 128-byte swizzle that wgmma reads; wgmma.cuh), each slot handed over on
- * an mbarrier when its bytes land and handed back by the consumers in two
- * halves: K (with its bias) after the block's softmax, V after its P V. V
- * loads a block behind K, so that block j + 1's K need not wait for block
- * j's P V (at d = 128, 11-19 % of the forward on the H200). The producer
- * keeps 24 registers and the consumers take 240 (setmaxnreg). Blocks no
- * row of the tile can see (causal, windows) are skipped; only blocks
- * straddling a boundary are masked. Each consumer computes S = Q K^T as
- * one wgmma chain with both operands in shared memory, its fp32
+ * M), two or, at d = 64, three (fwd_rows; one for TF32 at d = 256), and one
+ * producer. The producer's one thread loads Q once and streams K and V
+ * blocks of Bc keys through STAGES shared-memory slots with the bulk tensor
+ * copy engine (TMA, the 128-byte swizzle that wgmma reads; wgmma.cuh), each
+ * slot handed over on an mbarrier when its bytes land and handed back by the
+ * consumers in two halves: K (with its bias) after the block's softmax, V
+ * after its P V. V loads a block behind K, so that block j + 1's K need not
+ * wait for block j's P V (at d = 128, 11-19 % of the forward on the H200).
+ * The producer keeps 24 registers and the consumers take 240 (setmaxnreg).
+ * Blocks no row of the tile can see (causal, windows) are skipped; only
+ * blocks straddling a boundary are masked. Each consumer computes S = Q K^T
+ * as one wgmma chain with both operands in shared memory, its fp32
  * accumulators in registers; the online softmax (m_i, l_i) runs on them in
- * the exp2 domain; P is packed to 16 bits in registers as the A operand of
- * O += P V, V read from shared memory through a transposed (MN-major)
+ * the exp2 domain; P is packed to 16 bits in registers as the A operand
+ * of O += P V, V read from shared memory through a transposed (MN-major)
  * descriptor. O / l_i and lse = m_i ln 2 + ln l_i are written once at the
  * end (rows with no key: 0 and -inf).
  *
@@ -483,13 +483,15 @@ __global__ void __launch_bounds__(threads_ws(NC), 1)
   constexpr uint32_t kSlotB = BIAS ? BR * BC * sizeof(T) : 0;
   /* The registers each role keeps, FlashAttention-3's splits of the SM's
    * 64K: 24 x 128 + 240 x 256 for two consumers, 24 x 128 + 160 x 384 for
-   * three. */
-  constexpr int kProducerRegs = 24, kConsumerRegs = NC == 2 ? 240 : 160;
+   * three; one consumer (TF32 at d = 256: O alone is 128 registers) takes
+   * the 256 a thread may have, at which ptxas spills nothing (40 bytes at
+   * 240). */
+  constexpr int kProducerRegs = 24, kConsumerRegs = NC == 1 ? 256 : NC == 2 ? 240 : 160;
   /* Two consumers take turns on the tensor cores up to d = 128, as in
    * FlashAttention-3 (at d = 256 its P V is long enough alone); three
    * overlap without turns. */
   constexpr bool PINGPONG = NC == 2 && D <= 128;
-  static_assert(NC == 2 || NC == 3, "the register splits above");
+  static_assert(NC >= 1 && NC <= 3, "the register splits above");
   static_assert(D % 32 == 0 && BC % 16 == 0 && (!BIAS || BC % 64 == 0),
                 "k16 steps of both products, whole 8-row groups, bias tiles of whole 64 keys");
   static_assert(sizeof(T) == 2 || BC % kE == 0, "TF32: V^T's column blocks of 32 keys");

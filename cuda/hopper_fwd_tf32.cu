@@ -96,7 +96,12 @@ int launch_tf32(const attn__cuda_launch *L, params p) {
 
 /* The rows: d = 64 as the 16-bit rows' 128 x 128 tiles (192 KB: 32 KB a
  * K or V slot), d = 96 and 128 on 64-key blocks (192 KB: Q alone takes 64;
- * d = 96 in d = 128's tiles, the last 32 columns zeros from the maps). */
+ * d = 96 in d = 128's tiles, the last 32 columns zeros from the maps).
+ * At d = 256 a 128-row Q tile alone would take 128 KB, and beside two
+ * slots of K and V^T even 32 keys wide it passes the 227 KB a block may
+ * have: one consumer warpgroup of 64 rows instead (192 KB with 32-key
+ * slots), which runs without ping-pong; at this head dim the products,
+ * not the softmax, take the time. */
 constexpr attn__cuda_config fwd_rows_tf32[] = {
     fwd_row<float, 64, 128, 2, 2, 2>(
         "Hopper forward (wgmma), f32 as TF32, d = 64, 128 x 128 tiles, 2 K/V + 2 Q slots"),
@@ -104,6 +109,8 @@ constexpr attn__cuda_config fwd_rows_tf32[] = {
         "Hopper forward (wgmma), f32 as TF32, d = 96, 128 x 64 tiles, 2 K/V + 1 Q slot"),
     fwd_row<float, 128, 64, 2, 1, 2>(
         "Hopper forward (wgmma), f32 as TF32, d = 128, 128 x 64 tiles, 2 K/V + 1 Q slot"),
+    fwd_row<float, 256, 32, 2, 1, 1>(
+        "Hopper forward (wgmma), f32 as TF32, d = 256, 64 x 32 tiles, 2 K/V + 1 Q slot"),
 };
 
 }  // namespace attn_hopper

@@ -160,6 +160,7 @@ __device__ __forceinline__ void stash(uint32_t tile, int rows, int row0,
 #define ATTN_WG_10(x)                                                                              \
   "%" #x "0, %" #x "1, %" #x "2, %" #x "3, %" #x "4, %" #x "5, %" #x "6, %" #x "7, %" #x "8, %" #x \
   "9, "
+#define ATTN_WG_ACC16 "{" ATTN_WG_10() "%10, %11, %12, %13, %14, %15}"
 #define ATTN_WG_ACC32 "{" ATTN_WG_10() ATTN_WG_10(1) ATTN_WG_10(2) "%30, %31}"
 #define ATTN_WG_ACC64                                                      \
   "{" ATTN_WG_10() ATTN_WG_10(1) ATTN_WG_10(2) ATTN_WG_10(3) ATTN_WG_10(4) \
@@ -277,6 +278,11 @@ ATTN_WG_DEFINE(true, "bf16")
   ", %" #A3 "}, %" #B ", p, 1, 1;\n}\n"
 
 struct mma_tf32 {
+  static __device__ __forceinline__ void ss(float (&d)[4][4], uint64_t a, uint64_t b, int scale_d) {
+    asm volatile(ATTN_WG_SS_TF32(32, ATTN_WG_ACC16, 16, 17, 18)
+                 : ATTN_WG_F4(0), ATTN_WG_F4(1), ATTN_WG_F4(2), ATTN_WG_F4(3)
+                 : "l"(a), "l"(b), "r"(scale_d));
+  }
   static __device__ __forceinline__ void ss(float (&d)[8][4], uint64_t a, uint64_t b, int scale_d) {
     asm volatile(ATTN_WG_SS_TF32(64, ATTN_WG_ACC32, 32, 33, 34)
                  : ATTN_WG_F32(0)
@@ -300,6 +306,12 @@ struct mma_tf32 {
                  : ATTN_WG_F32(0), ATTN_WG_F32(8)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
   }
+  static __device__ __forceinline__ void rs(float (&d)[32][4], const uint32_t (&a)[4], uint64_t b,
+                                            int scale_d) {
+    asm volatile(ATTN_WG_RS_TF32(256, ATTN_WG_ACC128, 128, 129, 130, 131, 132, 133)
+                 : ATTN_WG_F32(0), ATTN_WG_F32(8), ATTN_WG_F32(16), ATTN_WG_F32(24)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+  }
 };
 
 /* The instructions of an element type: f16, bf16, or f32 as TF32. */
@@ -319,6 +331,7 @@ using mma_of = typename std::conditional<std::is_same<T, float>::value, mma_tf32
 #undef ATTN_WG_ACC88
 #undef ATTN_WG_ACC64
 #undef ATTN_WG_ACC32
+#undef ATTN_WG_ACC16
 #undef ATTN_WG_10
 
 /* ---------------------------------------------------------------------- */

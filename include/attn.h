@@ -316,7 +316,7 @@ ATTN_API attn_tensor attn_tensor_on(attn_tensor t, attn_buffer *buffer, size_t o
  * 2^-11 times the sum of |q_c k_c| scale, so o and lse come near f16
  * attention's accuracy, not float32's, and large logits lose the most (a
  * score of 1e3 by up to ~0.5). The golden README states the tolerance TF32
- * is held to. On Hopper GPUs (dense problems, head dims 64, 96 and 128) the
+ * is held to. On Hopper GPUs (dense problems, head dims 64, 96, 128, 256) the
  * backend's workspace then also holds TF32 copies of q, k and v. A problem
  * TF32 does not cover, every other backend, and the backward pass (it
  * reads the o and lse it is given) compute in float32 whatever the flag. */

@@ -199,13 +199,13 @@ static void full_bias(attn__problem *pb, attn_dtype dt) {
 }
 
 /* f32 with TF32 allowed on sm_90a code: the Hopper forward's TF32 rows at
- * d = 64, 96 and 128 for dense problems; varlen, a bias, a KV cache, other
- * head dims and sm_90 code without the specific image take the mma.sync
- * rows, and without the flag neither runs. */
+ * d = 64, 96, 128 and 256 for dense problems; varlen, a bias, a KV cache,
+ * other head dims and sm_90 code without the specific image take the
+ * mma.sync rows, and without the flag neither runs. */
 static void tf32_on_hopper_takes_the_warpgroup_rows(void **state) {
   (void)state;
-  const int dims[] = {64, 96, 128};
-  for (int i = 0; i < 3; i++) {
+  const int dims[] = {64, 96, 128, 256};
+  for (int i = 0; i < 4; i++) {
     attn__problem pb;
     problem_of(&pb, ATTN_F32, dims[i], 1);
     const attn__cuda_config *c = plan_on(90, 227, 1, &pb, 0);
@@ -241,10 +241,11 @@ static void tf32_on_hopper_takes_the_warpgroup_rows(void **state) {
     assert_int_not_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
   }
   attn__problem pb;
-  problem_of(&pb, ATTN_F32, 256, 1);
+  problem_of(&pb, ATTN_F32, 32, 1);
   const attn__cuda_config *c = plan_on(90, 227, 1, &pb, 0);
   assert_non_null(c);
   assert_int_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
+  assert_true(c->tf32);
 }
 
 /* d = 128 on an H200 takes 176-key blocks where no mask pads them, and

@@ -89,6 +89,11 @@ static void tf32_long_sequences_match_reference(at_backend *b) {
   at_shape s = tf32(2, 390, 390, 2, 2, 64);
   s.flags |= ATTN_CAUSAL;
   forward(b, s);
+  /* d = 256: 64-row tiles over 32-key blocks, a GQA group of two. */
+  forward(b, tf32(1, 300, 700, 4, 2, 256));
+  s = tf32(1, 333, 333, 2, 1, 256);
+  s.flags |= ATTN_CAUSAL;
+  forward(b, s);
 }
 
 static void tf32_grouped_query_heads_match_reference(at_backend *b) {
