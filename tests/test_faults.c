@@ -125,6 +125,44 @@ static void forward_running_out_of_device_memory_midway_is_enomem(at_backend *b)
   context_still_computes(b);
 }
 
+/* On Hopper an f32 forward allowed TF32 runs over rounded copies of q, k and
+ * v in the backend's workspace; where the device has no room left for them
+ * it runs on rows that need none (cuda.c), not into ATTN_ENOMEM. A buffer
+ * takes the device's memory but for the call's staging (q, k, v, o and lse
+ * from host memory) and half the copies, which a buffer of both then
+ * confirms by failing. Only on CUDA, the one backend with TF32 rows. */
+static void tf32_forward_without_room_for_its_copies_still_runs(at_backend *b) {
+  if (b->kind != ATTN_BACKEND_CUDA) at_skip("TF32 copies are the CUDA backend's");
+  /* 32 MB a tensor: staging takes 128 MB and lse, the copies 96 MB. */
+  at_shape s = {.dtype = ATTN_F32, .B = 64, .Nq = 128, .Nk = 128, .Hq = 8, .Hkv = 8, .d = 128};
+  const size_t mb = (size_t)1 << 20, staged = 129 * mb, copies = 96 * mb;
+  /* What the device has free, to 2 MB: buffers down to that size. */
+  enum { MAX_HELD = 4096 };
+  static attn_buffer *held[MAX_HELD];
+  int n = 0;
+  size_t free_bytes = 0;
+  for (size_t chunk = (size_t)1 << 30; chunk >= 2 * mb && n < MAX_HELD;) {
+    if (attn_buffer_create(b->ctx, chunk, &held[n]) == ATTN_OK)
+      free_bytes += attn_buffer_size(held[n++]);
+    else
+      chunk /= 2;
+  }
+  while (n > 0)
+    attn_buffer_free(held[--n]);
+  if (free_bytes < staged + copies)
+    at_skip("the device has less than %zu bytes free", staged + copies);
+  attn_buffer *taken = NULL, *both = NULL;
+  assert_int_equal(attn_buffer_create(b->ctx, free_bytes - staged - copies / 2, &taken), ATTN_OK);
+  const int room = attn_buffer_create(b->ctx, staged + copies, &both);
+  if (room == ATTN_OK) attn_buffer_free(both);
+  s.flags = ATTN_ALLOW_TF32;
+  const int ran = room != ATTN_OK ? at_check_forward(b, &s) : -1;
+  attn_buffer_free(taken);
+  if (room == ATTN_OK) fail_msg("the staging and the copies still fit: the test proves nothing");
+  assert_int_equal(ran, 1);
+  context_still_computes(b);
+}
+
 static void wrapping_more_bytes_than_the_buffer_holds_is_ebuffer(at_backend *b) {
   if (b->kind != ATTN_BACKEND_OPENCL) at_skip("only a cl_mem says how large it is");
   attn_buffer *buf = NULL, *wrap = (attn_buffer *)&wrap;
@@ -156,6 +194,7 @@ int main(int argc, char **argv) {
       AT_TEST(buffer_larger_than_the_device_memory_is_enomem),
       AT_TEST(forward_staging_more_than_the_device_memory_is_enomem),
       AT_TEST(forward_running_out_of_device_memory_midway_is_enomem),
+      AT_TEST(tf32_forward_without_room_for_its_copies_still_runs),
       AT_TEST(wrapping_more_bytes_than_the_buffer_holds_is_ebuffer),
       AT_TEST(wrapping_a_buffer_of_another_cl_context_is_ebuffer),
   };
