@@ -484,8 +484,9 @@ __global__ void __launch_bounds__(threads_ws(NC), 1)
   /* The registers each role keeps, FlashAttention-3's splits of the SM's
    * 64K: 24 x 128 + 240 x 256 for two consumers, 24 x 128 + 160 x 384 for
    * three; one consumer (TF32 at d = 256: O alone is 128 registers) takes
-   * the 256 a thread may have, at which ptxas spills nothing (40 bytes at
-   * 240). */
+   * the 256 a thread may have: ptxas gives that kernel 255 with no spills
+   * (nvcc -Xptxas -v), and a consumer may not keep fewer than its code
+   * uses. */
   constexpr int kProducerRegs = 24, kConsumerRegs = NC == 1 ? 256 : NC == 2 ? 240 : 160;
   /* Two consumers take turns on the tensor cores up to d = 128, as in
    * FlashAttention-3 (at d = 256 its P V is long enough alone); three
