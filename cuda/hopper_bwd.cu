@@ -345,20 +345,33 @@ __global__ void __launch_bounds__(kThreads, 1)
                           n0 + kBc <= key_hi(diag(m0, nq, nk), nk, p.window_right);
         const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
         const uint32_t a_l = sL + (st * BR + 2 * t) * 4, a_d = sD + (st * BR + 2 * t) * 4;
+        if (!SOFTCAP && full && slope_log2 == 0.f) {
+          /* A plain block: one FMA and the exponential an element. The
+           * general pass below carries every element's mask and ALiBi
+           * terms, which nvcc interleaves whether or not they apply. */
 #pragma unroll
-        for (int n = 0; n < NS; ++n) {
-          const float2 l2 = lds64(a_l + n * 32);
+          for (int n = 0; n < NS; ++n) {
+            const float2 l2 = lds64(a_l + n * 32);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = m0 + n * 8 + 2 * t + (e & 1), j = j0 + (e >> 1) * 8;
-            const int dg = diag(i, nq, nk);
-            float tanh_v;
-            float v = score_log2(s[n][e], p.scale_log2, SOFTCAP, p.softcap_log2, p.softcap_inv,
-                                 slope_log2, dg - j, &tanh_v);
-            if (!full && !(j < nk && key_visible(dg, j, p.window_left, p.window_right)))
-              v = -INFINITY;
-            s[n][e] = ex2(v - ((e & 1) ? l2.y : l2.x));
-            if constexpr (SOFTCAP) th[n][e] = tanh_v;
+            for (int e = 0; e < 4; ++e)
+              s[n][e] = ex2(fmaf(s[n][e], p.scale_log2, -((e & 1) ? l2.y : l2.x)));
+          }
+        } else {
+#pragma unroll
+          for (int n = 0; n < NS; ++n) {
+            const float2 l2 = lds64(a_l + n * 32);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int i = m0 + n * 8 + 2 * t + (e & 1), j = j0 + (e >> 1) * 8;
+              const int dg = diag(i, nq, nk);
+              float tanh_v;
+              float v = score_log2(s[n][e], p.scale_log2, SOFTCAP, p.softcap_log2, p.softcap_inv,
+                                   slope_log2, dg - j, &tanh_v);
+              if (!full && !(j < nk && key_visible(dg, j, p.window_left, p.window_right)))
+                v = -INFINITY;
+              s[n][e] = ex2(v - ((e & 1) ? l2.y : l2.x));
+              if constexpr (SOFTCAP) th[n][e] = tanh_v;
+            }
           }
         }
         if constexpr (SOFTCAP) {
