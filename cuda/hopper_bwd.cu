@@ -357,18 +357,42 @@ __global__ void __launch_bounds__(kThreads, 1)
               s[n][e] = ex2(fmaf(s[n][e], p.scale_log2, -((e & 1) ? l2.y : l2.x)));
           }
         } else {
+          /* The queries each of the thread's two keys sees, as columns [lo,
+           * hi) relative to its first (m0 + 2 t), so that the mask is two
+           * compares an element against constants of the unrolled loop;
+           * none for a key past the sequence. Under softcap, whose tanh
+           * values leave no registers for the ranges, the rule an element. */
+          int lo[2], hi[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int j = j0 + r * 8, c0 = m0 + 2 * t;
+            int qlo = 0, qhi = 0;
+            if (full) {
+              qlo = c0;
+              qhi = c0 + BR;
+            } else if (j < nk) {
+              query_range(j, nq, nk, p.window_left, p.window_right, &qlo, &qhi);
+            }
+            lo[r] = qlo - c0;
+            hi[r] = qhi - c0;
+          }
 #pragma unroll
           for (int n = 0; n < NS; ++n) {
             const float2 l2 = lds64(a_l + n * 32);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              const int i = m0 + n * 8 + 2 * t + (e & 1), j = j0 + (e >> 1) * 8;
-              const int dg = diag(i, nq, nk);
+              const int r = e >> 1, c = n * 8 + (e & 1);
+              const int i = m0 + 2 * t + c;
               float tanh_v;
+              const int j = j0 + r * 8, dg = diag(i, nq, nk);
               float v = score_log2(s[n][e], p.scale_log2, SOFTCAP, p.softcap_log2, p.softcap_inv,
                                    slope_log2, dg - j, &tanh_v);
-              if (!full && !(j < nk && key_visible(dg, j, p.window_left, p.window_right)))
+              if constexpr (SOFTCAP) {
+                if (!full && !(j < nk && key_visible(dg, j, p.window_left, p.window_right)))
+                  v = -INFINITY;
+              } else if (c < lo[r] || c >= hi[r]) {
                 v = -INFINITY;
+              }
               s[n][e] = ex2(v - ((e & 1) ? l2.y : l2.x));
               if constexpr (SOFTCAP) th[n][e] = tanh_v;
             }
@@ -379,9 +403,30 @@ __global__ void __launch_bounds__(kThreads, 1)
           wg::pin(th);
           issue_dp();
         }
+        /* P^T and dS^T to 16 bits as A fragments (k-step kk: queries 16 kk
+         * .. 16 kk + 15). With 64 query rows and no softcap, dV += P^T dO
+         * is issued now, so that the tensor cores have it while dS^T is
+         * computed and handed over below; under softcap (tanh's values) or
+         * with 128 rows, P^T's fragments beside its fp32 values would not
+         * fit the registers, and dV waits for dQ. */
+        constexpr bool kEarlyDv = !SOFTCAP && BR == 64;
+        uint32_t pa[KB][4], da[KB][4];
+        if constexpr (kEarlyDv) {
+#pragma unroll
+          for (int kk = 0; kk < KB; ++kk)
+            a_frag<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+          wg::pin(pa);
+          wg::pin(dv);
+          wg::fence();
+          const uint64_t b_do = wg::desc_mn_major(do_slot, BR * 128);
+#pragma unroll
+          for (int kk = 0; kk < KB; ++kk)
+            mma::rs(dv, pa[kk], b_do + wg::kstep_mn_major(kk), 1);
+          wg::commit();
+        }
         /* dS^T = P^T (dP^T - D), times the softcap's derivative, in place of
          * dP^T. */
-        wg::wait<0>();
+        wg::wait<kEarlyDv ? 1 : 0>();
         wg::pin(dp);
 #pragma unroll
         for (int n = 0; n < NS; ++n) {
@@ -393,12 +438,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
 
-        /* P^T and dS^T to 16 bits as A fragments (k-step kk: queries 16 kk
-         * .. 16 kk + 15), and dS^T into its slot for dQ. */
-        uint32_t pa[KB][4], da[KB][4];
+        /* dS^T into its slot for dQ. */
 #pragma unroll
         for (int kk = 0; kk < KB; ++kk) {
-          a_frag<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+          if constexpr (!kEarlyDv) a_frag<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
           a_frag<T>(da[kk], dp[2 * kk], dp[2 * kk + 1]);
         }
         wg::stash<KB>(ds_slot, kBc, c * 64, da);
@@ -414,9 +457,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         else
           wg::named_sync(1, 256);
 
-        /* dV += P^T dO and dQ = dS K, then dK += dS^T Q: dQ's tile goes to
-         * shared memory and its reduction is issued while dK's product
-         * runs. */
+        /* dV += P^T dO (under softcap) and dQ = dS K, then dK += dS^T Q:
+         * dQ's tile goes to shared memory and its reduction is issued while
+         * dK's product runs. */
         float dq[8][4];
         wg::pin(pa);
         wg::pin(da);
@@ -433,9 +476,9 @@ __global__ void __launch_bounds__(kThreads, 1)
            * rather than one waiting on its own results (1-3 % at d = 96
            * and 128). Not at d = 64: at Br = 128 its two chains of eight
            * steps ran slower, and its softcap tiles are untimed. */
-          constexpr bool kPaired = BR == 64 && DP > 64;
+          constexpr bool kPaired = !kEarlyDv && BR == 64 && DP > 64;
           static_assert(!kPaired || KB <= NQ, "dV's k-steps fit between dQ's");
-          if constexpr (!kPaired) {
+          if constexpr (!kEarlyDv && !kPaired) {
 #pragma unroll
             for (int kk = 0; kk < KB; ++kk)
               mma::rs(dv, pa[kk], b_do + wg::kstep_mn_major(kk), 1);
