@@ -28,59 +28,106 @@ __device__ __forceinline__ void split_row(const params &p, int64_t grow, int *b,
   }
 }
 
-/* The row a warp of the per-row kernels (prep, dq_convert) takes, eight
- * warps a block: w over heads and rows (the workspace's order), and its
- * head, sequence and row there. 0 for a warp past the last row. */
+/* A row of the per-row kernels (prep, dq_convert): w over heads and rows
+ * (the workspace's order), and its head, sequence and row there. */
 struct warp_row {
   int64_t w, first;
   int h, b;
 };
 
-__device__ __forceinline__ bool warp_row_of(const params &p, warp_row *r) {
-  r->w = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-  if (r->w >= p.rows * p.heads_q) return false;
-  r->h = (int)(r->w / p.rows);
-  split_row(p, r->w % p.rows, &r->b, &r->first);
-  return true;
+__device__ __forceinline__ warp_row row_at(const params &p, int64_t w) {
+  warp_row r;
+  r.w = w;
+  r.h = (int)(w / p.rows);
+  split_row(p, w % p.rows, &r.b, &r.first);
+  return r;
 }
 
+/* The per-row kernels: eight warps a block, a few blocks an SM, each warp
+ * striding over groups of kWarpRows rows whose loads it issues together, so
+ * that enough reads are in flight without a block a handful of rows (the
+ * block launches then bounded the passes, about 2 TB/s). */
+constexpr int kWarpRows = 4;
+
+__device__ __forceinline__ int64_t first_row_group(void) {
+  return ((int64_t)blockIdx.x * 8 + (threadIdx.x >> 5)) * kWarpRows;
+}
+__device__ __forceinline__ int64_t row_group_stride(void) {
+  return (int64_t)gridDim.x * 8 * kWarpRows;
+}
+
+/* D = rowsum(dO * O) and lse2 for each row, and in atomic mode the row's dq
+ * accumulator zeroed (in the same pass as the reads, rather than a memset
+ * of its own before them). */
 template <typename T, int D>
 __global__ void __launch_bounds__(256) prep_kernel(const params p) {
   const int lane = threadIdx.x & 31;
-  warp_row r;
-  if (!warp_row_of(p, &r)) return;
-  const int64_t w = r.w, first = r.first;
-  const int h = r.h, b = r.b;
-  const T *o = row_ptr<T>(p.o, b, first, h);
-  const T *d = row_ptr<T>(p.dout, b, first, h);
-  float acc = 0.f;
-  for (int c = 2 * lane; c < D; c += 64) {
-    float2 x = elem<T>::unpack(*(const uint32_t *)(o + c));
-    float2 y = elem<T>::unpack(*(const uint32_t *)(d + c));
-    acc += x.x * y.x + x.y * y.y;
-  }
+  const int64_t n = p.rows * p.heads_q;
+  for (int64_t w0 = first_row_group(); w0 < n; w0 += row_group_stride()) {
+    float acc[kWarpRows];
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1)
-    acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) {
-    /* hi alone of a (hi, lo) lse: P is rounded to 16 bits for the
-     * products, far above what lo corrects (common.cuh). */
-    const float lse = *row_ptr<float>(p.lse, b, first, h);
-    p.dsum[w] = acc;
-    p.lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    for (int u = 0; u < kWarpRows; ++u) {
+      acc[u] = 0.f;
+      if (w0 + u >= n) continue;
+      const warp_row r = row_at(p, w0 + u);
+      const T *o = row_ptr<T>(p.o, r.b, r.first, r.h);
+      const T *d = row_ptr<T>(p.dout, r.b, r.first, r.h);
+#pragma unroll
+      for (int c = 2 * lane; c < D; c += 64) {
+        float2 x = elem<T>::unpack(*(const uint32_t *)(o + c));
+        float2 y = elem<T>::unpack(*(const uint32_t *)(d + c));
+        acc[u] += x.x * y.x + x.y * y.y;
+      }
+      if (p.dq_atomic) {
+#pragma unroll
+        for (int c = 4 * lane; c < D; c += 128)
+          *(float4 *)(p.dq_acc + (w0 + u) * D + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kWarpRows; ++u)
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1)
+        acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], off);
+    /* Lane u writes row w0 + u. hi alone of a (hi, lo) lse: P is rounded
+     * to 16 bits for the products, far above what lo corrects
+     * (common.cuh). */
+    float mine = acc[0];
+#pragma unroll
+    for (int u = 1; u < kWarpRows; ++u)
+      if (lane == u) mine = acc[u];
+    if (lane < kWarpRows && w0 + lane < n) {
+      const warp_row r = row_at(p, w0 + lane);
+      const float lse = *row_ptr<float>(p.lse, r.b, r.first, r.h);
+      p.dsum[r.w] = mine;
+      p.lse2[r.w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    }
   }
 }
 
 template <typename T, int D>
 __global__ void __launch_bounds__(256) dq_convert_kernel(const params p) {
   const int lane = threadIdx.x & 31;
-  warp_row r;
-  if (!warp_row_of(p, &r)) return;
-  T *dq = row_ptr<T>(p.dq, r.b, r.first, r.h);
-  const float *acc = p.dq_acc + r.w * D;
-  for (int c = 2 * lane; c < D; c += 64) {
-    float2 x = *(const float2 *)(acc + c);
-    *(uint32_t *)(dq + c) = elem<T>::pack(x.x * p.scale, x.y * p.scale);
+  const int64_t n = p.rows * p.heads_q;
+  for (int64_t w0 = first_row_group(); w0 < n; w0 += row_group_stride()) {
+    float2 x[kWarpRows][(D + 63) / 64];
+#pragma unroll
+    for (int u = 0; u < kWarpRows; ++u)
+      if (w0 + u < n) {
+        const float *acc = p.dq_acc + (w0 + u) * D;
+#pragma unroll
+        for (int c = 2 * lane, k = 0; c < D; c += 64, ++k)
+          x[u][k] = *(const float2 *)(acc + c);
+      }
+#pragma unroll
+    for (int u = 0; u < kWarpRows; ++u)
+      if (w0 + u < n) {
+        const warp_row r = row_at(p, w0 + u);
+        T *dq = row_ptr<T>(p.dq, r.b, r.first, r.h);
+#pragma unroll
+        for (int c = 2 * lane, k = 0; c < D; c += 64, ++k)
+          *(uint32_t *)(dq + c) = elem<T>::pack(x[u][k].x * p.scale, x[u][k].y * p.scale);
+      }
   }
 }
 
@@ -100,26 +147,27 @@ static inline void bwd_workspace(const attn__cuda_launch *L, params *p) {
   p->dq_acc = p->dq_atomic ? (float *)((char *)L->workspace + 2 * per) : NULL;
 }
 
-/* The per-row kernels: a warp a row, eight a block. */
-static inline unsigned bwd_row_blocks(const params &p) {
-  return (unsigned)((p.rows * p.heads_q + 7) / 8);
+/* The per-row kernels' grid: enough groups of rows for each warp to take
+ * one, but no more blocks than fill the SMs (eight 256-thread blocks
+ * each). */
+static inline unsigned bwd_row_blocks(const params &p, int sm_count) {
+  const int64_t groups = (p.rows * p.heads_q + kWarpRows - 1) / kWarpRows;
+  const int64_t blocks = (groups + 7) / 8, cap = (int64_t)sm_count * 8;
+  return (unsigned)(blocks < cap ? blocks : cap);
 }
 
-/* Before the dK/dV pass: the dq accumulator zeroed (atomic mode), D and
- * lse2 filled. ATTN_OK or ATTN_EDEVICE. */
+/* Before the dK/dV pass: D and lse2 filled, and the dq accumulator zeroed
+ * (atomic mode). ATTN_OK or ATTN_EDEVICE. */
 template <typename T, int D>
-static int bwd_prep(const params &p, cudaStream_t stream) {
-  if (p.dq_atomic && cudaMemsetAsync(p.dq_acc, 0, (size_t)(p.rows * p.heads_q) * D * sizeof(float),
-                                     stream) != cudaSuccess)
-    return ATTN_EDEVICE;
-  prep_kernel<T, D><<<bwd_row_blocks(p), 256, 0, stream>>>(p);
+static int bwd_prep(const params &p, int sm_count, cudaStream_t stream) {
+  prep_kernel<T, D><<<bwd_row_blocks(p, sm_count), 256, 0, stream>>>(p);
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 
 /* After it, in atomic mode: dq = the accumulator times the softmax scale. */
 template <typename T, int D>
-static int bwd_dq_convert(const params &p, cudaStream_t stream) {
-  dq_convert_kernel<T, D><<<bwd_row_blocks(p), 256, 0, stream>>>(p);
+static int bwd_dq_convert(const params &p, int sm_count, cudaStream_t stream) {
+  dq_convert_kernel<T, D><<<bwd_row_blocks(p, sm_count), 256, 0, stream>>>(p);
   return cudaGetLastError() == cudaSuccess ? ATTN_OK : ATTN_EDEVICE;
 }
 

@@ -107,23 +107,159 @@ struct block_work {
   int mb_min, nmb, items;
 };
 
-template <int BR>
+template <int BR, int BC>
 __device__ __forceinline__ block_work work_of(const params &p) {
   block_work w;
   int kb;
   attn_key_block_coords(p.order, &kb, &w.hk, &w.b);
-  w.n0 = kb * kBc;
+  w.n0 = kb * BC;
   w.sq = seq_of(p, w.b);
   w.mb_min = w.nmb = w.items = 0;
   if (w.n0 < w.sq.nk) {
     int i_lo, i_hi;
-    query_block_range(w.n0, min(w.n0 + kBc, w.sq.nk), w.sq.nq, w.sq.nk, p.window_left,
+    query_block_range(w.n0, min(w.n0 + BC, w.sq.nk), w.sq.nq, w.sq.nk, p.window_left,
                       p.window_right, &i_lo, &i_hi);
     w.mb_min = i_lo / BR;
     w.nmb = i_hi > i_lo ? (i_hi + BR - 1) / BR - w.mb_min : 0;
     w.items = w.nmb * p.group;
   }
   return w;
+}
+
+/* The producer warpgroup (warpgroup 0): warp 0's lane 0 issues every copy
+ * (K and V once, then each item's Q and dO into its slot); warp 1's lanes
+ * write BR / 32 rows each of the slot's lse2 and D (+inf and 0 past the
+ * sequence, so that P = 0 there), whose loads do not hold the copies up.
+ * Each role walks the items in the consumers' order and waits for a slot's
+ * release on its own. Tiles of DP columns as column blocks of 64 (the
+ * swizzle's row), BC keys and BR query rows. */
+template <int DP, int BR, int BC>
+__device__ __forceinline__ void produce(const params &p, const block_work &w,
+                                        const CUtensorMap *tq, const CUtensorMap *tk,
+                                        const CUtensorMap *tv, const CUtensorMap *tdo,
+                                        uint32_t sK, uint32_t sV, uint32_t sQ, uint32_t sdO,
+                                        uint32_t sL, uint32_t sD, uint32_t bar_kv,
+                                        uint32_t full_q, uint32_t full_do, uint32_t empty,
+                                        int tid) {
+  constexpr uint32_t kKV = BC * DP * 2, kQ = BR * DP * 2;
+  const int warp = tid >> 5, lane = tid & 31;
+  if (warp == 0 && lane == 0 && w.items > 0) {
+    /* Varlen tensors are one sequence of all the rows (batch coordinate
+     * 0); rows past a tensor's end arrive as zeros. */
+    const int qb = p.cu_q ? 0 : w.b, kb = p.cu_k ? 0 : w.b;
+    const int k_row = (int)w.sq.k0 + w.n0;
+    wg::mbar_expect_tx(bar_kv, 2 * kKV);
+#pragma unroll
+    for (int cb = 0; cb < DP / 64; ++cb) {
+      wg::tma_load_4d(sK + cb * BC * 128, tk, cb * 64, k_row, w.hk, kb, bar_kv);
+      wg::tma_load_4d(sV + cb * BC * 128, tv, cb * 64, k_row, w.hk, kb, bar_kv);
+    }
+    int it = 0;
+    for (int hh = 0; hh < p.group; ++hh) {
+      const int h = w.hk * p.group + hh;
+      for (int mb = 0; mb < w.nmb; ++mb, ++it) {
+        const int st = it % kStages, round = it / kStages;
+        const int q_row = (int)w.sq.q0 + (w.mb_min + mb) * BR;
+        /* The slot's previous item (round - 1) is released. */
+        if (round > 0) wg::mbar_wait(empty + 8 * st, (round - 1) & 1);
+        wg::mbar_expect_tx(full_q + 8 * st, kQ);
+#pragma unroll
+        for (int cb = 0; cb < DP / 64; ++cb)
+          wg::tma_load_4d(sQ + st * kQ + cb * BR * 128, tq, cb * 64, q_row, h, qb,
+                          full_q + 8 * st);
+        wg::mbar_expect_tx(full_do + 8 * st, kQ);
+#pragma unroll
+        for (int cb = 0; cb < DP / 64; ++cb)
+          wg::tma_load_4d(sdO + st * kQ + cb * BR * 128, tdo, cb * 64, q_row, h, qb,
+                          full_do + 8 * st);
+      }
+    }
+  } else if (warp == 1 && w.items > 0) {
+    int it = 0;
+    for (int hh = 0; hh < p.group; ++hh) {
+      /* The workspace rows of the sequence's row 0 of this head. */
+      const int64_t ws0 = ws_row(p, w.sq, w.b, w.hk * p.group + hh, 0);
+      for (int mb = 0; mb < w.nmb; ++mb, ++it) {
+        const int st = it % kStages, round = it / kStages;
+        const int m0 = (w.mb_min + mb) * BR;
+        if (round > 0) wg::mbar_wait(empty + 8 * st, (round - 1) & 1);
+#pragma unroll
+        for (int r = lane; r < BR; r += 32) {
+          const bool ok = m0 + r < w.sq.nq;
+          sts32(sL + (st * BR + r) * 4, ok ? p.lse2[ws0 + m0 + r] : INFINITY);
+          sts32(sD + (st * BR + r) * 4, ok ? p.dsum[ws0 + m0 + r] : 0.f);
+        }
+        wg::mbar_arrive(full_q + 8 * st);
+        wg::mbar_arrive(full_do + 8 * st);
+      }
+    }
+  }
+}
+
+/* P^T = exp2(score - lse2) in place of S^T's accumulators, with
+ * common.cuh's rules: rows the thread's keys j0 and j0 + 8, columns the
+ * queries m0 + 8 n + 2 t (+1), whose lse2 pairs are at a_l + 32 n; th gets
+ * tanh's values under softcap. full: the block straddles no boundary (no
+ * mask). */
+template <int NS, bool SOFTCAP>
+__device__ __forceinline__ void p_pass(const params &p, float (&s)[NS][4],
+                                       float (&th)[SOFTCAP ? NS : 1][4], bool full,
+                                       float slope_log2, int m0, int j0, int nq, int nk,
+                                       uint32_t a_l) {
+  const int t = threadIdx.x & 3;
+  if (!SOFTCAP && full && slope_log2 == 0.f) {
+    /* A plain block: one FMA and the exponential an element. The
+     * general pass below carries every element's mask and ALiBi
+     * terms, which nvcc interleaves whether or not they apply. */
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      const float2 l2 = lds64(a_l + n * 32);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[n][e] = ex2(fmaf(s[n][e], p.scale_log2, -((e & 1) ? l2.y : l2.x)));
+    }
+  } else {
+    /* The queries each of the thread's two keys sees, as columns [lo,
+     * hi) relative to its first (m0 + 2 t), so that the mask is two
+     * compares an element against constants of the unrolled loop;
+     * none for a key past the sequence. Under softcap, whose tanh
+     * values leave no registers for the ranges, the rule an element. */
+    int lo[2], hi[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int j = j0 + r * 8, c0 = m0 + 2 * t;
+      int qlo = 0, qhi = 0;
+      if (full) {
+        qlo = c0;
+        qhi = c0 + 8 * NS;
+      } else if (j < nk) {
+        query_range(j, nq, nk, p.window_left, p.window_right, &qlo, &qhi);
+      }
+      lo[r] = qlo - c0;
+      hi[r] = qhi - c0;
+    }
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      const float2 l2 = lds64(a_l + n * 32);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, c = n * 8 + (e & 1);
+        const int i = m0 + 2 * t + c;
+        float tanh_v;
+        const int j = j0 + r * 8, dg = diag(i, nq, nk);
+        float v = score_log2(s[n][e], p.scale_log2, SOFTCAP, p.softcap_log2, p.softcap_inv,
+                             slope_log2, dg - j, &tanh_v);
+        if constexpr (SOFTCAP) {
+          if (!full && !(j < nk && key_visible(dg, j, p.window_left, p.window_right)))
+            v = -INFINITY;
+        } else if (c < lo[r] || c >= hi[r]) {
+          v = -INFINITY;
+        }
+        s[n][e] = ex2(v - ((e & 1) ? l2.y : l2.x));
+        if constexpr (SOFTCAP) th[n][e] = tanh_v;
+      }
+    }
+  }
 }
 
 /* dQ = dS K's split between the two warpgroups, each a product of 64 query
@@ -187,69 +323,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (wgi == 0) {
-    /* Producer: warp 0's lane 0 issues every copy; warp 1's lanes write
-     * BR / 32 rows each of the slot's lse2 and D (+inf and 0 past the
-     * sequence, so that P = 0 there), whose loads do not hold the copies up.
-     * Each role
-     * walks the items in the consumers' order and waits for a slot's
-     * release on its own. */
     wg::regs_dec<kProducerRegs>();
-    const int warp = tid >> 5, lane = tid & 31;
-    const block_work w = work_of<BR>(p);
-    if (warp == 0 && lane == 0 && w.items > 0) {
-      /* Varlen tensors are one sequence of all the rows (batch coordinate
-       * 0); rows past a tensor's end arrive as zeros. */
-      const int qb = p.cu_q ? 0 : w.b, kb = p.cu_k ? 0 : w.b;
-      const int k_row = (int)w.sq.k0 + w.n0;
-      wg::mbar_expect_tx(bar_kv, 2 * S::kKV);
-#pragma unroll
-      for (int cb = 0; cb < DP / 64; ++cb) {
-        wg::tma_load_4d(sK + cb * kBc * 128, &tk, cb * 64, k_row, w.hk, kb, bar_kv);
-        wg::tma_load_4d(sV + cb * kBc * 128, &tv, cb * 64, k_row, w.hk, kb, bar_kv);
-      }
-      int it = 0;
-      for (int hh = 0; hh < p.group; ++hh) {
-        const int h = w.hk * p.group + hh;
-        for (int mb = 0; mb < w.nmb; ++mb, ++it) {
-          const int st = it % kStages, round = it / kStages;
-          const int q_row = (int)w.sq.q0 + (w.mb_min + mb) * BR;
-          /* The slot's previous item (round - 1) is released. */
-          if (round > 0) wg::mbar_wait(empty + 8 * st, (round - 1) & 1);
-          wg::mbar_expect_tx(full_q + 8 * st, S::kQ);
-#pragma unroll
-          for (int cb = 0; cb < DP / 64; ++cb)
-            wg::tma_load_4d(sQ + st * S::kQ + cb * BR * 128, &tq, cb * 64, q_row, h, qb,
-                            full_q + 8 * st);
-          wg::mbar_expect_tx(full_do + 8 * st, S::kQ);
-#pragma unroll
-          for (int cb = 0; cb < DP / 64; ++cb)
-            wg::tma_load_4d(sdO + st * S::kQ + cb * BR * 128, &tdo, cb * 64, q_row, h, qb,
-                            full_do + 8 * st);
-        }
-      }
-    } else if (warp == 1 && w.items > 0) {
-      int it = 0;
-      for (int hh = 0; hh < p.group; ++hh) {
-        /* The workspace rows of the sequence's row 0 of this head. */
-        const int64_t ws0 = ws_row(p, w.sq, w.b, w.hk * p.group + hh, 0);
-        for (int mb = 0; mb < w.nmb; ++mb, ++it) {
-          const int st = it % kStages, round = it / kStages;
-          const int m0 = (w.mb_min + mb) * BR;
-          if (round > 0) wg::mbar_wait(empty + 8 * st, (round - 1) & 1);
-#pragma unroll
-          for (int r = lane; r < BR; r += 32) {
-            const bool ok = m0 + r < w.sq.nq;
-            sts32(sL + (st * BR + r) * 4, ok ? p.lse2[ws0 + m0 + r] : INFINITY);
-            sts32(sD + (st * BR + r) * 4, ok ? p.dsum[ws0 + m0 + r] : 0.f);
-          }
-          wg::mbar_arrive(full_q + 8 * st);
-          wg::mbar_arrive(full_do + 8 * st);
-        }
-      }
-    }
+    produce<DP, BR, kBc>(p, work_of<BR, kBc>(p), &tq, &tk, &tv, &tdo, sK, sV, sQ, sdO, sL, sD,
+                         bar_kv, full_q, full_do, empty, tid);
   } else {
     wg::regs_inc<kConsumerRegs>();
-    const block_work w = work_of<BR>(p);
+    const block_work w = work_of<BR, kBc>(p);
     const int nq = w.sq.nq, nk = w.sq.nk, n0 = w.n0;
     const int c = wgi - 1, ctid = tid - 128, lane = tid & 31, warp = (tid >> 5) & 3;
     /* The warpgroup's thread that adds its dQ tile. */
@@ -345,59 +424,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                           n0 + kBc <= key_hi(diag(m0, nq, nk), nk, p.window_right);
         const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
         const uint32_t a_l = sL + (st * BR + 2 * t) * 4, a_d = sD + (st * BR + 2 * t) * 4;
-        if (!SOFTCAP && full && slope_log2 == 0.f) {
-          /* A plain block: one FMA and the exponential an element. The
-           * general pass below carries every element's mask and ALiBi
-           * terms, which nvcc interleaves whether or not they apply. */
-#pragma unroll
-          for (int n = 0; n < NS; ++n) {
-            const float2 l2 = lds64(a_l + n * 32);
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              s[n][e] = ex2(fmaf(s[n][e], p.scale_log2, -((e & 1) ? l2.y : l2.x)));
-          }
-        } else {
-          /* The queries each of the thread's two keys sees, as columns [lo,
-           * hi) relative to its first (m0 + 2 t), so that the mask is two
-           * compares an element against constants of the unrolled loop;
-           * none for a key past the sequence. Under softcap, whose tanh
-           * values leave no registers for the ranges, the rule an element. */
-          int lo[2], hi[2];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int j = j0 + r * 8, c0 = m0 + 2 * t;
-            int qlo = 0, qhi = 0;
-            if (full) {
-              qlo = c0;
-              qhi = c0 + BR;
-            } else if (j < nk) {
-              query_range(j, nq, nk, p.window_left, p.window_right, &qlo, &qhi);
-            }
-            lo[r] = qlo - c0;
-            hi[r] = qhi - c0;
-          }
-#pragma unroll
-          for (int n = 0; n < NS; ++n) {
-            const float2 l2 = lds64(a_l + n * 32);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int r = e >> 1, c = n * 8 + (e & 1);
-              const int i = m0 + 2 * t + c;
-              float tanh_v;
-              const int j = j0 + r * 8, dg = diag(i, nq, nk);
-              float v = score_log2(s[n][e], p.scale_log2, SOFTCAP, p.softcap_log2, p.softcap_inv,
-                                   slope_log2, dg - j, &tanh_v);
-              if constexpr (SOFTCAP) {
-                if (!full && !(j < nk && key_visible(dg, j, p.window_left, p.window_right)))
-                  v = -INFINITY;
-              } else if (c < lo[r] || c >= hi[r]) {
-                v = -INFINITY;
-              }
-              s[n][e] = ex2(v - ((e & 1) ? l2.y : l2.x));
-              if constexpr (SOFTCAP) th[n][e] = tanh_v;
-            }
-          }
-        }
+        p_pass<NS, SOFTCAP>(p, s, th, full, slope_log2, m0, j0, nq, nk, a_l);
         if constexpr (SOFTCAP) {
           wg::pin(s);
           wg::pin(th);
@@ -568,24 +595,292 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 /* ---------------------------------------------------------------------- */
+/* d = 256: the two consumers split by role                                 */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * At d = 256 one warpgroup's dK and dV over 64 keys would take 256
+ * registers a thread, so over a block of 64 keys the consumers split the
+ * work by role: warpgroup 1 keeps dV and computes S^T = K Q^T, P^T and dV
+ * += P^T dO; warpgroup 2 keeps dK and computes dP^T = V dO^T, dS^T and dK
+ * += dS^T Q. P^T (times the softcap's derivative) goes from the first to
+ * the second through shared memory as fp32, each thread its own
+ * accumulator elements (both accumulators have one layout), and dS^T goes
+ * to both as 16 bits for dQ = dS K, whose 256 columns they split, 128 each,
+ * added into the fp32 accumulator by atomics: K, V, two Q/dO slots, P^T and
+ * dS^T take 218 KB and leave no room for the tiles of the bulk reduction.
+ * The work per item is even: S^T, P^T dO and half of dQ against dP^T,
+ * dS^T Q and the other half.
+ */
+constexpr int kBc256 = 64, kBr256 = 64;
+
+struct tiles256 {
+  static constexpr int DP = 256, BR = kBr256, BC = kBc256;
+  static constexpr uint32_t kKV = BC * DP * 2, kQ = BR * DP * 2;
+  static constexpr uint32_t K = 0, V = kKV, Q = 2 * kKV, dO = Q + kStages * kQ;
+  static constexpr uint32_t P = dO + kStages * kQ, dS = P + BC * BR * 4;
+  static constexpr uint32_t L = dS + BC * BR * 2, Dsum = L + kStages * BR * 4;
+  static constexpr uint32_t bar_kv = Dsum + kStages * BR * 4, full_q = bar_kv + 8,
+                            full_do = full_q + 8 * kStages, empty = full_do + 8 * kStages;
+  static constexpr size_t smem = empty + 8 * kStages + 1024; /* and the alignment */
+};
+
+template <typename T, bool SOFTCAP>
+__global__ void __launch_bounds__(kThreads, 1)
+    bwd256_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                  const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+                  const __grid_constant__ CUtensorMap /* dq's: bwd_kernel's */, const params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = tiles256;
+  using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
+  constexpr int DP = S::DP, BR = S::BR, BC = S::BC;
+  constexpr int NS = BR / 8, KB = BR / 16, KS = DP / 16;
+  constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = base + S::K, sV = base + S::V, sQ = base + S::Q, sdO = base + S::dO;
+  const uint32_t sP = base + S::P, sdS = base + S::dS, sL = base + S::L, sD = base + S::Dsum;
+  const uint32_t bar_kv = base + S::bar_kv, full_q = base + S::full_q, full_do = base + S::full_do,
+                 empty = base + S::empty;
+
+  const int tid = threadIdx.x, wgi = tid >> 7;
+  {
+    int kb, hk, b;
+    attn_key_block_coords(p.order, &kb, &hk, &b);
+    if (hk >= p.heads_kv || kb * BC >= seq_of(p, b).nk) return;
+  }
+  if (tid == 0) {
+    wg::mbar_init(bar_kv, 1);
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      wg::mbar_init(full_q + 8 * st, 33);
+      wg::mbar_init(full_do + 8 * st, 33);
+      wg::mbar_init(empty + 8 * st, 256);
+    }
+    wg::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wgi == 0) {
+    wg::regs_dec<kProducerRegs>();
+    produce<DP, BR, BC>(p, work_of<BR, BC>(p), &tq, &tk, &tv, &tdo, sK, sV, sQ, sdO, sL, sD,
+                        bar_kv, full_q, full_do, empty, tid);
+  } else {
+    wg::regs_inc<kConsumerRegs>();
+    const block_work w = work_of<BR, BC>(p);
+    const int nq = w.sq.nq, nk = w.sq.nk, n0 = w.n0;
+    const bool keeps_dv = wgi == 1;
+    const int ctid = tid - 128, wtid = tid & 127, lane = tid & 31, warp = (tid >> 5) & 3;
+    const int g = lane >> 2, t = lane & 3;
+    /* The thread's keys (rows j0 and j0 + 8 of S^T and dP^T) and its dQ
+     * rows (16 warp + g, + 8 of the item's queries), columns from c0. */
+    const int j0 = n0 + warp * 16 + g, c0 = keeps_dv ? 0 : DP / 2;
+    float acc[DP / 8][4]; /* dV or dK */
+#pragma unroll
+    for (int n = 0; n < DP / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        acc[n][e] = 0.f;
+
+    if (w.items > 0) {
+      wg::mbar_wait(bar_kv, 0);
+      if (p.cu_k && n0 + BC > nk) {
+        zero_rows<DP>(sK, BC, nk - n0, ctid);
+        zero_rows<DP>(sV, BC, nk - n0, ctid);
+        wg::fence_proxy_async();
+        wg::named_sync(1, 256);
+      }
+      /* A of S^T or dP^T: K or V, all the block's keys. B of dQ: K's
+       * columns c0 .. c0 + 127, MN-major. A of dQ: the dS^T tile. */
+      const uint64_t a_kv = wg::desc_k_major(keeps_dv ? sK : sV);
+      const uint64_t b_dq = wg::desc_mn_major(sK + (c0 / 64) * BC * 128, BC * 128);
+      const uint64_t a_ds = wg::desc_mn_major(sdS, BC * 128);
+      /* This thread's P^T elements: float4 n of the accumulator, 2 KB apart. */
+      const uint32_t p_at = sP + wtid * 16;
+
+      for (int it = 0; it < w.items; ++it) {
+        const int st = it % kStages;
+        const uint32_t ph = (uint32_t)(it / kStages) & 1;
+        const int h = w.hk * p.group + it / w.nmb, m0 = (w.mb_min + it % w.nmb) * BR;
+        const uint32_t q_slot = sQ + st * S::kQ, do_slot = sdO + st * S::kQ;
+
+        wg::mbar_wait(full_q + 8 * st, ph);
+        wg::mbar_wait(full_do + 8 * st, ph);
+        if (p.cu_q && m0 + BR > nq) {
+          zero_rows<DP>(q_slot, BR, nq - m0, ctid);
+          zero_rows<DP>(do_slot, BR, nq - m0, ctid);
+          wg::fence_proxy_async();
+          wg::named_sync(1, 256);
+        }
+
+        /* S^T = K Q^T (warpgroup 1) or dP^T = V dO^T (warpgroup 2). */
+        float s[NS][4];
+        wg::pin(s);
+        wg::fence();
+        {
+          const uint64_t b = wg::desc_k_major(keeps_dv ? q_slot : do_slot);
+#pragma unroll
+          for (int kk = 0; kk < KS; ++kk)
+            mma::ss(s, a_kv + wg::kstep_k_major(BC, kk), b + wg::kstep_k_major(BR, kk), kk > 0);
+        }
+        wg::commit();
+        wg::wait<0>();
+        wg::pin(s);
+
+        uint32_t fa[KB][4]; /* P^T or dS^T as A fragments */
+        if (keeps_dv) {
+          const int i_last = min(m0 + BR, nq) - 1;
+          const bool full = n0 + BC <= nk &&
+                            n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
+                            n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
+          const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
+          float th[SOFTCAP ? NS : 1][4];
+          p_pass<NS, SOFTCAP>(p, s, th, full, slope_log2, m0, j0, nq, nk,
+                              sL + (st * BR + 2 * t) * 4);
+          /* P^T times the softcap's derivative to warpgroup 2, which
+           * takes dS^T = that times (dP^T - D). */
+#pragma unroll
+          for (int n = 0; n < NS; ++n) {
+            float v[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              v[e] = SOFTCAP ? score_grad(s[n][e], th[n][e]) : s[n][e];
+            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(p_at + n * 2048),
+                         "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
+                         : "memory");
+          }
+          wg::named_arrive(2, 256);
+#pragma unroll
+          for (int kk = 0; kk < KB; ++kk)
+            a_frag<T>(fa[kk], s[2 * kk], s[2 * kk + 1]);
+          wg::pin(fa);
+          wg::pin(acc);
+          wg::fence();
+          const uint64_t b_do = wg::desc_mn_major(do_slot, BR * 128);
+#pragma unroll
+          for (int kk = 0; kk < KB; ++kk)
+            mma::rs(acc, fa[kk], b_do + wg::kstep_mn_major(kk), 1);
+          wg::commit();
+        } else {
+          wg::named_sync(2, 256);
+          const uint32_t a_d = sD + (st * BR + 2 * t) * 4;
+#pragma unroll
+          for (int n = 0; n < NS; ++n) {
+            float v[4];
+            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+                         : "r"(p_at + n * 2048)
+                         : "memory");
+            const float2 dd = lds64(a_d + n * 32);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              s[n][e] = v[e] * (s[n][e] - ((e & 1) ? dd.y : dd.x));
+          }
+#pragma unroll
+          for (int kk = 0; kk < KB; ++kk)
+            a_frag<T>(fa[kk], s[2 * kk], s[2 * kk + 1]);
+          wg::stash<KB>(sdS, BC, 0, fa);
+          wg::fence_proxy_async();
+          wg::pin(fa);
+          wg::pin(acc);
+          wg::fence();
+          const uint64_t b_q = wg::desc_mn_major(q_slot, BR * 128);
+#pragma unroll
+          for (int kk = 0; kk < KB; ++kk)
+            mma::rs(acc, fa[kk], b_q + wg::kstep_mn_major(kk), 1);
+          wg::commit();
+        }
+        /* dS^T in place (both warpgroups' threads), and warpgroup 2 done
+         * reading P^T, which warpgroup 1 may write again after this. */
+        wg::named_sync(3, 256);
+
+        /* dQ's columns c0 .. c0 + 127 = dS K, over the block's keys, in two
+         * halves of 64 (the registers), each added as it is done. */
+        const seq &sq = w.sq;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float dq[8][4];
+          wg::pin(dq);
+          wg::fence();
+#pragma unroll
+          for (int kk = 0; kk < BC / 16; ++kk)
+            mma::ss_mn(dq, a_ds + wg::kstep_mn_major(kk),
+                       b_dq + ((uint64_t)(half * BC * 128) >> 4) + wg::kstep_mn_major(kk), kk > 0);
+          wg::commit();
+          wg::wait<0>();
+          wg::pin(dq);
+          if (half == 0) {
+            wg::pin(acc);
+            wg::pin(fa);
+          } else {
+            wg::mbar_arrive(empty + 8 * st);
+          }
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int i = m0 + warp * 16 + g + r * 8;
+            if (i < nq) {
+              float *dst = p.dq_acc + ws_row(p, sq, w.b, h, i) * DP + c0 + half * 64 + 2 * t;
+#pragma unroll
+              for (int n = 0; n < 8; ++n)
+                atomicAdd((float2 *)(dst + n * 8), make_float2(dq[n][2 * r], dq[n][2 * r + 1]));
+            }
+          }
+        }
+      }
+    }
+
+    /* dV, or dK times the softmax scale; keys no query sees get zeros. */
+    const tensor_ref out = keeps_dv ? p.dv : p.dk;
+    const float mul = keeps_dv ? 1.f : p.scale;
+    T *gd = row_ptr<T>(out, w.b, w.sq.k0, w.hk);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int j = j0 + r * 8;
+      if (j < nk) {
+        T *row = gd + (int64_t)j * out.ss;
+#pragma unroll
+        for (int n = 0; n < DP / 8; ++n)
+          *(uint32_t *)(row + n * 8 + 2 * t) =
+              elem<T>::pack(acc[n][2 * r] * mul, acc[n][2 * r + 1] * mul);
+      }
+    }
+  }
+#else
+  __trap(); /* the plan runs it only on sm_90a code */
+#endif
+}
+
+/* ---------------------------------------------------------------------- */
 /* Launchers and rows                                                       */
 /* ---------------------------------------------------------------------- */
 
-/* The tensor-core backward's row of the problem's dtype and head dim, run in
- * this row's place where a tensor map cannot describe an operand (or the
- * driver has no encoder): the same workspace, every problem of this row. */
+/* The row that runs the problem in this row's place where a tensor map
+ * cannot describe an operand (or the driver has no encoder), on the same
+ * workspace: the tensor-core backward's row of its dtype and head dim, or
+ * at d = 256, which that family has no row for, the general backward's
+ * first that fits the device. */
 static int fall_back(const attn__cuda_launch *L) {
-  const attn__cuda_rows &t = attn__cuda_mma_backward_rows;
-  for (int i = 0; i < t.n; i++)
-    if (t.row[i].dtype == L->pb->dtype && t.row[i].dim == L->pb->head_dim)
-      return t.row[i].launch(L, &t.row[i]);
+  const attn__problem *pb = L->pb;
+  const attn__cuda_rows *const tables[] = {
+      &attn__cuda_mma_backward_rows,
+      pb->dtype == ATTN_F16 ? &attn__cuda_general_rows_f16 : &attn__cuda_general_rows_bf16};
+  for (const attn__cuda_rows *t : tables)
+    for (int i = 0; i < t->n; i++) {
+      const attn__cuda_config *c = &t->row[i];
+      if ((c->kernel == ATTN__CUDA_MMA_BACKWARD || c->kernel == ATTN__CUDA_GENERAL_BACKWARD) &&
+          c->dtype == pb->dtype && c->dim == attn__cuda_dim_bucket(c->kernel, pb->head_dim) &&
+          c->smem <= L->dev->smem_optin)
+        return c->launch(L, c);
+    }
   return ATTN_EINTERNAL;
 }
 
-/* One shape's launches around the prep pass and the dq conversion; false
- * where a tensor map cannot describe an operand. */
-template <typename T, int D, int BR, bool SOFTCAP>
-static bool run(const attn__cuda_launch *L, const params &p, int *rc) {
+/* One kernel's launches around the prep pass and the dq conversion: kern
+ * with tiles of BR query rows and BC keys, and smem bytes of shared memory;
+ * false where a tensor map cannot describe an operand. */
+template <typename T, int D, int BR, int BC, typename K>
+static bool run(const attn__cuda_launch *L, const params &p, int *rc, K kern, size_t smem) {
   const attn__problem *pb = L->pb;
   const int64_t seqs = pb->varlen ? 1 : pb->batch;
   const int64_t rows_q = pb->varlen ? pb->total_q : pb->seqlen_q;
@@ -603,24 +898,23 @@ static bool run(const attn__cuda_launch *L, const params &p, int *rc) {
   CUtensorMap tq, tk, tv, tdo, tdq;
   if (!encode(&tq, p.q, rows_q, pb->heads_q, BR) ||
       !encode(&tdo, p.dout, rows_q, pb->heads_q, BR) ||
-      !encode(&tk, p.k, rows_k, pb->heads_kv, kBc) ||
-      !encode(&tv, p.v, rows_k, pb->heads_kv, kBc) ||
+      !encode(&tk, p.k, rows_k, pb->heads_kv, BC) ||
+      !encode(&tv, p.v, rows_k, pb->heads_kv, BC) ||
       !wg::encode_box(&tdq, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, p.dq_acc, dq_dim, dq_stride, 32, 64))
     return false;
-  auto kern = bwd_kernel<T, D, BR, SOFTCAP>;
-  constexpr size_t smem = tiles<D, BR>::smem;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
       cudaSuccess) {
     *rc = ATTN_EDEVICE;
     return true;
   }
-  if ((*rc = bwd_prep<T, D>(p, L->stream)) != ATTN_OK) return true;
+  if ((*rc = bwd_prep<T, D>(p, L->dev->sm_count, L->stream)) != ATTN_OK) return true;
   params po = p;
   const dim3 grid = attn_key_block_grid(
-      kern, kThreads, smem, (unsigned)((p.seqlen_k + kBc - 1) / kBc), p.heads_kv, p.batch,
+      kern, kThreads, smem, (unsigned)((p.seqlen_k + BC - 1) / BC), p.heads_kv, p.batch,
       L->dev->sm_count, p.window_left, p.window_right, &po.order);
   kern<<<grid, kThreads, smem, L->stream>>>(tq, tk, tv, tdo, tdq, po);
-  *rc = cudaGetLastError() == cudaSuccess ? bwd_dq_convert<T, D>(p, L->stream) : ATTN_EDEVICE;
+  *rc = cudaGetLastError() == cudaSuccess ? bwd_dq_convert<T, D>(p, L->dev->sm_count, L->stream)
+                                          : ATTN_EDEVICE;
   return true;
 }
 
@@ -632,46 +926,79 @@ static int launch_bwd(const attn__cuda_launch *L, const attn__cuda_config *) {
   make_params(L, 1, &p);
   bwd_workspace(L, &p);
   int rc = ATTN_OK;
-  const bool ran = p.dq_atomic && (p.softcap > 0.f ? run<T, D, 64, true>(L, p, &rc)
-                                                   : run<T, D, BR, false>(L, p, &rc));
+  const bool ran =
+      p.dq_atomic &&
+      (p.softcap > 0.f
+           ? run<T, D, 64, kBc>(L, p, &rc, bwd_kernel<T, D, 64, true>, tiles<D, 64>::smem)
+           : run<T, D, BR, kBc>(L, p, &rc, bwd_kernel<T, D, BR, false>, tiles<D, BR>::smem));
   return ran ? rc : fall_back(L);
+}
+
+template <typename T>
+static int launch_bwd256(const attn__cuda_launch *L, const attn__cuda_config *) {
+  params p;
+  make_params(L, 1, &p);
+  bwd_workspace(L, &p);
+  int rc = ATTN_OK;
+  const bool ran =
+      p.dq_atomic && (p.softcap > 0.f ? run<T, 256, kBr256, kBc256>(
+                                            L, p, &rc, bwd256_kernel<T, true>, tiles256::smem)
+                                      : run<T, 256, kBr256, kBc256>(
+                                            L, p, &rc, bwd256_kernel<T, false>, tiles256::smem));
+  return ran ? rc : fall_back(L);
+}
+
+template <typename T>
+constexpr attn__cuda_config row_of(int dim, int br, int bc, size_t smem, const char *name,
+                                   int (*launch)(const attn__cuda_launch *,
+                                                 const attn__cuda_config *)) {
+  return {.kernel = ATTN__CUDA_HOPPER_BACKWARD,
+          .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
+          .dim = dim,
+          .cc = 90,
+          .specific = 1,
+          .tf32 = 0,
+          .threads = kThreads,
+          .br = br,
+          .bc = bc,
+          .stages = 0,
+          .min_seqlen_q = 0,
+          .min_keys_masked = 0,
+          .smem = smem,
+          .smem_det = 0,
+          .features = 0,
+          .nondeterministic = 1,
+          .name = name,
+          .launch = launch};
 }
 
 template <typename T, int D, int BR>
 constexpr attn__cuda_config bwd_row(const char *name) {
   constexpr size_t smem = tiles<D, BR>::smem, smem_64 = tiles<D, 64>::smem;
-  return {.kernel = ATTN__CUDA_HOPPER_BACKWARD,
-          .dtype = std::is_same<T, __half>::value ? ATTN_F16 : ATTN_BF16,
-          .dim = D,
-          .cc = 90,
-          .specific = 1,
-          .tf32 = 0,
-          .threads = kThreads,
-          .br = BR,
-          .bc = kBc,
-          .stages = 0,
-          .min_seqlen_q = 0,
-          .min_keys_masked = 0,
-          .smem = smem > smem_64 ? smem : smem_64,
-          .smem_det = 0,
-          .features = 0,
-          .nondeterministic = 1,
-          .name = name,
-          .launch = launch_bwd<T, D, BR>};
+  return row_of<T>(D, BR, kBc, smem > smem_64 ? smem : smem_64, name, launch_bwd<T, D, BR>);
+}
+
+template <typename T>
+constexpr attn__cuda_config bwd256_row(const char *name) {
+  return row_of<T>(256, kBr256, kBc256, tiles256::smem, name, launch_bwd256<T>);
 }
 
 /* The rows, <head dim, Br>: FlashAttention-3's tiles for these dims (Bc =
  * 128 keys; Br = 128 query rows at d = 64, 64 at d = 128, where dK and dV
  * take 128 of the consumers' 240 registers); d = 96 runs d = 128's tiles
- * (the padding's columns computed, never stored). Shared memory: 194 KB at
- * d = 96 and 128, 195 KB at d = 64. */
+ * (the padding's columns computed, never stored); d = 256 the split by
+ * role over 64 x 64 tiles. Shared memory: 194 KB at d = 96 and 128, 195 KB
+ * at d = 64, 218 KB at d = 256. */
 constexpr attn__cuda_config bwd_rows[] = {
     bwd_row<__half, 64, 128>("Hopper backward (wgmma), f16, d = 64, 128 x 128 tiles"),
     bwd_row<__half, 96, 64>("Hopper backward (wgmma), f16, d = 96, 64 x 128 tiles"),
     bwd_row<__half, 128, 64>("Hopper backward (wgmma), f16, d = 128, 64 x 128 tiles"),
+    bwd256_row<__half>("Hopper backward (wgmma), f16, d = 256, 64 x 64 tiles, dK and dV apart"),
     bwd_row<__nv_bfloat16, 64, 128>("Hopper backward (wgmma), bf16, d = 64, 128 x 128 tiles"),
     bwd_row<__nv_bfloat16, 96, 64>("Hopper backward (wgmma), bf16, d = 96, 64 x 128 tiles"),
     bwd_row<__nv_bfloat16, 128, 64>("Hopper backward (wgmma), bf16, d = 128, 64 x 128 tiles"),
+    bwd256_row<__nv_bfloat16>(
+        "Hopper backward (wgmma), bf16, d = 256, 64 x 64 tiles, dK and dV apart"),
 };
 
 }  // namespace attn_hopper_bwd

@@ -532,14 +532,14 @@ static int backward_shape(const params &p, const attn__cuda_launch *L) {
   if (rc == ATTN_OK && !p.dq_atomic) rc = set_smem((const void *)kq, smem_q);
   if (rc != ATTN_OK) return rc;
 
-  if ((rc = bwd_prep<T, D>(p, L->stream)) != ATTN_OK) return rc;
+  if ((rc = bwd_prep<T, D>(p, L->dev->sm_count, L->stream)) != ATTN_OK) return rc;
   params po = p;
   const dim3 gkv = attn_key_block_grid(
       kv, KNW * 32, smem_kv, (unsigned)((p.seqlen_k + KBC - 1) / KBC), p.heads_kv, p.batch,
       L->dev->sm_count, p.window_left, p.window_right, &po.order);
   kv<<<gkv, KNW * 32, smem_kv, L->stream>>>(po);
   if (p.dq_atomic) {
-    if ((rc = bwd_dq_convert<T, D>(p, L->stream)) != ATTN_OK) return rc;
+    if ((rc = bwd_dq_convert<T, D>(p, L->dev->sm_count, L->stream)) != ATTN_OK) return rc;
   } else {
     dim3 gq((unsigned)((p.seqlen_q + QBR - 1) / QBR), (unsigned)p.heads_q, (unsigned)p.batch);
     kq<<<gq, QNW * 32, smem_q, L->stream>>>(p);

@@ -373,6 +373,42 @@ static void wide_key_blocks_only_where_they_pad_little(void **state) {
   }
 }
 
+/* The 16-bit backward on Hopper's specific code takes the warpgroup rows at
+ * every head dim they have, d = 256 (dK and dV apart, 64 x 64 tiles)
+ * included; a deterministic call and one with a bias go to the families
+ * that have them, and sm_80 code to the mma.sync or general rows. */
+static void hopper_backward_rows_cover_d256(void **state) {
+  (void)state;
+  const attn_dtype dts[] = {ATTN_F16, ATTN_BF16};
+  const int dims[] = {64, 96, 128, 256};
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 4; j++) {
+      attn__problem pb;
+      problem_of(&pb, dts[i], dims[j], 0);
+      const attn__cuda_config *c = plan_on(90, 227, 1, &pb, 1);
+      assert_non_null(c);
+      assert_int_equal(c->kernel, ATTN__CUDA_HOPPER_BACKWARD);
+      assert_int_equal(c->dim, dims[j]);
+      assert_true(c->smem <= 227 * 1024);
+      if (dims[j] == 256) {
+        assert_int_equal(c->bc, 64);
+        pb.deterministic = 1;
+        c = plan_on(90, 227, 1, &pb, 1);
+        assert_non_null(c);
+        assert_int_equal(c->kernel, ATTN__CUDA_GENERAL_BACKWARD);
+        pb.deterministic = 0;
+        full_bias(&pb, dts[i]);
+        c = plan_on(90, 227, 1, &pb, 1);
+        assert_non_null(c);
+        assert_int_equal(c->kernel, ATTN__CUDA_GENERAL_BACKWARD);
+        pb.has_bias = 0;
+        c = plan_on(80, 163, 0, &pb, 1);
+        assert_non_null(c);
+        assert_int_equal(c->kernel, ATTN__CUDA_GENERAL_BACKWARD);
+      }
+    }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(sass_runs_on_later_minors_of_its_major),
@@ -388,6 +424,7 @@ int main(void) {
       cmocka_unit_test(short_d64_rows_take_208_key_blocks),
       cmocka_unit_test(wide_key_blocks_only_where_they_pad_little),
       cmocka_unit_test(older_gpus_shared_memory_holds_a_row),
+      cmocka_unit_test(hopper_backward_rows_cover_d256),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
