@@ -32,6 +32,8 @@
  * tanh values take the registers of the larger tile) every column over the
  * warpgroup's own 64 keys, the two halves meeting in the reductions.
  *
+ * At d = 256 the consumers split by role instead (bwd256_kernel, below).
+ *
  * The softmax scale multiplies dK at the end and dQ in the conversion. dQ's
  * reductions make the sum's order vary run to run: the plan gives
  * deterministic problems to mma_bwd.cu. This family covers the problems of
