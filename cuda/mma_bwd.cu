@@ -194,33 +194,53 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
     const bool full = n0 + BC <= nk && n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
                       n0 + BC <= key_hi(diag(i0, nq, nk), nk, p.window_right);
     float dt[SOFTCAP ? NS : 1][4];
+    if (!SOFTCAP && full && slope_log2 == 0.f) {
+      /* A block with no mask, softcap or ALiBi: nvcc interleaves the
+       * general pass's per-element terms below whether or not they apply. */
 #pragma unroll
-    for (int n = 0; n < NS; ++n) {
+      for (int n = 0; n < NS; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = n0 + warp * 16 + g + (e >> 1) * 8;
-        const int qc = n * 8 + 2 * t + (e & 1);
-        const int i = i0 + qc;
-        /* common.cuh's score_log2 with a constant softcap, written out here
-         * and in dq_kernel: called, or shared as one function, it compiles to
-         * other mask code in every kernel, and the d = 96 softcap dkdv kernel
-         * reaches 255 registers and spills. */
-        float v;
-        if constexpr (SOFTCAP) {
-          const float th = tanhf(s[n][e] * p.softcap_inv);
-          v = p.softcap_log2 * th;
-          dt[n][e] = th;
-        } else {
-          v = s[n][e] * p.scale_log2;
+        for (int e = 0; e < 4; ++e) {
+          const int qc = n * 8 + 2 * t + (e & 1);
+          float v = s[n][e] * p.scale_log2;
+          if constexpr (BIAS != 0) {
+            const uint32_t a =
+                aB + buf * kSlotB + ((n * 8 + (e & 1)) * LDB + (e >> 1) * 8) * sizeof(BT);
+            v = fmaf(BIAS == 4 ? __uint_as_float(lds32(a)) : elem<T>::unpack(lds16(a)).x, kLog2e,
+                     v);
+          }
+          s[n][e] = ex2(v - cL[qc]);
         }
-        if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(diag(i, nq, nk) - j));
-        if constexpr (BIAS != 0) {
-          const uint32_t a =
-              aB + buf * kSlotB + ((n * 8 + (e & 1)) * LDB + (e >> 1) * 8) * sizeof(BT);
-          v = fmaf(BIAS == 4 ? __uint_as_float(lds32(a)) : elem<T>::unpack(lds16(a)).x, kLog2e, v);
+    } else {
+#pragma unroll
+      for (int n = 0; n < NS; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = n0 + warp * 16 + g + (e >> 1) * 8;
+          const int qc = n * 8 + 2 * t + (e & 1);
+          const int i = i0 + qc;
+          /* common.cuh's score_log2 with a constant softcap, written out here
+           * and in dq_kernel: called, or shared as one function, it compiles to
+           * other mask code in every kernel, and the d = 96 softcap dkdv kernel
+           * reaches 255 registers and spills. */
+          float v;
+          if constexpr (SOFTCAP) {
+            const float th = tanhf(s[n][e] * p.softcap_inv);
+            v = p.softcap_log2 * th;
+            dt[n][e] = th;
+          } else {
+            v = s[n][e] * p.scale_log2;
+          }
+          if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(diag(i, nq, nk) - j));
+          if constexpr (BIAS != 0) {
+            const uint32_t a =
+                aB + buf * kSlotB + ((n * 8 + (e & 1)) * LDB + (e >> 1) * 8) * sizeof(BT);
+            v = fmaf(BIAS == 4 ? __uint_as_float(lds32(a)) : elem<T>::unpack(lds16(a)).x, kLog2e,
+                     v);
+          }
+          if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
+          s[n][e] = ex2(v - cL[qc]);
         }
-        if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
-        s[n][e] = ex2(v - cL[qc]);
       }
     }
 
@@ -435,29 +455,47 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
     const int n0 = nb * BC;
     const bool full = n0 + BC <= nk && n0 >= key_lo(diag(m_last, nq, nk), p.window_left) &&
                       n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
+    if (!SOFTCAP && full && slope_log2 == 0.f) {
+      /* A plain block, as in dkdv_kernel. */
 #pragma unroll
-    for (int n = 0; n < NS; ++n) {
+      for (int n = 0; n < NS; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const int i = m0 + warp * 16 + g + r * 8;
-        const int j = n0 + n * 8 + 2 * t + (e & 1);
-        /* score_log2 written out, as in dkdv_kernel (see there why). */
-        float v, th = 0.f;
-        if constexpr (SOFTCAP) {
-          th = tanhf(s[n][e] * p.softcap_inv);
-          v = p.softcap_log2 * th;
-        } else {
-          v = s[n][e] * p.scale_log2;
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          float v = s[n][e] * p.scale_log2;
+          if constexpr (BIAS != 0) {
+            const uint32_t a = aB + buf * kSlotB + (r * 8 * LDB + n * 8 + (e & 1)) * sizeof(BT);
+            v = fmaf(BIAS == 4 ? __uint_as_float(lds32(a)) : elem<T>::unpack(lds16(a)).x, kLog2e,
+                     v);
+          }
+          dp[n][e] = ex2(v - lr[r]) * (dp[n][e] - dr[r]);
         }
-        if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(diag(i, nq, nk) - j));
-        if constexpr (BIAS != 0) {
-          const uint32_t a = aB + buf * kSlotB + (r * 8 * LDB + n * 8 + (e & 1)) * sizeof(BT);
-          v = fmaf(BIAS == 4 ? __uint_as_float(lds32(a)) : elem<T>::unpack(lds16(a)).x, kLog2e, v);
+    } else {
+#pragma unroll
+      for (int n = 0; n < NS; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          const int i = m0 + warp * 16 + g + r * 8;
+          const int j = n0 + n * 8 + 2 * t + (e & 1);
+          /* score_log2 written out, as in dkdv_kernel (see there why). */
+          float v, th = 0.f;
+          if constexpr (SOFTCAP) {
+            th = tanhf(s[n][e] * p.softcap_inv);
+            v = p.softcap_log2 * th;
+          } else {
+            v = s[n][e] * p.scale_log2;
+          }
+          if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(diag(i, nq, nk) - j));
+          if constexpr (BIAS != 0) {
+            const uint32_t a = aB + buf * kSlotB + (r * 8 * LDB + n * 8 + (e & 1)) * sizeof(BT);
+            v = fmaf(BIAS == 4 ? __uint_as_float(lds32(a)) : elem<T>::unpack(lds16(a)).x, kLog2e,
+                     v);
+          }
+          if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
+          const float pr = ex2(v - lr[r]);
+          dp[n][e] = score_grad(pr * (dp[n][e] - dr[r]), th);
         }
-        if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
-        const float pr = ex2(v - lr[r]);
-        dp[n][e] = score_grad(pr * (dp[n][e] - dr[r]), th);
       }
     }
 
