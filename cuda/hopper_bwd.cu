@@ -100,6 +100,43 @@ __device__ __forceinline__ void zero_rows(uint32_t tile, int rows, int r0, int c
                  : "memory");
 }
 
+/* A tile pair's rows r0 .. rows - 1 to zeros (zero_rows), handed to the
+ * tensor cores by both consumer warpgroups (named barrier 1): K and V's
+ * past a varlen sequence's keys, Q and dO's past its queries. */
+template <int DP>
+__device__ __forceinline__ void zero_tails(uint32_t a, uint32_t b, int rows, int r0, int ctid) {
+  zero_rows<DP>(a, rows, r0, ctid);
+  zero_rows<DP>(b, rows, r0, ctid);
+  wg::fence_proxy_async();
+  wg::named_sync(1, 256);
+}
+
+/* Whether the block has keys to take (a group's place past the last head,
+ * or a key block past a shorter sequence's end, has none). */
+template <int BC>
+__device__ __forceinline__ bool block_has_keys(const params &p) {
+  int kb, hk, b;
+  attn_key_block_coords(p.order, &kb, &hk, &b);
+  return hk < p.heads_kv && kb * BC < seq_of(p, b).nk;
+}
+
+/* The mbarriers, by thread 0, before the block's first barrier: K/V landed
+ * (the copy's arrival); each slot's Q and dO landed (the copy's arrival
+ * with its bytes and producer warp 1's 32, each after its lse2 or D
+ * stores), and the slot released by every consumer thread. */
+__device__ __forceinline__ void init_barriers(uint32_t bar_kv, uint32_t full_q, uint32_t full_do,
+                                              uint32_t empty) {
+  if (threadIdx.x != 0) return;
+  wg::mbar_init(bar_kv, 1);
+#pragma unroll
+  for (int st = 0; st < kStages; ++st) {
+    wg::mbar_init(full_q + 8 * st, 33);
+    wg::mbar_init(full_do + 8 * st, 33);
+    wg::mbar_init(empty + 8 * st, 256);
+  }
+  wg::mbar_init_fence();
+}
+
 /* The block's work: its keys and the query blocks that see any of them,
  * item it being query head hk * group + it / nmb, query block mb_min + it %
  * nmb. */
@@ -304,24 +341,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                  empty = base + S::empty;
 
   const int tid = threadIdx.x, wgi = tid >> 7;
-  {
-    int kb, hk, b;
-    attn_key_block_coords(p.order, &kb, &hk, &b);
-    if (hk >= p.heads_kv || kb * kBc >= seq_of(p, b).nk) return;
-  }
-
-  if (tid == 0) {
-    wg::mbar_init(bar_kv, 1);
-#pragma unroll
-    for (int st = 0; st < kStages; ++st) {
-      /* The copy's arrival (with its bytes) and producer warp 1's 32, each
-       * after its lse2 or D stores. */
-      wg::mbar_init(full_q + 8 * st, 33);
-      wg::mbar_init(full_do + 8 * st, 33);
-      wg::mbar_init(empty + 8 * st, 256); /* every consumer thread */
-    }
-    wg::mbar_init_fence();
-  }
+  if (!block_has_keys<kBc>(p)) return;
+  init_barriers(bar_kv, full_q, full_do, empty);
   __syncthreads();
 
   if (wgi == 0) {
@@ -349,10 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (w.items > 0) {
       wg::mbar_wait(bar_kv, 0);
       if (p.cu_k && n0 + kBc > nk) {
-        zero_rows<DP>(sK, kBc, nk - n0, ctid);
-        zero_rows<DP>(sV, kBc, nk - n0, ctid);
-        wg::fence_proxy_async();
-        wg::named_sync(1, 256);
+        zero_tails<DP>(sK, sV, kBc, nk - n0, ctid);
       }
       /* A of S^T and dP^T: this warpgroup's 64 rows of K and V. */
       const uint64_t a_k = wg::desc_k_major(sK + c * 64 * 128);
@@ -378,10 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::mbar_wait(full_q + 8 * st, ph);
         if (p.cu_q && m0 + BR > nq) {
           wg::mbar_wait(full_do + 8 * st, ph);
-          zero_rows<DP>(q_slot, BR, nq - m0, ctid);
-          zero_rows<DP>(do_slot, BR, nq - m0, ctid);
-          wg::fence_proxy_async();
-          wg::named_sync(1, 256);
+          zero_tails<DP>(q_slot, do_slot, BR, nq - m0, ctid);
         }
 
         /* S^T = K Q^T and dP^T = V dO^T, one commit group each; P^T =
@@ -647,21 +662,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                  empty = base + S::empty;
 
   const int tid = threadIdx.x, wgi = tid >> 7;
-  {
-    int kb, hk, b;
-    attn_key_block_coords(p.order, &kb, &hk, &b);
-    if (hk >= p.heads_kv || kb * BC >= seq_of(p, b).nk) return;
-  }
-  if (tid == 0) {
-    wg::mbar_init(bar_kv, 1);
-#pragma unroll
-    for (int st = 0; st < kStages; ++st) {
-      wg::mbar_init(full_q + 8 * st, 33);
-      wg::mbar_init(full_do + 8 * st, 33);
-      wg::mbar_init(empty + 8 * st, 256);
-    }
-    wg::mbar_init_fence();
-  }
+  if (!block_has_keys<BC>(p)) return;
+  init_barriers(bar_kv, full_q, full_do, empty);
   __syncthreads();
 
   if (wgi == 0) {
@@ -688,10 +690,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (w.items > 0) {
       wg::mbar_wait(bar_kv, 0);
       if (p.cu_k && n0 + BC > nk) {
-        zero_rows<DP>(sK, BC, nk - n0, ctid);
-        zero_rows<DP>(sV, BC, nk - n0, ctid);
-        wg::fence_proxy_async();
-        wg::named_sync(1, 256);
+        zero_tails<DP>(sK, sV, BC, nk - n0, ctid);
       }
       /* A of S^T or dP^T: K or V, all the block's keys. B of dQ: K's
        * columns c0 .. c0 + 127, MN-major. A of dQ: the dS^T tile. */
@@ -710,10 +709,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::mbar_wait(full_q + 8 * st, ph);
         wg::mbar_wait(full_do + 8 * st, ph);
         if (p.cu_q && m0 + BR > nq) {
-          zero_rows<DP>(q_slot, BR, nq - m0, ctid);
-          zero_rows<DP>(do_slot, BR, nq - m0, ctid);
-          wg::fence_proxy_async();
-          wg::named_sync(1, 256);
+          zero_tails<DP>(q_slot, do_slot, BR, nq - m0, ctid);
         }
 
         /* S^T = K Q^T (warpgroup 1) or dP^T = V dO^T (warpgroup 2). */
