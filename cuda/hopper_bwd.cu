@@ -794,7 +794,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::named_sync(3, 256);
 
         /* dQ's columns c0 .. c0 + 127 = dS K, over the block's keys, in two
-         * halves of 64 (the registers), each added as it is done. */
+         * halves of 64, each added as it is done: one product of 128 beside
+         * dV's or dK's accumulators leaves ptxas too few registers, and it
+         * serializes the wgmmas. The first half's wait also completes dV's
+         * or dK's product; the slot is released after the second's. */
         const seq &sq = w.sq;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
