@@ -152,7 +152,7 @@ static inline void bwd_workspace(const attn__cuda_launch *L, params *p) {
  * each). */
 static inline unsigned bwd_row_blocks(const params &p, int sm_count) {
   const int64_t groups = (p.rows * p.heads_q + kWarpRows - 1) / kWarpRows;
-  const int64_t blocks = (groups + 7) / 8, cap = (int64_t)sm_count * 8;
+  const int64_t blocks = (groups + 7) / 8, cap = (int64_t)(sm_count > 0 ? sm_count : 1) * 8;
   return (unsigned)(blocks < cap ? blocks : cap);
 }
 
