@@ -784,9 +784,7 @@ CPU_FEW512 static void cpu_qk_row_avx512(const char *const *k, int nk, attn_dtyp
   attn_dtype rdt = dt;
   /* Unit-stride rows are converted as they are loaded, once per group of
    * eight columns: 16 elements an instruction cost less than a converted
-   * row's stores and reloads (f16, B=1 Hq=32 Hkv=8 d=128 32k keys, 2 Zen 5
-   * threads, four rounds: 4 query rows 8.8-9.5 ms against 9.5-11.4, 8 rows
-   * 14.5-15.7 against 17.0-18.4). */
+   * row's stores and reloads (bench/NOTES_decode.md). */
   for (int i = 0; i < nk; i++) {
     rdt = dt;
     rows[i] = cpu_qk_row_src(k[i], &rdt, sd, d, 0, kf[i]);

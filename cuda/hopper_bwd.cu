@@ -235,6 +235,15 @@ __device__ __forceinline__ void produce(const params &p, const block_work &w,
   }
 }
 
+/* Whether the item of query rows m0 .. m0 + BR - 1 sees every key of the
+ * block of BC from n0 (common.cuh's rules): no mask to apply. */
+template <int BR, int BC>
+__device__ __forceinline__ bool block_full(const params &p, int m0, int n0, int nq, int nk) {
+  const int i_last = min(m0 + BR, nq) - 1;
+  return n0 + BC <= nk && n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
+         n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
+}
+
 /* P^T = exp2(score - lse2) in place of S^T's accumulators, with
  * common.cuh's rules: rows the thread's keys j0 and j0 + 8, columns the
  * queries m0 + 8 n + 2 t (+1), whose lse2 pairs are at a_l + 32 n; th gets
@@ -297,6 +306,28 @@ __device__ __forceinline__ void p_pass(const params &p, float (&s)[NS][4],
         s[n][e] = ex2(v - ((e & 1) ? l2.y : l2.x));
         if constexpr (SOFTCAP) th[n][e] = tanh_v;
       }
+    }
+  }
+}
+
+/* The first D columns of a consumer's 64-key accumulator (rows the
+ * thread's keys j0 and j0 + 8; N n8 tiles, the padding's past D) times mul
+ * into the gradient's rows of a sequence starting at g, those past the keys
+ * (nk) left out: dK, dV. */
+template <int D, typename T, int N>
+__device__ __forceinline__ void store_key_rows(const float (&acc)[N][4], T *g, int64_t ss, int j0,
+                                               int nk, float mul) {
+  static_assert(D <= 8 * N, "the stored columns are the accumulator's");
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = j0 + r * 8;
+    if (j < nk) {
+      T *row = g + (int64_t)j * ss;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n)
+        *(uint32_t *)(row + n * 8 + 2 * t) =
+            elem<T>::pack(acc[n][2 * r] * mul, acc[n][2 * r + 1] * mul);
     }
   }
 }
@@ -436,9 +467,7 @@ __global__ void __launch_bounds__(kThreads, 1)
          * causal diagonal, window edge); query rows past the sequence have
          * lse2 = +inf and so P = 0. The thread's columns are queries 8 n + 2 t
          * (+1), whose lse2 and D pairs it reads from the slot. */
-        const int i_last = min(m0 + BR, nq) - 1;
-        const bool full = n0 + kBc <= nk && n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
-                          n0 + kBc <= key_hi(diag(m0, nq, nk), nk, p.window_right);
+        const bool full = block_full<BR, kBc>(p, m0, n0, nq, nk);
         const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
         const uint32_t a_l = sL + (st * BR + 2 * t) * 4, a_d = sD + (st * BR + 2 * t) * 4;
         p_pass<NS, SOFTCAP>(p, s, th, full, slope_log2, m0, j0, nq, nk, a_l);
@@ -589,22 +618,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     /* dK (times the softmax scale) and dV; keys no query sees get zeros. */
-    T *gdk = row_ptr<T>(p.dk, w.b, w.sq.k0, w.hk);
-    T *gdv = row_ptr<T>(p.dv, w.b, w.sq.k0, w.hk);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int j = j0 + r * 8;
-      if (j < nk) {
-        T *rk = gdk + (int64_t)j * p.dk.ss;
-        T *rv = gdv + (int64_t)j * p.dv.ss;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          *(uint32_t *)(rk + n * 8 + 2 * t) =
-              elem<T>::pack(dk[n][2 * r] * p.scale, dk[n][2 * r + 1] * p.scale);
-          *(uint32_t *)(rv + n * 8 + 2 * t) = elem<T>::pack(dv[n][2 * r], dv[n][2 * r + 1]);
-        }
-      }
-    }
+    store_key_rows<D>(dk, row_ptr<T>(p.dk, w.b, w.sq.k0, w.hk), p.dk.ss, j0, nk, p.scale);
+    store_key_rows<D>(dv, row_ptr<T>(p.dv, w.b, w.sq.k0, w.hk), p.dv.ss, j0, nk, 1.f);
   }
 #else
   __trap(); /* the plan runs it only on sm_90a code */
@@ -728,10 +743,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         uint32_t fa[KB][4]; /* P^T or dS^T as A fragments */
         if (keeps_dv) {
-          const int i_last = min(m0 + BR, nq) - 1;
-          const bool full = n0 + BC <= nk &&
-                            n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
-                            n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
+          const bool full = block_full<BR, BC>(p, m0, n0, nq, nk);
           const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
           float th[SOFTCAP ? NS : 1][4];
           p_pass<NS, SOFTCAP>(p, s, th, full, slope_log2, m0, j0, nq, nk,
@@ -833,19 +845,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     /* dV, or dK times the softmax scale; keys no query sees get zeros. */
     const tensor_ref out = keeps_dv ? p.dv : p.dk;
-    const float mul = keeps_dv ? 1.f : p.scale;
-    T *gd = row_ptr<T>(out, w.b, w.sq.k0, w.hk);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int j = j0 + r * 8;
-      if (j < nk) {
-        T *row = gd + (int64_t)j * out.ss;
-#pragma unroll
-        for (int n = 0; n < DP / 8; ++n)
-          *(uint32_t *)(row + n * 8 + 2 * t) =
-              elem<T>::pack(acc[n][2 * r] * mul, acc[n][2 * r + 1] * mul);
-      }
-    }
+    store_key_rows<DP>(acc, row_ptr<T>(out, w.b, w.sq.k0, w.hk), out.ss, j0, nk,
+                          keeps_dv ? 1.f : p.scale);
   }
 #else
   __trap(); /* the plan runs it only on sm_90a code */

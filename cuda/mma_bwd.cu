@@ -65,6 +65,12 @@ __device__ __forceinline__ void warp_xb(float (&acc)[NO][4], const float (&x)[NX
   }
 }
 
+/* The bias element at shared address a: f32 (BIAS 4) or of q's dtype. */
+template <typename T, int BIAS>
+__device__ __forceinline__ float bias_lds(uint32_t a) {
+  return BIAS == 4 ? __uint_as_float(lds32(a)) : elem<T>::unpack(lds16(a)).x;
+}
+
 /* BIAS: the bias's element size (0: none; 2: T; 4: float), its tiles
  * riding with Q and dO; the plain kernels keep no registers for it. */
 template <typename T, int D, int BC, int BR, int NW, bool SOFTCAP, int BIAS = 0>
@@ -193,6 +199,14 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
     const int i_last = min(i0 + BR, nq) - 1;
     const bool full = n0 + BC <= nk && n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
                       n0 + BC <= key_hi(diag(i0, nq, nk), nk, p.window_right);
+    /* v plus the bias of element (n, e) in the log2 domain (BIAS only). */
+    auto with_bias = [&](float v, int n, int e) {
+      if constexpr (BIAS != 0)
+        v = fmaf(bias_lds<T, BIAS>(aB + buf * kSlotB +
+                                   ((n * 8 + (e & 1)) * LDB + (e >> 1) * 8) * sizeof(BT)),
+                 kLog2e, v);
+      return v;
+    };
     float dt[SOFTCAP ? NS : 1][4];
     if (!SOFTCAP && full && slope_log2 == 0.f) {
       /* A block with no mask, softcap or ALiBi: nvcc interleaves the
@@ -202,14 +216,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int qc = n * 8 + 2 * t + (e & 1);
-          float v = s[n][e] * p.scale_log2;
-          if constexpr (BIAS != 0) {
-            const uint32_t a =
-                aB + buf * kSlotB + ((n * 8 + (e & 1)) * LDB + (e >> 1) * 8) * sizeof(BT);
-            v = fmaf(BIAS == 4 ? __uint_as_float(lds32(a)) : elem<T>::unpack(lds16(a)).x, kLog2e,
-                     v);
-          }
-          s[n][e] = ex2(v - cL[qc]);
+          s[n][e] = ex2(with_bias(s[n][e] * p.scale_log2, n, e) - cL[qc]);
         }
     } else {
 #pragma unroll
@@ -232,12 +239,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
             v = s[n][e] * p.scale_log2;
           }
           if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(diag(i, nq, nk) - j));
-          if constexpr (BIAS != 0) {
-            const uint32_t a =
-                aB + buf * kSlotB + ((n * 8 + (e & 1)) * LDB + (e >> 1) * 8) * sizeof(BT);
-            v = fmaf(BIAS == 4 ? __uint_as_float(lds32(a)) : elem<T>::unpack(lds16(a)).x, kLog2e,
-                     v);
-          }
+          v = with_bias(v, n, e);
           if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
           s[n][e] = ex2(v - cL[qc]);
         }
@@ -455,6 +457,14 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
     const int n0 = nb * BC;
     const bool full = n0 + BC <= nk && n0 >= key_lo(diag(m_last, nq, nk), p.window_left) &&
                       n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
+    /* v plus the bias of element (n, e) in the log2 domain (BIAS only). */
+    auto with_bias = [&](float v, int n, int e) {
+      if constexpr (BIAS != 0)
+        v = fmaf(bias_lds<T, BIAS>(aB + buf * kSlotB +
+                                   ((e >> 1) * 8 * LDB + n * 8 + (e & 1)) * sizeof(BT)),
+                 kLog2e, v);
+      return v;
+    };
     if (!SOFTCAP && full && slope_log2 == 0.f) {
       /* A plain block, as in dkdv_kernel. */
 #pragma unroll
@@ -462,13 +472,7 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1;
-          float v = s[n][e] * p.scale_log2;
-          if constexpr (BIAS != 0) {
-            const uint32_t a = aB + buf * kSlotB + (r * 8 * LDB + n * 8 + (e & 1)) * sizeof(BT);
-            v = fmaf(BIAS == 4 ? __uint_as_float(lds32(a)) : elem<T>::unpack(lds16(a)).x, kLog2e,
-                     v);
-          }
-          dp[n][e] = ex2(v - lr[r]) * (dp[n][e] - dr[r]);
+          dp[n][e] = ex2(with_bias(s[n][e] * p.scale_log2, n, e) - lr[r]) * (dp[n][e] - dr[r]);
         }
     } else {
 #pragma unroll
@@ -487,11 +491,7 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
             v = s[n][e] * p.scale_log2;
           }
           if (slope_log2 != 0.f) v -= slope_log2 * fabsf((float)(diag(i, nq, nk) - j));
-          if constexpr (BIAS != 0) {
-            const uint32_t a = aB + buf * kSlotB + (r * 8 * LDB + n * 8 + (e & 1)) * sizeof(BT);
-            v = fmaf(BIAS == 4 ? __uint_as_float(lds32(a)) : elem<T>::unpack(lds16(a)).x, kLog2e,
-                     v);
-          }
+          v = with_bias(v, n, e);
           if (!full && !sees(p, i, j, nq, nk)) v = -INFINITY;
           const float pr = ex2(v - lr[r]);
           dp[n][e] = score_grad(pr * (dp[n][e] - dr[r]), th);
