@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
-# The code a Turing GPU (sm_75) runs, checked on the GPU machine: the library built for compute_75
-# PTX alone, which the driver compiles for the device present, so every kernel runs its sm_75 code
-# (ATTN_DEBUG says "running code for 7.5"). There f16 takes the tensor-core rows (mma.sync m16n8k8)
-# and bf16 the general kernels (its mma.sync begins at sm_80): the golden cases and the randomized
-# check must pass on both, and f16 against bf16 on the same problem shows what the tensor cores give.
-# Run from the repo root there:  bash bench/sm75_check.sh   (about 5 minutes)
+# The code an older GPU runs, checked on the GPU machine: the library built for one architecture's PTX
+# alone (ARCH: 75 Turing, the default; 80 Ampere; 60 Pascal, which needs a CUDA 11.8-12.x toolkit),
+# which the driver compiles for the device present, so every kernel runs that architecture's code
+# (ATTN_DEBUG says "running code for 7.5"). At 75, f16 takes the tensor-core rows (mma.sync m16n8k8)
+# and bf16 the general kernels (its mma.sync begins at sm_80); at 80 both take the mma.sync rows (the
+# A100's code); at 60 everything runs the general kernels. The golden cases and the randomized check
+# must pass, and f16 against bf16 on the same problem shows what the tensor cores give.
+# Run from the repo root there:  ARCH=75 bash bench/ptx_check.sh   (about 5 minutes)
+# A library built elsewhere (another toolkit) is checked as it is: BUILD=dir with tools/attn and
+# libattn.so in it, NO_BUILD=1.
 set -u -o pipefail
-OUT=${OUT:-/tmp/sm75-out}
+ARCH=${ARCH:-75}
+OUT=${OUT:-/tmp/ptx$ARCH-out}
 mkdir -p "$OUT"
-BUILD=${BUILD:-build-75}
+BUILD=${BUILD:-build-$ARCH}
 t0=$(date +%s)
 stamp() { echo "== $1 ($(($(date +%s) - t0)) s)"; }
 
+if [ "${NO_BUILD:-0}" = 0 ]; then
 stamp build
 cmake -S . -B "$BUILD" -DATTN_WITH_CUDA=ON -DATTN_WITH_OPENCL=OFF -DATTN_BUILD_TESTS=OFF \
-  -DCMAKE_CUDA_ARCHITECTURES=75-virtual >"$OUT/configure.log" 2>&1 &&
+  -DCMAKE_CUDA_ARCHITECTURES=$ARCH-virtual >"$OUT/configure.log" 2>&1 &&
   cmake --build "$BUILD" -j"$(nproc)" --target attn_cli attn >"$OUT/build.log" 2>&1 ||
   { echo "build FAILED"; grep -m20 error "$OUT/build.log" "$OUT/configure.log"; exit 1; }
+fi
 ATTN=$BUILD/tools/attn
 rows() { grep -o "ward: [^,]*, [a-z0-9]*" "$1" | sort | uniq -c | sed 's/^/    /'; }
 
