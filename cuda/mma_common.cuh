@@ -185,7 +185,9 @@ struct elem<__nv_bfloat16> {
   }
   static __device__ __forceinline__ float2 unpack(uint32_t u) {
     __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162 *>(&u);
-    return __bfloat1622float2(h);
+    /* What __bfloat1622float2 does, which CUDA 11's cuda_bf16.h defines
+     * only for sm_80 and up (__low2float and __high2float everywhere). */
+    return make_float2(__low2float(h), __high2float(h));
   }
   static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {

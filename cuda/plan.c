@@ -7,6 +7,11 @@
  * backward (where the device runs sm_90a code), then tensor cores (f32
  * through TF32 when the problem allows it), then the f32 wide kernel, then
  * the general kernels, which cover every problem.
+ *
+ * A toolkit before CUDA 12 builds no Hopper kernels (they need its tensor
+ * maps; CMake then sets ATTN_CUDA_HOPPER to 0), nor the sm_90a code they
+ * would run from: their rows are left out here, the one place that uses
+ * them, and an H100 takes the tensor-core rows.
  */
 #include "attn_cuda.h"
 
@@ -70,7 +75,9 @@ static size_t bias_smem(const attn__cuda_config *c, const attn__problem *pb) {
   const size_t e = attn_dtype_size(pb->bias.dtype);
   if (c->kernel == ATTN__CUDA_MMA_FORWARD) return attn__cuda_mma_fwd_bias_smem(c, e);
   if (c->kernel == ATTN__CUDA_MMA_BACKWARD) return attn__cuda_mma_bwd_bias_smem(c, e);
+#if ATTN_CUDA_HOPPER
   if (c->kernel == ATTN__CUDA_HOPPER_FORWARD) return attn__cuda_hopper_fwd_bias_smem(c);
+#endif
   return 0;
 }
 
@@ -117,12 +124,19 @@ const attn__cuda_config *attn__cuda_plan_unstaged(const attn__cuda_device *dev,
 const attn__cuda_config *attn__cuda_plan(const attn__cuda_device *dev, const attn__problem *pb,
                                          int backward, char *why, size_t why_len) {
   static const attn__cuda_rows *const table[] = {
-      &attn__cuda_decode_rows,          &attn__cuda_decode_rows_f32,
-      &attn__cuda_hopper_forward_rows,  &attn__cuda_hopper_forward_rows_tf32,
-      &attn__cuda_hopper_backward_rows, &attn__cuda_mma_forward_rows,
-      &attn__cuda_mma_backward_rows,    &attn__cuda_f32_forward_rows,
-      &attn__cuda_general_rows_f32,     &attn__cuda_general_rows_f16,
-      &attn__cuda_general_rows_bf16,
+    &attn__cuda_decode_rows,
+    &attn__cuda_decode_rows_f32,
+#if ATTN_CUDA_HOPPER
+    &attn__cuda_hopper_forward_rows,
+    &attn__cuda_hopper_forward_rows_tf32,
+    &attn__cuda_hopper_backward_rows,
+#endif
+    &attn__cuda_mma_forward_rows,
+    &attn__cuda_mma_backward_rows,
+    &attn__cuda_f32_forward_rows,
+    &attn__cuda_general_rows_f32,
+    &attn__cuda_general_rows_f16,
+    &attn__cuda_general_rows_bf16,
   };
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
     const attn__cuda_config *c = first_row(table[i], dev, pb, backward);

@@ -15,6 +15,15 @@
 
 #include "attn_cuda.h"
 
+/* A toolkit before CUDA 12 builds no Hopper kernels, and the plan has no
+ * rows for them: what the cases below ask of sm_90a code does not apply. */
+static void needs_hopper_rows(void) {
+#if !ATTN_CUDA_HOPPER
+  print_message("skipped: this build has no Hopper kernels (its CUDA toolkit is older than 12)\n");
+  skip();
+#endif
+}
+
 static void sass_runs_on_later_minors_of_its_major(void **state) {
   (void)state;
   const char *l = "80-real 90-real";
@@ -172,7 +181,7 @@ static void bias_rows_of_any_length_take_the_tensor_cores(void **state) {
   pb.bias.sb = 8 * 1024 * 197;
   const attn__cuda_config *c = plan_on(90, 227, 1, &pb, 0);
   assert_non_null(c);
-  assert_int_equal(c->kernel, ATTN__CUDA_HOPPER_FORWARD);
+  assert_int_equal(c->kernel, ATTN_CUDA_HOPPER ? ATTN__CUDA_HOPPER_FORWARD : ATTN__CUDA_MMA_FORWARD);
   c = plan_on(80, 163, 0, &pb, 0);
   assert_non_null(c);
   assert_int_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);
@@ -204,6 +213,7 @@ static void full_bias(attn__problem *pb, attn_dtype dt) {
  * mma.sync rows, and without the flag neither runs. */
 static void tf32_on_hopper_takes_the_warpgroup_rows(void **state) {
   (void)state;
+  needs_hopper_rows();
   const int dims[] = {64, 96, 128, 256};
   for (int i = 0; i < 4; i++) {
     attn__problem pb;
@@ -252,6 +262,7 @@ static void tf32_on_hopper_takes_the_warpgroup_rows(void **state) {
  * where one does only from kMinKeysMaskedWide keys on; a bias keeps 128. */
 static void wide_key_blocks_only_where_the_diagonal_pays(void **state) {
   (void)state;
+  needs_hopper_rows();
   attn__problem pb;
   problem_of(&pb, ATTN_BF16, 128, 0);
   const attn__cuda_config *c = plan_on(90, 227, 1, &pb, 0);
@@ -286,6 +297,7 @@ static void wide_key_blocks_only_where_the_diagonal_pays(void **state) {
  * 2048 query rows on three consumers' 192-row tiles come first. */
 static void short_d64_rows_take_208_key_blocks(void **state) {
   (void)state;
+  needs_hopper_rows();
   const attn_dtype dts[] = {ATTN_F16, ATTN_BF16};
   for (int i = 0; i < 2; i++) {
     attn__problem pb;
@@ -358,6 +370,7 @@ static void older_gpus_shared_memory_holds_a_row(void **state) {
  * block) but 128 at d = 128 (two of 176 against two of 128). */
 static void wide_key_blocks_only_where_they_pad_little(void **state) {
   (void)state;
+  needs_hopper_rows();
   static const struct {
     int d, keys, bc;
   } cases[] = {{64, 256, 128},  {64, 300, 208},  {64, 197, 208},
@@ -379,6 +392,7 @@ static void wide_key_blocks_only_where_they_pad_little(void **state) {
  * that have them, and sm_80 code to the mma.sync or general rows. */
 static void hopper_backward_rows_cover_d256(void **state) {
   (void)state;
+  needs_hopper_rows();
   const attn_dtype dts[] = {ATTN_F16, ATTN_BF16};
   const int dims[] = {64, 96, 128, 256};
   for (int i = 0; i < 2; i++)
