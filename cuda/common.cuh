@@ -51,6 +51,16 @@ __device__ __forceinline__ void key_block_range(I i0, I i1, I nq, I nk, I wl, I 
   key_range(diag(i1 - 1, nq, nk), nk, wl, wr, &tmp, hi);
 }
 
+/* Whether every row of [i0, i_last] sees every key of [j0, j1), all of
+ * them in the sequence: a tile with no mask to apply. key_lo and key_hi
+ * never decrease with the row, so the last row's lo and the first row's hi
+ * bound it. */
+template <typename I>
+__device__ __forceinline__ bool block_unmasked(I i0, I i_last, I j0, I j1, I nq, I nk, I wl, I wr) {
+  return j1 <= nk && j0 >= key_lo(diag(i_last, nq, nk), wl) &&
+         j1 <= key_hi(diag(i0, nq, nk), nk, wr);
+}
+
 /* Rows [lo, hi) that see at least one key of [j0, j1): key_range inverted. */
 template <typename I>
 __device__ __forceinline__ void query_block_range(I j0, I j1, I nq, I nk, I wl, I wr, I *lo,

@@ -173,13 +173,12 @@ __device__ __forceinline__ block_work work_of(const params &p) {
  * release on its own. Tiles of DP columns as column blocks of 64 (the
  * swizzle's row), BC keys and BR query rows. */
 template <int DP, int BR, int BC>
-__device__ __forceinline__ void produce(const params &p, const block_work &w,
-                                        const CUtensorMap *tq, const CUtensorMap *tk,
-                                        const CUtensorMap *tv, const CUtensorMap *tdo,
-                                        uint32_t sK, uint32_t sV, uint32_t sQ, uint32_t sdO,
-                                        uint32_t sL, uint32_t sD, uint32_t bar_kv,
-                                        uint32_t full_q, uint32_t full_do, uint32_t empty,
-                                        int tid) {
+__device__ __forceinline__ void produce(const params &p, const block_work &w, const CUtensorMap *tq,
+                                        const CUtensorMap *tk, const CUtensorMap *tv,
+                                        const CUtensorMap *tdo, uint32_t sK, uint32_t sV,
+                                        uint32_t sQ, uint32_t sdO, uint32_t sL, uint32_t sD,
+                                        uint32_t bar_kv, uint32_t full_q, uint32_t full_do,
+                                        uint32_t empty, int tid) {
   constexpr uint32_t kKV = BC * DP * 2, kQ = BR * DP * 2;
   const int warp = tid >> 5, lane = tid & 31;
   if (warp == 0 && lane == 0 && w.items > 0) {
@@ -204,8 +203,7 @@ __device__ __forceinline__ void produce(const params &p, const block_work &w,
         wg::mbar_expect_tx(full_q + 8 * st, kQ);
 #pragma unroll
         for (int cb = 0; cb < DP / 64; ++cb)
-          wg::tma_load_4d(sQ + st * kQ + cb * BR * 128, tq, cb * 64, q_row, h, qb,
-                          full_q + 8 * st);
+          wg::tma_load_4d(sQ + st * kQ + cb * BR * 128, tq, cb * 64, q_row, h, qb, full_q + 8 * st);
         wg::mbar_expect_tx(full_do + 8 * st, kQ);
 #pragma unroll
         for (int cb = 0; cb < DP / 64; ++cb)
@@ -236,12 +234,11 @@ __device__ __forceinline__ void produce(const params &p, const block_work &w,
 }
 
 /* Whether the item of query rows m0 .. m0 + BR - 1 sees every key of the
- * block of BC from n0 (common.cuh's rules): no mask to apply. */
+ * block of BC from n0: no mask to apply. */
 template <int BR, int BC>
 __device__ __forceinline__ bool block_full(const params &p, int m0, int n0, int nq, int nk) {
-  const int i_last = min(m0 + BR, nq) - 1;
-  return n0 + BC <= nk && n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
-         n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
+  return block_unmasked(m0, min(m0 + BR, nq) - 1, n0, n0 + BC, nq, nk, p.window_left,
+                        p.window_right);
 }
 
 /* P^T = exp2(score - lse2) in place of S^T's accumulators, with
@@ -683,8 +680,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wgi == 0) {
     wg::regs_dec<kProducerRegs>();
-    produce<DP, BR, BC>(p, work_of<BR, BC>(p), &tq, &tk, &tv, &tdo, sK, sV, sQ, sdO, sL, sD,
-                        bar_kv, full_q, full_do, empty, tid);
+    produce<DP, BR, BC>(p, work_of<BR, BC>(p), &tq, &tk, &tv, &tdo, sK, sV, sQ, sdO, sL, sD, bar_kv,
+                        full_q, full_do, empty, tid);
   } else {
     wg::regs_inc<kConsumerRegs>();
     const block_work w = work_of<BR, BC>(p);
@@ -846,7 +843,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* dV, or dK times the softmax scale; keys no query sees get zeros. */
     const tensor_ref out = keeps_dv ? p.dv : p.dk;
     store_key_rows<DP>(acc, row_ptr<T>(out, w.b, w.sq.k0, w.hk), out.ss, j0, nk,
-                          keeps_dv ? 1.f : p.scale);
+                       keeps_dv ? 1.f : p.scale);
   }
 #else
   __trap(); /* the plan runs it only on sm_90a code */
@@ -900,8 +897,7 @@ static bool run(const attn__cuda_launch *L, const params &p, int *rc, K kern, si
   CUtensorMap tq, tk, tv, tdo, tdq;
   if (!encode(&tq, p.q, rows_q, pb->heads_q, BR) ||
       !encode(&tdo, p.dout, rows_q, pb->heads_q, BR) ||
-      !encode(&tk, p.k, rows_k, pb->heads_kv, BC) ||
-      !encode(&tv, p.v, rows_k, pb->heads_kv, BC) ||
+      !encode(&tk, p.k, rows_k, pb->heads_kv, BC) || !encode(&tv, p.v, rows_k, pb->heads_kv, BC) ||
       !wg::encode_box(&tdq, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, p.dq_acc, dq_dim, dq_stride, 32, 64))
     return false;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
@@ -911,9 +907,9 @@ static bool run(const attn__cuda_launch *L, const params &p, int *rc, K kern, si
   }
   if ((*rc = bwd_prep<T, D>(p, L->dev->sm_count, L->stream)) != ATTN_OK) return true;
   params po = p;
-  const dim3 grid = attn_key_block_grid(
-      kern, kThreads, smem, (unsigned)((p.seqlen_k + BC - 1) / BC), p.heads_kv, p.batch,
-      L->dev->sm_count, p.window_left, p.window_right, &po.order);
+  const dim3 grid =
+      attn_key_block_grid(kern, kThreads, smem, (unsigned)((p.seqlen_k + BC - 1) / BC), p.heads_kv,
+                          p.batch, L->dev->sm_count, p.window_left, p.window_right, &po.order);
   kern<<<grid, kThreads, smem, L->stream>>>(tq, tk, tv, tdo, tdq, po);
   *rc = cudaGetLastError() == cudaSuccess ? bwd_dq_convert<T, D>(p, L->dev->sm_count, L->stream)
                                           : ATTN_EDEVICE;
@@ -943,10 +939,10 @@ static int launch_bwd256(const attn__cuda_launch *L, const attn__cuda_config *) 
   bwd_workspace(L, &p);
   int rc = ATTN_OK;
   const bool ran =
-      p.dq_atomic && (p.softcap > 0.f ? run<T, 256, kBr256, kBc256>(
-                                            L, p, &rc, bwd256_kernel<T, true>, tiles256::smem)
-                                      : run<T, 256, kBr256, kBc256>(
-                                            L, p, &rc, bwd256_kernel<T, false>, tiles256::smem));
+      p.dq_atomic &&
+      (p.softcap > 0.f
+           ? run<T, 256, kBr256, kBc256>(L, p, &rc, bwd256_kernel<T, true>, tiles256::smem)
+           : run<T, 256, kBr256, kBc256>(L, p, &rc, bwd256_kernel<T, false>, tiles256::smem));
   return ran ? rc : fall_back(L);
 }
 

@@ -238,8 +238,8 @@ struct rows64 {
      * transform, scores stay in natural units, scale * q.k + bias, one
      * FMA, and log2(e) moves into the exp2's FMA instead. */
     const int n0 = nb * BC;
-    const bool full = n0 + BC <= nk && n0 >= key_lo(diag(m_last, nq, nk), p.window_left) &&
-                      n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
+    const bool full =
+        block_unmasked(m0, m_last, n0, n0 + BC, nq, nk, p.window_left, p.window_right);
     const bool natural = BIAS && !transform;
     const bool raw = full && !transform && !BIAS;
     const float mul = raw ? p.scale_log2 : natural ? kLog2e : 1.f;

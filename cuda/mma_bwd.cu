@@ -197,8 +197,8 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const params p) {
      * (their zero-filled K gives a finite score); query rows past it have
      * lse2 = +inf and so P = 0 already. */
     const int i_last = min(i0 + BR, nq) - 1;
-    const bool full = n0 + BC <= nk && n0 >= key_lo(diag(i_last, nq, nk), p.window_left) &&
-                      n0 + BC <= key_hi(diag(i0, nq, nk), nk, p.window_right);
+    const bool full =
+        block_unmasked(i0, i_last, n0, n0 + BC, nq, nk, p.window_left, p.window_right);
     /* v plus the bias of element (n, e) in the log2 domain (BIAS only). */
     auto with_bias = [&](float v, int n, int e) {
       if constexpr (BIAS != 0)
@@ -455,8 +455,8 @@ __global__ void __launch_bounds__(NW * 32) dq_kernel(const params p) {
     }
 
     const int n0 = nb * BC;
-    const bool full = n0 + BC <= nk && n0 >= key_lo(diag(m_last, nq, nk), p.window_left) &&
-                      n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
+    const bool full =
+        block_unmasked(m0, m_last, n0, n0 + BC, nq, nk, p.window_left, p.window_right);
     /* v plus the bias of element (n, e) in the log2 domain (BIAS only). */
     auto with_bias = [&](float v, int n, int e) {
       if constexpr (BIAS != 0)

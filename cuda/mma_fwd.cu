@@ -307,8 +307,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) fwd_kernel(const params p) {
       /* Scores in the log2 domain; the mask only on blocks that straddle a
        * boundary (sequence end, causal diagonal, window edge). */
       const int n0 = nb * BC;
-      const bool full = n0 + BC <= nk && n0 >= key_lo(diag(m_last, nq, nk), p.window_left) &&
-                        n0 + BC <= key_hi(diag(m0, nq, nk), nk, p.window_right);
+      const bool full =
+          block_unmasked(m0, m_last, n0, n0 + BC, nq, nk, p.window_left, p.window_right);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         /* Plain blocks keep the raw q.k and fold the scale into the exp2's
