@@ -24,6 +24,7 @@ static __global__ void rules_kernel(const rules_in *in, int n, rules_out *out) {
   key_block_range(x.i0, x.i1, x.nq, x.nk, x.wl, x.wr, &y.kblock_lo, &y.kblock_hi);
   query_block_range(x.j0, x.j1, x.nq, x.nk, x.wl, x.wr, &y.qblock_lo, &y.qblock_hi);
   y.visible = key_visible(dg, x.j, x.wl, x.wr);
+  y.unmasked = block_unmasked(x.i0, x.i1 - 1, x.j0, x.j2, x.nq, x.nk, x.wl, x.wr);
   const float inv_softcap = x.softcap > 0.f ? 1.f / x.softcap : 0.f;
   y.score = score(x.dot, x.scale, x.softcap, inv_softcap, x.slope, dg - x.j, &y.t);
   /* The tensor-core kernels' constants (mma_fwd.cu's make_params). */

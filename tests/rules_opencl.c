@@ -144,6 +144,7 @@ static int eval_on(run *r, cl_device_id dev, const rules_in *in, int n, rules_ou
       o->qblock_lo = v[7];
       o->qblock_hi = v[8];
       o->visible = v[9];
+      o->unmasked = -1; /* OpenCL C has no tile rule (rows_common_keys is per row run) */
       o->score = w[0];
       o->t = w[1];
       o->score_log2 = w[2];

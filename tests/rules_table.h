@@ -12,6 +12,10 @@
  *   key_block_range(i0, i1, ...)    keys visible to any row of [i0, i1)
  *   query_block_range(j0, j1, ...)  rows that see any key of [j0, j1)
  *   key_visible(dg, j, wl, wr)      whether key j is visible to the row of diagonal dg
+ *   block_unmasked(i0, i_last, j0, j1, ...)
+ *                                   whether every row of [i0, i_last] sees every key of
+ *                                   [j0, j1), all in the sequence: a tile with no mask
+ *                                   (CUDA's tile kernels; a language without it gives -1)
  *   score(dot, scale, softcap, slope, dist, &t)
  *                                   the epilogue in order: scale, softcap, ALiBi
  *                                   (dist = dg - j); t = tanh(dot*scale/softcap), 0 off
@@ -29,6 +33,7 @@ typedef struct rules_in {
   int32_t nq, nk, wl, wr; /* one sequence's shape and window */
   int32_t i, j;           /* a query row and a key, each in range */
   int32_t i0, i1, j0, j1; /* a query block [i0, i1) and a key block [j0, j1), non-empty */
+  int32_t j2;             /* the key tile's end before clamping to nk, as kernels' tiles have */
   float dot, scale, softcap, slope, ds;
 } rules_in;
 
@@ -39,8 +44,10 @@ typedef struct rules_out {
   int32_t kblock_lo, kblock_hi;
   int32_t qblock_lo, qblock_hi;
   int32_t visible;  /* key_visible(diag(i), j) */
+  int32_t unmasked; /* block_unmasked(i0, i1 - 1, j0, j2), -1 where the language has none */
   float score, t;   /* score(dot, ..., diag(i) - j) and its tanh */
-  float score_log2; /* the same in the log2 domain, where the language has one (else score * log2(e)) */
+  float score_log2; /* the same in the log2 domain, where the language has one (else score *
+                       log2(e)) */
   float grad;       /* score_grad(ds, t, softcap) */
 } rules_out;
 

@@ -11,6 +11,8 @@
  *
  *   - diag, visibility: identical. Ranges: the same set, i.e. identical, or
  *     both empty (the value of an empty range's ends is not a rule).
+ *   - block_unmasked (a tile of keys that may run past nk): identical, in
+ *     the languages that have the rule (CUDA).
  *   - t: within 6 ulp. Each language's tanhf is within 2 ulp of tanh (the
  *     C library's and CUDA's math API both state 2), and a kernel may form
  *     the argument as a product by 1/softcap where C divides: up to 1.5 ulp
@@ -56,11 +58,13 @@ static float uniform(float lo, float hi) {
 }
 
 /* A block [*a, *b) of `size` (the last one shorter) of a sequence of n,
- * aligned as the kernels align theirs, or an unaligned one. */
-static void block(int32_t n, int32_t size, int aligned, int32_t *a, int32_t *b) {
+ * aligned as the kernels align theirs, or an unaligned one; *z is its end
+ * before the clamp to n. */
+static void block(int32_t n, int32_t size, int aligned, int32_t *a, int32_t *b, int32_t *z) {
   *a = pick(n);
   if (aligned) *a = *a / size * size;
-  *b = *a + size < n ? *a + size : n;
+  *z = *a + size;
+  *b = *z < n ? *z : n;
 }
 
 static rules_in *table(int *count) {
@@ -90,8 +94,9 @@ static rules_in *table(int *count) {
            * as any other. */
           row->i = x % 4 == 0 ? 0 : x % 4 == 1 ? row->nq - 1 : pick(row->nq);
           row->j = x % 3 == 0 ? 0 : x % 3 == 1 ? row->nk - 1 : pick(row->nk);
-          block(row->nq, blocks[pick(N(blocks))], x % 2, &row->i0, &row->i1);
-          block(row->nk, blocks[pick(N(blocks))], x % 2, &row->j0, &row->j1);
+          int32_t unused;
+          block(row->nq, blocks[pick(N(blocks))], x % 2, &row->i0, &row->i1, &unused);
+          block(row->nk, blocks[pick(N(blocks))], x % 2, &row->j0, &row->j1, &row->j2);
           row->dot = x % 2 ? dots[pick(N(dots))] : uniform(-50.0f, 50.0f);
           row->scale = scales[pick(N(scales))];
           row->softcap = caps[pick(N(caps))];
@@ -134,6 +139,15 @@ static span scan(const rules_in *r, int32_t i0, int32_t i1, int32_t j0, int32_t 
     s.count++;
   }
   return s;
+}
+
+/* Whether every row of [i0, i1) sees every key of [j0, j2) (keys past the
+ * sequence are seen by none). */
+static int defined_unmasked(const rules_in *r) {
+  for (int32_t i = r->i0; i < r->i1; i++)
+    for (int32_t j = r->j0; j < r->j2; j++)
+      if (!defined_visible(i, j, r)) return 0;
+  return 1;
 }
 
 /* [lo, hi) is the span's set: empty when the span is, else its ends, with
@@ -182,6 +196,8 @@ static void c_rules_match_their_definition(at_backend *unused) {
     if (o->diag != r->i + r->nk - r->nq) fail_msg("diag %d, %s", o->diag, where(r, x));
     if (o->visible != defined_visible(r->i, r->j, r))
       fail_msg("key_visible %d, %s", o->visible, where(r, x));
+    if (o->unmasked != defined_unmasked(r))
+      fail_msg("block_unmasked %d over keys [%d, %d), %s", o->unmasked, r->j0, r->j2, where(r, x));
     if (!same_set(o->key_lo, o->key_hi, scan(r, r->i, r->i + 1, 0, r->nk, 0)))
       fail_msg("key_range [%d, %d), %s", o->key_lo, o->key_hi, where(r, x));
     if (!same_set(o->query_lo, o->query_hi, scan(r, 0, r->nq, r->j, r->j + 1, 1)))
@@ -226,6 +242,9 @@ static void held_to_c(const char *lang,
     if (o->diag != c->diag) fail_msg("%s: diag %d, C %d, %s", lang, o->diag, c->diag, where(r, x));
     if (!o->visible != !c->visible)
       fail_msg("%s: key_visible %d, C %d, %s", lang, o->visible, c->visible, where(r, x));
+    if (o->unmasked >= 0 && o->unmasked != c->unmasked)
+      fail_msg("%s: block_unmasked %d, C %d over keys [%d, %d), %s", lang, o->unmasked, c->unmasked,
+               r->j0, r->j2, where(r, x));
     const int32_t ends[4][4] = {{o->key_lo, o->key_hi, c->key_lo, c->key_hi},
                                 {o->query_lo, o->query_hi, c->query_lo, c->query_hi},
                                 {o->kblock_lo, o->kblock_hi, c->kblock_lo, c->kblock_hi},
