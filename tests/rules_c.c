@@ -22,11 +22,11 @@ int rules_eval_c(const rules_in *in, int n, rules_out *out) {
     o->qblock_hi = (int32_t)hi;
     o->visible = attn__key_visible(dg, r->j, r->wl, r->wr);
     /* C has no tile rule; its form from key_range: the last row's lo and the
-     * first row's hi bound the keys every row sees. */
+     * first row's hi (clamped to nk) bound the keys every row sees. */
     int64_t lo_last, hi_first, unused;
     attn__key_range(attn__diag(r->i1 - 1, r->nq, r->nk), r->nk, r->wl, r->wr, &lo_last, &unused);
     attn__key_range(attn__diag(r->i0, r->nq, r->nk), r->nk, r->wl, r->wr, &unused, &hi_first);
-    o->unmasked = r->j2 <= r->nk && r->j0 >= lo_last && r->j2 <= hi_first;
+    o->unmasked = r->j0 >= lo_last && r->j2 <= hi_first;
     o->score = attn__score(r->dot, r->scale, r->softcap, r->slope, dg - r->j, &o->t);
     /* C has no log2 domain of its own. */
     o->score_log2 = o->score * 1.44269504088896340736f;

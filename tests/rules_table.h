@@ -46,8 +46,7 @@ typedef struct rules_out {
   int32_t visible;  /* key_visible(diag(i), j) */
   int32_t unmasked; /* block_unmasked(i0, i1 - 1, j0, j2), -1 where the language has none */
   float score, t;   /* score(dot, ..., diag(i) - j) and its tanh */
-  float score_log2; /* the same in the log2 domain, where the language has one (else score *
-                       log2(e)) */
+  float score_log2; /* the same in log2 units (C and OpenCL: score * log2(e)) */
   float grad;       /* score_grad(ds, t, softcap) */
 } rules_out;
 
