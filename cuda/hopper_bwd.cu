@@ -233,6 +233,32 @@ __device__ __forceinline__ void produce(const params &p, const block_work &w, co
   }
 }
 
+/* The opening of both backward kernels, S their shared-memory layout from
+ * the 1024-aligned base: the barriers set up, then the producer warpgroup
+ * lowers its registers and issues every copy of the block. True in the
+ * consumers, their registers raised; false where the thread is done (the
+ * producer's, and every thread of a block with no keys). */
+template <typename S, int DP, int BR, int BC>
+__device__ __forceinline__ bool consumer_of(const params &p, uint32_t base, const CUtensorMap *tq,
+                                            const CUtensorMap *tk, const CUtensorMap *tv,
+                                            const CUtensorMap *tdo) {
+  /* The registers each role keeps (FlashAttention-3's split for two
+   * consumers: 24 x 128 + 240 x 256 fits the SM's 64K). */
+  constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  if (!block_has_keys<BC>(p)) return false;
+  init_barriers(base + S::bar_kv, base + S::full_q, base + S::full_do, base + S::empty);
+  __syncthreads();
+  if (threadIdx.x >= 128) {
+    wg::regs_inc<kConsumerRegs>();
+    return true;
+  }
+  wg::regs_dec<kProducerRegs>();
+  produce<DP, BR, BC>(p, work_of<BR, BC>(p), tq, tk, tv, tdo, base + S::K, base + S::V, base + S::Q,
+                      base + S::dO, base + S::L, base + S::Dsum, base + S::bar_kv, base + S::full_q,
+                      base + S::full_do, base + S::empty, (int)threadIdx.x);
+  return false;
+}
+
 /* Whether the item of query rows m0 .. m0 + BR - 1 sees every key of the
  * block of BC from n0: no mask to apply. */
 template <int BR, int BC>
@@ -353,9 +379,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int NS = BR / 8;  /* n8 tiles of S^T, dP^T (query columns) */
   constexpr int KB = BR / 16; /* k-steps of dV += P^T dO, dK += dS^T Q */
   constexpr dq_split kSplit = BR == 128 ? kSplitRows : DP == 64 ? kSplitKeys : kSplitColumns;
-  /* The registers each role keeps (FlashAttention-3's split for two
-   * consumers: 24 x 128 + 240 x 256 fits the SM's 64K). */
-  constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(D % 16 == 0 && DP <= 128, "k16 steps of S^T; dK and dV fit the registers");
   static_assert(BR == 64 || (BR == 128 && DP == 64 && !SOFTCAP),
                 "S^T, dP^T, dK and dV (and tanh's values) within the consumers' registers");
@@ -363,261 +386,250 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  if (!consumer_of<S, DP, BR, kBc>(p, base, &tq, &tk, &tv, &tdo)) return;
   const uint32_t sK = base + S::K, sV = base + S::V, sQ = base + S::Q, sdO = base + S::dO;
   const uint32_t sdS = base + S::dS, sdQ = base + S::dQ, sL = base + S::L, sD = base + S::Dsum;
   const uint32_t bar_kv = base + S::bar_kv, full_q = base + S::full_q, full_do = base + S::full_do,
                  empty = base + S::empty;
-
   const int tid = threadIdx.x, wgi = tid >> 7;
-  if (!block_has_keys<kBc>(p)) return;
-  init_barriers(bar_kv, full_q, full_do, empty);
-  __syncthreads();
-
-  if (wgi == 0) {
-    wg::regs_dec<kProducerRegs>();
-    produce<DP, BR, kBc>(p, work_of<BR, kBc>(p), &tq, &tk, &tv, &tdo, sK, sV, sQ, sdO, sL, sD,
-                         bar_kv, full_q, full_do, empty, tid);
-  } else {
-    wg::regs_inc<kConsumerRegs>();
-    const block_work w = work_of<BR, kBc>(p);
-    const int nq = w.sq.nq, nk = w.sq.nk, n0 = w.n0;
-    const int c = wgi - 1, ctid = tid - 128, lane = tid & 31, warp = (tid >> 5) & 3;
-    /* The warpgroup's thread that adds its dQ tile. */
-    const bool lead = (ctid & 127) == 0;
-    const uint32_t dq_tile = sdQ + c * S::kDQ;
-    const int g = lane >> 2, t = lane & 3;
-    /* The thread's keys: rows j0 and j0 + 8 of S^T. */
-    const int j0 = n0 + c * 64 + warp * 16 + g;
-    float dk[NO][4], dv[NO][4];
+  const block_work w = work_of<BR, kBc>(p);
+  const int nq = w.sq.nq, nk = w.sq.nk, n0 = w.n0;
+  const int c = wgi - 1, ctid = tid - 128, lane = tid & 31, warp = (tid >> 5) & 3;
+  /* The warpgroup's thread that adds its dQ tile. */
+  const bool lead = (ctid & 127) == 0;
+  const uint32_t dq_tile = sdQ + c * S::kDQ;
+  const int g = lane >> 2, t = lane & 3;
+  /* The thread's keys: rows j0 and j0 + 8 of S^T. */
+  const int j0 = n0 + c * 64 + warp * 16 + g;
+  float dk[NO][4], dv[NO][4];
 #pragma unroll
-    for (int n = 0; n < NO; ++n)
+  for (int n = 0; n < NO; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        dk[n][e] = dv[n][e] = 0.f;
+    for (int e = 0; e < 4; ++e)
+      dk[n][e] = dv[n][e] = 0.f;
 
-    if (w.items > 0) {
-      wg::mbar_wait(bar_kv, 0);
-      if (p.cu_k && n0 + kBc > nk) {
-        zero_tails<DP>(sK, sV, kBc, nk - n0, ctid);
+  if (w.items > 0) {
+    wg::mbar_wait(bar_kv, 0);
+    if (p.cu_k && n0 + kBc > nk) {
+      zero_tails<DP>(sK, sV, kBc, nk - n0, ctid);
+    }
+    /* A of S^T and dP^T: this warpgroup's 64 rows of K and V. */
+    const uint64_t a_k = wg::desc_k_major(sK + c * 64 * 128);
+    const uint64_t a_v = wg::desc_k_major(sV + c * 64 * 128);
+    /* dQ = dS K for query rows [dq_row0, + 64) of the step and columns
+     * [q_col0, + 64), over keys [k_row0, + KQ): A is the dS^T slot's rows
+     * k_row0.. of column block dq_row0 / 64, B the same rows of K's column
+     * block q_col0 / 64, both MN-major (one 64-element block each). */
+    constexpr int KQ = kSplit == kSplitKeys ? 64 : kBc;
+    const int k_row0 = kSplit == kSplitKeys ? c * 64 : 0;
+    const int q_col0 = kSplit == kSplitColumns ? c * 64 : 0;
+    const int dq_row0 = kSplit == kSplitRows ? c * 64 : 0;
+    const uint64_t b_dq =
+        wg::desc_mn_major(sK + (q_col0 / 64) * kBc * 128 + k_row0 * 128, kBc * 128);
+
+    for (int it = 0; it < w.items; ++it) {
+      const int st = it % kStages;
+      const uint32_t ph = (uint32_t)(it / kStages) & 1;
+      const int h = w.hk * p.group + it / w.nmb, m0 = (w.mb_min + it % w.nmb) * BR;
+      const uint32_t q_slot = sQ + st * S::kQ, do_slot = sdO + st * S::kQ;
+      const uint32_t ds_slot = sdS + (it & 1) * S::kDS;
+
+      wg::mbar_wait(full_q + 8 * st, ph);
+      if (p.cu_q && m0 + BR > nq) {
+        wg::mbar_wait(full_do + 8 * st, ph);
+        zero_tails<DP>(q_slot, do_slot, BR, nq - m0, ctid);
       }
-      /* A of S^T and dP^T: this warpgroup's 64 rows of K and V. */
-      const uint64_t a_k = wg::desc_k_major(sK + c * 64 * 128);
-      const uint64_t a_v = wg::desc_k_major(sV + c * 64 * 128);
-      /* dQ = dS K for query rows [dq_row0, + 64) of the step and columns
-       * [q_col0, + 64), over keys [k_row0, + KQ): A is the dS^T slot's rows
-       * k_row0.. of column block dq_row0 / 64, B the same rows of K's column
-       * block q_col0 / 64, both MN-major (one 64-element block each). */
-      constexpr int KQ = kSplit == kSplitKeys ? 64 : kBc;
-      const int k_row0 = kSplit == kSplitKeys ? c * 64 : 0;
-      const int q_col0 = kSplit == kSplitColumns ? c * 64 : 0;
-      const int dq_row0 = kSplit == kSplitRows ? c * 64 : 0;
-      const uint64_t b_dq =
-          wg::desc_mn_major(sK + (q_col0 / 64) * kBc * 128 + k_row0 * 128, kBc * 128);
 
-      for (int it = 0; it < w.items; ++it) {
-        const int st = it % kStages;
-        const uint32_t ph = (uint32_t)(it / kStages) & 1;
-        const int h = w.hk * p.group + it / w.nmb, m0 = (w.mb_min + it % w.nmb) * BR;
-        const uint32_t q_slot = sQ + st * S::kQ, do_slot = sdO + st * S::kQ;
-        const uint32_t ds_slot = sdS + (it & 1) * S::kDS;
-
-        wg::mbar_wait(full_q + 8 * st, ph);
-        if (p.cu_q && m0 + BR > nq) {
-          wg::mbar_wait(full_do + 8 * st, ph);
-          zero_tails<DP>(q_slot, do_slot, BR, nq - m0, ctid);
-        }
-
-        /* S^T = K Q^T and dP^T = V dO^T, one commit group each; P^T =
-         * exp2(score - lse2) runs while dP^T's product does. Under softcap,
-         * dS needs tanh's values too, which with tanhf's temporaries do not
-         * fit beside dP^T's accumulators at d = 128: there dP^T's product
-         * follows the P pass, which keeps tanh in th. */
-        float s[NS][4], dp[NS][4], th[SOFTCAP ? NS : 1][4];
-        auto issue_dp = [&] {
-          wg::mbar_wait(full_do + 8 * st, ph);
-          wg::fence();
-          const uint64_t b_do = wg::desc_k_major(do_slot);
-#pragma unroll
-          for (int kk = 0; kk < D / 16; ++kk)
-            mma::ss(dp, a_v + wg::kstep_k_major(kBc, kk), b_do + wg::kstep_k_major(BR, kk), kk > 0);
-          wg::commit();
-        };
-        wg::pin(s);
-        wg::pin(dp);
+      /* S^T = K Q^T and dP^T = V dO^T, one commit group each; P^T =
+       * exp2(score - lse2) runs while dP^T's product does. Under softcap,
+       * dS needs tanh's values too, which with tanhf's temporaries do not
+       * fit beside dP^T's accumulators at d = 128: there dP^T's product
+       * follows the P pass, which keeps tanh in th. */
+      float s[NS][4], dp[NS][4], th[SOFTCAP ? NS : 1][4];
+      auto issue_dp = [&] {
+        wg::mbar_wait(full_do + 8 * st, ph);
         wg::fence();
-        {
-          const uint64_t b_q = wg::desc_k_major(q_slot);
+        const uint64_t b_do = wg::desc_k_major(do_slot);
 #pragma unroll
-          for (int kk = 0; kk < D / 16; ++kk)
-            mma::ss(s, a_k + wg::kstep_k_major(kBc, kk), b_q + wg::kstep_k_major(BR, kk), kk > 0);
-        }
+        for (int kk = 0; kk < D / 16; ++kk)
+          mma::ss(dp, a_v + wg::kstep_k_major(kBc, kk), b_do + wg::kstep_k_major(BR, kk), kk > 0);
         wg::commit();
-        if constexpr (SOFTCAP) {
-          wg::wait<0>();
-        } else {
-          issue_dp();
-          wg::wait<1>();
-        }
-        wg::pin(s);
-
-        /* The mask only on blocks that straddle a boundary (sequence end,
-         * causal diagonal, window edge); query rows past the sequence have
-         * lse2 = +inf and so P = 0. The thread's columns are queries 8 n + 2 t
-         * (+1), whose lse2 and D pairs it reads from the slot. */
-        const bool full = block_full<BR, kBc>(p, m0, n0, nq, nk);
-        const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
-        const uint32_t a_l = sL + (st * BR + 2 * t) * 4, a_d = sD + (st * BR + 2 * t) * 4;
-        p_pass<NS, SOFTCAP>(p, s, th, full, slope_log2, m0, j0, nq, nk, a_l);
-        if constexpr (SOFTCAP) {
-          wg::pin(s);
-          wg::pin(th);
-          issue_dp();
-        }
-        /* P^T and dS^T to 16 bits as A fragments (k-step kk: queries 16 kk
-         * .. 16 kk + 15). With 64 query rows and no softcap, dV += P^T dO
-         * is issued now, so that the tensor cores have it while dS^T is
-         * computed and handed over below; under softcap (tanh's values) or
-         * with 128 rows, P^T's fragments beside its fp32 values would not
-         * fit the registers, and dV waits for dQ. */
-        constexpr bool kEarlyDv = !SOFTCAP && BR == 64;
-        uint32_t pa[KB][4], da[KB][4];
-        if constexpr (kEarlyDv) {
+      };
+      wg::pin(s);
+      wg::pin(dp);
+      wg::fence();
+      {
+        const uint64_t b_q = wg::desc_k_major(q_slot);
 #pragma unroll
-          for (int kk = 0; kk < KB; ++kk)
-            a_frag<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
-          wg::pin(pa);
-          wg::pin(dv);
-          wg::fence();
-          const uint64_t b_do = wg::desc_mn_major(do_slot, BR * 128);
+        for (int kk = 0; kk < D / 16; ++kk)
+          mma::ss(s, a_k + wg::kstep_k_major(kBc, kk), b_q + wg::kstep_k_major(BR, kk), kk > 0);
+      }
+      wg::commit();
+      if constexpr (SOFTCAP) {
+        wg::wait<0>();
+      } else {
+        issue_dp();
+        wg::wait<1>();
+      }
+      wg::pin(s);
+
+      /* The mask only on blocks that straddle a boundary (sequence end,
+       * causal diagonal, window edge); query rows past the sequence have
+       * lse2 = +inf and so P = 0. The thread's columns are queries 8 n + 2 t
+       * (+1), whose lse2 and D pairs it reads from the slot. */
+      const bool full = block_full<BR, kBc>(p, m0, n0, nq, nk);
+      const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
+      const uint32_t a_l = sL + (st * BR + 2 * t) * 4, a_d = sD + (st * BR + 2 * t) * 4;
+      p_pass<NS, SOFTCAP>(p, s, th, full, slope_log2, m0, j0, nq, nk, a_l);
+      if constexpr (SOFTCAP) {
+        wg::pin(s);
+        wg::pin(th);
+        issue_dp();
+      }
+      /* P^T and dS^T to 16 bits as A fragments (k-step kk: queries 16 kk
+       * .. 16 kk + 15). With 64 query rows and no softcap, dV += P^T dO
+       * is issued now, so that the tensor cores have it while dS^T is
+       * computed and handed over below; under softcap (tanh's values) or
+       * with 128 rows, P^T's fragments beside its fp32 values would not
+       * fit the registers, and dV waits for dQ. */
+      constexpr bool kEarlyDv = !SOFTCAP && BR == 64;
+      uint32_t pa[KB][4], da[KB][4];
+      if constexpr (kEarlyDv) {
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk)
+          a_frag<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+        wg::pin(pa);
+        wg::pin(dv);
+        wg::fence();
+        const uint64_t b_do = wg::desc_mn_major(do_slot, BR * 128);
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk)
+          mma::rs(dv, pa[kk], b_do + wg::kstep_mn_major(kk), 1);
+        wg::commit();
+      }
+      /* dS^T = P^T (dP^T - D), times the softcap's derivative, in place of
+       * dP^T. */
+      wg::wait<kEarlyDv ? 1 : 0>();
+      wg::pin(dp);
+#pragma unroll
+      for (int n = 0; n < NS; ++n) {
+        const float2 dd = lds64(a_d + n * 32);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float ds = s[n][e] * (dp[n][e] - ((e & 1) ? dd.y : dd.x));
+          dp[n][e] = SOFTCAP ? score_grad(ds, th[n][e]) : ds;
+        }
+      }
+
+      /* dS^T into its slot for dQ. */
+#pragma unroll
+      for (int kk = 0; kk < KB; ++kk) {
+        if constexpr (!kEarlyDv) a_frag<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+        a_frag<T>(da[kk], dp[2 * kk], dp[2 * kk + 1]);
+      }
+      wg::stash<KB>(ds_slot, kBc, c * 64, da);
+      wg::fence_proxy_async();
+      /* The previous item's dQ tile read out before this barrier, after
+       * which the warpgroup writes the next. */
+      if (lead) wg::bulk_wait_read();
+      /* dQ reads dS^T rows [k_row0, + KQ): both warpgroups' rows, or this
+       * one's. The slot alternates, so this barrier also tells a
+       * warpgroup that the other is done with the slot it writes next. */
+      if (kSplit == kSplitKeys)
+        wg::named_sync(2 + c, 128);
+      else
+        wg::named_sync(1, 256);
+
+      /* dV += P^T dO (under softcap) and dQ = dS K, then dK += dS^T Q:
+       * dQ's tile goes to shared memory and its reduction is issued while
+       * dK's product runs. */
+      float dq[8][4];
+      wg::pin(pa);
+      wg::pin(da);
+      wg::pin(dv);
+      wg::pin(dk);
+      wg::pin(dq);
+      wg::fence();
+      {
+        const uint64_t b_do = wg::desc_mn_major(do_slot, BR * 128);
+        const uint64_t a_ds =
+            wg::desc_mn_major(ds_slot + (dq_row0 / 64) * kBc * 128 + k_row0 * 128, kBc * 128);
+        constexpr int NQ = KQ / 16;
+        /* dV's k-steps between dQ's: two accumulator chains in flight
+         * rather than one waiting on its own results (1-3 % at d = 96
+         * and 128). Not at d = 64: at Br = 128 its two chains of eight
+         * steps ran slower, and its softcap tiles are untimed. */
+        constexpr bool kPaired = !kEarlyDv && BR == 64 && DP > 64;
+        static_assert(!kPaired || KB <= NQ, "dV's k-steps fit between dQ's");
+        if constexpr (!kEarlyDv && !kPaired) {
 #pragma unroll
           for (int kk = 0; kk < KB; ++kk)
             mma::rs(dv, pa[kk], b_do + wg::kstep_mn_major(kk), 1);
-          wg::commit();
         }
-        /* dS^T = P^T (dP^T - D), times the softcap's derivative, in place of
-         * dP^T. */
-        wg::wait<kEarlyDv ? 1 : 0>();
-        wg::pin(dp);
 #pragma unroll
-        for (int n = 0; n < NS; ++n) {
-          const float2 dd = lds64(a_d + n * 32);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float ds = s[n][e] * (dp[n][e] - ((e & 1) ? dd.y : dd.x));
-            dp[n][e] = SOFTCAP ? score_grad(ds, th[n][e]) : ds;
+        for (int kk = 0; kk < NQ; ++kk) {
+          if constexpr (kPaired) {
+            if (kk < KB) mma::rs(dv, pa[kk], b_do + wg::kstep_mn_major(kk), 1);
           }
+          mma::ss_mn(dq, a_ds + wg::kstep_mn_major(kk), b_dq + wg::kstep_mn_major(kk), kk > 0);
         }
-
-        /* dS^T into its slot for dQ. */
-#pragma unroll
-        for (int kk = 0; kk < KB; ++kk) {
-          if constexpr (!kEarlyDv) a_frag<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
-          a_frag<T>(da[kk], dp[2 * kk], dp[2 * kk + 1]);
-        }
-        wg::stash<KB>(ds_slot, kBc, c * 64, da);
-        wg::fence_proxy_async();
-        /* The previous item's dQ tile read out before this barrier, after
-         * which the warpgroup writes the next. */
-        if (lead) wg::bulk_wait_read();
-        /* dQ reads dS^T rows [k_row0, + KQ): both warpgroups' rows, or this
-         * one's. The slot alternates, so this barrier also tells a
-         * warpgroup that the other is done with the slot it writes next. */
-        if (kSplit == kSplitKeys)
-          wg::named_sync(2 + c, 128);
-        else
-          wg::named_sync(1, 256);
-
-        /* dV += P^T dO (under softcap) and dQ = dS K, then dK += dS^T Q:
-         * dQ's tile goes to shared memory and its reduction is issued while
-         * dK's product runs. */
-        float dq[8][4];
-        wg::pin(pa);
-        wg::pin(da);
-        wg::pin(dv);
-        wg::pin(dk);
-        wg::pin(dq);
-        wg::fence();
-        {
-          const uint64_t b_do = wg::desc_mn_major(do_slot, BR * 128);
-          const uint64_t a_ds =
-              wg::desc_mn_major(ds_slot + (dq_row0 / 64) * kBc * 128 + k_row0 * 128, kBc * 128);
-          constexpr int NQ = KQ / 16;
-          /* dV's k-steps between dQ's: two accumulator chains in flight
-           * rather than one waiting on its own results (1-3 % at d = 96
-           * and 128). Not at d = 64: at Br = 128 its two chains of eight
-           * steps ran slower, and its softcap tiles are untimed. */
-          constexpr bool kPaired = !kEarlyDv && BR == 64 && DP > 64;
-          static_assert(!kPaired || KB <= NQ, "dV's k-steps fit between dQ's");
-          if constexpr (!kEarlyDv && !kPaired) {
-#pragma unroll
-            for (int kk = 0; kk < KB; ++kk)
-              mma::rs(dv, pa[kk], b_do + wg::kstep_mn_major(kk), 1);
-          }
-#pragma unroll
-          for (int kk = 0; kk < NQ; ++kk) {
-            if constexpr (kPaired) {
-              if (kk < KB) mma::rs(dv, pa[kk], b_do + wg::kstep_mn_major(kk), 1);
-            }
-            mma::ss_mn(dq, a_ds + wg::kstep_mn_major(kk), b_dq + wg::kstep_mn_major(kk), kk > 0);
-          }
-        }
-        wg::commit();
-        {
-          const uint64_t b_q = wg::desc_mn_major(q_slot, BR * 128);
-#pragma unroll
-          for (int kk = 0; kk < KB; ++kk)
-            mma::rs(dk, da[kk], b_q + wg::kstep_mn_major(kk), 1);
-        }
-        wg::commit();
-        wg::wait<1>();
-        wg::pin(dq);
-        wg::pin(dv);
-        /* Rows past the sequence store zeros: a varlen box runs into the
-         * next sequence's rows, where it must add nothing (the map drops
-         * what lies past the tensor: rows, and the padding's columns at
-         * d = 96). */
-        {
-          /* Columns 8 n + 2 t, + 1 of row 16 warp + g (+ 8): 16-byte chunk
-           * 2 n + t / 2 of the tile's row (boxes of 8 chunks), 8 bytes in
-           * where t is odd. */
-          const int tr = warp * 16 + g, row = m0 + dq_row0 + tr;
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const bool ok = row + r * 8 < nq;
-#pragma unroll
-            for (int n = 0; n < 8; ++n) {
-              const uint32_t at =
-                  dq_tile + (t & 1) * 8 + wg::swizzled(64, tr + r * 8, 2 * n + (t >> 1));
-              asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at),
-                           "f"(ok ? dq[n][2 * r] : 0.f), "f"(ok ? dq[n][2 * r + 1] : 0.f)
-                           : "memory");
-            }
-          }
-        }
-        wg::fence_proxy_async();
-        wg::named_sync(4 + c, 128);
-        if (lead) {
-          const int qb = p.cu_q ? 0 : w.b;
-          const int q_row = (int)w.sq.q0 + m0 + dq_row0;
-#pragma unroll
-          for (int bx = 0; bx < 2; ++bx)
-            wg::tma_add_4d(&tdq, q_col0 + bx * 32, q_row, h, qb, dq_tile + bx * S::kDQBox);
-          wg::bulk_commit();
-        }
-        wg::wait<0>();
-        wg::pin(dk);
-        wg::pin(pa);
-        wg::pin(da);
-        wg::mbar_arrive(empty + 8 * st);
       }
-      /* The tile stays in shared memory until its last reduction is done. */
-      if (lead) wg::bulk_wait();
+      wg::commit();
+      {
+        const uint64_t b_q = wg::desc_mn_major(q_slot, BR * 128);
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk)
+          mma::rs(dk, da[kk], b_q + wg::kstep_mn_major(kk), 1);
+      }
+      wg::commit();
+      wg::wait<1>();
+      wg::pin(dq);
+      wg::pin(dv);
+      /* Rows past the sequence store zeros: a varlen box runs into the
+       * next sequence's rows, where it must add nothing (the map drops
+       * what lies past the tensor: rows, and the padding's columns at
+       * d = 96). */
+      {
+        /* Columns 8 n + 2 t, + 1 of row 16 warp + g (+ 8): 16-byte chunk
+         * 2 n + t / 2 of the tile's row (boxes of 8 chunks), 8 bytes in
+         * where t is odd. */
+        const int tr = warp * 16 + g, row = m0 + dq_row0 + tr;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const bool ok = row + r * 8 < nq;
+#pragma unroll
+          for (int n = 0; n < 8; ++n) {
+            const uint32_t at =
+                dq_tile + (t & 1) * 8 + wg::swizzled(64, tr + r * 8, 2 * n + (t >> 1));
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at),
+                         "f"(ok ? dq[n][2 * r] : 0.f), "f"(ok ? dq[n][2 * r + 1] : 0.f)
+                         : "memory");
+          }
+        }
+      }
+      wg::fence_proxy_async();
+      wg::named_sync(4 + c, 128);
+      if (lead) {
+        const int qb = p.cu_q ? 0 : w.b;
+        const int q_row = (int)w.sq.q0 + m0 + dq_row0;
+#pragma unroll
+        for (int bx = 0; bx < 2; ++bx)
+          wg::tma_add_4d(&tdq, q_col0 + bx * 32, q_row, h, qb, dq_tile + bx * S::kDQBox);
+        wg::bulk_commit();
+      }
+      wg::wait<0>();
+      wg::pin(dk);
+      wg::pin(pa);
+      wg::pin(da);
+      wg::mbar_arrive(empty + 8 * st);
     }
-
-    /* dK (times the softmax scale) and dV; keys no query sees get zeros. */
-    store_key_rows<D>(dk, row_ptr<T>(p.dk, w.b, w.sq.k0, w.hk), p.dk.ss, j0, nk, p.scale);
-    store_key_rows<D>(dv, row_ptr<T>(p.dv, w.b, w.sq.k0, w.hk), p.dv.ss, j0, nk, 1.f);
+    /* The tile stays in shared memory until its last reduction is done. */
+    if (lead) wg::bulk_wait();
   }
+
+  /* dK (times the softmax scale) and dV; keys no query sees get zeros. */
+  store_key_rows<D>(dk, row_ptr<T>(p.dk, w.b, w.sq.k0, w.hk), p.dk.ss, j0, nk, p.scale);
+  store_key_rows<D>(dv, row_ptr<T>(p.dv, w.b, w.sq.k0, w.hk), p.dv.ss, j0, nk, 1.f);
 #else
   __trap(); /* the plan runs it only on sm_90a code */
 #endif
@@ -664,187 +676,174 @@ __global__ void __launch_bounds__(kThreads, 1)
   using mma = wg::mma<std::is_same<T, __nv_bfloat16>::value>;
   constexpr int DP = S::DP, BR = S::BR, BC = S::BC;
   constexpr int NS = BR / 8, KB = BR / 16, KS = DP / 16;
-  constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  if (!consumer_of<S, DP, BR, BC>(p, base, &tq, &tk, &tv, &tdo)) return;
   const uint32_t sK = base + S::K, sV = base + S::V, sQ = base + S::Q, sdO = base + S::dO;
   const uint32_t sP = base + S::P, sdS = base + S::dS, sL = base + S::L, sD = base + S::Dsum;
   const uint32_t bar_kv = base + S::bar_kv, full_q = base + S::full_q, full_do = base + S::full_do,
                  empty = base + S::empty;
-
   const int tid = threadIdx.x, wgi = tid >> 7;
-  if (!block_has_keys<BC>(p)) return;
-  init_barriers(bar_kv, full_q, full_do, empty);
-  __syncthreads();
-
-  if (wgi == 0) {
-    wg::regs_dec<kProducerRegs>();
-    produce<DP, BR, BC>(p, work_of<BR, BC>(p), &tq, &tk, &tv, &tdo, sK, sV, sQ, sdO, sL, sD, bar_kv,
-                        full_q, full_do, empty, tid);
-  } else {
-    wg::regs_inc<kConsumerRegs>();
-    const block_work w = work_of<BR, BC>(p);
-    const int nq = w.sq.nq, nk = w.sq.nk, n0 = w.n0;
-    const bool keeps_dv = wgi == 1;
-    const int ctid = tid - 128, wtid = tid & 127, lane = tid & 31, warp = (tid >> 5) & 3;
-    const int g = lane >> 2, t = lane & 3;
-    /* The thread's keys (rows j0 and j0 + 8 of S^T and dP^T) and its dQ
-     * rows (16 warp + g, + 8 of the item's queries), columns from c0. */
-    const int j0 = n0 + warp * 16 + g, c0 = keeps_dv ? 0 : DP / 2;
-    float acc[DP / 8][4]; /* dV or dK */
+  const block_work w = work_of<BR, BC>(p);
+  const int nq = w.sq.nq, nk = w.sq.nk, n0 = w.n0;
+  const bool keeps_dv = wgi == 1;
+  const int ctid = tid - 128, wtid = tid & 127, lane = tid & 31, warp = (tid >> 5) & 3;
+  const int g = lane >> 2, t = lane & 3;
+  /* The thread's keys (rows j0 and j0 + 8 of S^T and dP^T) and its dQ
+   * rows (16 warp + g, + 8 of the item's queries), columns from c0. */
+  const int j0 = n0 + warp * 16 + g, c0 = keeps_dv ? 0 : DP / 2;
+  float acc[DP / 8][4]; /* dV or dK */
 #pragma unroll
-    for (int n = 0; n < DP / 8; ++n)
+  for (int n = 0; n < DP / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        acc[n][e] = 0.f;
+    for (int e = 0; e < 4; ++e)
+      acc[n][e] = 0.f;
 
-    if (w.items > 0) {
-      wg::mbar_wait(bar_kv, 0);
-      if (p.cu_k && n0 + BC > nk) {
-        zero_tails<DP>(sK, sV, BC, nk - n0, ctid);
+  if (w.items > 0) {
+    wg::mbar_wait(bar_kv, 0);
+    if (p.cu_k && n0 + BC > nk) {
+      zero_tails<DP>(sK, sV, BC, nk - n0, ctid);
+    }
+    /* A of S^T or dP^T: K or V, all the block's keys. B of dQ: K's
+     * columns c0 .. c0 + 127, MN-major. A of dQ: the dS^T tile. */
+    const uint64_t a_kv = wg::desc_k_major(keeps_dv ? sK : sV);
+    const uint64_t b_dq = wg::desc_mn_major(sK + (c0 / 64) * BC * 128, BC * 128);
+    const uint64_t a_ds = wg::desc_mn_major(sdS, BC * 128);
+    /* This thread's P^T elements: float4 n of the accumulator, 2 KB apart. */
+    const uint32_t p_at = sP + wtid * 16;
+
+    for (int it = 0; it < w.items; ++it) {
+      const int st = it % kStages;
+      const uint32_t ph = (uint32_t)(it / kStages) & 1;
+      const int h = w.hk * p.group + it / w.nmb, m0 = (w.mb_min + it % w.nmb) * BR;
+      const uint32_t q_slot = sQ + st * S::kQ, do_slot = sdO + st * S::kQ;
+
+      wg::mbar_wait(full_q + 8 * st, ph);
+      wg::mbar_wait(full_do + 8 * st, ph);
+      if (p.cu_q && m0 + BR > nq) {
+        zero_tails<DP>(q_slot, do_slot, BR, nq - m0, ctid);
       }
-      /* A of S^T or dP^T: K or V, all the block's keys. B of dQ: K's
-       * columns c0 .. c0 + 127, MN-major. A of dQ: the dS^T tile. */
-      const uint64_t a_kv = wg::desc_k_major(keeps_dv ? sK : sV);
-      const uint64_t b_dq = wg::desc_mn_major(sK + (c0 / 64) * BC * 128, BC * 128);
-      const uint64_t a_ds = wg::desc_mn_major(sdS, BC * 128);
-      /* This thread's P^T elements: float4 n of the accumulator, 2 KB apart. */
-      const uint32_t p_at = sP + wtid * 16;
 
-      for (int it = 0; it < w.items; ++it) {
-        const int st = it % kStages;
-        const uint32_t ph = (uint32_t)(it / kStages) & 1;
-        const int h = w.hk * p.group + it / w.nmb, m0 = (w.mb_min + it % w.nmb) * BR;
-        const uint32_t q_slot = sQ + st * S::kQ, do_slot = sdO + st * S::kQ;
-
-        wg::mbar_wait(full_q + 8 * st, ph);
-        wg::mbar_wait(full_do + 8 * st, ph);
-        if (p.cu_q && m0 + BR > nq) {
-          zero_tails<DP>(q_slot, do_slot, BR, nq - m0, ctid);
-        }
-
-        /* S^T = K Q^T (warpgroup 1) or dP^T = V dO^T (warpgroup 2). */
-        float s[NS][4];
-        wg::pin(s);
-        wg::fence();
-        {
-          const uint64_t b = wg::desc_k_major(keeps_dv ? q_slot : do_slot);
+      /* S^T = K Q^T (warpgroup 1) or dP^T = V dO^T (warpgroup 2). */
+      float s[NS][4];
+      wg::pin(s);
+      wg::fence();
+      {
+        const uint64_t b = wg::desc_k_major(keeps_dv ? q_slot : do_slot);
 #pragma unroll
-          for (int kk = 0; kk < KS; ++kk)
-            mma::ss(s, a_kv + wg::kstep_k_major(BC, kk), b + wg::kstep_k_major(BR, kk), kk > 0);
+        for (int kk = 0; kk < KS; ++kk)
+          mma::ss(s, a_kv + wg::kstep_k_major(BC, kk), b + wg::kstep_k_major(BR, kk), kk > 0);
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::pin(s);
+
+      uint32_t fa[KB][4]; /* P^T or dS^T as A fragments */
+      if (keeps_dv) {
+        const bool full = block_full<BR, BC>(p, m0, n0, nq, nk);
+        const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
+        float th[SOFTCAP ? NS : 1][4];
+        p_pass<NS, SOFTCAP>(p, s, th, full, slope_log2, m0, j0, nq, nk, sL + (st * BR + 2 * t) * 4);
+        /* P^T times the softcap's derivative to warpgroup 2, which
+         * takes dS^T = that times (dP^T - D). */
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+          float v[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            v[e] = SOFTCAP ? score_grad(s[n][e], th[n][e]) : s[n][e];
+          asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(p_at + n * 2048),
+                       "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
+                       : "memory");
         }
+        wg::named_arrive(2, 256);
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk)
+          a_frag<T>(fa[kk], s[2 * kk], s[2 * kk + 1]);
+        wg::pin(fa);
+        wg::pin(acc);
+        wg::fence();
+        const uint64_t b_do = wg::desc_mn_major(do_slot, BR * 128);
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk)
+          mma::rs(acc, fa[kk], b_do + wg::kstep_mn_major(kk), 1);
+        wg::commit();
+      } else {
+        wg::named_sync(2, 256);
+        const uint32_t a_d = sD + (st * BR + 2 * t) * 4;
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+          float v[4];
+          asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+                       : "r"(p_at + n * 2048)
+                       : "memory");
+          const float2 dd = lds64(a_d + n * 32);
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            s[n][e] = v[e] * (s[n][e] - ((e & 1) ? dd.y : dd.x));
+        }
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk)
+          a_frag<T>(fa[kk], s[2 * kk], s[2 * kk + 1]);
+        wg::stash<KB>(sdS, BC, 0, fa);
+        wg::fence_proxy_async();
+        wg::pin(fa);
+        wg::pin(acc);
+        wg::fence();
+        const uint64_t b_q = wg::desc_mn_major(q_slot, BR * 128);
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk)
+          mma::rs(acc, fa[kk], b_q + wg::kstep_mn_major(kk), 1);
+        wg::commit();
+      }
+      /* dS^T in place (both warpgroups' threads), and warpgroup 2 done
+       * reading P^T, which warpgroup 1 may write again after this. */
+      wg::named_sync(3, 256);
+
+      /* dQ's columns c0 .. c0 + 127 = dS K, over the block's keys, in two
+       * halves of 64, each added as it is done: one product of 128 beside
+       * dV's or dK's accumulators leaves ptxas too few registers, and it
+       * serializes the wgmmas. The first half's wait also completes dV's
+       * or dK's product; the slot is released after the second's. */
+      const seq &sq = w.sq;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float dq[8][4];
+        wg::pin(dq);
+        wg::fence();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk)
+          mma::ss_mn(dq, a_ds + wg::kstep_mn_major(kk),
+                     b_dq + ((uint64_t)(half * BC * 128) >> 4) + wg::kstep_mn_major(kk), kk > 0);
         wg::commit();
         wg::wait<0>();
-        wg::pin(s);
-
-        uint32_t fa[KB][4]; /* P^T or dS^T as A fragments */
-        if (keeps_dv) {
-          const bool full = block_full<BR, BC>(p, m0, n0, nq, nk);
-          const float slope_log2 = p.alibi ? p.alibi[h] * kLog2e : 0.f;
-          float th[SOFTCAP ? NS : 1][4];
-          p_pass<NS, SOFTCAP>(p, s, th, full, slope_log2, m0, j0, nq, nk,
-                              sL + (st * BR + 2 * t) * 4);
-          /* P^T times the softcap's derivative to warpgroup 2, which
-           * takes dS^T = that times (dP^T - D). */
-#pragma unroll
-          for (int n = 0; n < NS; ++n) {
-            float v[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              v[e] = SOFTCAP ? score_grad(s[n][e], th[n][e]) : s[n][e];
-            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(p_at + n * 2048),
-                         "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
-                         : "memory");
-          }
-          wg::named_arrive(2, 256);
-#pragma unroll
-          for (int kk = 0; kk < KB; ++kk)
-            a_frag<T>(fa[kk], s[2 * kk], s[2 * kk + 1]);
-          wg::pin(fa);
+        wg::pin(dq);
+        if (half == 0) {
           wg::pin(acc);
-          wg::fence();
-          const uint64_t b_do = wg::desc_mn_major(do_slot, BR * 128);
-#pragma unroll
-          for (int kk = 0; kk < KB; ++kk)
-            mma::rs(acc, fa[kk], b_do + wg::kstep_mn_major(kk), 1);
-          wg::commit();
+          wg::pin(fa);
         } else {
-          wg::named_sync(2, 256);
-          const uint32_t a_d = sD + (st * BR + 2 * t) * 4;
-#pragma unroll
-          for (int n = 0; n < NS; ++n) {
-            float v[4];
-            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
-                         : "r"(p_at + n * 2048)
-                         : "memory");
-            const float2 dd = lds64(a_d + n * 32);
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              s[n][e] = v[e] * (s[n][e] - ((e & 1) ? dd.y : dd.x));
-          }
-#pragma unroll
-          for (int kk = 0; kk < KB; ++kk)
-            a_frag<T>(fa[kk], s[2 * kk], s[2 * kk + 1]);
-          wg::stash<KB>(sdS, BC, 0, fa);
-          wg::fence_proxy_async();
-          wg::pin(fa);
-          wg::pin(acc);
-          wg::fence();
-          const uint64_t b_q = wg::desc_mn_major(q_slot, BR * 128);
-#pragma unroll
-          for (int kk = 0; kk < KB; ++kk)
-            mma::rs(acc, fa[kk], b_q + wg::kstep_mn_major(kk), 1);
-          wg::commit();
+          wg::mbar_arrive(empty + 8 * st);
         }
-        /* dS^T in place (both warpgroups' threads), and warpgroup 2 done
-         * reading P^T, which warpgroup 1 may write again after this. */
-        wg::named_sync(3, 256);
-
-        /* dQ's columns c0 .. c0 + 127 = dS K, over the block's keys, in two
-         * halves of 64, each added as it is done: one product of 128 beside
-         * dV's or dK's accumulators leaves ptxas too few registers, and it
-         * serializes the wgmmas. The first half's wait also completes dV's
-         * or dK's product; the slot is released after the second's. */
-        const seq &sq = w.sq;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float dq[8][4];
-          wg::pin(dq);
-          wg::fence();
+        for (int r = 0; r < 2; ++r) {
+          const int i = m0 + warp * 16 + g + r * 8;
+          if (i < nq) {
+            float *dst = p.dq_acc + ws_row(p, sq, w.b, h, i) * DP + c0 + half * 64 + 2 * t;
 #pragma unroll
-          for (int kk = 0; kk < BC / 16; ++kk)
-            mma::ss_mn(dq, a_ds + wg::kstep_mn_major(kk),
-                       b_dq + ((uint64_t)(half * BC * 128) >> 4) + wg::kstep_mn_major(kk), kk > 0);
-          wg::commit();
-          wg::wait<0>();
-          wg::pin(dq);
-          if (half == 0) {
-            wg::pin(acc);
-            wg::pin(fa);
-          } else {
-            wg::mbar_arrive(empty + 8 * st);
-          }
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int i = m0 + warp * 16 + g + r * 8;
-            if (i < nq) {
-              float *dst = p.dq_acc + ws_row(p, sq, w.b, h, i) * DP + c0 + half * 64 + 2 * t;
-#pragma unroll
-              for (int n = 0; n < 8; ++n)
-                atomicAdd((float2 *)(dst + n * 8), make_float2(dq[n][2 * r], dq[n][2 * r + 1]));
-            }
+            for (int n = 0; n < 8; ++n)
+              atomicAdd((float2 *)(dst + n * 8), make_float2(dq[n][2 * r], dq[n][2 * r + 1]));
           }
         }
       }
     }
-
-    /* dV, or dK times the softmax scale; keys no query sees get zeros. */
-    const tensor_ref out = keeps_dv ? p.dv : p.dk;
-    store_key_rows<DP>(acc, row_ptr<T>(out, w.b, w.sq.k0, w.hk), out.ss, j0, nk,
-                       keeps_dv ? 1.f : p.scale);
   }
+
+  /* dV, or dK times the softmax scale; keys no query sees get zeros. */
+  const tensor_ref out = keeps_dv ? p.dv : p.dk;
+  store_key_rows<DP>(acc, row_ptr<T>(out, w.b, w.sq.k0, w.hk), out.ss, j0, nk,
+                     keeps_dv ? 1.f : p.scale);
 #else
   __trap(); /* the plan runs it only on sm_90a code */
 #endif
