@@ -114,14 +114,18 @@ int attn__cpu_threads(void) {
  * the few-row ones at 16 rows a head of GQA 4 (bench/NOTES_decode.md).
  *
  * Key splitting: 4 work items per thread let dynamic scheduling even out
- * tiles of unequal length; a part of at least 4 key blocks (256 keys) makes
- * its merge (one row of d per part) cost under 1 % of the part. At most 64
+ * tiles of unequal length and threads that lose their core for a while. A
+ * part may be a single key block: its merge (a row of d per query row and
+ * part) is about 1/bc of the part's products, and a larger minimum would
+ * leave one item a thread where a few tiles cover few key blocks (one query
+ * row over 8k keys on 16 threads: 16 parts of 4 blocks took 1.2-2x the
+ * time of 64 parts of one). At most 64
  * MiB of parts: only an explicit num_splits on a large problem gets near
  * it, and splitting such a problem gains nothing on a CPU. */
-#define CPU_ROW(dt, hd, r, c, few)                                                \
-  {                                                                               \
-    .dtype = (dt), .max_head_dim = (hd), .br = (r), .bc = (c), .split_fill = 4,   \
-    .split_min_blocks = 4, .few_rows = (few), .split_workspace = (size_t)64 << 20 \
+#define CPU_ROW(dt, hd, r, c, few)                                                                 \
+  {                                                                                                \
+    .dtype = (dt), .max_head_dim = (hd), .br = (r), .bc = (c), .split_fill = 4, .few_rows = (few), \
+    .split_workspace = (size_t)64 << 20                                                            \
   }
 static const attn__cpu_config cpu_configs[ATTN__CPU_ROWS] = {
     CPU_ROW(ATTN_F32, 64, 64, 128, 8),   CPU_ROW(ATTN_F32, 128, 64, 128, 8),
@@ -347,12 +351,10 @@ attn__cpu_schedule attn__cpu_schedule_forward(const attn__problem *pb, const att
   } else if (pb->num_splits == 0 && sc.tiles > 0) {
     const int64_t target = (int64_t)cfg->split_fill * nthreads;
     if (sc.tiles < target) parts = (target + sc.tiles - 1) / sc.tiles;
-    const int64_t most = kblocks / cfg->split_min_blocks;
-    if (parts > most) parts = most;
   }
   if (parts > kblocks) parts = kblocks;
   if (parts > ATTN_MAX_MERGE) parts = ATTN_MAX_MERGE; /* the most attn_merge takes */
-  const size_t per_part = (size_t)sc.tiles * (size_t)cfg->br * (size_t)(pb->head_dim + 1) * 4;
+  const size_t per_part = (size_t)sc.tiles * (size_t)cfg->br * (size_t)(pb->head_dim + 2) * 4;
   if (parts > 1 && per_part && (size_t)parts > cfg->split_workspace / per_part)
     parts = (int64_t)(cfg->split_workspace / per_part);
   sc.splits = parts > 1 ? (int)parts : 1;

@@ -20,8 +20,9 @@
  *
  * Split keys (flash-decoding): when the tiles alone cannot occupy the
  * threads, a work item is (tile, part of its key blocks); each part leaves
- * its normalized output and lse in the workspace, and a last sweep merges
- * each row's parts (attn__merge_lse) and then finishes it as above.
+ * its normalized output, running maximum and sum in the workspace, and a
+ * last sweep merges each row's parts (attn__merge_parts) and then finishes
+ * it as above.
  */
 #include "cpu_internal.h"
 
@@ -63,7 +64,7 @@ typedef struct cpu_fwd_work {
                                   * when a tile spans kv heads (sc.heads > group) */
   const int64_t *units;          /* attn__cpu_units over (kv head, chunk) and rows */
   float *part_o;                 /* splits: [tile][part][Br][d], each part's normalized O */
-  float *part_lse;               /* splits: [tile][part][Br] */
+  float *part_m, *part_l;        /* splits: [tile][part][Br] each, m and l */
   attn__cpu_bf16_kernel *kernel; /* ATTN__CPU_PRODUCTS_BF16's */
   uint16_t *vt;                  /* its V^T, or NULL (cpu_fwd_prepacks) */
   float *kf, *vf;                /* K and V in f32, or NULL (cpu_fwd_kvf_floats) */
@@ -88,7 +89,7 @@ static size_t cpu_fwd_thread_floats(const attn__problem *pb, const attn__cpu_con
 static size_t cpu_fwd_part_floats(const attn__problem *pb, const attn__cpu_config *cfg,
                                   const attn__cpu_schedule *sc) {
   if (sc->splits <= 1) return 0;
-  return (size_t)sc->tiles * (size_t)sc->splits * (size_t)cfg->br * (size_t)(pb->head_dim + 1);
+  return (size_t)sc->tiles * (size_t)sc->splits * (size_t)cfg->br * (size_t)(pb->head_dim + 2);
 }
 
 /* The CPU's bf16 instructions take O^T += V^T P^T (see
@@ -399,15 +400,16 @@ static void cpu_fwd_item(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t 
         t->o[(size_t)r * d + c] = ot[(size_t)c * ld + r];
 
   if (w->sc.splits > 1) {
-    /* The part's normalized O and lse; -inf (and O = 0) where the row saw
-     * nothing here, NaN where its scores were NaN or inf. */
+    /* The part's normalized O, m and l; (-inf, 0) (and O = 0) where the
+     * row saw nothing here, NaN where its scores were NaN or inf. */
     const size_t slot = (size_t)u * (size_t)w->sc.splits + (size_t)s;
     float *po = w->part_o + slot * (size_t)t->br * (size_t)d;
-    float *pl = w->part_lse + slot * (size_t)t->br;
+    float *pm = w->part_m + slot * (size_t)t->br, *pl = w->part_l + slot * (size_t)t->br;
     for (int r = 0; r < br; r++) {
       const float m = t->m[r], l = t->l[r];
       const int none = m == -INFINITY && l == 0.0f;
-      pl[r] = none ? -INFINITY : l > 0.0f ? (float)((double)m + log((double)l)) : NAN;
+      pm[r] = none || l > 0.0f ? m : NAN;
+      pl[r] = l;
       for (int c = 0; c < d; c++)
         po[(size_t)r * d + c] = none ? 0.0f : t->o[(size_t)r * d + c] / l;
     }
@@ -444,9 +446,9 @@ static ATTN__CPU_SIMD_CLONES void cpu_fwd_weigh(float *orow, const float *po, si
   }
 }
 
-/* The merge of head hx of tile u's parts: per row, lse = log sum exp(lse_s)
- * and O = sum w_s O_s, then the row's end as without splitting (m = lse,
- * l = 1). A head at a time, so that a tile of many heads (decoding: every
+/* The merge of head hx of tile u's parts: per row, the running maximum M
+ * and sum of all its keys (attn__merge_parts) and O = sum w_s O_s, then the
+ * row's end as without splitting. A head at a time, so that a tile of many heads (decoding: every
  * head of a sequence) spreads its merge over the threads. */
 static void cpu_fwd_merge(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t u, int hx) {
   const attn__problem *pb = w->pb;
@@ -457,20 +459,16 @@ static void cpu_fwd_merge(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t
   const int64_t rq = attn__row0_q(pb, x.b) + x.i0;
   const size_t slot = (size_t)u * (size_t)parts;
   const float *po = w->part_o + slot * (size_t)Br * (size_t)d;
-  const float *pl = w->part_lse + slot * (size_t)Br;
+  const float *pm = w->part_m + slot * (size_t)Br, *pl = w->part_l + slot * (size_t)Br;
   for (int r = 0; r < x.nr; r++) {
     const int y = hx * x.nr + r;
     float *orow = t->o + (size_t)y * d;
-    const float lse = attn__merge_lse(pl + y, Br, parts, t->w);
+    float l;
+    const float m = attn__merge_parts(pm + y, pl + y, Br, parts, t->w, &l);
     cpu_fwd_weigh(orow, po + (size_t)y * d, (size_t)Br * d, t->w, parts, d);
     int64_t lo, hi;
     attn__problem_key_range(pb, x.i0 + r, nq, nk, &lo, &hi);
-    /* As a row's running max and sum: (lse, 1), or (-inf, 0) for a row
-     * that saw nothing in any part, or NaN. */
-    float l = 1.0f;
-    if (lse == -INFINITY) l = 0.0f;
-    if (lse != lse) l = NAN;
-    cpu_fwd_finish(pb, x.h0 + hx, lo < hi, lse, l, orow, &t->lse[y], &t->lo[y]);
+    cpu_fwd_finish(pb, x.h0 + hx, lo < hi, m, l, orow, &t->lse[y], &t->lo[y]);
   }
   attn__cpu_store(pb, &pb->o, x.b, rq, x.nr, x.h0 + hx, t->o + (size_t)hx * x.nr * d, d);
   if (pb->has_lse)
@@ -501,8 +499,9 @@ int attn__cpu_forward(attn_context *ctx, const attn__problem *pb, const attn__cp
                        nthreads, parts * sizeof(float));
   }
   w.part_o = scratch + (size_t)nthreads * per_thread;
-  w.part_lse =
-      w.part_o + (size_t)sc->tiles * (size_t)sc->splits * (size_t)cfg->br * (size_t)pb->head_dim;
+  const size_t part_rows = (size_t)sc->tiles * (size_t)sc->splits * (size_t)cfg->br;
+  w.part_m = w.part_o + part_rows * (size_t)pb->head_dim;
+  w.part_l = w.part_m + part_rows;
   w.vt = cpu_fwd_prepacks(cfg, sc) ? (uint16_t *)(w.part_o + parts) : NULL;
   w.kblocks = (pb->seqlen_k + cfg->bc - 1) / cfg->bc;
   w.slot = 2 * cpu_fwd_slot_pairs(pb, cfg);

@@ -58,11 +58,10 @@ typedef struct attn__cpu_config {
   int br;           /* Br: query rows per tile, at most ATTN__CPU_TILE_MAX */
   int bc;           /* Bc: key rows per tile, idem */
   /* Key splitting chosen by the plan (num_splits 0): split until there are
-   * split_fill work items per thread, each part keeping at least
-   * split_min_blocks key blocks; and at most split_workspace bytes of
-   * partial results, whatever num_splits asks for. */
+   * split_fill work items per thread, each part at least one key block;
+   * and at most split_workspace bytes of partial results, whatever
+   * num_splits asks for. */
   int split_fill;
-  int split_min_blocks;
   /* Query blocks of at most this many rows per head take the products of
    * few rows (attn__cpu_qk_few), in the forward and the backward alike. */
   int few_rows;

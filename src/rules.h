@@ -225,34 +225,50 @@ static inline float attn__sink_grad(float sink, float lse, float dsum) {
   return lse == -INFINITY ? 0.0f : -expf(sink - lse) * dsum;
 }
 
-/* The lse of n partial results of one row (lse[s * stride]) and each part's
- * weight exp(lse_s - lse) in w: o = sum_s w[s] o_s. -inf when every part is
- * -inf (weights 0); NaN in a part gives NaN. */
-static inline float attn__merge_lse(const float *lse, int64_t stride, int n, float *w) {
+/* The merge of n partial results of one row, part s given by its scores'
+ * running maximum m[s * stride] and sum l[s * stride] (l NULL: an lse, sum
+ * 1): each part's weight l_s exp(m_s - M) into w, M the largest m_s, and
+ * their sum into *sum; then lse = M + log(sum) and o = sum_s w[s] o_s / sum
+ * for normalized o_s. Keeping M apart from the sum keeps the parts'
+ * relative weights where |M| dwarfs log(l_s) in float32 (a row of huge
+ * finite biases), as an unsplit row's running maximum does. M = -inf and
+ * sum 0 when every part is -inf (weights 0); NaN in a part gives NaN. */
+static inline float attn__merge_parts(const float *m, const float *l, int64_t stride, int n,
+                                      float *w, float *sum) {
   float mx = -INFINITY;
   int nan = 0;
   for (int s = 0; s < n; s++) {
-    const float x = lse[s * stride];
-    nan |= x != x;
+    const float x = m[s * stride];
+    nan |= x != x || (l && l[s * stride] != l[s * stride]);
     mx = x > mx ? x : mx;
   }
   if (nan) {
     for (int s = 0; s < n; s++)
       w[s] = NAN;
+    *sum = NAN;
     return NAN;
   }
+  *sum = 0.0f;
   if (mx == -INFINITY) {
     for (int s = 0; s < n; s++)
       w[s] = 0.0f;
     return -INFINITY;
   }
-  float sum = 0.0f;
   for (int s = 0; s < n; s++)
-    sum += w[s] = expf(lse[s * stride] - mx);
-  const float out = mx + logf(sum);
+    *sum += w[s] = expf(m[s * stride] - mx) * (l ? l[s * stride] : 1.0f);
+  return mx;
+}
+
+/* The lse of n partial results of one row (lse[s * stride]) and each part's
+ * weight exp(lse_s - lse) in w: o = sum_s w[s] o_s. -inf when every part is
+ * -inf (weights 0); NaN in a part gives NaN. */
+static inline float attn__merge_lse(const float *lse, int64_t stride, int n, float *w) {
+  float sum;
+  const float mx = attn__merge_parts(lse, NULL, stride, n, w, &sum);
+  if (!(sum > 0.0f)) return mx;
   for (int s = 0; s < n; s++)
     w[s] /= sum;
-  return out;
+  return mx + logf(sum);
 }
 
 /* A row's lse = m + log(l) as the float pair the (hi, lo) form stores: hi
