@@ -591,7 +591,7 @@ static void splits_give_the_same_answer(at_backend *b) {
      * lowest value, where m + log(l) in float32 is m: the merge weighs
      * the parts by their sums, not by a rounded lse (CUDA's tensor cores
      * leave such a row undefined: the -inf and the NaN alone there). */
-    c.dt = c.bias_dt = ATTN_BF16, c.flags = 0, c.Nq = 6, c.sinks = 0;
+    c.dt = c.bias_dt = ATTN_BF16, c.sinks = 0;
     c.bias_odd = b->kind == ATTN_BACKEND_CUDA ? 3 : 2;
     run_forward(b, &c);
   }
