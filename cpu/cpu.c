@@ -119,9 +119,9 @@ int attn__cpu_threads(void) {
  * part) is about 1/bc of the part's products, and a larger minimum would
  * leave one item a thread where a few tiles cover few key blocks (one query
  * row over 8k keys on 16 threads: 16 parts of 4 blocks took 1.2-2x the
- * time of 64 parts of one). At most 64
- * MiB of parts: only an explicit num_splits on a large problem gets near
- * it, and splitting such a problem gains nothing on a CPU. */
+ * time of 64 parts of one). At most 64 MiB of parts: only an explicit
+ * num_splits on a large problem gets near it, and splitting such a problem
+ * gains nothing on a CPU. */
 #define CPU_ROW(dt, hd, r, c, few)                                                                 \
   {                                                                                                \
     .dtype = (dt), .max_head_dim = (hd), .br = (r), .bc = (c), .split_fill = 4, .few_rows = (few), \

@@ -448,8 +448,9 @@ static ATTN__CPU_SIMD_CLONES void cpu_fwd_weigh(float *orow, const float *po, si
 
 /* The merge of head hx of tile u's parts: per row, the running maximum M
  * and sum of all its keys (attn__merge_parts) and O = sum w_s O_s, then the
- * row's end as without splitting. A head at a time, so that a tile of many heads (decoding: every
- * head of a sequence) spreads its merge over the threads. */
+ * row's end as without splitting. A head at a time, so that a tile of many
+ * heads (decoding: every head of a sequence) spreads its merge over the
+ * threads. */
 static void cpu_fwd_merge(const cpu_fwd_work *w, const cpu_fwd_tiles *t, int64_t u, int hx) {
   const attn__problem *pb = w->pb;
   const cpu_fwd_tile x = cpu_fwd_find(w, u);
