@@ -181,7 +181,8 @@ static void bias_rows_of_any_length_take_the_tensor_cores(void **state) {
   pb.bias.sb = 8 * 1024 * 197;
   const attn__cuda_config *c = plan_on(90, 227, 1, &pb, 0);
   assert_non_null(c);
-  assert_int_equal(c->kernel, ATTN_CUDA_HOPPER ? ATTN__CUDA_HOPPER_FORWARD : ATTN__CUDA_MMA_FORWARD);
+  assert_int_equal(c->kernel,
+                   ATTN_CUDA_HOPPER ? ATTN__CUDA_HOPPER_FORWARD : ATTN__CUDA_MMA_FORWARD);
   c = plan_on(80, 163, 0, &pb, 0);
   assert_non_null(c);
   assert_int_equal(c->kernel, ATTN__CUDA_MMA_FORWARD);

@@ -921,10 +921,10 @@ static void tensor_core_cases(at_backend *b) {
  * forwards and backwards up to d = 128 on their tensor cores through
  * OpenCL (fwd_mma.cl, bwd_mma.cl: inline PTX), f32 up to d = 64 there too
  * (three TF32 products a product, above d = 64 with half of some
- * operands in local memory), d = 256 on the portable kernels; the portable path stays beside it (a driver that
- * cannot build the tensor-core program gets it): both agree with the
- * reference over every head dim bucket, causal, a cache with pages, a bias
- * with sinks, softcap and ALiBi, splits, and gradients with dbias. */
+ * operands in local memory), d = 256 on the portable kernels; the portable path stays beside it (a
+ * driver that cannot build the tensor-core program gets it): both agree with the reference over
+ * every head dim bucket, causal, a cache with pages, a bias with sinks, softcap and ALiBi, splits,
+ * and gradients with dbias. */
 static void opencl_tensor_cores_where_nvidia_has_them(at_backend *b) {
   if (b->kind != ATTN_BACKEND_OPENCL) {
     at_skip("the OpenCL backend's vendor path");
